@@ -1,0 +1,22 @@
+//! AgentVM's gRPC contracts: generated message types, clients and servers.
+
+#![allow(missing_docs, clippy::all)]
+
+/// Session service contracts (`avm.session.v1`).
+pub mod session {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("avm.session.v1");
+    }
+}
+
+/// Runtime service contracts (`avm.runtime.v1`).
+pub mod runtime {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("avm.runtime.v1");
+    }
+}
+
+/// Returns the encoded descriptor set of every AgentVM service, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/avm_descriptor.bin"));

@@ -1,0 +1,265 @@
+//! Layered configuration: built-in defaults < TOML file < environment < flags.
+//!
+//! Each component owns its section type; the binary composes them into one
+//! document and loads it here once. Environment variables are `AVM_<SECTION>_<KEY>`
+//! (for example `AVM_SERVER_PORT`, `AVM_DATABASE_URL`); peer addresses are
+//! `AVM_<COMPONENT>_ADDR`; the LLM settings also read `LLM_<KEY>`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize, Serializer};
+
+/// Components whose address may be given as `AVM_<COMPONENT>_ADDR`.
+pub const PEER_COMPONENTS: [&str; 6] = ["auth", "resource", "session", "config", "observability", "runtime"];
+
+/// What went wrong while loading configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    #[error("cannot read config file {path}: {source}")]
+    File { path: PathBuf, source: std::io::Error },
+}
+
+/// Where configuration comes from, besides the built-in defaults.
+#[derive(Debug, Default)]
+pub struct Sources {
+    /// A TOML file; `None` reads the path from `AVM_CONFIG`, if set.
+    pub file: Option<PathBuf>,
+    /// Command-line values, as a nested document (highest precedence).
+    pub flags: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Loads `T` from its defaults, the file, the environment and the flags.
+pub fn load<T>(sources: &Sources) -> Result<T, ConfigError>
+where
+    T: Default + Serialize + DeserializeOwned,
+{
+    let mut figment = Figment::from(Serialized::defaults(T::default()));
+    let file = sources.file.clone().or_else(|| std::env::var_os("AVM_CONFIG").map(PathBuf::from));
+    if let Some(path) = file {
+        // A missing file named explicitly is an error, not silently ignored.
+        if let Err(source) = std::fs::metadata(&path) {
+            return Err(ConfigError::File { path, source });
+        }
+        figment = figment.merge(Toml::file_exact(path));
+    }
+    figment = figment
+        .merge(Env::prefixed("LLM_").map(|key| format!("llm.{}", key.as_str().to_ascii_lowercase()).into()))
+        .merge(
+            Env::prefixed("AVM_")
+                .ignore(&["config"])
+                .map(|key| env_key_to_path(key.as_str()).into()),
+        )
+        .merge(Serialized::defaults(serde_json::Value::Object(sources.flags.clone())));
+    figment.extract().map_err(|err| ConfigError::Invalid(err.to_string()))
+}
+
+/// Maps an environment key (without `AVM_`) to a dotted config path.
+fn env_key_to_path(key: &str) -> String {
+    let key = key.to_ascii_lowercase();
+    if let Some(peer) = key.strip_suffix("_addr")
+        && PEER_COMPONENTS.contains(&peer)
+    {
+        return format!("peers.{peer}");
+    }
+    match key.split_once('_') {
+        Some((section, rest)) => format!("{section}.{rest}"),
+        None => key,
+    }
+}
+
+/// Renders a configuration as TOML with every secret redacted.
+pub fn render<T: Serialize>(config: &T) -> Result<String, ConfigError> {
+    toml::to_string_pretty(config).map_err(|err| ConfigError::Invalid(err.to_string()))
+}
+
+/// A secret value: readable by code that asks for it, redacted everywhere else
+/// (`Debug`, `Serialize`, `--print-config`).
+#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(Option<String>);
+
+/// What a set secret looks like when shown.
+pub const REDACTED: &str = "<redacted>";
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(Some(value.into()).filter(|v| !v.is_empty()))
+    }
+
+    /// Returns the secret itself, for the one place that must use it.
+    pub fn expose(&self) -> Option<&str> {
+        self.0.as_deref().filter(|v| !v.is_empty())
+    }
+
+    /// Returns whether a non-empty secret is set.
+    pub fn is_set(&self) -> bool {
+        self.expose().is_some()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_set() { f.write_str(REDACTED) } else { f.write_str("None") }
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if self.is_set() { serializer.serialize_str(REDACTED) } else { serializer.serialize_none() }
+    }
+}
+
+/// Where the one-process server listens and keeps its files.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address the gateway and gRPC listeners bind to.
+    pub host: String,
+    /// Gateway (HTTP + WebSocket) port.
+    pub port: u16,
+    /// gRPC port of all services in `avm serve`.
+    pub grpc_port: u16,
+    /// Directory of the SQLite files in `avm serve`; `~` expands to `$HOME`.
+    pub data_dir: String,
+    /// Listen address of a single component (`avm <component>`).
+    pub listen: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".to_owned(),
+            port: 8080,
+            grpc_port: 7000,
+            data_dir: "~/.agentvm".to_owned(),
+            listen: None,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Returns the data directory with `~` expanded.
+    pub fn data_dir(&self) -> PathBuf {
+        expand_home(&self.data_dir)
+    }
+}
+
+/// Expands a leading `~` to the user's home directory.
+pub fn expand_home(path: &str) -> PathBuf {
+    match (path.strip_prefix('~'), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => Path::new(&home).join(rest.trim_start_matches('/')),
+        _ => PathBuf::from(path),
+    }
+}
+
+/// Settings of every gRPC server and client.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpcConfig {
+    /// Largest message a server or client decodes or encodes.
+    pub max_message_bytes: usize,
+    /// Time allowed for a unary call (and for a stream to start).
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Time allowed to establish a connection to a peer.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// HTTP/2 ping interval that keeps idle connections verified.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// How long a keepalive ping may go unanswered.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
+    /// How long in-flight calls may finish after a shutdown signal.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 16 * 1024 * 1024,
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Logging settings.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// A `tracing` filter such as `info` or `avm_runtime=debug,info`; `RUST_LOG` wins when set.
+    pub level: String,
+    /// `auto` (JSON unless stderr is a terminal), `json` or `text`.
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { level: "info".to_owned(), format: LogFormat::Auto }
+    }
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Auto,
+    Json,
+    Text,
+}
+
+/// Storage of a component that owns tables.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// `sqlite://path` or `postgres://…`; in `avm serve` defaults to files under the data dir.
+    pub url: Option<Secret>,
+    /// Largest number of pooled connections.
+    pub max_connections: Option<u32>,
+}
+
+/// Addresses of peer components (`http://host:port`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PeersConfig {
+    pub auth: Option<String>,
+    pub resource: Option<String>,
+    pub session: Option<String>,
+    pub config: Option<String>,
+    pub observability: Option<String>,
+    pub runtime: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_keys_map_to_sections() {
+        assert_eq!(env_key_to_path("SERVER_GRPC_PORT"), "server.grpc_port");
+        assert_eq!(env_key_to_path("DATABASE_URL"), "database.url");
+        assert_eq!(env_key_to_path("SESSION_ADDR"), "peers.session");
+        assert_eq!(env_key_to_path("GATEWAY_MAX_FRAME_BYTES"), "gateway.max_frame_bytes");
+    }
+
+    #[test]
+    fn secrets_are_redacted_when_shown() {
+        let secret = Secret::new("sk-live-123");
+        assert_eq!(format!("{secret:?}"), REDACTED);
+        assert_eq!(serde_json::to_string(&secret).ok().as_deref(), Some("\"<redacted>\""));
+        assert_eq!(secret.expose(), Some("sk-live-123"));
+        assert!(!Secret::new("").is_set());
+    }
+}

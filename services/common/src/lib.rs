@@ -1,0 +1,23 @@
+//! Shared foundation of every AgentVM component: layered configuration,
+//! telemetry, the error vocabulary, gRPC server and channel builders, request
+//! context, ids and database pools.
+
+pub mod config;
+pub mod context;
+pub mod db;
+pub mod error;
+pub mod grpc;
+pub mod ids;
+pub mod shutdown;
+pub mod telemetry;
+
+pub use context::RequestContext;
+pub use error::{ApiError, Code};
+
+/// Returns the current Unix time in milliseconds.
+pub fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,3 @@
+//! End-to-end suites of AgentVM.
+
+mod llm_drivers;
