@@ -1,1 +1,45 @@
-//! stub
+//! The AgentVM gateway: the public HTTP + WebSocket edge, translating to the
+//! services' gRPC APIs. It owns nothing persistent and opens no database.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub mod backends;
+pub mod config;
+pub mod rest;
+pub mod wire;
+pub mod ws;
+
+pub use backends::Backends;
+pub use config::GatewayConfig;
+
+/// What every request handler of the gateway shares.
+pub struct GatewayState {
+    pub config: GatewayConfig,
+    pub backends: Backends,
+    /// Open WebSocket connections.
+    pub connections: AtomicUsize,
+    /// Cancelled at shutdown; open WebSockets close with 1001.
+    pub shutdown: CancellationToken,
+}
+
+/// Serves the gateway on `listener` until `shutdown`, then lets in-flight
+/// HTTP requests finish.
+pub async fn serve(
+    listener: TcpListener,
+    config: GatewayConfig,
+    backends: Backends,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let state = Arc::new(GatewayState {
+        config,
+        backends,
+        connections: AtomicUsize::new(0),
+        shutdown: shutdown.clone(),
+    });
+    let app = rest::router(state);
+    axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+}

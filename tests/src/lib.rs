@@ -1,3 +1,5 @@
-//! AgentVM's test support: the mock LLM and the cluster harness.
+//! AgentVM's test support: the mock LLM, the cluster harness and a protocol client.
 
+pub mod cluster;
 pub mod mock_llm;
+pub mod ws_client;

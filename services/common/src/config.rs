@@ -48,12 +48,22 @@ where
         }
         figment = figment.merge(Toml::file_exact(path));
     }
+    // Only variables that name a section of `T` are configuration; others that
+    // share the prefix (AVM_TEST_*, for instance) belong to someone else.
+    let sections: Vec<String> = match serde_json::to_value(T::default()) {
+        Ok(serde_json::Value::Object(map)) => map.keys().cloned().collect(),
+        _ => Vec::new(),
+    };
     figment = figment
         .merge(Env::prefixed("LLM_").map(|key| format!("llm.{}", key.as_str().to_ascii_lowercase()).into()))
         .merge(
             Env::prefixed("AVM_")
                 .ignore(&["config"])
-                .map(|key| env_key_to_path(key.as_str()).into()),
+                .map(|key| env_key_to_path(key.as_str()).into())
+                .filter(move |key| {
+                    let section = key.as_str().split('.').next().unwrap_or_default();
+                    sections.iter().any(|known| known == section)
+                }),
         )
         .merge(Serialized::defaults(serde_json::Value::Object(sources.flags.clone())));
     figment.extract().map_err(|err| ConfigError::Invalid(err.to_string()))

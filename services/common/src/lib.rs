@@ -10,6 +10,7 @@ pub mod grpc;
 pub mod ids;
 pub mod shutdown;
 pub mod telemetry;
+pub mod wire;
 
 pub use context::RequestContext;
 pub use error::{ApiError, Code};

@@ -1,6 +1,15 @@
 //! The AgentVM runtime: the agent pool, LLM drivers and session event streams.
 
 pub mod config;
+mod context;
+pub mod grpc;
+pub mod hub;
 pub mod llm;
+pub mod service;
+pub mod session_client;
+mod turn;
 
 pub use config::{LlmConfig, RuntimeConfig};
+pub use grpc::grpc_server;
+pub use service::AgentPool;
+pub use session_client::SessionClient;

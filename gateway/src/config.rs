@@ -1,0 +1,49 @@
+//! Gateway settings (`[gateway]`, `AVM_GATEWAY_*`).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Limits and timings of the public edge.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Largest WebSocket frame or HTTP body accepted; a larger frame gets a
+    /// typed error and the connection goes on (up to 4x this, past which the
+    /// connection is closed with 1009).
+    pub max_frame_bytes: usize,
+    /// Interval of WebSocket pings; a connection silent for two intervals is closed.
+    #[serde(with = "humantime_serde")]
+    pub ping_interval: Duration,
+    /// How long one event may wait for a slow client before it is disconnected.
+    #[serde(with = "humantime_serde")]
+    pub send_timeout: Duration,
+    /// Requests one connection may have in flight at once.
+    pub max_requests_in_flight: usize,
+    /// Sessions one connection may subscribe to.
+    pub max_subscriptions: usize,
+    /// Frames per second one connection may send.
+    pub messages_per_second: u32,
+    /// Open WebSocket connections this gateway accepts.
+    pub max_connections: usize,
+    /// Events held for a connection while its `message_send` response is pending.
+    pub max_held_events: usize,
+    /// Wrapped (acknowledged) frames a client may leave unacknowledged.
+    pub max_unacked: usize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: 1024 * 1024,
+            ping_interval: Duration::from_secs(25),
+            send_timeout: Duration::from_secs(10),
+            max_requests_in_flight: 32,
+            max_subscriptions: 256,
+            messages_per_second: 100,
+            max_connections: 10_000,
+            max_held_events: 4096,
+            max_unacked: 1024,
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! The REST API under `/v1`, plus `/health` and `/ready`. Errors are always
+//! `{"error":{"code","message","requestId"}}` with the vocabulary's HTTP status.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use avm_common::{ApiError, RequestContext};
+use avm_proto::runtime::v1 as rt;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::{Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::GatewayState;
+use crate::backends::agent_json;
+use crate::wire::{event_frame, system_error_frame};
+use crate::ws::{image_config, opt_str, req_str};
+
+type AppState = State<Arc<GatewayState>>;
+
+/// Returns the gateway's HTTP routes.
+pub fn router(state: Arc<GatewayState>) -> Router {
+    let body_limit = state.config.max_frame_bytes;
+    Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/ws", get(crate::ws::upgrade))
+        .route("/v1/containers", post(create_container).get(list_containers))
+        .route("/v1/containers/{id}", get(get_container).delete(delete_container))
+        .route("/v1/containers/{id}/images", post(create_image).get(list_images))
+        .route("/v1/images/{id}", get(get_image).patch(update_image).delete(delete_image))
+        .route("/v1/images/{id}/run", post(run_image))
+        .route("/v1/images/{id}/stop", post(stop_image))
+        .route("/v1/images/{id}/messages", get(list_messages).post(send_message))
+        .route("/v1/images/{id}/events", get(image_events))
+        .route("/v1/images/{id}/interrupt", post(interrupt))
+        .route("/v1/agents", get(list_agents))
+        .route("/v1/agents/{id}", get(get_agent).delete(destroy_agent))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        // Bodies beyond the frame limit are refused before they are buffered.
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// The request context of an HTTP call: the caller's `x-request-id` or a new one.
+pub struct Ctx(RequestContext);
+
+impl<S: Send + Sync> FromRequestParts<S> for Ctx {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let mut ctx = RequestContext::local();
+        if let Some(id) = parts
+            .headers
+            .get(avm_common::context::REQUEST_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty() && v.len() <= 128)
+        {
+            id.clone_into(&mut ctx.request_id);
+        }
+        Ok(Ctx(ctx))
+    }
+}
+
+/// Renders an error as the REST error document.
+pub fn error_response(err: &ApiError, request_id: &str) -> Response {
+    let body = json!({"error": {"code": err.reason, "message": err.message, "requestId": request_id}});
+    with_request_id((err.code.http_status(), axum::Json(body)).into_response(), request_id)
+}
+
+fn with_request_id(mut response: Response, request_id: &str) -> Response {
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        response.headers_mut().insert(avm_common::context::REQUEST_ID_HEADER, value);
+    }
+    response
+}
+
+fn reply(ctx: &RequestContext, status: StatusCode, result: Result<Value, ApiError>) -> Response {
+    match result {
+        Ok(body) => with_request_id((status, axum::Json(body)).into_response(), &ctx.request_id),
+        Err(err) => error_response(&err, &ctx.request_id),
+    }
+}
+
+/// Parses a JSON object body; an empty body is an empty object.
+fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let bytes = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::invalid("REQUEST_TOO_LARGE", "request body is too large"),
+        _ => ApiError::invalid("INVALID_BODY", "cannot read request body"),
+    })?;
+    if bytes.is_empty() {
+        return Ok(json!({}));
+    }
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(value @ Value::Object(_)) => Ok(value),
+        _ => Err(ApiError::invalid("INVALID_JSON", "request body must be a JSON object")),
+    }
+}
+
+async fn health() -> Response {
+    axum::Json(json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+async fn ready(State(state): AppState) -> Response {
+    let failing = state.backends.unhealthy().await;
+    if failing.is_empty() {
+        axum::Json(json!({"status": "ready"})).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": "not_ready", "failing": failing}))).into_response()
+    }
+}
+
+async fn not_found(Ctx(ctx): Ctx) -> Response {
+    error_response(&ApiError::not_found("ROUTE_NOT_FOUND", "no such route"), &ctx.request_id)
+}
+
+async fn method_not_allowed(Ctx(ctx): Ctx) -> Response {
+    let err = ApiError::new(avm_common::Code::InvalidArgument, "METHOD_NOT_ALLOWED", "method not allowed on this route");
+    let mut response = error_response(&err, &ctx.request_id);
+    *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    response
+}
+
+async fn create_container(State(state): AppState, Ctx(ctx): Ctx, body: Result<Bytes, BytesRejection>) -> Response {
+    let result = async {
+        let body = json_body(body)?;
+        let container_id = req_str(&body, "containerId")?;
+        state.backends.create_container(&ctx, &container_id).await
+    }
+    .await;
+    match result {
+        Ok((container, created)) => {
+            let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+            reply(&ctx, status, Ok(container))
+        }
+        Err(err) => error_response(&err, &ctx.request_id),
+    }
+}
+
+async fn list_containers(State(state): AppState, Ctx(ctx): Ctx) -> Response {
+    let result = state.backends.list_containers(&ctx).await.map(|containers| json!({"containers": containers}));
+    reply(&ctx, StatusCode::OK, result)
+}
+
+async fn get_container(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    reply(&ctx, StatusCode::OK, state.backends.get_container(&ctx, &id).await)
+}
+
+async fn delete_container(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    let result = state.backends.delete_container(&ctx, &id).await.map(|()| json!({"containerId": id, "deleted": true}));
+    reply(&ctx, StatusCode::OK, result)
+}
+
+async fn create_image(
+    State(state): AppState,
+    Ctx(ctx): Ctx,
+    Path(container_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = async {
+        let body = json_body(body)?;
+        let config = image_config(Some(&body))?;
+        state.backends.create_image(&ctx, &container_id, config).await.map(|(record, _)| record)
+    }
+    .await;
+    reply(&ctx, StatusCode::CREATED, result)
+}
+
+async fn list_images(State(state): AppState, Ctx(ctx): Ctx, Path(container_id): Path<String>) -> Response {
+    let result = state.backends.list_images(&ctx, Some(&container_id)).await.map(|images| {
+        let records: Vec<Value> = images.into_iter().map(|(record, _)| record).collect();
+        json!({"images": records})
+    });
+    reply(&ctx, StatusCode::OK, result)
+}
+
+async fn get_image(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    reply(&ctx, StatusCode::OK, state.backends.get_image(&ctx, &id).await.map(|(record, _)| record))
+}
+
+async fn update_image(
+    State(state): AppState,
+    Ctx(ctx): Ctx,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = async {
+        let body = json_body(body)?;
+        let name = opt_str(&body, "name")?;
+        let description = opt_str(&body, "description")?;
+        state.backends.update_image(&ctx, &id, name, description).await
+    }
+    .await;
+    reply(&ctx, StatusCode::OK, result)
+}
+
+async fn delete_image(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    let result = state.backends.delete_image(&ctx, &id).await.map(|()| json!({"imageId": id, "deleted": true}));
+    reply(&ctx, StatusCode::OK, result)
+}
+
+async fn run_image(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    let result = state
+        .backends
+        .run_image(&ctx, &id)
+        .await
+        .map(|(agent, reused)| json!({"imageId": id, "agentId": agent.agent_id, "reused": reused}));
+    reply(&ctx, StatusCode::OK, result)
+}
+
+async fn stop_image(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    let result = state.backends.stop_image(&ctx, &id).await.map(|stopped| json!({"imageId": id, "stopped": stopped}));
+    reply(&ctx, StatusCode::OK, result)
+}
+
+async fn list_messages(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    let result = state.backends.messages(&ctx, &id).await.map(|messages| json!({"imageId": id, "messages": messages}));
+    reply(&ctx, StatusCode::OK, result)
+}
+
+fn sse_event(event: &rt::Event) -> Event {
+    Event::default().id(event.cursor.clone()).event(event.r#type.clone()).data(event_frame(event))
+}
+
+fn sse_error(status: &tonic::Status) -> Event {
+    let err = ApiError::from_status(status);
+    Event::default().event("system_error").data(system_error_frame(&err, None))
+}
+
+/// Sends a message and streams the turn as server-sent events, each with `id: <cursor>`.
+async fn send_message(
+    State(state): AppState,
+    Ctx(ctx): Ctx,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = async {
+        let body = json_body(body)?;
+        let content = match body.get("content") {
+            Some(content @ (Value::String(_) | Value::Array(_))) => content.clone(),
+            Some(_) => return Err(ApiError::invalid("INVALID_CONTENT", "content must be a string or a list of parts")),
+            None => return Err(ApiError::invalid("MISSING_FIELD", "content is required")),
+        };
+        state.backends.send_message(&ctx, &id, &content).await
+    }
+    .await;
+    let (accepted, stream) = match result {
+        Ok(accepted) => accepted,
+        Err(err) => return error_response(&err, &ctx.request_id),
+    };
+    let agent_id = accepted.agent.as_ref().map(|agent| agent.agent_id.clone()).unwrap_or_default();
+    let first = Event::default().event("message_send_response").data(
+        json!({"imageId": id, "agentId": agent_id, "userMessageId": accepted.user_message_id, "cursor": accepted.cursor})
+            .to_string(),
+    );
+    let events = stream.filter_map(|item| async move {
+        match item {
+            Ok(rt::SendMessageResponse { kind: Some(rt::send_message_response::Kind::Event(event)) }) => {
+                Some(sse_event(&event))
+            }
+            Ok(_) => None,
+            Err(status) => Some(sse_error(&status)),
+        }
+    });
+    sse(futures::stream::once(async { first }).chain(events), &ctx)
+}
+
+fn sse(events: impl Stream<Item = Event> + Send + 'static, ctx: &RequestContext) -> Response {
+    let stream = events.map(Ok::<_, Infallible>);
+    with_request_id(Sse::new(stream).keep_alive(KeepAlive::default()).into_response(), &ctx.request_id)
+}
+
+/// Query of `GET /v1/images/{id}/events`.
+#[derive(Debug, Deserialize)]
+struct EventsQuery {
+    after: Option<String>,
+}
+
+/// Streams a conversation's events after a cursor (`?after=` or `Last-Event-ID`), then live.
+async fn image_events(
+    State(state): AppState,
+    Ctx(ctx): Ctx,
+    Path(id): Path<String>,
+    query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let result = async {
+        let Query(query) = query.map_err(|_| ApiError::invalid("INVALID_QUERY", "invalid query string"))?;
+        let after = query
+            .after
+            .or_else(|| headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_owned));
+        let (_, session_id) = state.backends.get_image(&ctx, &id).await?;
+        state.backends.subscribe(&ctx, &session_id, after).await
+    }
+    .await;
+    match result {
+        Ok(stream) => {
+            let events = stream.filter_map(|item| async move {
+                match item {
+                    Ok(rt::SubscribeEventsResponse { event: Some(event) }) => Some(sse_event(&event)),
+                    Ok(_) => None,
+                    Err(status) => Some(sse_error(&status)),
+                }
+            });
+            sse(events, &ctx)
+        }
+        Err(err) => error_response(&err, &ctx.request_id),
+    }
+}
+
+async fn interrupt(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    let target = rt::interrupt_agent_request::Target::ImageId(id.clone());
+    let result = state.backends.interrupt(&ctx, target).await.map(|(agent, interrupted)| {
+        json!({"imageId": id, "agentId": agent.agent_id, "interrupted": interrupted})
+    });
+    reply(&ctx, StatusCode::OK, result)
+}
+
+/// Query of `GET /v1/agents`.
+#[derive(Debug, Deserialize)]
+struct AgentsQuery {
+    #[serde(rename = "containerId")]
+    container_id: Option<String>,
+}
+
+async fn list_agents(
+    State(state): AppState,
+    Ctx(ctx): Ctx,
+    query: Result<Query<AgentsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let result = async {
+        let Query(query) = query.map_err(|_| ApiError::invalid("INVALID_QUERY", "invalid query string"))?;
+        let agents = state.backends.list_agents(&ctx, query.container_id.as_deref()).await?;
+        Ok(json!({"agents": agents.iter().map(agent_json).collect::<Vec<_>>()}))
+    }
+    .await;
+    reply(&ctx, StatusCode::OK, result)
+}
+
+async fn get_agent(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    reply(&ctx, StatusCode::OK, state.backends.get_agent(&ctx, &id).await.map(|agent| agent_json(&agent)))
+}
+
+async fn destroy_agent(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    let result = state.backends.destroy_agent(&ctx, &id).await.map(|()| json!({"agentId": id, "destroyed": true}));
+    reply(&ctx, StatusCode::OK, result)
+}

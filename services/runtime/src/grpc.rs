@@ -1,0 +1,191 @@
+//! The gRPC adapter of the runtime: proto ⇄ domain, metadata → context.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use avm_common::config::GrpcConfig;
+use avm_common::{ApiError, RequestContext};
+use avm_proto::runtime::v1 as pb;
+use avm_proto::runtime::v1::runtime_service_server::{RuntimeService, RuntimeServiceServer};
+use futures::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::hub::{SessionEvent, Subscription};
+use crate::service::{AgentInfo, AgentPool, AgentTarget};
+
+/// Returns the runtime's gRPC server with the shared message-size limits.
+pub fn grpc_server(pool: AgentPool, config: &GrpcConfig) -> RuntimeServiceServer<RuntimeGrpc> {
+    RuntimeServiceServer::new(RuntimeGrpc { pool })
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes)
+}
+
+/// Serves `avm.runtime.v1.RuntimeService` from an [`AgentPool`].
+pub struct RuntimeGrpc {
+    pool: AgentPool,
+}
+
+type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+fn agent_pb(agent: AgentInfo) -> pb::Agent {
+    pb::Agent {
+        agent_id: agent.agent_id,
+        container_id: agent.container_id,
+        image_id: agent.image_id,
+        session_id: agent.session_id,
+        state: if agent.running { pb::AgentState::Running } else { pb::AgentState::Idle } as i32,
+        started_at_ms: agent.started_at_ms,
+    }
+}
+
+/// Converts a hub event to its wire form.
+pub fn event_pb(event: &SessionEvent) -> pb::Event {
+    pb::Event {
+        r#type: event.kind.to_owned(),
+        cursor: event.cursor.to_string(),
+        timestamp_ms: event.timestamp_ms,
+        context: Some(pb::EventContext {
+            container_id: event.context.container_id.clone(),
+            image_id: event.context.image_id.clone(),
+            agent_id: event.context.agent_id.clone(),
+            session_id: event.context.session_id.clone(),
+        }),
+        data_json: event.data_json.clone(),
+    }
+}
+
+/// Yields the replay, then live events; `until_turn_end` stops after the turn's last event.
+/// A subscriber cut off for falling behind gets RESOURCE_EXHAUSTED, never a silent end.
+fn event_stream(
+    subscription: Subscription,
+    until_turn_end: bool,
+) -> impl Stream<Item = Result<Arc<SessionEvent>, Status>> + Send {
+    let Subscription { replay, live, overflowed } = subscription;
+    futures::stream::unfold((replay.into_iter(), live, false), move |(mut replay, mut live, done)| {
+        let overflowed = Arc::clone(&overflowed);
+        async move {
+            if done {
+                return None;
+            }
+            let event = match replay.next() {
+                Some(event) => event,
+                None => match live.recv().await {
+                    Some(event) => event,
+                    None if overflowed.load(Ordering::Acquire) => {
+                        let err = ApiError::new(
+                            avm_common::Code::ResourceExhausted,
+                            "SUBSCRIBER_TOO_SLOW",
+                            "the subscriber fell too far behind the event stream; resubscribe with the last cursor",
+                        );
+                        return Some((Err(err.to_status()), (replay, live, true)));
+                    }
+                    None => return None,
+                },
+            };
+            let finished = until_turn_end && event.ends_turn();
+            Some((Ok(event), (replay, live, finished)))
+        }
+    })
+}
+
+#[tonic::async_trait]
+impl RuntimeService for RuntimeGrpc {
+    type SendMessageStream = EventStream<pb::SendMessageResponse>;
+    type SubscribeEventsStream = EventStream<pb::SubscribeEventsResponse>;
+
+    async fn run_image(&self, request: Request<pb::RunImageRequest>) -> Result<Response<pb::RunImageResponse>, Status> {
+        let ctx = RequestContext::from_metadata(request.metadata());
+        let (agent, reused) = self.pool.run_image(&ctx, &request.get_ref().image_id).await?;
+        Ok(Response::new(pb::RunImageResponse { agent: Some(agent_pb(agent)), reused }))
+    }
+
+    async fn stop_image(&self, request: Request<pb::StopImageRequest>) -> Result<Response<pb::StopImageResponse>, Status> {
+        let ctx = RequestContext::from_metadata(request.metadata());
+        let stopped = self.pool.stop_image(&ctx, &request.get_ref().image_id).await?;
+        Ok(Response::new(pb::StopImageResponse { stopped }))
+    }
+
+    async fn send_message(
+        &self,
+        request: Request<pb::SendMessageRequest>,
+    ) -> Result<Response<Self::SendMessageStream>, Status> {
+        let ctx = RequestContext::from_metadata(request.metadata());
+        let message = request.into_inner();
+        let accepted = self.pool.send_message(&ctx, &message.image_id, &message.content_json).await?;
+        let first = pb::SendMessageResponse {
+            kind: Some(pb::send_message_response::Kind::Accepted(pb::SendMessageAccepted {
+                agent: Some(agent_pb(accepted.agent)),
+                user_message_id: accepted.user_message_id,
+                cursor: accepted.cursor.to_string(),
+            })),
+        };
+        let events = futures::StreamExt::map(event_stream(accepted.events, true), |event| {
+            event.map(|event| pb::SendMessageResponse {
+                kind: Some(pb::send_message_response::Kind::Event(event_pb(&event))),
+            })
+        });
+        let stream = futures::StreamExt::chain(futures::stream::once(async { Ok(first) }), events);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn interrupt_agent(
+        &self,
+        request: Request<pb::InterruptAgentRequest>,
+    ) -> Result<Response<pb::InterruptAgentResponse>, Status> {
+        let ctx = RequestContext::from_metadata(request.metadata());
+        let target = match request.into_inner().target {
+            Some(pb::interrupt_agent_request::Target::ImageId(id)) => AgentTarget::Image(id),
+            Some(pb::interrupt_agent_request::Target::AgentId(id)) => AgentTarget::Agent(id),
+            None => return Err(ApiError::invalid("MISSING_ID", "image_id or agent_id is required").into()),
+        };
+        let (agent, interrupted) = self.pool.interrupt(&ctx, &target)?;
+        Ok(Response::new(pb::InterruptAgentResponse { agent: Some(agent_pb(agent)), interrupted }))
+    }
+
+    async fn get_agent(&self, request: Request<pb::GetAgentRequest>) -> Result<Response<pb::GetAgentResponse>, Status> {
+        let ctx = RequestContext::from_metadata(request.metadata());
+        let agent = self.pool.get_agent(&ctx, &request.get_ref().agent_id)?;
+        Ok(Response::new(pb::GetAgentResponse { agent: Some(agent_pb(agent)) }))
+    }
+
+    async fn list_agents(
+        &self,
+        request: Request<pb::ListAgentsRequest>,
+    ) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        let ctx = RequestContext::from_metadata(request.metadata());
+        let agents = self.pool.list_agents(&ctx, request.get_ref().container_id.as_deref());
+        Ok(Response::new(pb::ListAgentsResponse { agents: agents.into_iter().map(agent_pb).collect() }))
+    }
+
+    async fn destroy_agent(
+        &self,
+        request: Request<pb::DestroyAgentRequest>,
+    ) -> Result<Response<pb::DestroyAgentResponse>, Status> {
+        let ctx = RequestContext::from_metadata(request.metadata());
+        self.pool.destroy_agent(&ctx, &request.get_ref().agent_id)?;
+        Ok(Response::new(pb::DestroyAgentResponse { destroyed: true }))
+    }
+
+    async fn destroy_all_agents(
+        &self,
+        request: Request<pb::DestroyAllAgentsRequest>,
+    ) -> Result<Response<pb::DestroyAllAgentsResponse>, Status> {
+        let ctx = RequestContext::from_metadata(request.metadata());
+        let destroyed = self.pool.destroy_all(&ctx, &request.get_ref().container_id);
+        Ok(Response::new(pb::DestroyAllAgentsResponse { destroyed }))
+    }
+
+    async fn subscribe_events(
+        &self,
+        request: Request<pb::SubscribeEventsRequest>,
+    ) -> Result<Response<Self::SubscribeEventsStream>, Status> {
+        let ctx = RequestContext::from_metadata(request.metadata());
+        let message = request.into_inner();
+        let subscription = self.pool.subscribe(&ctx, &message.session_id, message.after_cursor.as_deref()).await?;
+        let stream = futures::StreamExt::map(event_stream(subscription, false), |event| {
+            event.map(|event| pb::SubscribeEventsResponse { event: Some(event_pb(&event)) })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}

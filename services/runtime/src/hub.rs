@@ -1,0 +1,228 @@
+//! Per-session event hubs: every event of a session gets the next cursor, is
+//! kept in a bounded window of recent events for resuming subscribers, and is
+//! offered to each live subscriber's bounded queue.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+/// Which conversation an event belongs to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EventContext {
+    pub container_id: String,
+    pub image_id: String,
+    pub agent_id: String,
+    pub session_id: String,
+}
+
+/// One event of a session, in the protocol's vocabulary.
+#[derive(Debug)]
+pub struct SessionEvent {
+    /// The protocol event type, e.g. `text_delta`.
+    pub kind: &'static str,
+    pub cursor: u64,
+    pub timestamp_ms: i64,
+    pub context: Arc<EventContext>,
+    /// The protocol `data` object, serialized once.
+    pub data_json: String,
+}
+
+impl SessionEvent {
+    /// Returns whether this event ends a turn.
+    pub fn ends_turn(&self) -> bool {
+        matches!(self.kind, "conversation_end" | "error_occurred")
+    }
+}
+
+/// The receiving end of a subscription.
+pub struct Subscription {
+    /// Retained events after the requested cursor, oldest first.
+    pub replay: Vec<Arc<SessionEvent>>,
+    /// Live events after the replay.
+    pub live: mpsc::Receiver<Arc<SessionEvent>>,
+    /// Set when the hub dropped this subscriber for falling too far behind.
+    pub overflowed: Arc<AtomicBool>,
+}
+
+struct Subscriber {
+    queue: mpsc::Sender<Arc<SessionEvent>>,
+    overflowed: Arc<AtomicBool>,
+}
+
+struct HubState {
+    next_cursor: u64,
+    recent: VecDeque<Arc<SessionEvent>>,
+    subscribers: Vec<Subscriber>,
+}
+
+/// The event stream of one session.
+pub struct SessionHub {
+    state: Mutex<HubState>,
+    retention: usize,
+    queue_capacity: usize,
+}
+
+impl SessionHub {
+    fn new(retention: usize, queue_capacity: usize) -> Self {
+        // Cursors start at the current time in microseconds so they keep rising
+        // across hub restarts (a hub is rebuilt after idling or a process restart).
+        let start = u64::try_from(avm_common::now_ms()).unwrap_or(0).saturating_mul(1000);
+        Self {
+            state: Mutex::new(HubState { next_cursor: start, recent: VecDeque::new(), subscribers: Vec::new() }),
+            retention: retention.max(1),
+            queue_capacity: queue_capacity.max(1),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HubState> {
+        // A poisoned lock only means a panic elsewhere; the state itself stays consistent.
+        self.state.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Publishes an event to the retained window and every subscriber.
+    pub fn publish(&self, kind: &'static str, context: &Arc<EventContext>, data: &Value) -> Arc<SessionEvent> {
+        let data_json = data.to_string();
+        let mut state = self.lock();
+        state.next_cursor += 1;
+        let event = Arc::new(SessionEvent {
+            kind,
+            cursor: state.next_cursor,
+            timestamp_ms: avm_common::now_ms(),
+            context: Arc::clone(context),
+            data_json,
+        });
+        if state.recent.len() == self.retention {
+            state.recent.pop_front();
+        }
+        state.recent.push_back(Arc::clone(&event));
+        state.subscribers.retain(|subscriber| match subscriber.queue.try_send(Arc::clone(&event)) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                subscriber.overflowed.store(true, Ordering::Release);
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        });
+        event
+    }
+
+    /// Subscribes, replaying retained events after `after` (when given).
+    pub fn subscribe(&self, after: Option<u64>) -> Subscription {
+        let (queue, live) = mpsc::channel(self.queue_capacity);
+        let overflowed = Arc::new(AtomicBool::new(false));
+        let mut state = self.lock();
+        let replay = match after {
+            Some(cursor) => state.recent.iter().filter(|event| event.cursor > cursor).cloned().collect(),
+            None => Vec::new(),
+        };
+        state.subscribers.push(Subscriber { queue, overflowed: Arc::clone(&overflowed) });
+        Subscription { replay, live, overflowed }
+    }
+
+    /// Returns the cursor of the latest event (or the starting point when none).
+    pub fn last_cursor(&self) -> u64 {
+        self.lock().next_cursor
+    }
+
+    /// Returns whether any subscriber is still listening.
+    fn has_subscribers(&self) -> bool {
+        let mut state = self.lock();
+        state.subscribers.retain(|subscriber| !subscriber.queue.is_closed());
+        !state.subscribers.is_empty()
+    }
+}
+
+/// All hubs of this runtime, by session id.
+pub struct Hubs {
+    hubs: Mutex<HashMap<String, Arc<SessionHub>>>,
+    retention: usize,
+    queue_capacity: usize,
+}
+
+impl Hubs {
+    /// Returns an empty set of hubs.
+    pub fn new(retention: usize, queue_capacity: usize) -> Self {
+        Self { hubs: Mutex::new(HashMap::new()), retention, queue_capacity }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<SessionHub>>> {
+        self.hubs.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Returns the hub of a session, creating it when needed.
+    pub fn get_or_create(&self, session_id: &str) -> Arc<SessionHub> {
+        let mut hubs = self.lock();
+        if let Some(hub) = hubs.get(session_id) {
+            return Arc::clone(hub);
+        }
+        let hub = Arc::new(SessionHub::new(self.retention, self.queue_capacity));
+        hubs.insert(session_id.to_owned(), Arc::clone(&hub));
+        hub
+    }
+
+    /// Drops the hubs nobody listens to, except those of `active` sessions.
+    pub fn prune(&self, active: &dyn Fn(&str) -> bool) {
+        self.lock().retain(|session_id, hub| active(session_id) || hub.has_subscribers());
+    }
+
+    /// Returns how many hubs exist.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Returns whether there are no hubs.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn context() -> Arc<EventContext> {
+        Arc::new(EventContext { session_id: "sess_1".into(), ..EventContext::default() })
+    }
+
+    #[test]
+    fn cursors_rise_and_resume_replays_what_was_missed() {
+        let hub = SessionHub::new(8, 8);
+        let ctx = context();
+        let first = hub.publish("text_delta", &ctx, &json!({"text": "a"}));
+        let second = hub.publish("text_delta", &ctx, &json!({"text": "b"}));
+        assert!(second.cursor > first.cursor);
+        let sub = hub.subscribe(Some(first.cursor));
+        assert_eq!(sub.replay.len(), 1);
+        assert_eq!(sub.replay[0].data_json, r#"{"text":"b"}"#);
+    }
+
+    #[test]
+    fn retention_is_bounded() {
+        let hub = SessionHub::new(3, 8);
+        let ctx = context();
+        for i in 0..10 {
+            hub.publish("text_delta", &ctx, &json!({"i": i}));
+        }
+        let sub = hub.subscribe(Some(0));
+        assert_eq!(sub.replay.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_falls_behind_is_cut_off() {
+        let hub = SessionHub::new(8, 2);
+        let ctx = context();
+        let mut sub = hub.subscribe(None);
+        for i in 0..3 {
+            hub.publish("text_delta", &ctx, &json!({"i": i}));
+        }
+        assert!(sub.overflowed.load(Ordering::Acquire));
+        assert!(sub.live.recv().await.is_some());
+        assert!(sub.live.recv().await.is_some());
+        assert!(sub.live.recv().await.is_none());
+    }
+}

@@ -1,0 +1,80 @@
+//! The runtime's view of the session service: images, history and appends.
+
+use avm_common::config::GrpcConfig;
+use avm_common::{ApiError, RequestContext};
+use avm_proto::session::v1 as pb;
+use avm_proto::session::v1::session_service_client::SessionServiceClient;
+use tonic::transport::Channel;
+
+/// What the runtime needs to know about an image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub image_id: String,
+    pub container_id: String,
+    pub session_id: String,
+    pub name: String,
+    pub system_prompt: Option<String>,
+}
+
+impl From<pb::Image> for ImageInfo {
+    fn from(image: pb::Image) -> Self {
+        Self {
+            image_id: image.image_id,
+            container_id: image.container_id,
+            session_id: image.session_id,
+            name: image.name,
+            system_prompt: image.system_prompt.filter(|prompt| !prompt.is_empty()),
+        }
+    }
+}
+
+/// A gRPC client of the session service.
+#[derive(Clone)]
+pub struct SessionClient {
+    inner: SessionServiceClient<Channel>,
+}
+
+impl SessionClient {
+    /// Wraps a channel to the session service.
+    pub fn new(channel: Channel, config: &GrpcConfig) -> Self {
+        let inner = SessionServiceClient::new(channel)
+            .max_decoding_message_size(config.max_message_bytes)
+            .max_encoding_message_size(config.max_message_bytes);
+        Self { inner }
+    }
+
+    /// Returns an image of the caller's tenant.
+    pub async fn get_image(&self, ctx: &RequestContext, image_id: &str) -> Result<ImageInfo, ApiError> {
+        let request = ctx.request(pb::GetImageRequest { image_id: image_id.to_owned() });
+        let response = self.inner.clone().get_image(request).await?.into_inner();
+        response
+            .image
+            .map(ImageInfo::from)
+            .ok_or_else(|| ApiError::internal("session service returned no image"))
+    }
+
+    /// Returns the image that owns a session of the caller's tenant.
+    pub async fn get_session(&self, ctx: &RequestContext, session_id: &str) -> Result<ImageInfo, ApiError> {
+        let request = ctx.request(pb::GetSessionRequest { session_id: session_id.to_owned() });
+        let response = self.inner.clone().get_session(request).await?.into_inner();
+        response
+            .image
+            .map(ImageInfo::from)
+            .ok_or_else(|| ApiError::internal("session service returned no image"))
+    }
+
+    /// Returns a session's messages in stored order.
+    pub async fn list_messages(&self, ctx: &RequestContext, session_id: &str) -> Result<Vec<pb::Message>, ApiError> {
+        let request = ctx.request(pb::ListMessagesRequest { session_id: session_id.to_owned() });
+        Ok(self.inner.clone().list_messages(request).await?.into_inner().messages)
+    }
+
+    /// Appends a message and returns it as stored.
+    pub async fn append(&self, ctx: &RequestContext, message: pb::Message) -> Result<pb::Message, ApiError> {
+        let request = ctx.request(pb::AppendMessageRequest { session_id: message.session_id.clone(), message: Some(message) });
+        let response = self.inner.clone().append_message(request).await?.into_inner();
+        response
+            .message
+            .ok_or_else(|| ApiError::internal("session service returned no message"))
+    }
+}

@@ -1,0 +1,50 @@
+-- Containers, images, sessions and messages of every tenant. The tenant is part
+-- of every lookup; ids made by the server (img_, sess_) are globally unique.
+
+CREATE TABLE containers (
+    tenant_id     TEXT   NOT NULL,
+    container_id  TEXT   NOT NULL,
+    created_at_ms BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, container_id)
+);
+
+CREATE TABLE images (
+    image_id         TEXT   NOT NULL PRIMARY KEY,
+    tenant_id        TEXT   NOT NULL,
+    container_id     TEXT   NOT NULL,
+    name             TEXT   NOT NULL,
+    description      TEXT,
+    system_prompt    TEXT,
+    mcp_servers_json TEXT   NOT NULL,
+    created_at_ms    BIGINT NOT NULL,
+    updated_at_ms    BIGINT NOT NULL,
+    FOREIGN KEY (tenant_id, container_id)
+        REFERENCES containers (tenant_id, container_id) ON DELETE CASCADE
+);
+
+-- Serves the container cascade and both orders of ListImages (newest first).
+CREATE INDEX images_by_container ON images (tenant_id, container_id, created_at_ms DESC, image_id DESC);
+CREATE INDEX images_by_tenant ON images (tenant_id, created_at_ms DESC, image_id DESC);
+
+CREATE TABLE sessions (
+    session_id    TEXT   NOT NULL PRIMARY KEY,
+    tenant_id     TEXT   NOT NULL,
+    image_id      TEXT   NOT NULL UNIQUE REFERENCES images (image_id) ON DELETE CASCADE,
+    created_at_ms BIGINT NOT NULL,
+    -- The seq of the newest message; bumping it first locks the row, which
+    -- serializes appends per session.
+    last_seq      BIGINT NOT NULL DEFAULT 0
+);
+
+CREATE TABLE messages (
+    session_id    TEXT   NOT NULL REFERENCES sessions (session_id) ON DELETE CASCADE,
+    seq           BIGINT NOT NULL,
+    message_id    TEXT   NOT NULL,
+    kind          TEXT   NOT NULL CHECK (kind IN ('user', 'assistant', 'tool_call', 'tool_result', 'error')),
+    -- The body as JSON text. TEXT rather than JSONB so both dialects share one
+    -- set of statements (store/sql.rs); a search can still cast it to jsonb.
+    body          TEXT   NOT NULL,
+    created_at_ms BIGINT NOT NULL,
+    PRIMARY KEY (session_id, seq),
+    UNIQUE (session_id, message_id)
+);

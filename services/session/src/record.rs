@@ -1,0 +1,154 @@
+//! The domain types of the session service: what the store keeps and the
+//! service hands out. Proto types stay in `grpc.rs`; rows stay in `store`.
+
+use serde::{Deserialize, Serialize};
+
+/// A tenant's isolation unit; its id is chosen by the client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerRecord {
+    pub container_id: String,
+    pub created_at_ms: i64,
+}
+
+/// A persisted conversation definition with exactly one session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageRecord {
+    pub image_id: String,
+    pub container_id: String,
+    pub session_id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub system_prompt: Option<String>,
+    /// MCP server definitions as a JSON object; `"{}"` when none.
+    pub mcp_servers_json: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// What a caller asks for when creating an image; validated by the service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NewImage {
+    pub container_id: String,
+    /// `None` or blank means the default name, "New Conversation".
+    pub name: Option<String>,
+    /// `None` or empty means no description.
+    pub description: Option<String>,
+    /// `None` or empty means no system prompt.
+    pub system_prompt: Option<String>,
+    /// A JSON object of MCP server definitions; empty means none.
+    pub mcp_servers_json: String,
+}
+
+/// The changes to an image; `None` leaves a field as it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImageUpdate {
+    /// A new, non-blank name.
+    pub name: Option<String>,
+    /// A new description; an empty one clears it.
+    pub description: Option<String>,
+}
+
+/// One entry of a session's history as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MessageRecord {
+    pub message_id: String,
+    pub session_id: String,
+    /// Position in the session, from 1, assigned by the store.
+    pub seq: u64,
+    pub created_at_ms: i64,
+    pub body: MessageBody,
+}
+
+/// A message to append; its id is chosen by the caller, its `seq` by the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewMessage {
+    pub message_id: String,
+    /// Zero (or negative) means "now".
+    pub created_at_ms: i64,
+    pub body: MessageBody,
+}
+
+/// The token count an LLM reported for one assistant message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// What a message says, by kind.
+///
+/// The serde form is the stored form (the store's `body` column), so fields
+/// and tags here are renamed only with a migration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MessageBody {
+    /// What a user sent: JSON, a string or a list of parts (PROTOCOL.md).
+    User { content_json: String },
+    /// A complete, or interrupted, assistant reply.
+    Assistant {
+        text: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<Usage>,
+        #[serde(default)]
+        interrupted: bool,
+        #[serde(default)]
+        model: String,
+        #[serde(default)]
+        stop_reason: String,
+    },
+    /// A tool call the assistant made.
+    ToolCall {
+        tool_call_id: String,
+        tool_name: String,
+        input_json: String,
+        parent_id: String,
+    },
+    /// The outcome of a tool call.
+    ToolResult {
+        tool_call_id: String,
+        tool_name: String,
+        output: String,
+        is_error: bool,
+    },
+    /// A turn that failed.
+    Error { text: String, error_code: String },
+}
+
+impl MessageBody {
+    /// Returns the stable name of this kind, as stored in the `kind` column.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            MessageBody::User { .. } => "user",
+            MessageBody::Assistant { .. } => "assistant",
+            MessageBody::ToolCall { .. } => "tool_call",
+            MessageBody::ToolResult { .. } => "tool_result",
+            MessageBody::Error { .. } => "error",
+        }
+    }
+
+    /// Returns the bytes of text the message carries, the measure of its size limit.
+    pub fn text_bytes(&self) -> usize {
+        match self {
+            MessageBody::User { content_json } => content_json.len(),
+            MessageBody::Assistant {
+                text,
+                model,
+                stop_reason,
+                ..
+            } => text.len() + model.len() + stop_reason.len(),
+            MessageBody::ToolCall {
+                tool_call_id,
+                tool_name,
+                input_json,
+                parent_id,
+            } => tool_call_id.len() + tool_name.len() + input_json.len() + parent_id.len(),
+            MessageBody::ToolResult {
+                tool_call_id,
+                tool_name,
+                output,
+                ..
+            } => tool_call_id.len() + tool_name.len() + output.len(),
+            MessageBody::Error { text, error_code } => text.len() + error_code.len(),
+        }
+    }
+}

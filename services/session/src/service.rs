@@ -1,0 +1,461 @@
+//! The domain logic: validation, ids, timestamps and logs around the store.
+
+use std::sync::Arc;
+
+use avm_common::ids::new_id;
+use avm_common::{RequestContext, now_ms};
+use tracing::instrument;
+
+use crate::error::SessionError;
+use crate::record::{
+    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage,
+};
+use crate::store::SessionStore;
+
+/// The name of an image created without one.
+pub const DEFAULT_IMAGE_NAME: &str = "New Conversation";
+/// Longest id a caller may choose (containers, messages), in bytes.
+pub const MAX_ID_BYTES: usize = 128;
+/// Longest image name, in characters.
+pub const MAX_NAME_CHARS: usize = 256;
+/// Longest image description, in characters.
+pub const MAX_DESCRIPTION_CHARS: usize = 4096;
+/// Largest system prompt, in bytes.
+pub const MAX_SYSTEM_PROMPT_BYTES: usize = 256 * 1024;
+/// Largest MCP server definition document, in bytes.
+pub const MAX_MCP_SERVERS_BYTES: usize = 64 * 1024;
+/// Largest message, counted as the bytes of its text fields.
+pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Containers, images, sessions and messages of every tenant.
+///
+/// Cheap to clone: the store sits behind an `Arc`.
+#[derive(Clone)]
+pub struct SessionService {
+    store: Arc<dyn SessionStore>,
+}
+
+impl SessionService {
+    /// Returns a service over `store`.
+    pub fn new(store: Arc<dyn SessionStore>) -> Self {
+        Self { store }
+    }
+
+    /// Returns the container `container_id`, creating it if needed, and whether it is new.
+    #[instrument(
+        name = "session.create_container",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn create_container(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+    ) -> Result<(ContainerRecord, bool), SessionError> {
+        validate_container_id(container_id)?;
+        let (container, created) = self
+            .store
+            .create_container(&ctx.tenant_id, container_id, now_ms())
+            .await?;
+        if created {
+            tracing::info!(container_id, "container created");
+        }
+        Ok((container, created))
+    }
+
+    /// Returns a container of the caller's tenant.
+    #[instrument(
+        name = "session.get_container",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn get_container(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+    ) -> Result<ContainerRecord, SessionError> {
+        validate_container_id(container_id)?;
+        self.store.get_container(&ctx.tenant_id, container_id).await
+    }
+
+    /// Returns the caller's containers, oldest first.
+    #[instrument(
+        name = "session.list_containers",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn list_containers(
+        &self,
+        ctx: &RequestContext,
+    ) -> Result<Vec<ContainerRecord>, SessionError> {
+        self.store.list_containers(&ctx.tenant_id).await
+    }
+
+    /// Deletes a container with its images, sessions and messages; returns the deleted image ids.
+    #[instrument(
+        name = "session.delete_container",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn delete_container(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+    ) -> Result<Vec<String>, SessionError> {
+        validate_container_id(container_id)?;
+        let image_ids = self
+            .store
+            .delete_container(&ctx.tenant_id, container_id)
+            .await?;
+        tracing::info!(container_id, images = image_ids.len(), "container deleted");
+        Ok(image_ids)
+    }
+
+    /// Creates an image and its session in an existing container.
+    #[instrument(
+        name = "session.create_image",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn create_image(
+        &self,
+        ctx: &RequestContext,
+        new: NewImage,
+    ) -> Result<ImageRecord, SessionError> {
+        validate_container_id(&new.container_id)?;
+        let name = match new.name {
+            Some(name) if !name.trim().is_empty() => validate_name(name)?,
+            _ => DEFAULT_IMAGE_NAME.to_owned(),
+        };
+        let description = non_empty(new.description)
+            .map(validate_description)
+            .transpose()?;
+        let system_prompt = non_empty(new.system_prompt)
+            .map(validate_system_prompt)
+            .transpose()?;
+        let mcp_servers_json = validate_mcp_servers(new.mcp_servers_json)?;
+        let now = now_ms();
+        let image = ImageRecord {
+            image_id: new_id("img"),
+            container_id: new.container_id,
+            session_id: new_id("sess"),
+            name,
+            description,
+            system_prompt,
+            mcp_servers_json,
+            created_at_ms: now,
+            updated_at_ms: now,
+        };
+        self.store.create_image(&ctx.tenant_id, &image).await?;
+        tracing::info!(
+            image_id = %image.image_id,
+            container_id = %image.container_id,
+            session_id = %image.session_id,
+            "image created"
+        );
+        Ok(image)
+    }
+
+    /// Returns an image of the caller's tenant.
+    #[instrument(
+        name = "session.get_image",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn get_image(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+    ) -> Result<ImageRecord, SessionError> {
+        self.store.get_image(&ctx.tenant_id, image_id).await
+    }
+
+    /// Returns the image that owns a session of the caller's tenant.
+    #[instrument(
+        name = "session.get_session",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn get_session(
+        &self,
+        ctx: &RequestContext,
+        session_id: &str,
+    ) -> Result<ImageRecord, SessionError> {
+        self.store
+            .get_session_image(&ctx.tenant_id, session_id)
+            .await
+    }
+
+    /// Returns images newest first, of one container (none when it does not exist)
+    /// or of all the caller's containers.
+    #[instrument(
+        name = "session.list_images",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn list_images(
+        &self,
+        ctx: &RequestContext,
+        container_id: Option<&str>,
+    ) -> Result<Vec<ImageRecord>, SessionError> {
+        if let Some(container_id) = container_id {
+            validate_container_id(container_id)?;
+        }
+        self.store.list_images(&ctx.tenant_id, container_id).await
+    }
+
+    /// Changes an image's name or description; an empty description clears it.
+    #[instrument(
+        name = "session.update_image",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn update_image(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        update: ImageUpdate,
+    ) -> Result<ImageRecord, SessionError> {
+        let update = ImageUpdate {
+            name: update.name.map(validate_name).transpose()?,
+            description: update.description.map(validate_description).transpose()?,
+        };
+        let image = self
+            .store
+            .update_image(&ctx.tenant_id, image_id, &update, now_ms())
+            .await?;
+        tracing::info!(image_id, "image updated");
+        Ok(image)
+    }
+
+    /// Deletes an image with its session and messages.
+    #[instrument(
+        name = "session.delete_image",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn delete_image(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+    ) -> Result<(), SessionError> {
+        self.store.delete_image(&ctx.tenant_id, image_id).await?;
+        tracing::info!(image_id, "image deleted");
+        Ok(())
+    }
+
+    /// Appends a message to a session of the caller's tenant and returns it as stored.
+    ///
+    /// Idempotent on the message id: appending an id the session already holds
+    /// returns the stored message unchanged.
+    #[instrument(
+        name = "session.append_message",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn append_message(
+        &self,
+        ctx: &RequestContext,
+        session_id: &str,
+        message: NewMessage,
+    ) -> Result<MessageRecord, SessionError> {
+        validate_message(&message)?;
+        let message = NewMessage {
+            created_at_ms: if message.created_at_ms > 0 {
+                message.created_at_ms
+            } else {
+                now_ms()
+            },
+            ..message
+        };
+        let stored = self
+            .store
+            .append_message(&ctx.tenant_id, session_id, &message)
+            .await?;
+        tracing::debug!(
+            session_id,
+            message_id = %stored.message_id,
+            seq = stored.seq,
+            kind = stored.body.kind(),
+            "message appended"
+        );
+        Ok(stored)
+    }
+
+    /// Returns a session's messages in stored order.
+    #[instrument(
+        name = "session.list_messages",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn list_messages(
+        &self,
+        ctx: &RequestContext,
+        session_id: &str,
+    ) -> Result<Vec<MessageRecord>, SessionError> {
+        self.store.list_messages(&ctx.tenant_id, session_id).await
+    }
+}
+
+/// Checks an id a caller chose: 1 to 128 characters of `[A-Za-z0-9._:@-]`.
+fn is_valid_client_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'@' | b'-'))
+}
+
+fn validate_container_id(container_id: &str) -> Result<(), SessionError> {
+    if is_valid_client_id(container_id) {
+        Ok(())
+    } else {
+        Err(SessionError::invalid(
+            "INVALID_CONTAINER_ID",
+            "container id must be 1 to 128 characters of letters, digits and . _ : @ -",
+        ))
+    }
+}
+
+fn validate_name(name: String) -> Result<String, SessionError> {
+    if name.trim().is_empty() {
+        return Err(SessionError::invalid(
+            "INVALID_IMAGE_NAME",
+            "image name must not be blank",
+        ));
+    }
+    if name.chars().count() > MAX_NAME_CHARS {
+        return Err(SessionError::invalid(
+            "INVALID_IMAGE_NAME",
+            format!("image name must be at most {MAX_NAME_CHARS} characters"),
+        ));
+    }
+    Ok(name)
+}
+
+fn validate_description(description: String) -> Result<String, SessionError> {
+    if description.chars().count() > MAX_DESCRIPTION_CHARS {
+        return Err(SessionError::invalid(
+            "INVALID_IMAGE_DESCRIPTION",
+            format!("image description must be at most {MAX_DESCRIPTION_CHARS} characters"),
+        ));
+    }
+    Ok(description)
+}
+
+fn validate_system_prompt(system_prompt: String) -> Result<String, SessionError> {
+    if system_prompt.len() > MAX_SYSTEM_PROMPT_BYTES {
+        return Err(SessionError::invalid(
+            "INVALID_SYSTEM_PROMPT",
+            format!(
+                "system prompt must be at most {} KiB",
+                MAX_SYSTEM_PROMPT_BYTES / 1024
+            ),
+        ));
+    }
+    Ok(system_prompt)
+}
+
+/// Returns the MCP server definitions to store: `"{}"` for none, else a JSON object.
+fn validate_mcp_servers(json: String) -> Result<String, SessionError> {
+    if json.trim().is_empty() {
+        return Ok("{}".to_owned());
+    }
+    if json.len() > MAX_MCP_SERVERS_BYTES {
+        return Err(SessionError::invalid(
+            "INVALID_MCP_SERVERS",
+            format!(
+                "mcp servers must be at most {} KiB",
+                MAX_MCP_SERVERS_BYTES / 1024
+            ),
+        ));
+    }
+    match serde_json::from_str::<serde_json::Value>(&json) {
+        Ok(serde_json::Value::Object(_)) => Ok(json),
+        Ok(_) => Err(SessionError::invalid(
+            "INVALID_MCP_SERVERS",
+            "mcp servers must be a json object",
+        )),
+        Err(err) => Err(SessionError::invalid(
+            "INVALID_MCP_SERVERS",
+            format!("mcp servers are not valid json: {err}"),
+        )),
+    }
+}
+
+fn validate_message(message: &NewMessage) -> Result<(), SessionError> {
+    if !is_valid_client_id(&message.message_id) {
+        return Err(SessionError::invalid(
+            "INVALID_MESSAGE_ID",
+            "message id must be 1 to 128 characters of letters, digits and . _ : @ -",
+        ));
+    }
+    if message.body.text_bytes() > MAX_MESSAGE_BYTES {
+        return Err(SessionError::invalid(
+            "MESSAGE_TOO_LARGE",
+            format!(
+                "message must be at most {} MiB",
+                MAX_MESSAGE_BYTES / (1024 * 1024)
+            ),
+        ));
+    }
+    if let MessageBody::User { content_json } = &message.body {
+        // History is replayed into LLM requests: content that does not parse
+        // would break every later turn of the session.
+        if let Err(err) = serde_json::from_str::<serde::de::IgnoredAny>(content_json) {
+            return Err(SessionError::invalid(
+                "INVALID_MESSAGE_CONTENT",
+                format!("user message content is not valid json: {err}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn non_empty(value: Option<String>) -> Option<String> {
+    value.filter(|v| !v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_ids_allow_the_documented_alphabet_only() {
+        assert!(is_valid_client_id("default"));
+        assert!(is_valid_client_id("user@example.com:team-1_a.b"));
+        assert!(is_valid_client_id(&"a".repeat(128)));
+        assert!(!is_valid_client_id(""));
+        assert!(!is_valid_client_id(&"a".repeat(129)));
+        assert!(!is_valid_client_id("a b"));
+        assert!(!is_valid_client_id("a/b"));
+        assert!(!is_valid_client_id("é"));
+    }
+
+    #[test]
+    fn mcp_servers_must_be_an_object() {
+        assert_eq!(
+            validate_mcp_servers(String::new()).ok().as_deref(),
+            Some("{}")
+        );
+        assert_eq!(
+            validate_mcp_servers("  ".into()).ok().as_deref(),
+            Some("{}")
+        );
+        let fs = r#"{"fs":{"command":"mcp-fs"}}"#;
+        assert_eq!(validate_mcp_servers(fs.into()).ok().as_deref(), Some(fs));
+        for bad in ["[]", "1", "\"x\"", "{", "null"] {
+            let err = validate_mcp_servers(bad.into()).err();
+            assert!(
+                matches!(
+                    err,
+                    Some(SessionError::Invalid {
+                        reason: "INVALID_MCP_SERVERS",
+                        ..
+                    })
+                ),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,488 @@
+//! The statements and the `SessionStore` implementation shared by SQLite and Postgres.
+//!
+//! Both dialects accept `$N` placeholders, `RETURNING` and `ON CONFLICT … DO NOTHING`,
+//! so one text serves both. The implementation is a macro expanded once per
+//! concrete pool type: code generic over `sqlx::Database` needs higher-ranked
+//! `Executor` bounds that the `Send` futures of `async_trait` do not satisfy.
+//!
+//! Every transaction starts with a write. SQLite then takes its write lock up
+//! front, where `busy_timeout` applies, instead of upgrading a read snapshot,
+//! which fails at once with `SQLITE_BUSY` when another writer got in between.
+
+use sqlx::{ColumnIndex, Decode, Row, Type};
+
+use crate::error::SessionError;
+use crate::record::{ContainerRecord, ImageRecord, MessageBody, MessageRecord};
+
+pub(super) const INSERT_CONTAINER: &str = "\
+    INSERT INTO containers (tenant_id, container_id, created_at_ms) VALUES ($1, $2, $3) \
+    ON CONFLICT (tenant_id, container_id) DO NOTHING";
+pub(super) const SELECT_CONTAINER: &str = "\
+    SELECT container_id, created_at_ms FROM containers \
+    WHERE tenant_id = $1 AND container_id = $2";
+pub(super) const LIST_CONTAINERS: &str = "\
+    SELECT container_id, created_at_ms FROM containers \
+    WHERE tenant_id = $1 ORDER BY created_at_ms, container_id";
+pub(super) const DELETE_CONTAINER_IMAGES: &str = "\
+    DELETE FROM images WHERE tenant_id = $1 AND container_id = $2 RETURNING image_id";
+pub(super) const DELETE_CONTAINER: &str = "\
+    DELETE FROM containers WHERE tenant_id = $1 AND container_id = $2";
+
+/// Inserts nothing when the container is missing, which is how the caller learns it is.
+pub(super) const INSERT_IMAGE: &str = "\
+    INSERT INTO images (image_id, tenant_id, container_id, name, description, system_prompt, \
+                        mcp_servers_json, created_at_ms, updated_at_ms) \
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM containers \
+    WHERE tenant_id = $2 AND container_id = $3";
+pub(super) const INSERT_SESSION: &str = "\
+    INSERT INTO sessions (session_id, tenant_id, image_id, created_at_ms) VALUES ($1, $2, $3, $4)";
+
+macro_rules! select_image {
+    () => {
+        "SELECT i.image_id, i.container_id, s.session_id, i.name, i.description, i.system_prompt, \
+                i.mcp_servers_json, i.created_at_ms, i.updated_at_ms \
+         FROM images i JOIN sessions s ON s.image_id = i.image_id "
+    };
+}
+pub(super) const SELECT_IMAGE: &str = concat!(
+    select_image!(),
+    "WHERE i.tenant_id = $1 AND i.image_id = $2"
+);
+pub(super) const SELECT_SESSION_IMAGE: &str = concat!(
+    select_image!(),
+    "WHERE s.tenant_id = $1 AND s.session_id = $2"
+);
+pub(super) const LIST_IMAGES: &str = concat!(
+    select_image!(),
+    "WHERE i.tenant_id = $1 \
+     ORDER BY i.created_at_ms DESC, i.image_id DESC"
+);
+pub(super) const LIST_CONTAINER_IMAGES: &str = concat!(
+    select_image!(),
+    "WHERE i.tenant_id = $1 AND i.container_id = $2 \
+     ORDER BY i.created_at_ms DESC, i.image_id DESC"
+);
+/// `$3` is the new name or NULL; `$4` says whether the description changes to `$5`.
+pub(super) const UPDATE_IMAGE: &str = "\
+    UPDATE images SET name = COALESCE($3, name), \
+                      description = CASE WHEN $4 THEN $5 ELSE description END, \
+                      updated_at_ms = $6 \
+    WHERE tenant_id = $1 AND image_id = $2";
+pub(super) const DELETE_IMAGE: &str = "\
+    DELETE FROM images WHERE tenant_id = $1 AND image_id = $2";
+
+/// Locks the session row for the rest of the transaction and claims the next seq.
+pub(super) const BUMP_SEQ: &str = "\
+    UPDATE sessions SET last_seq = last_seq + 1 \
+    WHERE tenant_id = $1 AND session_id = $2 RETURNING last_seq";
+pub(super) const INSERT_MESSAGE: &str = "\
+    INSERT INTO messages (session_id, seq, message_id, kind, body, created_at_ms) \
+    VALUES ($1, $2, $3, $4, $5, $6) \
+    ON CONFLICT (session_id, message_id) DO NOTHING";
+pub(super) const SELECT_MESSAGE: &str = "\
+    SELECT message_id, session_id, seq, created_at_ms, body FROM messages \
+    WHERE session_id = $1 AND message_id = $2";
+pub(super) const SESSION_EXISTS: &str = "\
+    SELECT 1 FROM sessions WHERE tenant_id = $1 AND session_id = $2";
+pub(super) const LIST_MESSAGES: &str = "\
+    SELECT message_id, session_id, seq, created_at_ms, body FROM messages \
+    WHERE session_id = $1 ORDER BY seq";
+
+/// Reads a container row.
+pub(super) fn container_from_row<'r, R>(row: &'r R) -> Result<ContainerRecord, SessionError>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(ContainerRecord {
+        container_id: row.try_get("container_id")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+    })
+}
+
+/// Reads a row of `select_image!`.
+pub(super) fn image_from_row<'r, R>(row: &'r R) -> Result<ImageRecord, SessionError>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(ImageRecord {
+        image_id: row.try_get("image_id")?,
+        container_id: row.try_get("container_id")?,
+        session_id: row.try_get("session_id")?,
+        name: row.try_get("name")?,
+        description: row.try_get("description")?,
+        system_prompt: row.try_get("system_prompt")?,
+        mcp_servers_json: row.try_get("mcp_servers_json")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+        updated_at_ms: row.try_get("updated_at_ms")?,
+    })
+}
+
+/// Reads a message row, decoding its JSON body.
+pub(super) fn message_from_row<'r, R>(row: &'r R) -> Result<MessageRecord, SessionError>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    &'r str: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let message_id: String = row.try_get("message_id")?;
+    let seq: i64 = row.try_get("seq")?;
+    let seq = u64::try_from(seq)
+        .map_err(|_| SessionError::Corrupt(format!("message {message_id} has seq {seq}")))?;
+    let body: &str = row.try_get("body")?;
+    let body = decode_body(body)
+        .map_err(|err| SessionError::Corrupt(format!("message {message_id}: {err}")))?;
+    Ok(MessageRecord {
+        message_id,
+        session_id: row.try_get("session_id")?,
+        seq,
+        created_at_ms: row.try_get("created_at_ms")?,
+        body,
+    })
+}
+
+/// Returns the stored form of a message body: its kind and its JSON text.
+pub(super) fn encode_body(body: &MessageBody) -> Result<(&'static str, String), SessionError> {
+    let json = serde_json::to_string(body)
+        .map_err(|err| SessionError::Corrupt(format!("cannot encode body: {err}")))?;
+    Ok((body.kind(), json))
+}
+
+fn decode_body(json: &str) -> Result<MessageBody, serde_json::Error> {
+    serde_json::from_str(json)
+}
+
+/// Implements `SessionStore` for a struct with a `pool: sqlx::Pool<$db>` field.
+macro_rules! impl_session_store {
+    ($store:ty, $db:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::store::SessionStore for $store {
+            async fn create_container(
+                &self,
+                tenant_id: &str,
+                container_id: &str,
+                now_ms: i64,
+            ) -> Result<($crate::record::ContainerRecord, bool), $crate::error::SessionError> {
+                use $crate::store::sql;
+                let mut tx = self.pool.begin().await?;
+                let inserted = sqlx::query(sql::INSERT_CONTAINER)
+                    .bind(tenant_id)
+                    .bind(container_id)
+                    .bind(now_ms)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                let row = sqlx::query(sql::SELECT_CONTAINER)
+                    .bind(tenant_id)
+                    .bind(container_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let container = sql::container_from_row(&row)?;
+                tx.commit().await?;
+                Ok((container, inserted == 1))
+            }
+
+            async fn get_container(
+                &self,
+                tenant_id: &str,
+                container_id: &str,
+            ) -> Result<$crate::record::ContainerRecord, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let row = sqlx::query(sql::SELECT_CONTAINER)
+                    .bind(tenant_id)
+                    .bind(container_id)
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .ok_or_else(|| {
+                        $crate::error::SessionError::ContainerNotFound(container_id.to_owned())
+                    })?;
+                sql::container_from_row(&row)
+            }
+
+            async fn list_containers(
+                &self,
+                tenant_id: &str,
+            ) -> Result<Vec<$crate::record::ContainerRecord>, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let rows = sqlx::query(sql::LIST_CONTAINERS)
+                    .bind(tenant_id)
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter()
+                    .map(|row| sql::container_from_row(row))
+                    .collect()
+            }
+
+            async fn delete_container(
+                &self,
+                tenant_id: &str,
+                container_id: &str,
+            ) -> Result<Vec<String>, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let mut tx = self.pool.begin().await?;
+                // Images go first so their ids can be returned;
+                // the cascade takes their sessions and messages.
+                let image_ids: Vec<String> = sqlx::query_scalar(sql::DELETE_CONTAINER_IMAGES)
+                    .bind(tenant_id)
+                    .bind(container_id)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                let deleted = sqlx::query(sql::DELETE_CONTAINER)
+                    .bind(tenant_id)
+                    .bind(container_id)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if deleted == 0 {
+                    tx.rollback().await?;
+                    return Err($crate::error::SessionError::ContainerNotFound(
+                        container_id.to_owned(),
+                    ));
+                }
+                tx.commit().await?;
+                Ok(image_ids)
+            }
+
+            async fn create_image(
+                &self,
+                tenant_id: &str,
+                image: &$crate::record::ImageRecord,
+            ) -> Result<(), $crate::error::SessionError> {
+                use $crate::store::sql;
+                let mut tx = self.pool.begin().await?;
+                let inserted = sqlx::query(sql::INSERT_IMAGE)
+                    .bind(&image.image_id)
+                    .bind(tenant_id)
+                    .bind(&image.container_id)
+                    .bind(&image.name)
+                    .bind(&image.description)
+                    .bind(&image.system_prompt)
+                    .bind(&image.mcp_servers_json)
+                    .bind(image.created_at_ms)
+                    .bind(image.updated_at_ms)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if inserted == 0 {
+                    tx.rollback().await?;
+                    return Err($crate::error::SessionError::ContainerNotFound(
+                        image.container_id.clone(),
+                    ));
+                }
+                sqlx::query(sql::INSERT_SESSION)
+                    .bind(&image.session_id)
+                    .bind(tenant_id)
+                    .bind(&image.image_id)
+                    .bind(image.created_at_ms)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn get_image(
+                &self,
+                tenant_id: &str,
+                image_id: &str,
+            ) -> Result<$crate::record::ImageRecord, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let row = sqlx::query(sql::SELECT_IMAGE)
+                    .bind(tenant_id)
+                    .bind(image_id)
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .ok_or_else(|| {
+                        $crate::error::SessionError::ImageNotFound(image_id.to_owned())
+                    })?;
+                sql::image_from_row(&row)
+            }
+
+            async fn get_session_image(
+                &self,
+                tenant_id: &str,
+                session_id: &str,
+            ) -> Result<$crate::record::ImageRecord, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let row = sqlx::query(sql::SELECT_SESSION_IMAGE)
+                    .bind(tenant_id)
+                    .bind(session_id)
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .ok_or_else(|| {
+                        $crate::error::SessionError::SessionNotFound(session_id.to_owned())
+                    })?;
+                sql::image_from_row(&row)
+            }
+
+            async fn list_images(
+                &self,
+                tenant_id: &str,
+                container_id: Option<&str>,
+            ) -> Result<Vec<$crate::record::ImageRecord>, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let rows = match container_id {
+                    Some(container_id) => {
+                        sqlx::query(sql::LIST_CONTAINER_IMAGES)
+                            .bind(tenant_id)
+                            .bind(container_id)
+                            .fetch_all(&self.pool)
+                            .await?
+                    }
+                    None => {
+                        sqlx::query(sql::LIST_IMAGES)
+                            .bind(tenant_id)
+                            .fetch_all(&self.pool)
+                            .await?
+                    }
+                };
+                rows.iter().map(|row| sql::image_from_row(row)).collect()
+            }
+
+            async fn update_image(
+                &self,
+                tenant_id: &str,
+                image_id: &str,
+                update: &$crate::record::ImageUpdate,
+                now_ms: i64,
+            ) -> Result<$crate::record::ImageRecord, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let mut tx = self.pool.begin().await?;
+                let description = update.description.as_deref().filter(|d| !d.is_empty());
+                let updated = sqlx::query(sql::UPDATE_IMAGE)
+                    .bind(tenant_id)
+                    .bind(image_id)
+                    .bind(update.name.as_deref())
+                    .bind(update.description.is_some())
+                    .bind(description)
+                    .bind(now_ms)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if updated == 0 {
+                    tx.rollback().await?;
+                    return Err($crate::error::SessionError::ImageNotFound(
+                        image_id.to_owned(),
+                    ));
+                }
+                let row = sqlx::query(sql::SELECT_IMAGE)
+                    .bind(tenant_id)
+                    .bind(image_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let image = sql::image_from_row(&row)?;
+                tx.commit().await?;
+                Ok(image)
+            }
+
+            async fn delete_image(
+                &self,
+                tenant_id: &str,
+                image_id: &str,
+            ) -> Result<(), $crate::error::SessionError> {
+                use $crate::store::sql;
+                // One statement: the cascade takes the session and its messages.
+                let deleted = sqlx::query(sql::DELETE_IMAGE)
+                    .bind(tenant_id)
+                    .bind(image_id)
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected();
+                if deleted == 0 {
+                    return Err($crate::error::SessionError::ImageNotFound(
+                        image_id.to_owned(),
+                    ));
+                }
+                Ok(())
+            }
+
+            async fn append_message(
+                &self,
+                tenant_id: &str,
+                session_id: &str,
+                message: &$crate::record::NewMessage,
+            ) -> Result<$crate::record::MessageRecord, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let (kind, body) = sql::encode_body(&message.body)?;
+                let mut tx = self.pool.begin().await?;
+                // Claiming the seq locks the session, so the rest of the transaction
+                // sees every earlier append of it; each step is an index lookup.
+                let Some(seq) = sqlx::query_scalar::<$db, i64>(sql::BUMP_SEQ)
+                    .bind(tenant_id)
+                    .bind(session_id)
+                    .fetch_optional(&mut *tx)
+                    .await?
+                else {
+                    tx.rollback().await?;
+                    return Err($crate::error::SessionError::SessionNotFound(
+                        session_id.to_owned(),
+                    ));
+                };
+                let inserted = sqlx::query(sql::INSERT_MESSAGE)
+                    .bind(session_id)
+                    .bind(seq)
+                    .bind(&message.message_id)
+                    .bind(kind)
+                    .bind(&body)
+                    .bind(message.created_at_ms)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if inserted == 1 {
+                    tx.commit().await?;
+                    return Ok($crate::record::MessageRecord {
+                        message_id: message.message_id.clone(),
+                        session_id: session_id.to_owned(),
+                        seq: u64::try_from(seq).map_err(|_| {
+                            $crate::error::SessionError::Corrupt(format!(
+                                "session {session_id} seq {seq}"
+                            ))
+                        })?,
+                        created_at_ms: message.created_at_ms,
+                        body: message.body.clone(),
+                    });
+                }
+                // A retried append: return what is stored and give the seq back.
+                let row = sqlx::query(sql::SELECT_MESSAGE)
+                    .bind(session_id)
+                    .bind(&message.message_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                tx.rollback().await?;
+                sql::message_from_row(&row)
+            }
+
+            async fn list_messages(
+                &self,
+                tenant_id: &str,
+                session_id: &str,
+            ) -> Result<Vec<$crate::record::MessageRecord>, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let exists = sqlx::query(sql::SESSION_EXISTS)
+                    .bind(tenant_id)
+                    .bind(session_id)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                if exists.is_none() {
+                    return Err($crate::error::SessionError::SessionNotFound(
+                        session_id.to_owned(),
+                    ));
+                }
+                let rows = sqlx::query(sql::LIST_MESSAGES)
+                    .bind(session_id)
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter().map(|row| sql::message_from_row(row)).collect()
+            }
+        }
+    };
+}
+
+pub(super) use impl_session_store;

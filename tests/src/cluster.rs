@@ -1,0 +1,346 @@
+//! A running AgentVM for tests: all components in this process (as `avm
+//! serve` runs them), or one spawned `avm` process per component.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use avm::{AvmConfig, ServeListeners};
+use avm_common::config::Secret;
+use avm_runtime::config::ProviderKind;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+/// How the components run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Everything in this process, composed exactly as `avm serve` composes it.
+    OneProcess,
+    /// `avm session`, `avm runtime` and `avm gateway` as separate processes.
+    PerComponent,
+}
+
+/// Which LLM the runtime talks to.
+#[derive(Clone, Debug)]
+pub enum Llm {
+    Offline,
+    Anthropic { base_url: String },
+    OpenAi { base_url: String },
+}
+
+/// What the cluster is started with.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub llm: Llm,
+    /// The session service's database; SQLite under the data dir when `None`.
+    pub database_url: Option<String>,
+    pub agent_idle_timeout: Option<Duration>,
+    pub max_frame_bytes: Option<usize>,
+    pub llm_idle_timeout: Option<Duration>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { llm: Llm::Offline, database_url: None, agent_idle_timeout: None, max_frame_bytes: None, llm_idle_timeout: None }
+    }
+}
+
+impl Options {
+    /// Returns options with the given LLM.
+    pub fn with_llm(llm: Llm) -> Self {
+        Self { llm, ..Self::default() }
+    }
+}
+
+/// The test API key handed to the runtime; it must never show up anywhere.
+pub const TEST_API_KEY: &str = "sk-test-canary-3f1c9a";
+
+enum Running {
+    InProcess { shutdown: CancellationToken, task: tokio::task::JoinHandle<anyhow::Result<()>> },
+    Processes { children: Vec<Child> },
+}
+
+/// A started cluster; stopped when dropped.
+pub struct Cluster {
+    pub mode: Mode,
+    /// `http://127.0.0.1:PORT` of the gateway.
+    pub gateway_url: String,
+    /// `http://127.0.0.1:PORT` of the session service's gRPC.
+    pub session_grpc: String,
+    /// `http://127.0.0.1:PORT` of the runtime's gRPC.
+    pub runtime_grpc: String,
+    options: Options,
+    data_dir: PathBuf,
+    _temp: Option<std::sync::Arc<tempfile::TempDir>>,
+    running: Option<Running>,
+}
+
+impl Cluster {
+    /// Starts a cluster in `mode` with a fresh data directory.
+    pub async fn start(mode: Mode, options: Options) -> anyhow::Result<Self> {
+        let temp = std::sync::Arc::new(tempfile::tempdir()?);
+        let data_dir = temp.path().to_owned();
+        Self::start_in(mode, options, data_dir, Some(temp)).await
+    }
+
+    async fn start_in(
+        mode: Mode,
+        options: Options,
+        data_dir: PathBuf,
+        temp: Option<std::sync::Arc<tempfile::TempDir>>,
+    ) -> anyhow::Result<Self> {
+        let mut cluster = Self {
+            mode,
+            gateway_url: String::new(),
+            session_grpc: String::new(),
+            runtime_grpc: String::new(),
+            options,
+            data_dir,
+            _temp: temp,
+            running: None,
+        };
+        match mode {
+            Mode::OneProcess => cluster.start_in_process().await?,
+            Mode::PerComponent => cluster.start_processes().await?,
+        }
+        Ok(cluster)
+    }
+
+    /// Returns the WebSocket endpoint.
+    pub fn ws_url(&self) -> String {
+        format!("{}/ws", self.gateway_url.replacen("http://", "ws://", 1))
+    }
+
+    /// Stops the cluster (gracefully: SIGTERM for processes) and starts it
+    /// again on the same data, as a user restarting the server would.
+    pub async fn restart(mut self) -> anyhow::Result<Self> {
+        self.stop().await?;
+        let temp = self._temp.take();
+        Self::start_in(self.mode, self.options.clone(), self.data_dir.clone(), temp).await
+    }
+
+    /// Stops every component and waits for it to exit.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        match self.running.take() {
+            Some(Running::InProcess { shutdown, task }) => {
+                shutdown.cancel();
+                tokio::time::timeout(Duration::from_secs(20), task).await.context("serve did not stop")???;
+            }
+            Some(Running::Processes { mut children }) => {
+                // Gateway first, session last, as a rolling stop would.
+                while let Some(mut child) = children.pop() {
+                    terminate(&mut child).await?;
+                }
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    fn config(&self) -> AvmConfig {
+        let mut config = AvmConfig::default();
+        config.server.host = "127.0.0.1".into();
+        config.server.port = 0;
+        config.server.grpc_port = 0;
+        config.server.data_dir = self.data_dir.display().to_string();
+        config.log.level = "warn".into();
+        config.database.url = self.options.database_url.clone().map(Secret::new);
+        match &self.options.llm {
+            Llm::Offline => config.llm.provider = Some(ProviderKind::Offline),
+            Llm::Anthropic { base_url } => {
+                config.llm.provider = Some(ProviderKind::Anthropic);
+                config.llm.base_url = Some(base_url.clone());
+                config.llm.api_key = Secret::new(TEST_API_KEY);
+            }
+            Llm::OpenAi { base_url } => {
+                config.llm.provider = Some(ProviderKind::Openai);
+                config.llm.base_url = Some(base_url.clone());
+                config.llm.api_key = Secret::new(TEST_API_KEY);
+            }
+        }
+        if let Some(timeout) = self.options.agent_idle_timeout {
+            config.runtime.agent_idle_timeout = timeout;
+        }
+        if let Some(limit) = self.options.max_frame_bytes {
+            config.gateway.max_frame_bytes = limit;
+        }
+        if let Some(timeout) = self.options.llm_idle_timeout {
+            config.llm.idle_timeout = timeout;
+            config.llm.request_timeout = timeout;
+        }
+        config
+    }
+
+    async fn start_in_process(&mut self) -> anyhow::Result<()> {
+        let config = self.config();
+        let listeners = ServeListeners::bind(&config).await?;
+        self.gateway_url = format!("http://{}", listeners.gateway.local_addr()?);
+        self.session_grpc = format!("http://{}", listeners.grpc.local_addr()?);
+        self.runtime_grpc = self.session_grpc.clone();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(avm::serve(config, listeners, shutdown.clone()));
+        self.running = Some(Running::InProcess { shutdown, task });
+        self.wait_ready().await
+    }
+
+    async fn start_processes(&mut self) -> anyhow::Result<()> {
+        let config = self.config();
+        let mut env: Vec<(String, String)> = vec![
+            ("AVM_LOG_LEVEL".into(), "warn".into()),
+            ("AVM_LOG_FORMAT".into(), "text".into()),
+            ("AVM_SERVER_DATA_DIR".into(), config.server.data_dir.clone()),
+        ];
+        if let Some(timeout) = self.options.agent_idle_timeout {
+            env.push(("AVM_RUNTIME_AGENT_IDLE_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
+        }
+        if let Some(limit) = self.options.max_frame_bytes {
+            env.push(("AVM_GATEWAY_MAX_FRAME_BYTES".into(), limit.to_string()));
+        }
+        if let Some(timeout) = self.options.llm_idle_timeout {
+            env.push(("LLM_IDLE_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
+            env.push(("LLM_REQUEST_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
+        }
+        let mut session_env = env.clone();
+        if let Some(url) = &self.options.database_url {
+            session_env.push(("AVM_DATABASE_URL".into(), url.clone()));
+        }
+        let mut children = Vec::new();
+        let (child, session) = spawn_component("session", &session_env).await?;
+        children.push(child);
+        self.session_grpc = session;
+
+        let mut runtime_env = env.clone();
+        runtime_env.push(("AVM_SESSION_ADDR".into(), self.session_grpc.clone()));
+        match &self.options.llm {
+            Llm::Offline => runtime_env.push(("LLM_PROVIDER".into(), "offline".into())),
+            Llm::Anthropic { base_url } => runtime_env.extend([
+                ("LLM_PROVIDER".into(), "anthropic".into()),
+                ("LLM_BASE_URL".into(), base_url.clone()),
+                ("LLM_API_KEY".into(), TEST_API_KEY.into()),
+            ]),
+            Llm::OpenAi { base_url } => runtime_env.extend([
+                ("LLM_PROVIDER".into(), "openai".into()),
+                ("LLM_BASE_URL".into(), base_url.clone()),
+                ("LLM_API_KEY".into(), TEST_API_KEY.into()),
+            ]),
+        }
+        let (child, runtime) = spawn_component("runtime", &runtime_env).await?;
+        children.push(child);
+        self.runtime_grpc = runtime;
+
+        let mut gateway_env = env;
+        gateway_env.push(("AVM_SESSION_ADDR".into(), self.session_grpc.clone()));
+        gateway_env.push(("AVM_RUNTIME_ADDR".into(), self.runtime_grpc.clone()));
+        let (child, gateway) = spawn_component("gateway", &gateway_env).await?;
+        children.push(child);
+        self.gateway_url = gateway;
+        self.running = Some(Running::Processes { children });
+        self.wait_ready().await
+    }
+
+    /// Polls `/ready` until every backend answers, within a deadline.
+    async fn wait_ready(&self) -> anyhow::Result<()> {
+        let client = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let ready = client.get(format!("{}/ready", self.gateway_url)).send().await;
+            if ready.is_ok_and(|response| response.status().is_success()) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("cluster not ready within 20s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        match self.running.take() {
+            Some(Running::InProcess { shutdown, .. }) => shutdown.cancel(),
+            // Children are spawned with kill_on_drop.
+            Some(Running::Processes { children }) => drop(children),
+            None => {}
+        }
+    }
+}
+
+/// Returns the `avm` binary, built once per test process with the profile of
+/// the running tests (a no-op when cargo already built it).
+pub fn avm_binary() -> anyhow::Result<PathBuf> {
+    static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BINARY.get_or_init(|| build_avm().map_err(|err| format!("{err:#}"))).clone().map_err(anyhow::Error::msg)
+}
+
+fn build_avm() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // Test binaries live in <target>/<profile>/deps/.
+    let profile_dir = exe.parent().and_then(Path::parent).context("unexpected test binary location")?;
+    let target_dir = profile_dir.parent().context("unexpected test binary location")?;
+    let profile = profile_dir.file_name().and_then(|name| name.to_str()).unwrap_or("debug");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = std::process::Command::new(cargo);
+    command.args(["build", "--quiet", "--package", "avm", "--bin", "avm", "--target-dir"]).arg(target_dir);
+    if profile != "debug" {
+        command.args(["--profile", if profile == "release" { "release" } else { profile }]);
+    }
+    let status = command.status().context("cannot run cargo to build the avm binary")?;
+    if !status.success() {
+        bail!("building the avm binary failed");
+    }
+    let binary = profile_dir.join("avm");
+    if !binary.exists() {
+        bail!("avm binary not found at {}", binary.display());
+    }
+    Ok(binary)
+}
+
+/// Spawns `avm <component> --listen 127.0.0.1:0` and returns it with its URL.
+async fn spawn_component(component: &str, env: &[(String, String)]) -> anyhow::Result<(Child, String)> {
+    let binary = tokio::task::spawn_blocking(avm_binary).await??;
+    let mut command = Command::new(binary);
+    command.args([component, "--listen", "127.0.0.1:0"]);
+    // The developer's own AVM_* and LLM_* settings must not leak into the cluster.
+    for (key, _) in std::env::vars() {
+        if key.starts_with("AVM_") || key.starts_with("LLM_") {
+            command.env_remove(key);
+        }
+    }
+    command.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    command.stdout(Stdio::piped()).stderr(Stdio::inherit()).stdin(Stdio::null()).kill_on_drop(true);
+    let mut child = command.spawn().with_context(|| format!("cannot spawn avm {component}"))?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let url = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(rest) = line.strip_prefix("listening: ") {
+                let url = rest.split_whitespace().nth(1).context("malformed listening line")?;
+                return Ok::<_, anyhow::Error>(url.to_owned());
+            }
+        }
+        bail!("avm {component} exited before listening")
+    })
+    .await
+    .with_context(|| format!("avm {component} did not start within 20s"))??;
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((child, url))
+}
+
+/// Sends SIGTERM and waits for a clean exit.
+async fn terminate(child: &mut Child) -> anyhow::Result<()> {
+    let Some(pid) = child.id() else { return Ok(()) };
+    let status = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await?;
+    if !status.success() {
+        bail!("kill -TERM {pid} failed");
+    }
+    let exit = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.context("process did not stop")??;
+    if !exit.success() {
+        bail!("process exited with {exit}");
+    }
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! Every class of bad input gets a typed answer; the connection and server keep working.
+
+use avm_tests::cluster::{Cluster, Mode, Options};
+use avm_tests::ws_client::WsClient;
+use serde_json::{Value, json};
+
+use crate::both_modes;
+use crate::support::{assert_text_turn, conversation, send_and_finish};
+
+async fn expect_system_error(client: &mut WsClient, code: &str) -> anyhow::Result<()> {
+    let frame = client.next_frame().await?;
+    assert_eq!(frame["type"], "system_error", "{frame}");
+    assert_eq!(frame["data"]["code"], code, "{frame}");
+    assert!(frame["data"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    Ok(())
+}
+
+fn code(data: &Value) -> &str {
+    data["code"].as_str().unwrap_or_default()
+}
+
+both_modes!(bad_input_gets_typed_errors, bad_input);
+
+async fn bad_input(mode: Mode) -> anyhow::Result<()> {
+    let options = Options { max_frame_bytes: Some(64 * 1024), ..Options::default() };
+    let cluster = Cluster::start(mode, options).await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+
+    client.send_text("this is not json").await?;
+    expect_system_error(&mut client, "INVALID_JSON").await?;
+    client.send_text("[1, 2, 3]").await?;
+    expect_system_error(&mut client, "INVALID_JSON").await?;
+    client.send_json(&json!({"data": {}})).await?;
+    expect_system_error(&mut client, "MISSING_TYPE").await?;
+    client.send_json(&json!({"type": "hello"})).await?;
+    expect_system_error(&mut client, "UNKNOWN_TYPE").await?;
+    client.send_binary(vec![0, 1, 2]).await?;
+    expect_system_error(&mut client, "BINARY_NOT_SUPPORTED").await?;
+    client.send_json(&json!({"type": "subscribe"})).await?;
+    expect_system_error(&mut client, "MISSING_FIELD").await?;
+    client.subscribe("sess_doesnotexist", None).await?;
+    expect_system_error(&mut client, "SESSION_NOT_FOUND").await?;
+
+    // An unknown request type still gets its response.
+    let request_id = client.send_request("frobnicate", json!({})).await?;
+    let frame = client.next_frame().await?;
+    assert_eq!(frame["type"], "frobnicate_response");
+    assert_eq!(frame["data"]["requestId"], request_id.as_str());
+    assert_eq!(code(&frame["data"]), "UNKNOWN_REQUEST");
+
+    client.send_json(&json!({"type": "container_list_request", "data": {}})).await?;
+    let frame = client.next_frame().await?;
+    assert_eq!(frame["type"], "container_list_response");
+    assert_eq!(code(&frame["data"]), "MISSING_REQUEST_ID");
+
+    // Missing fields, wrong types, invalid and unknown ids.
+    assert_eq!(code(&client.request("container_create", json!({})).await?), "MISSING_FIELD");
+    assert_eq!(code(&client.request("container_create", json!({"containerId": 42})).await?), "INVALID_FIELD");
+    assert_eq!(code(&client.request("container_create", json!({"containerId": "no spaces!"})).await?), "INVALID_CONTAINER_ID");
+    assert_eq!(code(&client.request("image_create", json!({"containerId": "nope"})).await?), "CONTAINER_NOT_FOUND");
+    assert_eq!(client.request("image_get", json!({"imageId": "img_missing"})).await?["record"], Value::Null);
+    assert_eq!(code(&client.request("image_messages", json!({"imageId": "img_missing"})).await?), "IMAGE_NOT_FOUND");
+    assert_eq!(code(&client.request("image_run", json!({"imageId": "img_missing"})).await?), "IMAGE_NOT_FOUND");
+    assert_eq!(code(&client.request("image_delete", json!({"imageId": "img_missing"})).await?), "IMAGE_NOT_FOUND");
+    assert_eq!(code(&client.request("message_send", json!({"imageId": "img_missing", "content": "x"})).await?), "IMAGE_NOT_FOUND");
+    assert_eq!(code(&client.request("agent_interrupt", json!({"agentId": "agent_missing"})).await?), "AGENT_NOT_FOUND");
+    assert_eq!(client.request("agent_get", json!({"agentId": "agent_missing"})).await?["exists"], false);
+    assert_eq!(client.request("container_get", json!({"containerId": "nope"})).await?["exists"], false);
+
+    let chat = conversation(&mut client, "default", json!({})).await?;
+    for content in [json!(42), json!({"text": "x"}), json!([{"type": "video"}]), json!(""), json!([])] {
+        let answer = client.request("message_send", json!({"imageId": chat.image_id, "content": content})).await?;
+        assert!(["INVALID_CONTENT", "EMPTY_CONTENT"].contains(&code(&answer)), "{content} answered {answer}");
+    }
+    let answer = client.request("image_create", json!({"containerId": "default", "config": {"mcpServers": [1]}})).await?;
+    assert_eq!(code(&answer), "INVALID_MCP_SERVERS");
+
+    // An oversized frame is refused, and the connection goes on.
+    let big = json!({"type": "container_list_request", "data": {"requestId": "big", "pad": "x".repeat(100 * 1024)}});
+    client.send_json(&big).await?;
+    expect_system_error(&mut client, "FRAME_TOO_LARGE").await?;
+    assert!(client.request("container_list", json!({})).await?["containerIds"].is_array());
+
+    // The conversation still works after all of that.
+    assert_text_turn(&send_and_finish(&mut client, &chat.image_id, json!("still there?")).await?);
+
+    // Beyond the hard limit the connection is closed with 1009 after a typed error, and the server lives on.
+    client.send_text("y".repeat(300 * 1024)).await?;
+    expect_system_error(&mut client, "FRAME_TOO_LARGE").await?;
+    let closed = client.next_frame().await;
+    assert!(closed.is_err());
+    assert_eq!(client.closed.as_ref().map(|(code, _)| *code), Some(1009));
+    let mut again = WsClient::connect(&cluster.ws_url()).await?;
+    assert!(again.request("container_list", json!({})).await?["containerIds"].is_array());
+    Ok(())
+}
