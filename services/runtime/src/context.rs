@@ -48,18 +48,6 @@ fn parse_part(part: &Value) -> Result<LlmContent, ApiError> {
     }
 }
 
-/// Returns the plain text of user content, for logs and the offline echo.
-pub fn content_text(parts: &[LlmContent]) -> String {
-    parts
-        .iter()
-        .filter_map(|part| match part {
-            LlmContent::Text(text) => Some(text.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// Turns stored history into alternating LLM messages.
 ///
 /// Error messages are not part of the conversation; empty assistant messages

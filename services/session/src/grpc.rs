@@ -107,6 +107,20 @@ impl SessionApi for SessionGrpc {
         }))
     }
 
+    async fn get_session(
+        &self,
+        request: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::GetSessionResponse>, Status> {
+        let ctx = RequestContext::from_metadata(request.metadata());
+        let image = self
+            .service
+            .get_session(&ctx, &request.get_ref().session_id)
+            .await?;
+        Ok(Response::new(pb::GetSessionResponse {
+            image: Some(image_pb(image)),
+        }))
+    }
+
     async fn get_image(
         &self,
         request: Request<pb::GetImageRequest>,

@@ -104,7 +104,7 @@ pub trait SessionStore: Send + Sync + 'static {
 /// Opens the store named by `url` (`sqlite://…` or `postgres://…`) and brings its
 /// schema up to date.
 ///
-/// A Postgres url may set the schema with `options[search_path]=<schema>`.
+/// A Postgres url may choose the schema: `…?options=-c%20search_path%3D<schema>`.
 pub async fn open_store(
     url: &str,
     max_connections: Option<u32>,

@@ -73,14 +73,18 @@ fn count_words(text: &str) -> usize {
 fn split_words(text: &str) -> Vec<&str> {
     let mut pieces = Vec::new();
     let mut start = 0;
+    let mut seen_word = false;
     let mut in_space = false;
     for (index, ch) in text.char_indices() {
         if ch.is_whitespace() {
-            in_space = true;
-        } else if in_space {
-            pieces.push(&text[start..index]);
-            start = index;
-            in_space = false;
+            in_space = seen_word;
+        } else {
+            if in_space {
+                pieces.push(&text[start..index]);
+                start = index;
+                in_space = false;
+            }
+            seen_word = true;
         }
     }
     if start < text.len() {

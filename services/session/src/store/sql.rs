@@ -149,6 +149,19 @@ where
     })
 }
 
+/// Maps the foreign-key failure of an image insert to `ContainerNotFound`.
+///
+/// On Postgres the container can be deleted after the insert saw it and before
+/// its foreign-key check ran; that is the same outcome as never finding it.
+pub(super) fn missing_container(err: sqlx::Error, container_id: &str) -> SessionError {
+    match &err {
+        sqlx::Error::Database(db) if db.is_foreign_key_violation() => {
+            SessionError::ContainerNotFound(container_id.to_owned())
+        }
+        _ => SessionError::Database(err),
+    }
+}
+
 /// Returns the stored form of a message body: its kind and its JSON text.
 pub(super) fn encode_body(body: &MessageBody) -> Result<(&'static str, String), SessionError> {
     let json = serde_json::to_string(body)
@@ -269,7 +282,8 @@ macro_rules! impl_session_store {
                     .bind(image.created_at_ms)
                     .bind(image.updated_at_ms)
                     .execute(&mut *tx)
-                    .await?
+                    .await
+                    .map_err(|err| sql::missing_container(err, &image.container_id))?
                     .rows_affected();
                 if inserted == 0 {
                     tx.rollback().await?;
