@@ -46,13 +46,16 @@ pub async fn upgrade(State(state): State<Arc<GatewayState>>, Query(query): Query
         let err = ApiError::new(Code::ResourceExhausted, "TOO_MANY_CONNECTIONS", "the gateway is at its connection limit");
         return crate::rest::error_response(&err, &avm_common::ids::new_id("req"));
     }
-    let hard_limit = config.max_frame_bytes.saturating_mul(4);
+    // Frames up to the transport limit are read whole, so even a frame that
+    // ends the connection is answered with a clean 1009 close; only beyond it
+    // does the transport give up mid-frame.
+    let transport_limit = config.max_frame_bytes.saturating_mul(16);
     let ack = matches!(query.ack.as_deref(), Some("1" | "true"));
     ws.read_buffer_size(4 * 1024)
         .write_buffer_size(0)
-        .max_write_buffer_size(hard_limit.max(64 * 1024))
-        .max_message_size(hard_limit)
-        .max_frame_size(hard_limit)
+        .max_write_buffer_size(transport_limit.max(64 * 1024))
+        .max_message_size(transport_limit)
+        .max_frame_size(transport_limit)
         .on_upgrade(move |socket| async move {
             state.connections.fetch_add(1, Ordering::Relaxed);
             Connection::new(Arc::clone(&state), ack).run(socket).await;
@@ -69,13 +72,20 @@ enum Completion {
     Reply(String),
     /// A `message_send_request` ended; held events of `key` are released
     /// around the response (those up to `cursor` first).
-    Sent { key: String, cursor: Option<u64>, frame: String },
+    Sent { key: String, session_id: Option<String>, cursor: Option<u64>, frame: String },
 }
 
 /// Why the loop ends.
 enum Exit {
     Closed,
     Close(u16, &'static str),
+}
+
+/// A `message_send` response that waits until its session's stream has
+/// delivered the acceptance cursor (events travel on a separate gRPC stream).
+struct Parked {
+    cursor: u64,
+    frame: String,
 }
 
 struct Connection {
@@ -88,6 +98,10 @@ struct Connection {
     /// Events held per conversation (image or legacy agent id) during a pending send.
     held: HashMap<String, Vec<rt::Event>>,
     held_count: usize,
+    /// Responses waiting for their session's events up to the accepted cursor.
+    parked: HashMap<String, Parked>,
+    /// Highest cursor received per subscribed session.
+    seen: HashMap<String, u64>,
     window_start: Instant,
     window_frames: u32,
     last_seen: Instant,
@@ -105,6 +119,8 @@ impl Connection {
             unacked: HashSet::new(),
             held: HashMap::new(),
             held_count: 0,
+            parked: HashMap::new(),
+            seen: HashMap::new(),
             window_start: Instant::now(),
             window_frames: 0,
             last_seen: Instant::now(),
@@ -122,7 +138,10 @@ impl Connection {
         let exit = loop {
             let step = tokio::select! {
                 frame = socket.recv() => self.on_frame(frame, &mut socket, &mut requests, &mut subscriptions).await,
-                Some(done) = requests.next() => self.on_completion(done, &mut socket).await,
+                Some(done) = requests.next() => {
+                    let subscribed = matches!(&done, Completion::Sent { session_id: Some(id), .. } if subscriptions.contains_key(id));
+                    self.on_completion(done, subscribed, &mut socket).await
+                }
                 Some((session_id, item)) = subscriptions.next() => self.on_event(&session_id, item, &mut socket).await,
                 _ = ping.tick() => self.on_ping(&mut socket, &config).await,
                 () = shutdown.cancelled() => Err(Exit::Close(close_code::AWAY, "server shutting down")),
@@ -193,10 +212,8 @@ impl Connection {
                 // The transport refused the frame (beyond the hard size limit) or the
                 // stream broke; a typed error goes out before the close when possible.
                 tracing::debug!(conn_id = %self.id, error = %err, "websocket read failed");
-                let err = ApiError::invalid(
-                    "FRAME_TOO_LARGE",
-                    format!("frame exceeds the limit of {} bytes", self.state.config.max_frame_bytes),
-                );
+                let limit = self.state.config.max_frame_bytes;
+                let err = ApiError::invalid("FRAME_TOO_LARGE", format!("frame exceeds the limit of {limit} bytes"));
                 let _ = self.send(socket, system_error_frame(&err, None)).await;
                 return Err(Exit::Close(close_code::SIZE, "frame too large"));
             }
@@ -205,12 +222,15 @@ impl Connection {
             let err = ApiError::new(Code::ResourceExhausted, "RATE_LIMITED", "too many frames per second on this connection");
             return self.send(socket, system_error_frame(&err, None)).await;
         }
-        if text.len() > self.state.config.max_frame_bytes {
-            let err = ApiError::invalid(
-                "FRAME_TOO_LARGE",
-                format!("frame exceeds the limit of {} bytes", self.state.config.max_frame_bytes),
-            );
-            return self.send(socket, system_error_frame(&err, None)).await;
+        let limit = self.state.config.max_frame_bytes;
+        if text.len() > limit {
+            let err = ApiError::invalid("FRAME_TOO_LARGE", format!("frame exceeds the limit of {limit} bytes"));
+            self.send(socket, system_error_frame(&err, None)).await?;
+            // Far beyond the limit is abuse rather than a mistake: end the connection.
+            if text.len() > limit.saturating_mul(4) {
+                return Err(Exit::Close(close_code::SIZE, "frame too large"));
+            }
+            return Ok(());
         }
         let value: Value = match serde_json::from_str(text.as_str()) {
             Ok(value @ Value::Object(_)) => value,
@@ -234,6 +254,7 @@ impl Connection {
             "unsubscribe" => {
                 if let Some(session_id) = value.get("sessionId").and_then(Value::as_str) {
                     subscriptions.remove(session_id);
+                    self.seen.remove(session_id);
                 }
                 Ok(())
             }
@@ -320,11 +341,20 @@ impl Connection {
                 .to_owned();
             self.held.entry(key.clone()).or_default();
             requests.push(Box::pin(async move {
-                let (cursor, frame) = match message_send(&backends, &ctx, &data).await {
-                    Ok((cursor, reply)) => (cursor, response_frame(&name, &request_id, reply)),
-                    Err(err) => (None, error_response_frame(&name, &request_id, &err)),
-                };
-                Completion::Sent { key, cursor, frame }
+                match message_send(&backends, &ctx, &data).await {
+                    Ok((accepted, reply)) => Completion::Sent {
+                        key,
+                        session_id: accepted.agent.map(|agent| agent.session_id),
+                        cursor: accepted.cursor.parse().ok(),
+                        frame: response_frame(&name, &request_id, reply),
+                    },
+                    Err(err) => Completion::Sent {
+                        key,
+                        session_id: None,
+                        cursor: None,
+                        frame: error_response_frame(&name, &request_id, &err),
+                    },
+                }
             }));
         } else {
             requests.push(Box::pin(async move {
@@ -338,25 +368,44 @@ impl Connection {
         Ok(())
     }
 
-    async fn on_completion(&mut self, done: Completion, socket: &mut WebSocket) -> Result<(), Exit> {
+    async fn on_completion(
+        &mut self,
+        done: Completion,
+        subscribed: bool,
+        socket: &mut WebSocket,
+    ) -> Result<(), Exit> {
         match done {
             Completion::Reply(frame) => self.send(socket, frame).await,
-            Completion::Sent { key, cursor, frame } => {
-                let held = self.held.remove(&key).unwrap_or_default();
-                self.held_count -= held.len();
-                let (before, after): (Vec<_>, Vec<_>) = held
-                    .into_iter()
-                    .partition(|event| cursor.is_some_and(|c| event.cursor.parse::<u64>().is_ok_and(|e| e <= c)));
-                for event in before {
-                    self.send(socket, event_frame(&event)).await?;
+            Completion::Sent { key, session_id, cursor, frame } => {
+                // Wait for the subscription to catch up with the acceptance, so
+                // the response follows `message_persisted` and precedes the turn.
+                if let (Some(session_id), Some(cursor)) = (session_id, cursor)
+                    && subscribed
+                    && self.seen.get(&session_id).is_none_or(|seen| *seen < cursor)
+                {
+                    self.parked.insert(key, Parked { cursor, frame });
+                    return Ok(());
                 }
-                self.send(socket, frame).await?;
-                for event in after {
-                    self.send(socket, event_frame(&event)).await?;
-                }
-                Ok(())
+                self.release(socket, &key, cursor, frame).await
             }
         }
+    }
+
+    /// Sends a conversation's held events up to `cursor`, the response, then the rest.
+    async fn release(&mut self, socket: &mut WebSocket, key: &str, cursor: Option<u64>, frame: String) -> Result<(), Exit> {
+        let held = self.held.remove(key).unwrap_or_default();
+        self.held_count -= held.len();
+        let (before, after): (Vec<_>, Vec<_>) = held
+            .into_iter()
+            .partition(|event| cursor.is_some_and(|c| event.cursor.parse::<u64>().is_ok_and(|e| e <= c)));
+        for event in before {
+            self.send(socket, event_frame(&event)).await?;
+        }
+        self.send(socket, frame).await?;
+        for event in after {
+            self.send(socket, event_frame(&event)).await?;
+        }
+        Ok(())
     }
 
     async fn on_event(
@@ -375,23 +424,35 @@ impl Connection {
                 return self.send(socket, frame).await;
             }
         };
-        if let Some(context) = &event.context {
-            let key = [&context.image_id, &context.agent_id].into_iter().find(|id| self.held.contains_key(id.as_str()));
-            if let Some(key) = key.cloned() {
-                if self.held_count < self.state.config.max_held_events {
-                    self.held_count += 1;
-                    self.held.entry(key).or_default().push(event);
-                    return Ok(());
-                }
-                return Err(Exit::Close(close_code::POLICY, "too many events held for a pending request"));
-            }
+        let cursor = event.cursor.parse::<u64>().unwrap_or(0);
+        let seen = self.seen.entry(session_id.to_owned()).or_default();
+        *seen = (*seen).max(cursor);
+        let key = event.context.as_ref().and_then(|context| {
+            [&context.image_id, &context.agent_id].into_iter().find(|id| self.held.contains_key(id.as_str())).cloned()
+        });
+        let Some(key) = key else {
+            return self.send(socket, event_frame(&event)).await;
+        };
+        if self.held_count >= self.state.config.max_held_events {
+            return Err(Exit::Close(close_code::POLICY, "too many events held for a pending request"));
         }
-        self.send(socket, event_frame(&event)).await
+        self.held_count += 1;
+        self.held.entry(key.clone()).or_default().push(event);
+        if self.parked.get(&key).is_some_and(|parked| cursor >= parked.cursor)
+            && let Some(parked) = self.parked.remove(&key)
+        {
+            return self.release(socket, &key, Some(parked.cursor), parked.frame).await;
+        }
+        Ok(())
     }
 }
 
 /// Runs a `message_send_request`; returns the acceptance cursor and the response data.
-async fn message_send(backends: &Backends, ctx: &RequestContext, data: &Value) -> Result<(Option<u64>, Value), ApiError> {
+async fn message_send(
+    backends: &Backends,
+    ctx: &RequestContext,
+    data: &Value,
+) -> Result<(rt::SendMessageAccepted, Value), ApiError> {
     let image_id = match (opt_str(data, "imageId")?, opt_str(data, "agentId")?) {
         (Some(image_id), _) => image_id,
         (None, Some(agent_id)) => backends.get_agent(ctx, &agent_id).await?.image_id,
@@ -405,8 +466,8 @@ async fn message_send(backends: &Backends, ctx: &RequestContext, data: &Value) -
     // The turn's events reach subscribers through their subscriptions; the
     // stream of this call is dropped, and the turn goes on without it.
     let (accepted, _events) = backends.send_message(ctx, &image_id, content).await?;
-    let agent_id = accepted.agent.map(|agent| agent.agent_id).unwrap_or_default();
-    Ok((accepted.cursor.parse().ok(), json!({"imageId": image_id, "agentId": agent_id})))
+    let agent_id = accepted.agent.as_ref().map(|agent| agent.agent_id.clone()).unwrap_or_default();
+    Ok((accepted, json!({"imageId": image_id, "agentId": agent_id})))
 }
 
 /// Answers every request type except `message_send`.

@@ -24,7 +24,6 @@ macro_rules! both_modes {
 
 /// A conversation ready to talk to: container, image and subscription.
 pub struct Conversation {
-    pub container_id: String,
     pub image_id: String,
     pub session_id: String,
     pub record: Value,
@@ -46,7 +45,6 @@ pub async fn conversation(client: &mut WsClient, container_id: &str, config: Val
     anyhow::ensure!(record["sessionId"] == session_id.as_str(), "subscriptions do not name the session: {image}");
     client.subscribe(&session_id, None).await?;
     Ok(Conversation {
-        container_id: container_id.to_owned(),
         image_id: record["imageId"].as_str().unwrap_or_default().to_owned(),
         session_id,
         record,

@@ -8,7 +8,9 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 
 use super::sse::{self, HttpTransport, Progress, SseDecoder};
-use super::{LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason};
+use super::{
+    LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason,
+};
 use crate::config::LlmConfig;
 
 /// The API root used when `base_url` is not set.
@@ -29,11 +31,21 @@ impl AnthropicProvider {
     pub fn new(config: &LlmConfig) -> Result<Self, LlmError> {
         let mut headers = HeaderMap::new();
         headers.insert("anthropic-version", HeaderValue::from_static(API_VERSION));
-        if let Some(key) = config.api_key.expose() {
+        if let Some(key) = sse::api_key(config) {
             headers.insert("x-api-key", sse::secret_header(key)?);
         }
-        let transport = HttpTransport::new("anthropic", config, DEFAULT_BASE_URL, "v1/messages", headers)?;
-        Ok(Self { transport, model: config.model.clone(), max_tokens: config.max_tokens })
+        let transport = HttpTransport::new(
+            "anthropic",
+            config,
+            DEFAULT_BASE_URL,
+            "v1/messages",
+            headers,
+        )?;
+        Ok(Self {
+            transport,
+            model: config.model.clone(),
+            max_tokens: config.max_tokens,
+        })
     }
 }
 
@@ -106,9 +118,20 @@ impl<'a> MessagesRequest<'a> {
             })
             .collect();
         Self {
-            model: if request.model.is_empty() { default_model } else { &request.model },
-            max_tokens: if request.max_tokens == 0 { default_max_tokens } else { request.max_tokens },
-            system: request.system.as_deref().filter(|system| !system.is_empty()),
+            model: if request.model.is_empty() {
+                default_model
+            } else {
+                &request.model
+            },
+            max_tokens: if request.max_tokens == 0 {
+                default_max_tokens
+            } else {
+                request.max_tokens
+            },
+            system: request
+                .system
+                .as_deref()
+                .filter(|system| !system.is_empty()),
             messages,
             stream: true,
         }
@@ -119,11 +142,23 @@ impl<'a> From<&'a LlmContent> for ContentBlock<'a> {
     fn from(content: &'a LlmContent) -> Self {
         match content {
             LlmContent::Text(text) => ContentBlock::Text { text },
-            LlmContent::Image { media_type, data } => {
-                ContentBlock::Image { source: Base64Source { kind: "base64", media_type, data } }
-            }
-            LlmContent::File { media_type, data, filename } => ContentBlock::Document {
-                source: Base64Source { kind: "base64", media_type, data },
+            LlmContent::Image { media_type, data } => ContentBlock::Image {
+                source: Base64Source {
+                    kind: "base64",
+                    media_type,
+                    data,
+                },
+            },
+            LlmContent::File {
+                media_type,
+                data,
+                filename,
+            } => ContentBlock::Document {
+                source: Base64Source {
+                    kind: "base64",
+                    media_type,
+                    data,
+                },
                 title: filename.as_deref(),
             },
         }
@@ -201,14 +236,21 @@ struct ErrorBody {
 
 impl MessagesDecoder {
     fn new(model: &str) -> Self {
-        Self { model: model.to_owned(), started: false, stop_reason: StopReason::EndTurn }
+        Self {
+            model: model.to_owned(),
+            started: false,
+            stop_reason: StopReason::EndTurn,
+        }
     }
 
     /// Emits `Start` first even if a non-conforming server skipped `message_start`.
     fn ensure_started(&mut self, out: &mut VecDeque<LlmEvent>) {
         if !self.started {
             self.started = true;
-            out.push_back(LlmEvent::Start { model: self.model.clone(), input_tokens: None });
+            out.push_back(LlmEvent::Start {
+                model: self.model.clone(),
+                input_tokens: None,
+            });
         }
     }
 }
@@ -228,7 +270,11 @@ fn stop_reason(reason: &str) -> StopReason {
 }
 
 impl SseDecoder for MessagesDecoder {
-    fn decode(&mut self, event: &Event, out: &mut VecDeque<LlmEvent>) -> Result<Progress, LlmError> {
+    fn decode(
+        &mut self,
+        event: &Event,
+        out: &mut VecDeque<LlmEvent>,
+    ) -> Result<Progress, LlmError> {
         // The SSE event name says what the data is; a proxy that drops `event:`
         // lines leaves the same name in the data's `type`.
         let tagged;
@@ -243,8 +289,15 @@ impl SseDecoder for MessagesDecoder {
                 let start: MessageStart = parse(event, name)?;
                 if !self.started {
                     self.started = true;
-                    let model = start.message.model.filter(|model| !model.is_empty()).unwrap_or_else(|| self.model.clone());
-                    out.push_back(LlmEvent::Start { model, input_tokens: start.message.usage.input_tokens });
+                    let model = start
+                        .message
+                        .model
+                        .filter(|model| !model.is_empty())
+                        .unwrap_or_else(|| self.model.clone());
+                    out.push_back(LlmEvent::Start {
+                        model,
+                        input_tokens: start.message.usage.input_tokens,
+                    });
                 }
             }
             "content_block_delta" => {
@@ -272,17 +325,25 @@ impl SseDecoder for MessagesDecoder {
                     self.stop_reason = stop_reason(reason);
                 }
                 if let Some(usage) = delta.usage {
-                    out.push_back(LlmEvent::Usage { input_tokens: usage.input_tokens, output_tokens: usage.output_tokens });
+                    out.push_back(LlmEvent::Usage {
+                        input_tokens: usage.input_tokens,
+                        output_tokens: usage.output_tokens,
+                    });
                 }
             }
             "message_stop" => {
                 self.ensure_started(out);
-                out.push_back(LlmEvent::Stop { reason: self.stop_reason });
+                out.push_back(LlmEvent::Stop {
+                    reason: self.stop_reason,
+                });
                 return Ok(Progress::Complete);
             }
             "error" => {
                 let error: ErrorEvent = parse(event, name)?;
-                return Err(sse::provider_error(error.error.kind.as_deref(), error.error.message.as_deref()));
+                return Err(sse::provider_error(
+                    error.error.kind.as_deref(),
+                    error.error.message.as_deref(),
+                ));
             }
             _ => {}
         }
@@ -300,7 +361,11 @@ mod tests {
     use crate::llm::{LlmErrorKind, LlmMessage};
 
     fn event(name: &str, data: &str) -> Event {
-        Event { event: name.to_owned(), data: data.to_owned(), ..Event::default() }
+        Event {
+            event: name.to_owned(),
+            data: data.to_owned(),
+            ..Event::default()
+        }
     }
 
     fn decode_all(events: &[Event]) -> (Vec<LlmEvent>, Option<LlmError>) {
@@ -324,24 +389,50 @@ mod tests {
                 "message_start",
                 r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"claude-x","stop_reason":null,"usage":{"input_tokens":25,"cache_read_input_tokens":0,"output_tokens":1}}}"#,
             ),
-            event("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#),
+            event(
+                "content_block_start",
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            ),
             event("ping", r#"{"type": "ping"}"#),
-            event("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#),
-            event("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hm"}}"#),
-            event("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" there"}}"#),
-            event("content_block_stop", r#"{"type":"content_block_stop","index":0}"#),
-            event("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"output_tokens":2}}"#),
+            event(
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#,
+            ),
+            event(
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hm"}}"#,
+            ),
+            event(
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" there"}}"#,
+            ),
+            event(
+                "content_block_stop",
+                r#"{"type":"content_block_stop","index":0}"#,
+            ),
+            event(
+                "message_delta",
+                r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"output_tokens":2}}"#,
+            ),
             event("message_stop", r#"{"type":"message_stop"}"#),
         ]);
         assert_eq!(err, None);
         assert_eq!(
             events,
             vec![
-                LlmEvent::Start { model: "claude-x".to_owned(), input_tokens: Some(25) },
+                LlmEvent::Start {
+                    model: "claude-x".to_owned(),
+                    input_tokens: Some(25)
+                },
                 LlmEvent::TextDelta("Hello".to_owned()),
                 LlmEvent::TextDelta(" there".to_owned()),
-                LlmEvent::Usage { input_tokens: None, output_tokens: Some(2) },
-                LlmEvent::Stop { reason: StopReason::MaxTokens },
+                LlmEvent::Usage {
+                    input_tokens: None,
+                    output_tokens: Some(2)
+                },
+                LlmEvent::Stop {
+                    reason: StopReason::MaxTokens
+                },
             ]
         );
     }
@@ -349,16 +440,24 @@ mod tests {
     #[test]
     fn reads_the_type_when_the_event_name_is_missing() {
         let (events, err) = decode_all(&[
-            event("message", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}"#),
+            event(
+                "message",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}"#,
+            ),
             event("message", r#"{"type":"message_stop"}"#),
         ]);
         assert_eq!(err, None);
         assert_eq!(
             events,
             vec![
-                LlmEvent::Start { model: "requested-model".to_owned(), input_tokens: None },
+                LlmEvent::Start {
+                    model: "requested-model".to_owned(),
+                    input_tokens: None
+                },
                 LlmEvent::TextDelta("hi".to_owned()),
-                LlmEvent::Stop { reason: StopReason::EndTurn },
+                LlmEvent::Stop {
+                    reason: StopReason::EndTurn
+                },
             ]
         );
     }
@@ -378,7 +477,10 @@ mod tests {
     fn rejects_malformed_and_truncated_streams() {
         let (_, err) = decode_all(&[event("content_block_delta", "{not json")]);
         assert_eq!(err.unwrap().kind, LlmErrorKind::BadResponse);
-        let (_, err) = decode_all(&[event("content_block_delta", r#"{"delta":{"type":"text_delta"}}"#)]);
+        let (_, err) = decode_all(&[event(
+            "content_block_delta",
+            r#"{"delta":{"type":"text_delta"}}"#,
+        )]);
         assert_eq!(err.unwrap().kind, LlmErrorKind::BadResponse);
         let (events, err) = decode_all(&[event(
             "content_block_delta",
@@ -399,7 +501,10 @@ mod tests {
                 role: LlmRole::User,
                 content: vec![
                     LlmContent::Text("look".to_owned()),
-                    LlmContent::Image { media_type: "image/png".to_owned(), data: "iVBO".to_owned() },
+                    LlmContent::Image {
+                        media_type: "image/png".to_owned(),
+                        data: "iVBO".to_owned(),
+                    },
                     LlmContent::File {
                         media_type: "application/pdf".to_owned(),
                         data: "JVBE".to_owned(),
@@ -409,7 +514,8 @@ mod tests {
             }],
             max_tokens: 0,
         };
-        let body = serde_json::to_value(MessagesRequest::new(&request, "default-model", 99)).unwrap();
+        let body =
+            serde_json::to_value(MessagesRequest::new(&request, "default-model", 99)).unwrap();
         assert_eq!(
             body,
             serde_json::json!({

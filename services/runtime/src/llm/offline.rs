@@ -4,12 +4,13 @@
 
 use futures::StreamExt;
 
-use super::{LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason};
+use super::{
+    LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason,
+};
 use crate::config::LlmConfig;
 
 /// What every offline reply starts with.
-const PREAMBLE: &str =
-    "AgentVM is running offline: no LLM provider is configured (set LLM_PROVIDER and LLM_API_KEY). You said:";
+const PREAMBLE: &str = "AgentVM is running offline: no LLM provider is configured (set LLM_PROVIDER and LLM_API_KEY). You said:";
 
 /// Answers without a network, deterministically.
 pub struct OfflineProvider {
@@ -19,7 +20,9 @@ pub struct OfflineProvider {
 impl OfflineProvider {
     /// Returns the offline provider; it reports `config.model` as its model.
     pub fn new(config: &LlmConfig) -> Self {
-        Self { model: config.model.clone() }
+        Self {
+            model: config.model.clone(),
+        }
     }
 
     /// Returns the events of the reply to `request`, all of them at once.
@@ -32,16 +35,41 @@ impl OfflineProvider {
             .map(|message| texts(&message.content).collect::<Vec<_>>().join(" "))
             .unwrap_or_default();
         let said = said.trim();
-        let text = if said.is_empty() { format!("{PREAMBLE} (nothing)") } else { format!("{PREAMBLE} {said}") };
+        let text = if said.is_empty() {
+            format!("{PREAMBLE} (nothing)")
+        } else {
+            format!("{PREAMBLE} {said}")
+        };
         let deltas = split_words(&text);
-        let input_words = request.system.iter().map(|system| count_words(system)).sum::<usize>()
-            + request.messages.iter().flat_map(|message| texts(&message.content)).map(count_words).sum::<usize>();
+        let input_words = request
+            .system
+            .iter()
+            .map(|system| count_words(system))
+            .sum::<usize>()
+            + request
+                .messages
+                .iter()
+                .flat_map(|message| texts(&message.content))
+                .map(count_words)
+                .sum::<usize>();
         let output_tokens = deltas.len() as u64;
         let mut events = Vec::with_capacity(deltas.len() + 3);
-        events.push(LlmEvent::Start { model: self.model.clone(), input_tokens: Some(input_words as u64) });
-        events.extend(deltas.into_iter().map(|delta| LlmEvent::TextDelta(delta.to_owned())));
-        events.push(LlmEvent::Usage { input_tokens: Some(input_words as u64), output_tokens: Some(output_tokens) });
-        events.push(LlmEvent::Stop { reason: StopReason::EndTurn });
+        events.push(LlmEvent::Start {
+            model: self.model.clone(),
+            input_tokens: Some(input_words as u64),
+        });
+        events.extend(
+            deltas
+                .into_iter()
+                .map(|delta| LlmEvent::TextDelta(delta.to_owned())),
+        );
+        events.push(LlmEvent::Usage {
+            input_tokens: Some(input_words as u64),
+            output_tokens: Some(output_tokens),
+        });
+        events.push(LlmEvent::Stop {
+            reason: StopReason::EndTurn,
+        });
         events
     }
 }

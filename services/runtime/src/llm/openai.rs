@@ -11,7 +11,9 @@ use reqwest::header::{AUTHORIZATION, HeaderMap};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::sse::{self, HttpTransport, Progress, SseDecoder};
-use super::{LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason};
+use super::{
+    LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason,
+};
 use crate::config::LlmConfig;
 
 /// The API root used when `base_url` is not set; by OpenAI's convention it includes `/v1`.
@@ -28,11 +30,21 @@ impl OpenAiProvider {
     /// Returns a provider for `config`; fails when the base URL or the key cannot be used.
     pub fn new(config: &LlmConfig) -> Result<Self, LlmError> {
         let mut headers = HeaderMap::new();
-        if let Some(key) = config.api_key.expose() {
+        if let Some(key) = sse::api_key(config) {
             headers.insert(AUTHORIZATION, sse::secret_header(&format!("Bearer {key}"))?);
         }
-        let transport = HttpTransport::new("openai", config, DEFAULT_BASE_URL, "chat/completions", headers)?;
-        Ok(Self { transport, model: config.model.clone(), max_tokens: config.max_tokens })
+        let transport = HttpTransport::new(
+            "openai",
+            config,
+            DEFAULT_BASE_URL,
+            "chat/completions",
+            headers,
+        )?;
+        Ok(Self {
+            transport,
+            model: config.model.clone(),
+            max_tokens: config.max_tokens,
+        })
     }
 }
 
@@ -125,17 +137,36 @@ impl<'a> ChatRequest<'a> {
             .system
             .as_deref()
             .filter(|system| !system.is_empty())
-            .map(|system| ChatMessage { role: "system", content: ChatContent::Text(Cow::Borrowed(system)) });
+            .map(|system| ChatMessage {
+                role: "system",
+                content: ChatContent::Text(Cow::Borrowed(system)),
+            });
         let history = request.messages.iter().map(|message| match message.role {
-            LlmRole::User => ChatMessage { role: "user", content: user_content(&message.content) },
-            LlmRole::Assistant => ChatMessage { role: "assistant", content: assistant_content(&message.content) },
+            LlmRole::User => ChatMessage {
+                role: "user",
+                content: user_content(&message.content),
+            },
+            LlmRole::Assistant => ChatMessage {
+                role: "assistant",
+                content: assistant_content(&message.content),
+            },
         });
         Self {
-            model: if request.model.is_empty() { default_model } else { &request.model },
-            max_tokens: if request.max_tokens == 0 { default_max_tokens } else { request.max_tokens },
+            model: if request.model.is_empty() {
+                default_model
+            } else {
+                &request.model
+            },
+            max_tokens: if request.max_tokens == 0 {
+                default_max_tokens
+            } else {
+                request.max_tokens
+            },
             messages: system.into_iter().chain(history).collect(),
             stream: true,
-            stream_options: StreamOptions { include_usage: true },
+            stream_options: StreamOptions {
+                include_usage: true,
+            },
         }
     }
 }
@@ -148,9 +179,20 @@ fn user_content(content: &[LlmContent]) -> ChatContent<'_> {
         .iter()
         .map(|part| match part {
             LlmContent::Text(text) => ContentPart::Text { text },
-            LlmContent::Image { media_type, data } => ContentPart::ImageUrl { image_url: ImageUrl { url: DataUrl { media_type, data } } },
-            LlmContent::File { media_type, data, filename } => ContentPart::File {
-                file: FileData { filename: filename.as_deref(), file_data: DataUrl { media_type, data } },
+            LlmContent::Image { media_type, data } => ContentPart::ImageUrl {
+                image_url: ImageUrl {
+                    url: DataUrl { media_type, data },
+                },
+            },
+            LlmContent::File {
+                media_type,
+                data,
+                filename,
+            } => ContentPart::File {
+                file: FileData {
+                    filename: filename.as_deref(),
+                    file_data: DataUrl { media_type, data },
+                },
             },
         })
         .collect();
@@ -209,14 +251,23 @@ struct ChunkUsage {
 
 impl ChatDecoder {
     fn new(model: &str) -> Self {
-        Self { model: model.to_owned(), started: false, finish_reason: None }
+        Self {
+            model: model.to_owned(),
+            started: false,
+            finish_reason: None,
+        }
     }
 
     fn ensure_started(&mut self, model: Option<String>, out: &mut VecDeque<LlmEvent>) {
         if !self.started {
             self.started = true;
-            let model = model.filter(|model| !model.is_empty()).unwrap_or_else(|| self.model.clone());
-            out.push_back(LlmEvent::Start { model, input_tokens: None });
+            let model = model
+                .filter(|model| !model.is_empty())
+                .unwrap_or_else(|| self.model.clone());
+            out.push_back(LlmEvent::Start {
+                model,
+                input_tokens: None,
+            });
         }
     }
 }
@@ -246,20 +297,31 @@ fn chunk_error(error: &serde_json::Value) -> LlmError {
 }
 
 impl SseDecoder for ChatDecoder {
-    fn decode(&mut self, event: &Event, out: &mut VecDeque<LlmEvent>) -> Result<Progress, LlmError> {
+    fn decode(
+        &mut self,
+        event: &Event,
+        out: &mut VecDeque<LlmEvent>,
+    ) -> Result<Progress, LlmError> {
         let data = event.data.trim();
         if data == "[DONE]" {
             self.ensure_started(None, out);
-            out.push_back(LlmEvent::Stop { reason: self.finish_reason.unwrap_or(StopReason::EndTurn) });
+            out.push_back(LlmEvent::Stop {
+                reason: self.finish_reason.unwrap_or(StopReason::EndTurn),
+            });
             return Ok(Progress::Complete);
         }
-        let chunk: Chunk = serde_json::from_str(data).map_err(|err| sse::bad_event("chat.completion.chunk", &err))?;
+        let chunk: Chunk = serde_json::from_str(data)
+            .map_err(|err| sse::bad_event("chat.completion.chunk", &err))?;
         if let Some(error) = chunk.error.as_ref().filter(|error| !error.is_null()) {
             return Err(chunk_error(error));
         }
         self.ensure_started(chunk.model, out);
         if let Some(choice) = chunk.choices.and_then(|choices| choices.into_iter().next()) {
-            if let Some(text) = choice.delta.and_then(|delta| delta.content).filter(|text| !text.is_empty()) {
+            if let Some(text) = choice
+                .delta
+                .and_then(|delta| delta.content)
+                .filter(|text| !text.is_empty())
+            {
                 out.push_back(LlmEvent::TextDelta(text));
             }
             if let Some(reason) = choice.finish_reason.as_deref() {
@@ -267,7 +329,10 @@ impl SseDecoder for ChatDecoder {
             }
         }
         if let Some(usage) = chunk.usage {
-            out.push_back(LlmEvent::Usage { input_tokens: usage.prompt_tokens, output_tokens: usage.completion_tokens });
+            out.push_back(LlmEvent::Usage {
+                input_tokens: usage.prompt_tokens,
+                output_tokens: usage.completion_tokens,
+            });
         }
         Ok(Progress::More)
     }
@@ -292,7 +357,11 @@ mod tests {
     use crate::llm::{LlmErrorKind, LlmMessage};
 
     fn data(data: &str) -> Event {
-        Event { event: "message".to_owned(), data: data.to_owned(), ..Event::default() }
+        Event {
+            event: "message".to_owned(),
+            data: data.to_owned(),
+            ..Event::default()
+        }
     }
 
     fn decode_all(events: &[Event]) -> (Vec<LlmEvent>, Option<LlmError>) {
@@ -312,40 +381,69 @@ mod tests {
     #[test]
     fn decodes_chunks_usage_and_done() {
         let (events, err) = decode_all(&[
-            data(r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}],"usage":null}"#),
-            data(r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}],"usage":null}"#),
-            data(r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"usage":null}"#),
-            data(r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}"#),
+            data(
+                r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}],"usage":null}"#,
+            ),
+            data(
+                r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}],"usage":null}"#,
+            ),
+            data(
+                r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"usage":null}"#,
+            ),
+            data(
+                r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}"#,
+            ),
             data("[DONE]"),
         ]);
         assert_eq!(err, None);
         assert_eq!(
             events,
             vec![
-                LlmEvent::Start { model: "gpt-x".to_owned(), input_tokens: None },
+                LlmEvent::Start {
+                    model: "gpt-x".to_owned(),
+                    input_tokens: None
+                },
                 LlmEvent::TextDelta("Hi".to_owned()),
-                LlmEvent::Usage { input_tokens: Some(9), output_tokens: Some(1) },
-                LlmEvent::Stop { reason: StopReason::ToolUse },
+                LlmEvent::Usage {
+                    input_tokens: Some(9),
+                    output_tokens: Some(1)
+                },
+                LlmEvent::Stop {
+                    reason: StopReason::ToolUse
+                },
             ]
         );
     }
 
     #[test]
     fn ends_without_done_only_after_a_finish_reason() {
-        let (events, err) = decode_all(&[data(r#"{"choices":[{"delta":{"content":"a"},"finish_reason":"length"}]}"#)]);
+        let (events, err) = decode_all(&[data(
+            r#"{"choices":[{"delta":{"content":"a"},"finish_reason":"length"}]}"#,
+        )]);
         assert_eq!(err, None);
-        assert_eq!(events.last(), Some(&LlmEvent::Stop { reason: StopReason::MaxTokens }));
-        let (_, err) = decode_all(&[data(r#"{"choices":[{"delta":{"content":"a"},"finish_reason":null}]}"#)]);
+        assert_eq!(
+            events.last(),
+            Some(&LlmEvent::Stop {
+                reason: StopReason::MaxTokens
+            })
+        );
+        let (_, err) = decode_all(&[data(
+            r#"{"choices":[{"delta":{"content":"a"},"finish_reason":null}]}"#,
+        )]);
         assert_eq!(err.unwrap().kind, LlmErrorKind::BadResponse);
     }
 
     #[test]
     fn maps_errors_and_malformed_chunks() {
-        let (_, err) = decode_all(&[data(r#"{"error":{"message":"boom","type":"server_error"}}"#)]);
+        let (_, err) = decode_all(&[data(
+            r#"{"error":{"message":"boom","type":"server_error"}}"#,
+        )]);
         let err = err.unwrap();
         assert_eq!(err.kind, LlmErrorKind::Unavailable);
         assert!(err.message.contains("boom"), "{}", err.message);
-        let (_, err) = decode_all(&[data(r#"{"error":{"message":"slow","code":"rate_limit_exceeded"}}"#)]);
+        let (_, err) = decode_all(&[data(
+            r#"{"error":{"message":"slow","code":"rate_limit_exceeded"}}"#,
+        )]);
         assert_eq!(err.unwrap().kind, LlmErrorKind::RateLimited);
         let (_, err) = decode_all(&[data("{oops")]);
         assert_eq!(err.unwrap().kind, LlmErrorKind::BadResponse);
@@ -360,14 +458,27 @@ mod tests {
             model: "m".to_owned(),
             system: Some("sys".to_owned()),
             messages: vec![
-                LlmMessage { role: LlmRole::User, content: vec![text("one")] },
-                LlmMessage { role: LlmRole::Assistant, content: vec![text("two "), text("parts")] },
+                LlmMessage {
+                    role: LlmRole::User,
+                    content: vec![text("one")],
+                },
+                LlmMessage {
+                    role: LlmRole::Assistant,
+                    content: vec![text("two "), text("parts")],
+                },
                 LlmMessage {
                     role: LlmRole::User,
                     content: vec![
                         text("see"),
-                        LlmContent::Image { media_type: "image/png".to_owned(), data: "iVBO".to_owned() },
-                        LlmContent::File { media_type: "application/pdf".to_owned(), data: "JVBE".to_owned(), filename: None },
+                        LlmContent::Image {
+                            media_type: "image/png".to_owned(),
+                            data: "iVBO".to_owned(),
+                        },
+                        LlmContent::File {
+                            media_type: "application/pdf".to_owned(),
+                            data: "JVBE".to_owned(),
+                            filename: None,
+                        },
                     ],
                 },
             ],

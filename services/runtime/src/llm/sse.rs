@@ -42,7 +42,8 @@ pub(super) enum Progress {
 pub(super) trait SseDecoder: Send + Unpin + 'static {
     /// Appends the events that `event` carries to `out` and returns whether the
     /// reply is complete.
-    fn decode(&mut self, event: &Event, out: &mut VecDeque<LlmEvent>) -> Result<Progress, LlmError>;
+    fn decode(&mut self, event: &Event, out: &mut VecDeque<LlmEvent>)
+    -> Result<Progress, LlmError>;
 
     /// Appends the final events to `out` when the body ends before the decoder
     /// reported the reply complete, or returns why the reply is broken.
@@ -71,7 +72,11 @@ impl HttpTransport {
         path: &str,
         mut headers: HeaderMap,
     ) -> Result<Self, LlmError> {
-        let base = config.base_url.as_deref().filter(|url| !url.trim().is_empty()).unwrap_or(default_base_url);
+        let base = config
+            .base_url
+            .as_deref()
+            .filter(|url| !url.trim().is_empty())
+            .unwrap_or(default_base_url);
         let endpoint = endpoint_url(base.trim(), path)?;
         let authority = match (endpoint.host_str(), endpoint.port_or_known_default()) {
             (Some(host), Some(port)) => format!("{host}:{port}"),
@@ -86,14 +91,17 @@ impl HttpTransport {
             .tcp_nodelay(true)
             .build()
             .map_err(|err| {
-                LlmError::new(LlmErrorKind::Unavailable, format!("cannot set up the HTTP client for the LLM provider: {err}"))
+                LlmError::new(
+                    LlmErrorKind::Unavailable,
+                    format!("cannot set up the HTTP client for the LLM provider: {err}"),
+                )
             })?;
         Ok(Self {
             provider,
             client,
             endpoint,
             authority,
-            api_key: config.api_key.expose().map(Arc::from),
+            api_key: api_key(config).map(Arc::from),
             request_timeout: config.request_timeout,
             idle_timeout: config.idle_timeout,
         })
@@ -106,72 +114,77 @@ impl HttpTransport {
         B: serde::Serialize + Sync + ?Sized,
         D: SseDecoder,
     {
-        let result = self.send(body).await;
-        let response = match result {
+        let response = match self.send(body).await {
             Ok(response) => response,
             Err(err) => {
                 let err = scrub(err, self.api_key.as_deref());
-                tracing::warn!(provider = self.provider, reason = err.kind.reason(), "llm request failed");
+                tracing::warn!(
+                    provider = self.provider,
+                    reason = err.kind.reason(),
+                    "llm request failed"
+                );
                 return Err(err);
             }
         };
-        let bytes = response.bytes_stream().map(|chunk| chunk.map_err(body_error)).boxed();
-        let events = IdleTimeout::new(bytes, self.idle_timeout).eventsource().map(|event| event.map_err(sse_error)).boxed();
+        let bytes = response
+            .bytes_stream()
+            .map(|chunk| chunk.map_err(body_error))
+            .boxed();
+        let events = IdleTimeout::new(bytes, self.idle_timeout)
+            .eventsource()
+            .map(|event| event.map_err(sse_error))
+            .boxed();
         Ok(DecodedStream {
             provider: self.provider,
             events: Some(events),
             decoder,
             pending: VecDeque::new(),
+            complete: false,
             api_key: self.api_key.clone(),
         }
         .boxed())
     }
 
-    /// Sends the request and checks the status, all within `request_timeout`.
-    async fn send<B: serde::Serialize + Sync + ?Sized>(&self, body: &B) -> Result<reqwest::Response, LlmError> {
+    /// Sends the request and checks the status, all within `request_timeout`
+    /// (an error body included: a provider that stalls there must not hold the turn).
+    async fn send<B: serde::Serialize + Sync + ?Sized>(
+        &self,
+        body: &B,
+    ) -> Result<reqwest::Response, LlmError> {
+        let deadline = Instant::now() + self.request_timeout;
         let request = self.client.post(self.endpoint.clone()).json(body).send();
-        let response = match tokio::time::timeout(self.request_timeout, request).await {
+        let response = match tokio::time::timeout_at(deadline, request).await {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => return Err(self.request_error(&err)),
             Err(_) => return Err(self.request_timed_out()),
         };
         let status = response.status();
         if status.is_success() {
-            return self.check_content_type(response).await;
+            return check_content_type(response, deadline).await;
         }
         let retry_after = response
             .headers()
             .get(RETRY_AFTER)
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.trim().parse::<u64>().ok());
-        // The error body is read within the same deadline as the headers: a
-        // provider that stalls here must not hold the turn any longer.
-        let detail = tokio::time::timeout(self.request_timeout, read_limited(response)).await.ok();
-        Err(status_error(status, detail.as_deref().and_then(error_detail), retry_after, self.api_key.is_some()))
-    }
-
-    /// Passes an event stream on and turns anything else (a proxy's HTML page,
-    /// a server that ignored `stream: true`) into an explained failure.
-    async fn check_content_type(&self, response: reqwest::Response) -> Result<reqwest::Response, LlmError> {
-        let content_type = response.headers().get(reqwest::header::CONTENT_TYPE).map(|value| value.as_bytes().to_vec());
-        match content_type {
-            Some(value) if !value.to_ascii_lowercase().starts_with(b"text/event-stream") => {
-                let shown = String::from_utf8_lossy(&value).into_owned();
-                let detail = tokio::time::timeout(self.request_timeout, read_limited(response)).await.ok();
-                let mut message = format!("the LLM provider answered with {shown} instead of an event stream");
-                if let Some(detail) = detail.as_deref().and_then(error_detail) {
-                    message.push_str(&format!(" (provider said: \"{detail}\")"));
-                }
-                Err(LlmError::new(LlmErrorKind::BadResponse, message))
-            }
-            _ => Ok(response),
-        }
+        let detail = tokio::time::timeout_at(deadline, read_limited(response))
+            .await
+            .ok();
+        Err(status_error(
+            status,
+            detail.as_deref().and_then(error_detail),
+            retry_after,
+            self.api_key.is_some(),
+        ))
     }
 
     fn request_timed_out(&self) -> LlmError {
         LlmError::new(
             LlmErrorKind::Timeout,
-            format!("the LLM provider at {} did not answer within {:?}", self.authority, self.request_timeout),
+            format!(
+                "the LLM provider at {} did not answer within {:?}",
+                self.authority, self.request_timeout
+            ),
         )
     }
 
@@ -181,31 +194,87 @@ impl HttpTransport {
         }
         let cause = root_cause(err);
         if err.is_connect() {
-            LlmError::new(LlmErrorKind::Unreachable, format!("cannot reach the LLM provider at {}: {cause}", self.authority))
+            LlmError::new(
+                LlmErrorKind::Unreachable,
+                format!(
+                    "cannot reach the LLM provider at {}: {cause}",
+                    self.authority
+                ),
+            )
         } else {
             LlmError::new(
                 LlmErrorKind::Unreachable,
-                format!("the connection to the LLM provider at {} broke: {cause}", self.authority),
+                format!(
+                    "the connection to the LLM provider at {} broke: {cause}",
+                    self.authority
+                ),
             )
         }
+    }
+}
+
+/// Passes an event stream on and turns anything else (a proxy's HTML page, a
+/// server that ignored `stream: true`) into an explained failure.
+async fn check_content_type(
+    response: reqwest::Response,
+    deadline: Instant,
+) -> Result<reqwest::Response, LlmError> {
+    let content_type = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .map(|value| value.as_bytes().to_vec());
+    match content_type {
+        Some(value) if !value.to_ascii_lowercase().starts_with(b"text/event-stream") => {
+            let shown = String::from_utf8_lossy(&value).into_owned();
+            let detail = tokio::time::timeout_at(deadline, read_limited(response))
+                .await
+                .ok();
+            let mut message =
+                format!("the LLM provider answered with {shown} instead of an event stream");
+            if let Some(detail) = detail.as_deref().and_then(error_detail) {
+                message.push_str(&format!(" (provider said: \"{detail}\")"));
+            }
+            Err(LlmError::new(LlmErrorKind::BadResponse, message))
+        }
+        _ => Ok(response),
     }
 }
 
 /// Returns the endpoint URL; `path` is appended so that a base URL with or
 /// without a trailing slash (or with a path prefix such as `/v1`) both work.
 fn endpoint_url(base: &str, path: &str) -> Result<Url, LlmError> {
-    let joined = format!("{}/{}", base.trim_end_matches('/'), path.trim_start_matches('/'));
+    let joined = format!(
+        "{}/{}",
+        base.trim_end_matches('/'),
+        path.trim_start_matches('/')
+    );
     let invalid = |why: String| {
-        LlmError::new(LlmErrorKind::InvalidRequest, format!("LLM_BASE_URL is not a valid http(s) URL: {why}"))
+        LlmError::new(
+            LlmErrorKind::InvalidRequest,
+            format!("LLM_BASE_URL is not a valid http(s) URL: {why}"),
+        )
     };
     let url = Url::parse(&joined).map_err(|err| invalid(err.to_string()))?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(invalid(format!("scheme {} is not http or https", url.scheme())));
+        return Err(invalid(format!(
+            "scheme {} is not http or https",
+            url.scheme()
+        )));
     }
     if url.host_str().is_none() {
         return Err(invalid("it has no host".to_owned()));
     }
     Ok(url)
+}
+
+/// Returns the configured API key without the surrounding whitespace that a
+/// key read from a file or a Kubernetes secret often carries.
+pub(super) fn api_key(config: &LlmConfig) -> Option<&str> {
+    config
+        .api_key
+        .expose()
+        .map(str::trim)
+        .filter(|key| !key.is_empty())
 }
 
 /// Returns a header value holding `key`, marked sensitive so it is never printed.
@@ -250,11 +319,19 @@ fn error_detail(body: &str) -> Option<String> {
             .map_or_else(|| body.to_owned(), str::to_owned),
         Err(_) => body.to_owned(),
     };
-    Some(truncate(detail.split_whitespace().collect::<Vec<_>>().join(" "), MAX_DETAIL_CHARS))
+    Some(truncate(
+        detail.split_whitespace().collect::<Vec<_>>().join(" "),
+        MAX_DETAIL_CHARS,
+    ))
 }
 
 /// Returns the error for a non-success HTTP status.
-fn status_error(status: StatusCode, detail: Option<String>, retry_after: Option<u64>, key_set: bool) -> LlmError {
+fn status_error(
+    status: StatusCode,
+    detail: Option<String>,
+    retry_after: Option<u64>,
+    key_set: bool,
+) -> LlmError {
     let code = status.as_u16();
     let label = format!("HTTP {code}");
     let (kind, mut message) = match code {
@@ -262,25 +339,54 @@ fn status_error(status: StatusCode, detail: Option<String>, retry_after: Option<
             LlmErrorKind::Unauthenticated,
             format!("the LLM provider requires an API key ({label}); set LLM_API_KEY"),
         ),
-        401 => (LlmErrorKind::Unauthenticated, format!("the LLM provider refused the API key ({label}); check LLM_API_KEY")),
-        403 => (LlmErrorKind::Unauthenticated, format!("the LLM provider denied this API key access ({label})")),
+        401 => (
+            LlmErrorKind::Unauthenticated,
+            format!("the LLM provider refused the API key ({label}); check LLM_API_KEY"),
+        ),
+        403 => (
+            LlmErrorKind::Unauthenticated,
+            format!("the LLM provider denied this API key access ({label})"),
+        ),
         429 => {
             let retry = match retry_after {
                 Some(seconds) => format!("retry in {seconds}s"),
                 None => "retry later".to_owned(),
             };
-            (LlmErrorKind::RateLimited, format!("the LLM provider is rate limiting requests ({label}); {retry}"))
+            (
+                LlmErrorKind::RateLimited,
+                format!("the LLM provider is rate limiting requests ({label}); {retry}"),
+            )
         }
-        408 => (LlmErrorKind::Timeout, format!("the LLM provider timed out waiting for the request ({label})")),
+        408 => (
+            LlmErrorKind::Timeout,
+            format!("the LLM provider timed out waiting for the request ({label})"),
+        ),
         404 => (
             LlmErrorKind::InvalidRequest,
-            format!("the LLM provider does not know this model or endpoint ({label}); check LLM_MODEL and LLM_BASE_URL"),
+            format!(
+                "the LLM provider does not know this model or endpoint ({label}); check LLM_MODEL and LLM_BASE_URL"
+            ),
         ),
-        413 => (LlmErrorKind::InvalidRequest, format!("the request is too large for the LLM provider ({label})")),
-        529 => (LlmErrorKind::Unavailable, format!("the LLM provider is overloaded ({label}); retry later")),
-        400..=499 => (LlmErrorKind::InvalidRequest, format!("the LLM provider rejected the request ({label})")),
-        500..=599 => (LlmErrorKind::Unavailable, format!("the LLM provider is unavailable ({label}); retry later")),
-        _ => (LlmErrorKind::BadResponse, format!("the LLM provider answered with an unexpected status ({label})")),
+        413 => (
+            LlmErrorKind::InvalidRequest,
+            format!("the request is too large for the LLM provider ({label})"),
+        ),
+        529 => (
+            LlmErrorKind::Unavailable,
+            format!("the LLM provider is overloaded ({label}); retry later"),
+        ),
+        400..=499 => (
+            LlmErrorKind::InvalidRequest,
+            format!("the LLM provider rejected the request ({label})"),
+        ),
+        500..=599 => (
+            LlmErrorKind::Unavailable,
+            format!("the LLM provider is unavailable ({label}); retry later"),
+        ),
+        _ => (
+            LlmErrorKind::BadResponse,
+            format!("the LLM provider answered with an unexpected status ({label})"),
+        ),
     };
     if let Some(detail) = detail {
         message.push_str(&format!(" (provider said: \"{detail}\")"));
@@ -293,58 +399,99 @@ fn status_error(status: StatusCode, detail: Option<String>, retry_after: Option<
 pub(super) fn provider_error(error_type: Option<&str>, detail: Option<&str>) -> LlmError {
     let label = error_type.unwrap_or("error");
     let (kind, mut message) = match label {
-        "authentication_error" | "permission_error" | "invalid_api_key" => {
-            (LlmErrorKind::Unauthenticated, format!("the LLM provider refused the API key ({label}); check LLM_API_KEY"))
-        }
-        "rate_limit_error" | "rate_limit_exceeded" | "insufficient_quota" | "requests" | "tokens" => {
-            (LlmErrorKind::RateLimited, format!("the LLM provider is rate limiting requests ({label}); retry later"))
-        }
-        "invalid_request_error" | "not_found_error" | "request_too_large" => {
-            (LlmErrorKind::InvalidRequest, format!("the LLM provider rejected the request ({label})"))
-        }
-        "overloaded_error" => (LlmErrorKind::Unavailable, format!("the LLM provider is overloaded ({label}); retry later")),
+        "authentication_error" | "permission_error" | "invalid_api_key" => (
+            LlmErrorKind::Unauthenticated,
+            format!("the LLM provider refused the API key ({label}); check LLM_API_KEY"),
+        ),
+        "rate_limit_error"
+        | "rate_limit_exceeded"
+        | "insufficient_quota"
+        | "requests"
+        | "tokens" => (
+            LlmErrorKind::RateLimited,
+            format!("the LLM provider is rate limiting requests ({label}); retry later"),
+        ),
+        "invalid_request_error" | "not_found_error" | "request_too_large" => (
+            LlmErrorKind::InvalidRequest,
+            format!("the LLM provider rejected the request ({label})"),
+        ),
+        "overloaded_error" => (
+            LlmErrorKind::Unavailable,
+            format!("the LLM provider is overloaded ({label}); retry later"),
+        ),
         // api_error, server_error and anything new: the provider failed, so a retry may work.
-        _ => (LlmErrorKind::Unavailable, format!("the LLM provider failed mid-reply ({label}); retry later")),
+        _ => (
+            LlmErrorKind::Unavailable,
+            format!("the LLM provider failed mid-reply ({label}); retry later"),
+        ),
     };
     if let Some(detail) = detail.map(str::trim).filter(|detail| !detail.is_empty()) {
-        message.push_str(&format!(" (provider said: \"{}\")", truncate(detail.to_owned(), MAX_DETAIL_CHARS)));
+        message.push_str(&format!(
+            " (provider said: \"{}\")",
+            truncate(detail.to_owned(), MAX_DETAIL_CHARS)
+        ));
     }
     LlmError::new(kind, message)
 }
 
 /// Returns the error for an SSE event whose data is not what the API documents.
 pub(super) fn bad_event(what: &str, err: &serde_json::Error) -> LlmError {
-    LlmError::new(LlmErrorKind::BadResponse, format!("the LLM provider sent a malformed {what} event: {err}"))
+    LlmError::new(
+        LlmErrorKind::BadResponse,
+        format!("the LLM provider sent a malformed {what} event: {err}"),
+    )
 }
 
 /// Returns the error for a body that ended before the reply was complete.
 pub(super) fn ended_early() -> LlmError {
-    LlmError::new(LlmErrorKind::BadResponse, "the provider's stream ended early, before the reply was complete")
+    LlmError::new(
+        LlmErrorKind::BadResponse,
+        "the provider's stream ended early, before the reply was complete",
+    )
 }
 
 fn body_error(err: reqwest::Error) -> LlmError {
     if err.is_timeout() {
-        return LlmError::new(LlmErrorKind::Timeout, "the LLM provider stopped sending mid-reply");
+        return LlmError::new(
+            LlmErrorKind::Timeout,
+            "the LLM provider stopped sending mid-reply",
+        );
     }
-    if err.is_decode() {
-        return LlmError::new(LlmErrorKind::BadResponse, format!("the LLM provider's reply cannot be decoded: {}", root_cause(&err)));
-    }
-    LlmError::new(LlmErrorKind::Unreachable, format!("the connection to the LLM provider broke mid-reply: {}", root_cause(&err)))
+    // No content decoding is enabled, so every other body error (reqwest
+    // reports a cut chunked body as a decode error) is a broken connection.
+    LlmError::new(
+        LlmErrorKind::Unreachable,
+        format!(
+            "the connection to the LLM provider broke mid-reply: {}",
+            root_cause(&err)
+        ),
+    )
 }
 
 fn sse_error(err: EventStreamError<LlmError>) -> LlmError {
     match err {
         EventStreamError::Transport(err) => err,
-        EventStreamError::Utf8(_) => LlmError::new(LlmErrorKind::BadResponse, "the LLM provider's event stream is not valid UTF-8"),
-        EventStreamError::Parser(_) => LlmError::new(LlmErrorKind::BadResponse, "the LLM provider's event stream cannot be parsed"),
+        EventStreamError::Utf8(_) => LlmError::new(
+            LlmErrorKind::BadResponse,
+            "the LLM provider's event stream is not valid UTF-8",
+        ),
+        EventStreamError::Parser(_) => LlmError::new(
+            LlmErrorKind::BadResponse,
+            "the LLM provider's event stream cannot be parsed",
+        ),
     }
 }
 
 /// Returns the innermost cause of an error, which is the one that explains it
 /// ("connection refused", "failed to lookup address information: …").
 fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
-    if root_io_kind(err) == Some(std::io::ErrorKind::ConnectionRefused) {
-        return "connection refused".to_owned();
+    match root_io_kind(err) {
+        Some(std::io::ErrorKind::ConnectionRefused) => return "connection refused".to_owned(),
+        Some(std::io::ErrorKind::ConnectionReset) => return "connection reset".to_owned(),
+        Some(std::io::ErrorKind::UnexpectedEof) => {
+            return "the connection closed before the reply was complete".to_owned();
+        }
+        _ => {}
     }
     let mut cause = err;
     while let Some(source) = cause.source() {
@@ -364,7 +511,7 @@ fn root_io_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io::Erro
     None
 }
 
-/// Returns `text` without the API key, so no message can leak it.
+/// Returns the error with the API key replaced, so no message can leak it.
 fn scrub(mut err: LlmError, api_key: Option<&str>) -> LlmError {
     if let Some(key) = api_key.filter(|key| !key.is_empty())
         && err.message.contains(key)
@@ -394,7 +541,12 @@ struct IdleTimeout {
 
 impl IdleTimeout {
     fn new(inner: BoxStream<'static, Result<Bytes, LlmError>>, idle: Duration) -> Self {
-        Self { inner, idle, deadline: Box::pin(tokio::time::sleep(idle)), expired: false }
+        Self {
+            inner,
+            idle,
+            deadline: Box::pin(tokio::time::sleep(idle)),
+            expired: false,
+        }
     }
 }
 
@@ -415,19 +567,27 @@ impl Stream for IdleTimeout {
         this.expired = true;
         Poll::Ready(Some(Err(LlmError::new(
             LlmErrorKind::Timeout,
-            format!("the LLM provider sent nothing for {:?} mid-reply", this.idle),
+            format!(
+                "the LLM provider sent nothing for {:?} mid-reply",
+                this.idle
+            ),
         ))))
     }
 }
 
+/// Most trailing SSE events read after the reply is complete before the body
+/// is let go; a server that keeps sending is not read forever.
+const MAX_TRAILING_EVENTS: usize = 16;
+
 /// The provider's SSE events run through a decoder. The stream ends after the
-/// reply is complete or after the first error, and lets go of the HTTP body
-/// right then so the connection is not held by a finished stream.
+/// reply is complete or after the first error.
 struct DecodedStream<D> {
     provider: &'static str,
     events: Option<BoxStream<'static, Result<Event, LlmError>>>,
     decoder: D,
     pending: VecDeque<LlmEvent>,
+    /// Set once the decoder reported the reply complete.
+    complete: bool,
     api_key: Option<Arc<str>>,
 }
 
@@ -436,8 +596,28 @@ impl<D: SseDecoder> DecodedStream<D> {
         self.events = None;
         self.pending.clear();
         let err = scrub(err, self.api_key.as_deref());
-        tracing::warn!(provider = self.provider, reason = err.kind.reason(), "llm stream failed");
+        tracing::warn!(
+            provider = self.provider,
+            reason = err.kind.reason(),
+            "llm stream failed"
+        );
         Poll::Ready(Some(Err(err)))
+    }
+
+    /// Reads what has already arrived after the reply, without waiting: a body
+    /// read to its end returns an HTTP/1 connection to the pool for the next
+    /// turn, while one dropped early closes it (HTTP/2 loses nothing either way).
+    fn finish_body(&mut self, cx: &mut Context<'_>) {
+        if let Some(events) = self.events.as_mut() {
+            for _ in 0..MAX_TRAILING_EVENTS {
+                match events.poll_next_unpin(cx) {
+                    Poll::Ready(Some(_)) => {}
+                    Poll::Ready(None) => { eprintln!("DBG drained to end"); break }
+                    Poll::Pending => { eprintln!("DBG pending"); break }
+                }
+            }
+        }
+        self.events = None;
     }
 }
 
@@ -450,13 +630,16 @@ impl<D: SseDecoder> Stream for DecodedStream<D> {
             if let Some(event) = this.pending.pop_front() {
                 return Poll::Ready(Some(Ok(event)));
             }
+            if this.complete {
+                this.finish_body(cx);
+            }
             let Some(events) = this.events.as_mut() else {
                 return Poll::Ready(None);
             };
             match ready!(events.poll_next_unpin(cx)) {
                 Some(Ok(event)) => match this.decoder.decode(&event, &mut this.pending) {
                     Ok(Progress::More) => {}
-                    Ok(Progress::Complete) => this.events = None,
+                    Ok(Progress::Complete) => this.complete = true,
                     Err(err) => return this.fail(err),
                 },
                 Some(Err(err)) => return this.fail(err),
@@ -477,18 +660,34 @@ mod tests {
 
     #[test]
     fn joins_base_urls_with_or_without_slash() {
-        for base in ["http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1/", "http://127.0.0.1:9/v1//"] {
+        for base in [
+            "http://127.0.0.1:9/v1",
+            "http://127.0.0.1:9/v1/",
+            "http://127.0.0.1:9/v1//",
+        ] {
             let url = endpoint_url(base, "chat/completions").unwrap();
             assert_eq!(url.as_str(), "http://127.0.0.1:9/v1/chat/completions");
         }
-        assert_eq!(endpoint_url("https://api.anthropic.com", "v1/messages").unwrap().as_str(), "https://api.anthropic.com/v1/messages");
-        assert_eq!(endpoint_url("ftp://x", "v1").unwrap_err().kind, LlmErrorKind::InvalidRequest);
-        assert_eq!(endpoint_url("not a url", "v1").unwrap_err().kind, LlmErrorKind::InvalidRequest);
+        assert_eq!(
+            endpoint_url("https://api.anthropic.com", "v1/messages")
+                .unwrap()
+                .as_str(),
+            "https://api.anthropic.com/v1/messages"
+        );
+        assert_eq!(
+            endpoint_url("ftp://x", "v1").unwrap_err().kind,
+            LlmErrorKind::InvalidRequest
+        );
+        assert_eq!(
+            endpoint_url("not a url", "v1").unwrap_err().kind,
+            LlmErrorKind::InvalidRequest
+        );
     }
 
     #[test]
     fn maps_statuses_to_kinds() {
-        let kind = |code: u16| status_error(StatusCode::from_u16(code).unwrap(), None, None, true).kind;
+        let kind =
+            |code: u16| status_error(StatusCode::from_u16(code).unwrap(), None, None, true).kind;
         assert_eq!(kind(401), LlmErrorKind::Unauthenticated);
         assert_eq!(kind(403), LlmErrorKind::Unauthenticated);
         assert_eq!(kind(429), LlmErrorKind::RateLimited);
@@ -503,7 +702,12 @@ mod tests {
 
     #[test]
     fn explains_rate_limits_with_retry_after() {
-        let err = status_error(StatusCode::TOO_MANY_REQUESTS, Some("slow down".to_owned()), Some(7), true);
+        let err = status_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            Some("slow down".to_owned()),
+            Some(7),
+            true,
+        );
         assert_eq!(
             err.message,
             "the LLM provider is rate limiting requests (HTTP 429); retry in 7s (provider said: \"slow down\")"
@@ -512,9 +716,18 @@ mod tests {
 
     #[test]
     fn extracts_and_truncates_provider_detail() {
-        assert_eq!(error_detail(r#"{"error":{"message":"bad  key"}}"#).as_deref(), Some("bad key"));
-        assert_eq!(error_detail(r#"{"message":"nope"}"#).as_deref(), Some("nope"));
-        assert_eq!(error_detail("<html>oops</html>").as_deref(), Some("<html>oops</html>"));
+        assert_eq!(
+            error_detail(r#"{"error":{"message":"bad  key"}}"#).as_deref(),
+            Some("bad key")
+        );
+        assert_eq!(
+            error_detail(r#"{"message":"nope"}"#).as_deref(),
+            Some("nope")
+        );
+        assert_eq!(
+            error_detail("<html>oops</html>").as_deref(),
+            Some("<html>oops</html>")
+        );
         assert_eq!(error_detail("  ").as_deref(), None);
         let long = error_detail(&"é".repeat(1000)).unwrap();
         assert_eq!(long.chars().count(), MAX_DETAIL_CHARS + 1);
@@ -522,17 +735,35 @@ mod tests {
 
     #[test]
     fn scrubs_the_key() {
-        let err = LlmError::new(LlmErrorKind::Unauthenticated, "bad key sk-secret-1 and sk-secret-1");
+        let err = LlmError::new(
+            LlmErrorKind::Unauthenticated,
+            "bad key sk-secret-1 and sk-secret-1",
+        );
         let scrubbed = scrub(err, Some("sk-secret-1"));
         assert_eq!(scrubbed.message, "bad key <redacted> and <redacted>");
     }
 
     #[test]
     fn classifies_provider_error_types() {
-        assert_eq!(provider_error(Some("overloaded_error"), None).kind, LlmErrorKind::Unavailable);
-        assert_eq!(provider_error(Some("rate_limit_error"), None).kind, LlmErrorKind::RateLimited);
-        assert_eq!(provider_error(Some("authentication_error"), None).kind, LlmErrorKind::Unauthenticated);
-        assert_eq!(provider_error(Some("invalid_request_error"), None).kind, LlmErrorKind::InvalidRequest);
-        assert_eq!(provider_error(None, Some("boom")).kind, LlmErrorKind::Unavailable);
+        assert_eq!(
+            provider_error(Some("overloaded_error"), None).kind,
+            LlmErrorKind::Unavailable
+        );
+        assert_eq!(
+            provider_error(Some("rate_limit_error"), None).kind,
+            LlmErrorKind::RateLimited
+        );
+        assert_eq!(
+            provider_error(Some("authentication_error"), None).kind,
+            LlmErrorKind::Unauthenticated
+        );
+        assert_eq!(
+            provider_error(Some("invalid_request_error"), None).kind,
+            LlmErrorKind::InvalidRequest
+        );
+        assert_eq!(
+            provider_error(None, Some("boom")).kind,
+            LlmErrorKind::Unavailable
+        );
     }
 }

@@ -1,0 +1,64 @@
+//! `mock-llm`: serves the mock LLM (Anthropic Messages and OpenAI Chat
+//! Completions, streaming) until Ctrl-C, for manual runs and benchmarks.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use avm_tests::mock_llm::{MockBehavior, MockFailure, MockLlm};
+use clap::Parser;
+
+/// Serves a mock LLM speaking the Anthropic and OpenAI streaming APIs.
+#[derive(Debug, Parser)]
+#[command(name = "mock-llm")]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
+    host: IpAddr,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 9000)]
+    port: u16,
+    /// Deltas in the default reply (`mock-0 mock-1 …`).
+    #[arg(long, default_value_t = 5)]
+    tokens: usize,
+    /// A fixed reply, streamed a word per delta (overrides --tokens).
+    #[arg(long)]
+    reply: Option<String>,
+    /// Milliseconds between two deltas.
+    #[arg(long, default_value_t = 0)]
+    interval_ms: u64,
+    /// Milliseconds before the first delta.
+    #[arg(long, default_value_t = 0)]
+    first_token_ms: u64,
+    /// Input token count to report (default: words of the request).
+    #[arg(long)]
+    input_tokens: Option<u64>,
+    /// A failure to act out: an HTTP status (e.g. 500), malformed, drop:N or hang.
+    #[arg(long)]
+    fail: Option<MockFailure>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let behavior = MockBehavior {
+        reply: args.reply,
+        tokens: args.tokens,
+        first_token_delay: Duration::from_millis(args.first_token_ms),
+        token_interval: Duration::from_millis(args.interval_ms),
+        input_tokens: args.input_tokens,
+        failure: args.fail,
+    };
+    let mock = MockLlm::start_on(SocketAddr::new(args.host, args.port), behavior).await?;
+    println!("mock LLM listening on {}", mock.addr());
+    println!(
+        "anthropic: LLM_PROVIDER=anthropic LLM_BASE_URL={} LLM_API_KEY=mock",
+        mock.anthropic_base_url()
+    );
+    println!(
+        "openai:    LLM_PROVIDER=openai LLM_BASE_URL={} LLM_API_KEY=mock",
+        mock.openai_base_url()
+    );
+    tokio::signal::ctrl_c().await?;
+    mock.shutdown().await;
+    Ok(())
+}
