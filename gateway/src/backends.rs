@@ -41,29 +41,44 @@ impl Backends {
             runtime: RuntimeServiceClient::new(runtime.clone())
                 .max_decoding_message_size(limit)
                 .max_encoding_message_size(limit),
-            channels: vec![("avm.session.v1.SessionService", session), ("avm.runtime.v1.RuntimeService", runtime)],
+            channels: vec![
+                ("avm.session.v1.SessionService", session),
+                ("avm.runtime.v1.RuntimeService", runtime),
+            ],
         }
     }
 
     /// Creates a container, or returns the existing one.
     pub async fn create_container(&self, ctx: &RequestContext, container_id: &str) -> Result<(Value, bool), ApiError> {
-        let request = ctx.request(ss::CreateContainerRequest { container_id: container_id.to_owned() });
+        let request = ctx.request(ss::CreateContainerRequest {
+            container_id: container_id.to_owned(),
+        });
         let response = self.session.clone().create_container(request).await?.into_inner();
-        let container = response.container.ok_or_else(|| ApiError::internal("no container returned"))?;
+        let container = response
+            .container
+            .ok_or_else(|| ApiError::internal("no container returned"))?;
         Ok((container_json(&container), response.created))
     }
 
     /// Returns a container.
     pub async fn get_container(&self, ctx: &RequestContext, container_id: &str) -> Result<Value, ApiError> {
-        let request = ctx.request(ss::GetContainerRequest { container_id: container_id.to_owned() });
+        let request = ctx.request(ss::GetContainerRequest {
+            container_id: container_id.to_owned(),
+        });
         let response = self.session.clone().get_container(request).await?.into_inner();
-        let container = response.container.ok_or_else(|| ApiError::internal("no container returned"))?;
+        let container = response
+            .container
+            .ok_or_else(|| ApiError::internal("no container returned"))?;
         Ok(container_json(&container))
     }
 
     /// Lists the caller's containers.
     pub async fn list_containers(&self, ctx: &RequestContext) -> Result<Vec<Value>, ApiError> {
-        let response = self.session.clone().list_containers(ctx.request(ss::ListContainersRequest {})).await?;
+        let response = self
+            .session
+            .clone()
+            .list_containers(ctx.request(ss::ListContainersRequest {}))
+            .await?;
         Ok(response.into_inner().containers.iter().map(container_json).collect())
     }
 
@@ -71,9 +86,13 @@ impl Backends {
     pub async fn delete_container(&self, ctx: &RequestContext, container_id: &str) -> Result<(), ApiError> {
         // Existence first, so a missing container is NOT_FOUND before anything is touched.
         self.get_container(ctx, container_id).await?;
-        let request = ctx.request(rt::DestroyAllAgentsRequest { container_id: container_id.to_owned() });
+        let request = ctx.request(rt::DestroyAllAgentsRequest {
+            container_id: container_id.to_owned(),
+        });
         self.runtime.clone().destroy_all_agents(request).await?;
-        let request = ctx.request(ss::DeleteContainerRequest { container_id: container_id.to_owned() });
+        let request = ctx.request(ss::DeleteContainerRequest {
+            container_id: container_id.to_owned(),
+        });
         self.session.clone().delete_container(request).await?;
         Ok(())
     }
@@ -108,11 +127,16 @@ impl Backends {
         let image = self.image(ctx, image_id).await?;
         let agents = self.agents_by_image(ctx, Some(&image.container_id)).await?;
         let session_id = image.session_id.clone();
-        Ok((image_record(&image, agents.get(&image.image_id).map(String::as_str)), session_id))
+        Ok((
+            image_record(&image, agents.get(&image.image_id).map(String::as_str)),
+            session_id,
+        ))
     }
 
     async fn image(&self, ctx: &RequestContext, image_id: &str) -> Result<ss::Image, ApiError> {
-        let request = ctx.request(ss::GetImageRequest { image_id: image_id.to_owned() });
+        let request = ctx.request(ss::GetImageRequest {
+            image_id: image_id.to_owned(),
+        });
         let image = self.session.clone().get_image(request).await?.into_inner().image;
         image.ok_or_else(|| ApiError::internal("no image returned"))
     }
@@ -126,12 +150,19 @@ impl Backends {
         if let Some(id) = container_id {
             self.get_container(ctx, id).await?;
         }
-        let request = ctx.request(ss::ListImagesRequest { container_id: container_id.map(str::to_owned) });
+        let request = ctx.request(ss::ListImagesRequest {
+            container_id: container_id.map(str::to_owned),
+        });
         let images = self.session.clone().list_images(request).await?.into_inner().images;
         let agents = self.agents_by_image(ctx, container_id).await?;
         Ok(images
             .iter()
-            .map(|image| (image_record(image, agents.get(&image.image_id).map(String::as_str)), image.session_id.clone()))
+            .map(|image| {
+                (
+                    image_record(image, agents.get(&image.image_id).map(String::as_str)),
+                    image.session_id.clone(),
+                )
+            })
             .collect())
     }
 
@@ -141,7 +172,10 @@ impl Backends {
         container_id: Option<&str>,
     ) -> Result<HashMap<String, String>, ApiError> {
         let agents = self.list_agents(ctx, container_id).await?;
-        Ok(agents.into_iter().map(|agent| (agent.image_id, agent.agent_id)).collect())
+        Ok(agents
+            .into_iter()
+            .map(|agent| (agent.image_id, agent.agent_id))
+            .collect())
     }
 
     /// Changes an image's name or description.
@@ -152,23 +186,33 @@ impl Backends {
         name: Option<String>,
         description: Option<String>,
     ) -> Result<Value, ApiError> {
-        let request = ctx.request(ss::UpdateImageRequest { image_id: image_id.to_owned(), name, description });
+        let request = ctx.request(ss::UpdateImageRequest {
+            image_id: image_id.to_owned(),
+            name,
+            description,
+        });
         self.session.clone().update_image(request).await?;
         Ok(self.get_image(ctx, image_id).await?.0)
     }
 
     /// Stops an image's agent and deletes the image with its session and messages.
     pub async fn delete_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(), ApiError> {
-        let request = ctx.request(rt::StopImageRequest { image_id: image_id.to_owned() });
+        let request = ctx.request(rt::StopImageRequest {
+            image_id: image_id.to_owned(),
+        });
         self.runtime.clone().stop_image(request).await?;
-        let request = ctx.request(ss::DeleteImageRequest { image_id: image_id.to_owned() });
+        let request = ctx.request(ss::DeleteImageRequest {
+            image_id: image_id.to_owned(),
+        });
         self.session.clone().delete_image(request).await?;
         Ok(())
     }
 
     /// Starts an image's agent.
     pub async fn run_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(rt::Agent, bool), ApiError> {
-        let request = ctx.request(rt::RunImageRequest { image_id: image_id.to_owned() });
+        let request = ctx.request(rt::RunImageRequest {
+            image_id: image_id.to_owned(),
+        });
         let response = self.runtime.clone().run_image(request).await?.into_inner();
         let agent = response.agent.ok_or_else(|| ApiError::internal("no agent returned"))?;
         Ok((agent, response.reused))
@@ -176,14 +220,18 @@ impl Backends {
 
     /// Stops an image's agent; `false` when none was running.
     pub async fn stop_image(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, ApiError> {
-        let request = ctx.request(rt::StopImageRequest { image_id: image_id.to_owned() });
+        let request = ctx.request(rt::StopImageRequest {
+            image_id: image_id.to_owned(),
+        });
         Ok(self.runtime.clone().stop_image(request).await?.into_inner().stopped)
     }
 
     /// Returns an image's messages as protocol message objects, in stored order.
     pub async fn messages(&self, ctx: &RequestContext, image_id: &str) -> Result<Vec<Value>, ApiError> {
         let image = self.image(ctx, image_id).await?;
-        let request = ctx.request(ss::ListMessagesRequest { session_id: image.session_id });
+        let request = ctx.request(ss::ListMessagesRequest {
+            session_id: image.session_id,
+        });
         let messages = self.session.clone().list_messages(request).await?.into_inner().messages;
         Ok(messages.iter().map(avm_common::wire::message_object).collect())
     }
@@ -195,12 +243,15 @@ impl Backends {
         image_id: &str,
         content: &Value,
     ) -> Result<(rt::SendMessageAccepted, tonic::Streaming<rt::SendMessageResponse>), ApiError> {
-        let request = ctx.request(rt::SendMessageRequest { image_id: image_id.to_owned(), content_json: content.to_string() });
+        let request = ctx.request(rt::SendMessageRequest {
+            image_id: image_id.to_owned(),
+            content_json: content.to_string(),
+        });
         let mut stream = self.runtime.clone().send_message(request).await?.into_inner();
         match stream.message().await? {
-            Some(rt::SendMessageResponse { kind: Some(rt::send_message_response::Kind::Accepted(accepted)) }) => {
-                Ok((accepted, stream))
-            }
+            Some(rt::SendMessageResponse {
+                kind: Some(rt::send_message_response::Kind::Accepted(accepted)),
+            }) => Ok((accepted, stream)),
             _ => Err(ApiError::internal("runtime did not accept the message")),
         }
     }
@@ -219,7 +270,9 @@ impl Backends {
 
     /// Returns one agent.
     pub async fn get_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<rt::Agent, ApiError> {
-        let request = ctx.request(rt::GetAgentRequest { agent_id: agent_id.to_owned() });
+        let request = ctx.request(rt::GetAgentRequest {
+            agent_id: agent_id.to_owned(),
+        });
         let agent = self.runtime.clone().get_agent(request).await?.into_inner().agent;
         agent.ok_or_else(|| ApiError::internal("no agent returned"))
     }
@@ -234,14 +287,22 @@ impl Backends {
     }
 
     /// Lists running agents.
-    pub async fn list_agents(&self, ctx: &RequestContext, container_id: Option<&str>) -> Result<Vec<rt::Agent>, ApiError> {
-        let request = ctx.request(rt::ListAgentsRequest { container_id: container_id.map(str::to_owned) });
+    pub async fn list_agents(
+        &self,
+        ctx: &RequestContext,
+        container_id: Option<&str>,
+    ) -> Result<Vec<rt::Agent>, ApiError> {
+        let request = ctx.request(rt::ListAgentsRequest {
+            container_id: container_id.map(str::to_owned),
+        });
         Ok(self.runtime.clone().list_agents(request).await?.into_inner().agents)
     }
 
     /// Stops and forgets an agent.
     pub async fn destroy_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<(), ApiError> {
-        let request = ctx.request(rt::DestroyAgentRequest { agent_id: agent_id.to_owned() });
+        let request = ctx.request(rt::DestroyAgentRequest {
+            agent_id: agent_id.to_owned(),
+        });
         self.runtime.clone().destroy_agent(request).await?;
         Ok(())
     }
@@ -249,8 +310,16 @@ impl Backends {
     /// Stops every agent of a container.
     pub async fn destroy_all_agents(&self, ctx: &RequestContext, container_id: &str) -> Result<u32, ApiError> {
         self.get_container(ctx, container_id).await?;
-        let request = ctx.request(rt::DestroyAllAgentsRequest { container_id: container_id.to_owned() });
-        Ok(self.runtime.clone().destroy_all_agents(request).await?.into_inner().destroyed)
+        let request = ctx.request(rt::DestroyAllAgentsRequest {
+            container_id: container_id.to_owned(),
+        });
+        Ok(self
+            .runtime
+            .clone()
+            .destroy_all_agents(request)
+            .await?
+            .into_inner()
+            .destroyed)
     }
 
     /// Opens a session's event stream after an optional cursor.
@@ -260,7 +329,10 @@ impl Backends {
         session_id: &str,
         after_cursor: Option<String>,
     ) -> Result<tonic::Streaming<rt::SubscribeEventsResponse>, ApiError> {
-        let request = ctx.request(rt::SubscribeEventsRequest { session_id: session_id.to_owned(), after_cursor });
+        let request = ctx.request(rt::SubscribeEventsRequest {
+            session_id: session_id.to_owned(),
+            after_cursor,
+        });
         Ok(self.runtime.clone().subscribe_events(request).await?.into_inner())
     }
 
@@ -269,7 +341,9 @@ impl Backends {
         let mut failing = Vec::new();
         for (name, channel) in &self.channels {
             let mut client = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-            let request = tonic_health::pb::HealthCheckRequest { service: (*name).to_owned() };
+            let request = tonic_health::pb::HealthCheckRequest {
+                service: (*name).to_owned(),
+            };
             let serving = matches!(
                 tokio::time::timeout(std::time::Duration::from_secs(2), client.check(request)).await,
                 Ok(Ok(response)) if response.get_ref().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
@@ -316,7 +390,11 @@ pub fn image_record(image: &ss::Image, agent_id: Option<&str>) -> Value {
 
 /// Renders an agent as `{agentId, containerId, imageId, sessionId, state}`.
 pub fn agent_json(agent: &rt::Agent) -> Value {
-    let state = if agent.state == rt::AgentState::Running as i32 { "running" } else { "idle" };
+    let state = if agent.state == rt::AgentState::Running as i32 {
+        "running"
+    } else {
+        "idle"
+    };
     json!({
         "agentId": agent.agent_id,
         "containerId": agent.container_id,

@@ -41,5 +41,7 @@ pub async fn serve(
         shutdown: shutdown.clone(),
     });
     let app = rest::router(state);
-    axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
 }

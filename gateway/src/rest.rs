@@ -36,7 +36,10 @@ pub fn router(state: Arc<GatewayState>) -> Router {
         .route("/v1/containers", post(create_container).get(list_containers))
         .route("/v1/containers/{id}", get(get_container).delete(delete_container))
         .route("/v1/containers/{id}/images", post(create_image).get(list_images))
-        .route("/v1/images/{id}", get(get_image).patch(update_image).delete(delete_image))
+        .route(
+            "/v1/images/{id}",
+            get(get_image).patch(update_image).delete(delete_image),
+        )
         .route("/v1/images/{id}/run", post(run_image))
         .route("/v1/images/{id}/stop", post(stop_image))
         .route("/v1/images/{id}/messages", get(list_messages).post(send_message))
@@ -79,7 +82,9 @@ pub fn error_response(err: &ApiError, request_id: &str) -> Response {
 
 fn with_request_id(mut response: Response, request_id: &str) -> Response {
     if let Ok(value) = HeaderValue::from_str(request_id) {
-        response.headers_mut().insert(avm_common::context::REQUEST_ID_HEADER, value);
+        response
+            .headers_mut()
+            .insert(avm_common::context::REQUEST_ID_HEADER, value);
     }
     response
 }
@@ -115,16 +120,27 @@ async fn ready(State(state): AppState) -> Response {
     if failing.is_empty() {
         axum::Json(json!({"status": "ready"})).into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": "not_ready", "failing": failing}))).into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "not_ready", "failing": failing})),
+        )
+            .into_response()
     }
 }
 
 async fn not_found(Ctx(ctx): Ctx) -> Response {
-    error_response(&ApiError::not_found("ROUTE_NOT_FOUND", "no such route"), &ctx.request_id)
+    error_response(
+        &ApiError::not_found("ROUTE_NOT_FOUND", "no such route"),
+        &ctx.request_id,
+    )
 }
 
 async fn method_not_allowed(Ctx(ctx): Ctx) -> Response {
-    let err = ApiError::new(avm_common::Code::InvalidArgument, "METHOD_NOT_ALLOWED", "method not allowed on this route");
+    let err = ApiError::new(
+        avm_common::Code::InvalidArgument,
+        "METHOD_NOT_ALLOWED",
+        "method not allowed on this route",
+    );
     let mut response = error_response(&err, &ctx.request_id);
     *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
     response
@@ -147,7 +163,11 @@ async fn create_container(State(state): AppState, Ctx(ctx): Ctx, body: Result<By
 }
 
 async fn list_containers(State(state): AppState, Ctx(ctx): Ctx) -> Response {
-    let result = state.backends.list_containers(&ctx).await.map(|containers| json!({"containers": containers}));
+    let result = state
+        .backends
+        .list_containers(&ctx)
+        .await
+        .map(|containers| json!({"containers": containers}));
     reply(&ctx, StatusCode::OK, result)
 }
 
@@ -156,7 +176,11 @@ async fn get_container(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<Str
 }
 
 async fn delete_container(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
-    let result = state.backends.delete_container(&ctx, &id).await.map(|()| json!({"containerId": id, "deleted": true}));
+    let result = state
+        .backends
+        .delete_container(&ctx, &id)
+        .await
+        .map(|()| json!({"containerId": id, "deleted": true}));
     reply(&ctx, StatusCode::OK, result)
 }
 
@@ -169,22 +193,34 @@ async fn create_image(
     let result = async {
         let body = json_body(body)?;
         let config = image_config(Some(&body))?;
-        state.backends.create_image(&ctx, &container_id, config).await.map(|(record, _)| record)
+        state
+            .backends
+            .create_image(&ctx, &container_id, config)
+            .await
+            .map(|(record, _)| record)
     }
     .await;
     reply(&ctx, StatusCode::CREATED, result)
 }
 
 async fn list_images(State(state): AppState, Ctx(ctx): Ctx, Path(container_id): Path<String>) -> Response {
-    let result = state.backends.list_images(&ctx, Some(&container_id)).await.map(|images| {
-        let records: Vec<Value> = images.into_iter().map(|(record, _)| record).collect();
-        json!({"images": records})
-    });
+    let result = state
+        .backends
+        .list_images(&ctx, Some(&container_id))
+        .await
+        .map(|images| {
+            let records: Vec<Value> = images.into_iter().map(|(record, _)| record).collect();
+            json!({"images": records})
+        });
     reply(&ctx, StatusCode::OK, result)
 }
 
 async fn get_image(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
-    reply(&ctx, StatusCode::OK, state.backends.get_image(&ctx, &id).await.map(|(record, _)| record))
+    reply(
+        &ctx,
+        StatusCode::OK,
+        state.backends.get_image(&ctx, &id).await.map(|(record, _)| record),
+    )
 }
 
 async fn update_image(
@@ -204,7 +240,11 @@ async fn update_image(
 }
 
 async fn delete_image(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
-    let result = state.backends.delete_image(&ctx, &id).await.map(|()| json!({"imageId": id, "deleted": true}));
+    let result = state
+        .backends
+        .delete_image(&ctx, &id)
+        .await
+        .map(|()| json!({"imageId": id, "deleted": true}));
     reply(&ctx, StatusCode::OK, result)
 }
 
@@ -218,22 +258,35 @@ async fn run_image(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>
 }
 
 async fn stop_image(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
-    let result = state.backends.stop_image(&ctx, &id).await.map(|stopped| json!({"imageId": id, "stopped": stopped}));
+    let result = state
+        .backends
+        .stop_image(&ctx, &id)
+        .await
+        .map(|stopped| json!({"imageId": id, "stopped": stopped}));
     reply(&ctx, StatusCode::OK, result)
 }
 
 async fn list_messages(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
-    let result = state.backends.messages(&ctx, &id).await.map(|messages| json!({"imageId": id, "messages": messages}));
+    let result = state
+        .backends
+        .messages(&ctx, &id)
+        .await
+        .map(|messages| json!({"imageId": id, "messages": messages}));
     reply(&ctx, StatusCode::OK, result)
 }
 
 fn sse_event(event: &rt::Event) -> Event {
-    Event::default().id(event.cursor.clone()).event(event.r#type.clone()).data(event_frame(event))
+    Event::default()
+        .id(event.cursor.clone())
+        .event(event.r#type.clone())
+        .data(event_frame(event))
 }
 
 fn sse_error(status: &tonic::Status) -> Event {
     let err = ApiError::from_status(status);
-    Event::default().event("system_error").data(system_error_frame(&err, None))
+    Event::default()
+        .event("system_error")
+        .data(system_error_frame(&err, None))
 }
 
 /// Sends a message and streams the turn as server-sent events, each with `id: <cursor>`.
@@ -247,7 +300,12 @@ async fn send_message(
         let body = json_body(body)?;
         let content = match body.get("content") {
             Some(content @ (Value::String(_) | Value::Array(_))) => content.clone(),
-            Some(_) => return Err(ApiError::invalid("INVALID_CONTENT", "content must be a string or a list of parts")),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "INVALID_CONTENT",
+                    "content must be a string or a list of parts",
+                ));
+            }
             None => return Err(ApiError::invalid("MISSING_FIELD", "content is required")),
         };
         state.backends.send_message(&ctx, &id, &content).await
@@ -257,16 +315,20 @@ async fn send_message(
         Ok(accepted) => accepted,
         Err(err) => return error_response(&err, &ctx.request_id),
     };
-    let agent_id = accepted.agent.as_ref().map(|agent| agent.agent_id.clone()).unwrap_or_default();
+    let agent_id = accepted
+        .agent
+        .as_ref()
+        .map(|agent| agent.agent_id.clone())
+        .unwrap_or_default();
     let first = Event::default().event("message_send_response").data(
         json!({"imageId": id, "agentId": agent_id, "userMessageId": accepted.user_message_id, "cursor": accepted.cursor})
             .to_string(),
     );
     let events = stream.filter_map(|item| async move {
         match item {
-            Ok(rt::SendMessageResponse { kind: Some(rt::send_message_response::Kind::Event(event)) }) => {
-                Some(sse_event(&event))
-            }
+            Ok(rt::SendMessageResponse {
+                kind: Some(rt::send_message_response::Kind::Event(event)),
+            }) => Some(sse_event(&event)),
             Ok(_) => None,
             Err(status) => Some(sse_error(&status)),
         }
@@ -276,7 +338,10 @@ async fn send_message(
 
 fn sse(events: impl Stream<Item = Event> + Send + 'static, ctx: &RequestContext) -> Response {
     let stream = events.map(Ok::<_, Infallible>);
-    with_request_id(Sse::new(stream).keep_alive(KeepAlive::default()).into_response(), &ctx.request_id)
+    with_request_id(
+        Sse::new(stream).keep_alive(KeepAlive::default()).into_response(),
+        &ctx.request_id,
+    )
 }
 
 /// Query of `GET /v1/images/{id}/events`.
@@ -295,9 +360,12 @@ async fn image_events(
 ) -> Response {
     let result = async {
         let Query(query) = query.map_err(|_| ApiError::invalid("INVALID_QUERY", "invalid query string"))?;
-        let after = query
-            .after
-            .or_else(|| headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_owned));
+        let after = query.after.or_else(|| {
+            headers
+                .get("last-event-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        });
         let (_, session_id) = state.backends.get_image(&ctx, &id).await?;
         state.backends.subscribe(&ctx, &session_id, after).await
     }
@@ -319,9 +387,11 @@ async fn image_events(
 
 async fn interrupt(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
     let target = rt::interrupt_agent_request::Target::ImageId(id.clone());
-    let result = state.backends.interrupt(&ctx, target).await.map(|(agent, interrupted)| {
-        json!({"imageId": id, "agentId": agent.agent_id, "interrupted": interrupted})
-    });
+    let result = state
+        .backends
+        .interrupt(&ctx, target)
+        .await
+        .map(|(agent, interrupted)| json!({"imageId": id, "agentId": agent.agent_id, "interrupted": interrupted}));
     reply(&ctx, StatusCode::OK, result)
 }
 
@@ -347,10 +417,22 @@ async fn list_agents(
 }
 
 async fn get_agent(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
-    reply(&ctx, StatusCode::OK, state.backends.get_agent(&ctx, &id).await.map(|agent| agent_json(&agent)))
+    reply(
+        &ctx,
+        StatusCode::OK,
+        state
+            .backends
+            .get_agent(&ctx, &id)
+            .await
+            .map(|agent| agent_json(&agent)),
+    )
 }
 
 async fn destroy_agent(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
-    let result = state.backends.destroy_agent(&ctx, &id).await.map(|()| json!({"agentId": id, "destroyed": true}));
+    let result = state
+        .backends
+        .destroy_agent(&ctx, &id)
+        .await
+        .map(|()| json!({"agentId": id, "destroyed": true}));
     reply(&ctx, StatusCode::OK, result)
 }

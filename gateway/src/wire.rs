@@ -9,7 +9,11 @@ fn classify(kind: &str) -> (&'static str, &'static str) {
     match kind {
         "message_start" | "text_delta" | "tool_use_start" | "input_json_delta" | "tool_use_stop" | "message_delta"
         | "message_stop" | "tool_result" | "error_received" => ("agent", "stream"),
-        "conversation_start" | "conversation_responding" | "conversation_end" | "tool_planned" | "tool_executing"
+        "conversation_start"
+        | "conversation_responding"
+        | "conversation_end"
+        | "tool_planned"
+        | "tool_executing"
         | "error_occurred" => ("agent", "state"),
         "assistant_message" | "tool_call_message" | "tool_result_message" | "error_message" => ("agent", "message"),
         "interrupted" => ("agent", "lifecycle"),
@@ -29,7 +33,11 @@ pub fn event_frame(event: &rt::Event) -> String {
     let context = event.context.as_ref().map_or(Value::Null, |c| {
         json!({"containerId": c.container_id, "imageId": c.image_id, "agentId": c.agent_id, "sessionId": c.session_id})
     });
-    let data = if event.data_json.is_empty() { "{}" } else { event.data_json.as_str() };
+    let data = if event.data_json.is_empty() {
+        "{}"
+    } else {
+        event.data_json.as_str()
+    };
     format!(
         r#"{{"type":{},"timestamp":{},"data":{},"source":"{}","category":"{}","intent":"notification","context":{},"cursor":{}}}"#,
         Value::String(event.r#type.clone()),

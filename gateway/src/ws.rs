@@ -40,10 +40,18 @@ pub struct WsQuery {
 }
 
 /// Upgrades to a WebSocket with small buffers (an idle connection stays a few KiB).
-pub async fn upgrade(State(state): State<Arc<GatewayState>>, Query(query): Query<WsQuery>, ws: WebSocketUpgrade) -> Response {
+pub async fn upgrade(
+    State(state): State<Arc<GatewayState>>,
+    Query(query): Query<WsQuery>,
+    ws: WebSocketUpgrade,
+) -> Response {
     let config = &state.config;
     if state.connections.load(Ordering::Relaxed) >= config.max_connections {
-        let err = ApiError::new(Code::ResourceExhausted, "TOO_MANY_CONNECTIONS", "the gateway is at its connection limit");
+        let err = ApiError::new(
+            Code::ResourceExhausted,
+            "TOO_MANY_CONNECTIONS",
+            "the gateway is at its connection limit",
+        );
         return crate::rest::error_response(&err, &avm_common::ids::new_id("req"));
     }
     // Frames up to the transport limit are read whole, so even a frame that
@@ -72,7 +80,12 @@ enum Completion {
     Reply(String),
     /// A `message_send_request` ended; held events of `key` are released
     /// around the response (those up to `cursor` first).
-    Sent { key: String, session_id: Option<String>, cursor: Option<u64>, frame: String },
+    Sent {
+        key: String,
+        session_id: Option<String>,
+        cursor: Option<u64>,
+        frame: String,
+    },
 }
 
 /// Why the loop ends.
@@ -151,7 +164,10 @@ impl Connection {
             }
         };
         if let Exit::Close(code, reason) = exit {
-            let frame = CloseFrame { code, reason: Utf8Bytes::from_static(reason) };
+            let frame = CloseFrame {
+                code,
+                reason: Utf8Bytes::from_static(reason),
+            };
             let _ = tokio::time::timeout(config.send_timeout, socket.send(Message::Close(Some(frame)))).await;
         }
         tracing::debug!(conn_id = %self.id, "websocket closed");
@@ -219,7 +235,11 @@ impl Connection {
             }
         };
         if !self.within_rate() {
-            let err = ApiError::new(Code::ResourceExhausted, "RATE_LIMITED", "too many frames per second on this connection");
+            let err = ApiError::new(
+                Code::ResourceExhausted,
+                "RATE_LIMITED",
+                "too many frames per second on this connection",
+            );
             return self.send(socket, system_error_frame(&err, None)).await;
         }
         let limit = self.state.config.max_frame_bytes;
@@ -290,7 +310,11 @@ impl Connection {
             return self.send(socket, system_error_frame(&err, None)).await;
         };
         if !subscriptions.contains_key(session_id) && subscriptions.len() >= self.state.config.max_subscriptions {
-            let err = ApiError::new(Code::ResourceExhausted, "TOO_MANY_SUBSCRIPTIONS", "this connection has too many subscriptions");
+            let err = ApiError::new(
+                Code::ResourceExhausted,
+                "TOO_MANY_SUBSCRIPTIONS",
+                "this connection has too many subscriptions",
+            );
             return self.send(socket, system_error_frame(&err, None)).await;
         }
         let after = match value.get("afterCursor") {
@@ -328,11 +352,18 @@ impl Connection {
             return self.send(socket, error_response_frame(&name, &request_id, &err)).await;
         }
         if requests.len() >= self.state.config.max_requests_in_flight {
-            let err = ApiError::new(Code::ResourceExhausted, "TOO_MANY_REQUESTS", "too many requests in flight on this connection");
+            let err = ApiError::new(
+                Code::ResourceExhausted,
+                "TOO_MANY_REQUESTS",
+                "too many requests in flight on this connection",
+            );
             return self.send(socket, error_response_frame(&name, &request_id, &err)).await;
         }
         let backends = self.state.backends.clone();
-        let ctx = RequestContext { request_id: avm_common::ids::new_id("req"), ..self.ctx.clone() };
+        let ctx = RequestContext {
+            request_id: avm_common::ids::new_id("req"),
+            ..self.ctx.clone()
+        };
         if name == "message_send" {
             let key = ["imageId", "agentId"]
                 .iter()
@@ -368,15 +399,15 @@ impl Connection {
         Ok(())
     }
 
-    async fn on_completion(
-        &mut self,
-        done: Completion,
-        subscribed: bool,
-        socket: &mut WebSocket,
-    ) -> Result<(), Exit> {
+    async fn on_completion(&mut self, done: Completion, subscribed: bool, socket: &mut WebSocket) -> Result<(), Exit> {
         match done {
             Completion::Reply(frame) => self.send(socket, frame).await,
-            Completion::Sent { key, session_id, cursor, frame } => {
+            Completion::Sent {
+                key,
+                session_id,
+                cursor,
+                frame,
+            } => {
                 // Wait for the subscription to catch up with the acceptance, so
                 // the response follows `message_persisted` and precedes the turn.
                 if let (Some(session_id), Some(cursor)) = (session_id, cursor)
@@ -392,7 +423,13 @@ impl Connection {
     }
 
     /// Sends a conversation's held events up to `cursor`, the response, then the rest.
-    async fn release(&mut self, socket: &mut WebSocket, key: &str, cursor: Option<u64>, frame: String) -> Result<(), Exit> {
+    async fn release(
+        &mut self,
+        socket: &mut WebSocket,
+        key: &str,
+        cursor: Option<u64>,
+        frame: String,
+    ) -> Result<(), Exit> {
         let held = self.held.remove(key).unwrap_or_default();
         self.held_count -= held.len();
         let (before, after): (Vec<_>, Vec<_>) = held
@@ -428,13 +465,19 @@ impl Connection {
         let seen = self.seen.entry(session_id.to_owned()).or_default();
         *seen = (*seen).max(cursor);
         let key = event.context.as_ref().and_then(|context| {
-            [&context.image_id, &context.agent_id].into_iter().find(|id| self.held.contains_key(id.as_str())).cloned()
+            [&context.image_id, &context.agent_id]
+                .into_iter()
+                .find(|id| self.held.contains_key(id.as_str()))
+                .cloned()
         });
         let Some(key) = key else {
             return self.send(socket, event_frame(&event)).await;
         };
         if self.held_count >= self.state.config.max_held_events {
-            return Err(Exit::Close(close_code::POLICY, "too many events held for a pending request"));
+            return Err(Exit::Close(
+                close_code::POLICY,
+                "too many events held for a pending request",
+            ));
         }
         self.held_count += 1;
         self.held.entry(key.clone()).or_default().push(event);
@@ -460,13 +503,22 @@ async fn message_send(
     };
     let content = match data.get("content") {
         Some(content @ (Value::String(_) | Value::Array(_))) => content,
-        Some(_) => return Err(ApiError::invalid("INVALID_CONTENT", "content must be a string or a list of parts")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "INVALID_CONTENT",
+                "content must be a string or a list of parts",
+            ));
+        }
         None => return Err(ApiError::invalid("MISSING_FIELD", "content is required")),
     };
     // The turn's events reach subscribers through their subscriptions; the
     // stream of this call is dropped, and the turn goes on without it.
     let (accepted, _events) = backends.send_message(ctx, &image_id, content).await?;
-    let agent_id = accepted.agent.as_ref().map(|agent| agent.agent_id.clone()).unwrap_or_default();
+    let agent_id = accepted
+        .agent
+        .as_ref()
+        .map(|agent| agent.agent_id.clone())
+        .unwrap_or_default();
     Ok((accepted, json!({"imageId": image_id, "agentId": agent_id})))
 }
 
@@ -518,7 +570,12 @@ async fn handle(backends: &Backends, ctx: &RequestContext, name: &str, data: &Va
                 return Err(ApiError::invalid("MISSING_FIELD", "updates must be an object"));
             }
             let record = backends
-                .update_image(ctx, &image_id, opt_str(updates, "name")?, opt_str(updates, "description")?)
+                .update_image(
+                    ctx,
+                    &image_id,
+                    opt_str(updates, "name")?,
+                    opt_str(updates, "description")?,
+                )
                 .await?;
             Ok(json!({"record": record}))
         }
@@ -578,7 +635,10 @@ async fn handle(backends: &Backends, ctx: &RequestContext, name: &str, data: &Va
             backends.destroy_all_agents(ctx, &container_id).await?;
             Ok(json!({"containerId": container_id}))
         }
-        _ => Err(ApiError::invalid("UNKNOWN_REQUEST", format!("unknown request type {name}_request"))),
+        _ => Err(ApiError::invalid(
+            "UNKNOWN_REQUEST",
+            format!("unknown request type {name}_request"),
+        )),
     }
 }
 

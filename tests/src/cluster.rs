@@ -44,7 +44,13 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { llm: Llm::Offline, database_url: None, agent_idle_timeout: None, max_frame_bytes: None, llm_idle_timeout: None }
+        Self {
+            llm: Llm::Offline,
+            database_url: None,
+            agent_idle_timeout: None,
+            max_frame_bytes: None,
+            llm_idle_timeout: None,
+        }
     }
 }
 
@@ -59,8 +65,13 @@ impl Options {
 pub const TEST_API_KEY: &str = "sk-test-canary-3f1c9a";
 
 enum Running {
-    InProcess { shutdown: CancellationToken, task: tokio::task::JoinHandle<anyhow::Result<()>> },
-    Processes { children: Vec<Child> },
+    InProcess {
+        shutdown: CancellationToken,
+        task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    },
+    Processes {
+        children: Vec<Child>,
+    },
 }
 
 /// A started cluster; stopped when dropped.
@@ -127,7 +138,9 @@ impl Cluster {
         match self.running.take() {
             Some(Running::InProcess { shutdown, task }) => {
                 shutdown.cancel();
-                tokio::time::timeout(Duration::from_secs(20), task).await.context("serve did not stop")???;
+                tokio::time::timeout(Duration::from_secs(20), task)
+                    .await
+                    .context("serve did not stop")???;
             }
             Some(Running::Processes { mut children }) => {
                 // Gateway first, session last, as a rolling stop would.
@@ -194,7 +207,10 @@ impl Cluster {
             ("AVM_SERVER_DATA_DIR".into(), config.server.data_dir.clone()),
         ];
         if let Some(timeout) = self.options.agent_idle_timeout {
-            env.push(("AVM_RUNTIME_AGENT_IDLE_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
+            env.push((
+                "AVM_RUNTIME_AGENT_IDLE_TIMEOUT".into(),
+                format!("{}ms", timeout.as_millis()),
+            ));
         }
         if let Some(limit) = self.options.max_frame_bytes {
             env.push(("AVM_GATEWAY_MAX_FRAME_BYTES".into(), limit.to_string()));
@@ -273,18 +289,29 @@ impl Drop for Cluster {
 /// the running tests (a no-op when cargo already built it).
 pub fn avm_binary() -> anyhow::Result<PathBuf> {
     static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BINARY.get_or_init(|| build_avm().map_err(|err| format!("{err:#}"))).clone().map_err(anyhow::Error::msg)
+    BINARY
+        .get_or_init(|| build_avm().map_err(|err| format!("{err:#}")))
+        .clone()
+        .map_err(anyhow::Error::msg)
 }
 
 fn build_avm() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     // Test binaries live in <target>/<profile>/deps/.
-    let profile_dir = exe.parent().and_then(Path::parent).context("unexpected test binary location")?;
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("unexpected test binary location")?;
     let target_dir = profile_dir.parent().context("unexpected test binary location")?;
-    let profile = profile_dir.file_name().and_then(|name| name.to_str()).unwrap_or("debug");
+    let profile = profile_dir
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or("debug");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = std::process::Command::new(cargo);
-    command.args(["build", "--quiet", "--package", "avm", "--bin", "avm", "--target-dir"]).arg(target_dir);
+    command
+        .args(["build", "--quiet", "--package", "avm", "--bin", "avm", "--target-dir"])
+        .arg(target_dir);
     if profile != "debug" {
         command.args(["--profile", if profile == "release" { "release" } else { profile }]);
     }
@@ -311,8 +338,14 @@ async fn spawn_component(component: &str, env: &[(String, String)]) -> anyhow::R
         }
     }
     command.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    command.stdout(Stdio::piped()).stderr(Stdio::inherit()).stdin(Stdio::null()).kill_on_drop(true);
-    let mut child = command.spawn().with_context(|| format!("cannot spawn avm {component}"))?;
+    command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("cannot spawn avm {component}"))?;
     let stdout = child.stdout.take().context("no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     let url = tokio::time::timeout(Duration::from_secs(20), async {
@@ -338,7 +371,9 @@ async fn terminate(child: &mut Child) -> anyhow::Result<()> {
     if !status.success() {
         bail!("kill -TERM {pid} failed");
     }
-    let exit = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.context("process did not stop")??;
+    let exit = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .context("process did not stop")??;
     if !exit.success() {
         bail!("process exited with {exit}");
     }

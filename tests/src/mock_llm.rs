@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -50,9 +50,6 @@ pub struct RecordedRequest {
     pub api_key: Option<String>,
     /// The `anthropic-version` header.
     pub anthropic_version: Option<String>,
-    /// The client's address: requests from one address came over one
-    /// connection, which shows whether a driver reuses its connections.
-    pub peer: SocketAddr,
 }
 
 /// How the mock answers.
@@ -205,9 +202,7 @@ impl MockLlm {
             .with_state(shared.clone());
         let shutdown = shared.shutdown.clone();
         let server = tokio::spawn(async move {
-            let service = router.into_make_service_with_connect_info::<SocketAddr>();
-            let serve =
-                axum::serve(listener, service).with_graceful_shutdown(shutdown.cancelled_owned());
+            let serve = axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned());
             if let Err(err) = serve.await {
                 tracing::warn!(error = %err, "mock llm server failed");
             }
@@ -236,11 +231,7 @@ impl MockLlm {
 
     /// Replaces the behaviour for the requests that follow.
     pub fn set_behavior(&self, behavior: MockBehavior) {
-        *self
-            .shared
-            .behavior
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = behavior;
+        *self.shared.behavior.lock().unwrap_or_else(PoisonError::into_inner) = behavior;
     }
 
     /// Returns the requests received so far, oldest first.
@@ -258,11 +249,7 @@ impl MockLlm {
     }
 
     /// Waits until `n` requests have arrived and returns them all.
-    pub async fn wait_for_requests(
-        &self,
-        n: usize,
-        timeout: Duration,
-    ) -> anyhow::Result<Vec<RecordedRequest>> {
+    pub async fn wait_for_requests(&self, n: usize, timeout: Duration) -> anyhow::Result<Vec<RecordedRequest>> {
         self.wait_for_stats(|stats| stats.requests >= n, timeout)
             .await
             .with_context(|| format!("waiting for {n} requests"))?;
@@ -270,11 +257,7 @@ impl MockLlm {
     }
 
     /// Waits until `n` streams have been cut short by their client going away.
-    pub async fn wait_for_cancelled(
-        &self,
-        n: usize,
-        timeout: Duration,
-    ) -> anyhow::Result<MockStats> {
+    pub async fn wait_for_cancelled(&self, n: usize, timeout: Duration) -> anyhow::Result<MockStats> {
         self.wait_for_stats(|stats| stats.streams_cancelled >= n, timeout)
             .await
             .with_context(|| format!("waiting for {n} cancelled streams"))
@@ -318,31 +301,15 @@ impl Shared {
     }
 }
 
-async fn anthropic_messages(
-    State(shared): State<Arc<Shared>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    answer(shared, MockApi::Anthropic, peer, &headers, &body).await
+async fn anthropic_messages(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(shared, MockApi::Anthropic, &headers, &body).await
 }
 
-async fn openai_chat_completions(
-    State(shared): State<Arc<Shared>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    answer(shared, MockApi::OpenAi, peer, &headers, &body).await
+async fn openai_chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(shared, MockApi::OpenAi, &headers, &body).await
 }
 
-async fn answer(
-    shared: Arc<Shared>,
-    api: MockApi,
-    peer: SocketAddr,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Response {
+async fn answer(shared: Arc<Shared>, api: MockApi, headers: &HeaderMap, body: &[u8]) -> Response {
     let json = serde_json::from_slice::<Value>(body).ok();
     let header_text = |name: &str| {
         headers
@@ -352,8 +319,9 @@ async fn answer(
     };
     let api_key = match api {
         MockApi::Anthropic => header_text("x-api-key"),
-        MockApi::OpenAi => header_text("authorization")
-            .map(|value| value.strip_prefix("Bearer ").unwrap_or(&value).to_owned()),
+        MockApi::OpenAi => {
+            header_text("authorization").map(|value| value.strip_prefix("Bearer ").unwrap_or(&value).to_owned())
+        }
     };
     shared
         .requests
@@ -364,16 +332,11 @@ async fn answer(
             body: json.clone().unwrap_or(Value::Null),
             api_key: api_key.clone(),
             anthropic_version: header_text("anthropic-version"),
-            peer,
         });
     shared.update(|stats| stats.requests += 1);
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
 
-    let mut behavior = shared
-        .behavior
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
+    let mut behavior = shared.behavior.lock().unwrap_or_else(PoisonError::into_inner).clone();
     if let Some(directive) = json
         .as_ref()
         .and_then(last_user_text)
@@ -389,10 +352,7 @@ async fn answer(
         }
         Some(MockFailure::Status(status)) => {
             let message = match status {
-                401 => format!(
-                    "invalid API key: {}",
-                    api_key.as_deref().unwrap_or("(none)")
-                ),
+                401 => format!("invalid API key: {}", api_key.as_deref().unwrap_or("(none)")),
                 429 => "rate limited by the mock; retry later".to_owned(),
                 529 => "Overloaded".to_owned(),
                 _ => format!("mock failure with HTTP {status}"),
@@ -427,11 +387,7 @@ fn validate(api: MockApi, headers: &HeaderMap, body: &Value) -> Result<(), Strin
     if !body.is_object() {
         return Err("the request body must be a JSON object".to_owned());
     }
-    if body
-        .get("model")
-        .and_then(Value::as_str)
-        .is_none_or(str::is_empty)
-    {
+    if body.get("model").and_then(Value::as_str).is_none_or(str::is_empty) {
         return Err("model: Field required".to_owned());
     }
     let Some(messages) = body.get("messages").and_then(Value::as_array) else {
@@ -445,10 +401,7 @@ fn validate(api: MockApi, headers: &HeaderMap, body: &Value) -> Result<(), Strin
         MockApi::OpenAi => &["system", "developer", "user", "assistant", "tool"],
     };
     for (index, message) in messages.iter().enumerate() {
-        let role = message
-            .get("role")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let role = message.get("role").and_then(Value::as_str).unwrap_or_default();
         if !roles.contains(&role) {
             return Err(format!("messages.{index}.role: unexpected role {role:?}"));
         }
@@ -556,12 +509,7 @@ impl Reply {
 
     /// Appends the delta frames built by `frame` and the failure, if any;
     /// returns whether the stream goes on to its normal end.
-    fn push_deltas(
-        &self,
-        steps: &mut Vec<Step>,
-        frame: impl Fn(&str) -> Bytes,
-        malformed: &'static str,
-    ) -> bool {
+    fn push_deltas(&self, steps: &mut Vec<Step>, frame: impl Fn(&str) -> Bytes, malformed: &'static str) -> bool {
         let cut = match self.failure {
             Some(MockFailure::MalformedStream) => Some(2.min(self.deltas.len())),
             Some(MockFailure::DropAfter(count)) => Some(count.min(self.deltas.len())),
@@ -647,11 +595,7 @@ fn anthropic_stream(body: &Value, behavior: &MockBehavior, id: u64) -> Vec<Step>
     };
     let malformed = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_del\n\n";
     if reply.push_deltas(&mut steps, delta, malformed) {
-        let stop_reason = if reply.truncated {
-            "max_tokens"
-        } else {
-            "end_turn"
-        };
+        let stop_reason = if reply.truncated { "max_tokens" } else { "end_turn" };
         steps.push(Step {
             delay: reply.token_interval,
             frame: Frame::Event(sse_event(
@@ -664,10 +608,7 @@ fn anthropic_stream(body: &Value, behavior: &MockBehavior, id: u64) -> Vec<Step>
             &json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null},
                     "usage": {"output_tokens": reply.deltas.len()}}),
         )));
-        steps.push(now(sse_event(
-            "message_stop",
-            &json!({"type": "message_stop"}),
-        )));
+        steps.push(now(sse_event("message_stop", &json!({"type": "message_stop"}))));
     }
     steps
 }
@@ -752,42 +693,37 @@ fn body_stream(
         shared,
         finished: false,
     };
-    futures::stream::unfold(
-        (VecDeque::from(steps), guard),
-        |(mut steps, mut guard)| async move {
-            let step = steps.pop_front()?;
-            if !step.delay.is_zero() {
-                tokio::select! {
-                    () = tokio::time::sleep(step.delay) => {}
-                    () = guard.shared.shutdown.cancelled() => {
-                        return Some((Err(std::io::Error::other("the mock is shutting down")), (VecDeque::new(), guard)));
-                    }
+    futures::stream::unfold((VecDeque::from(steps), guard), |(mut steps, mut guard)| async move {
+        let step = steps.pop_front()?;
+        if !step.delay.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(step.delay) => {}
+                () = guard.shared.shutdown.cancelled() => {
+                    return Some((Err(std::io::Error::other("the mock is shutting down")), (VecDeque::new(), guard)));
                 }
             }
-            // Once the last frame is handed to the connection the plan is done,
-            // whether or not the client reads on to the end of the body.
-            guard.finished = steps.is_empty();
-            let item = match step.frame {
-                Frame::Event(bytes) => Ok(bytes),
-                Frame::Delta(bytes) => {
-                    guard.shared.update(|stats| stats.deltas_sent += 1);
-                    Ok(bytes)
-                }
-                Frame::Abort => {
-                    // Yielding once lets the server flush what is buffered (it
-                    // flushes while the body is pending), so the client gets every
-                    // delta sent before the break, as over a real network.
-                    tokio::task::yield_now().await;
-                    guard.finished = true;
-                    steps.clear();
-                    Err(std::io::Error::other(
-                        "the mock breaks the connection, as asked",
-                    ))
-                }
-            };
-            Some((item, (steps, guard)))
-        },
-    )
+        }
+        // Once the last frame is handed to the connection the plan is done,
+        // whether or not the client reads on to the end of the body.
+        guard.finished = steps.is_empty();
+        let item = match step.frame {
+            Frame::Event(bytes) => Ok(bytes),
+            Frame::Delta(bytes) => {
+                guard.shared.update(|stats| stats.deltas_sent += 1);
+                Ok(bytes)
+            }
+            Frame::Abort => {
+                // Yielding once lets the server flush what is buffered (it
+                // flushes while the body is pending), so the client gets every
+                // delta sent before the break, as over a real network.
+                tokio::task::yield_now().await;
+                guard.finished = true;
+                steps.clear();
+                Err(std::io::Error::other("the mock breaks the connection, as asked"))
+            }
+        };
+        Some((item, (steps, guard)))
+    })
 }
 
 /// Returns the text of the last user message (string content or text parts).
@@ -797,21 +733,13 @@ fn last_user_text(body: &Value) -> Option<String> {
         .iter()
         .rev()
         .find(|message| message["role"] == "user")?;
-    Some(
-        content_texts(&message["content"])
-            .collect::<Vec<_>>()
-            .join("\n"),
-    )
+    Some(content_texts(&message["content"]).collect::<Vec<_>>().join("\n"))
 }
 
 fn content_texts(content: &Value) -> Box<dyn Iterator<Item = &str> + '_> {
     match content {
         Value::String(text) => Box::new(std::iter::once(text.as_str())),
-        Value::Array(parts) => Box::new(
-            parts
-                .iter()
-                .filter_map(|part| part.get("text").and_then(Value::as_str)),
-        ),
+        Value::Array(parts) => Box::new(parts.iter().filter_map(|part| part.get("text").and_then(Value::as_str))),
         _ => Box::new(std::iter::empty()),
     }
 }
@@ -890,8 +818,7 @@ impl Directive {
                 Some(_) => {}
             }
             let mut key = String::new();
-            while let Some(ch) = chars.next_if(|ch| *ch != '=' && *ch != ']' && !ch.is_whitespace())
-            {
+            while let Some(ch) = chars.next_if(|ch| *ch != '=' && *ch != ']' && !ch.is_whitespace()) {
                 key.push(ch);
             }
             chars.next_if_eq(&'=')?;
@@ -976,9 +903,7 @@ mod tests {
         assert_eq!(Directive::find("[mock tokens=1"), None);
         assert_eq!(Directive::find("[mock reply=\"open]"), None);
         assert_eq!(
-            Directive::find("[mock oops] then [mock tokens=2]")
-                .unwrap()
-                .tokens,
+            Directive::find("[mock oops] then [mock tokens=2]").unwrap().tokens,
             Some(2)
         );
     }

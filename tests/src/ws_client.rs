@@ -22,13 +22,26 @@ pub struct WsClient {
     queued: VecDeque<Value>,
     /// Close frame received, if any: (code, reason).
     pub closed: Option<(u16, String)>,
+    /// Message ids of the frames that arrived wrapped for acknowledged delivery (all acknowledged).
+    pub acknowledged: Vec<String>,
+    /// Frames that arrived unwrapped.
+    pub plain: usize,
 }
 
 impl WsClient {
     /// Connects to a `ws://…/ws` URL.
     pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        let (socket, _) = tokio_tungstenite::connect_async(url).await.with_context(|| format!("connect {url}"))?;
-        Ok(Self { socket, next_request: 0, queued: VecDeque::new(), closed: None })
+        let (socket, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .with_context(|| format!("connect {url}"))?;
+        Ok(Self {
+            socket,
+            next_request: 0,
+            queued: VecDeque::new(),
+            closed: None,
+            acknowledged: Vec::new(),
+            plain: 0,
+        })
     }
 
     /// Sends raw text.
@@ -75,7 +88,11 @@ impl WsClient {
     /// Waits for the response to `request_id` and returns its `data`.
     pub async fn response(&mut self, request_id: &str) -> anyhow::Result<Value> {
         if let Some(index) = self.queued.iter().position(|frame| is_response_to(frame, request_id)) {
-            return Ok(self.queued.remove(index).map(|frame| frame["data"].clone()).unwrap_or_default());
+            return Ok(self
+                .queued
+                .remove(index)
+                .map(|frame| frame["data"].clone())
+                .unwrap_or_default());
         }
         loop {
             let frame = self.read().await?;
@@ -142,12 +159,18 @@ impl WsClient {
                         let payload = value["__payload"].as_str().context("__payload must be a string")?;
                         let inner: Value = serde_json::from_str(payload)?;
                         self.send_json(&json!({"__ack": msg_id})).await?;
+                        self.acknowledged.push(msg_id.to_owned());
                         return Ok(inner);
                     }
+                    self.plain += 1;
                     return Ok(value);
                 }
                 Some(Ok(Message::Close(frame))) => {
-                    self.closed = Some(frame.map(|f| (u16::from(f.code), f.reason.to_string())).unwrap_or((1005, String::new())));
+                    self.closed = Some(
+                        frame
+                            .map(|f| (u16::from(f.code), f.reason.to_string()))
+                            .unwrap_or((1005, String::new())),
+                    );
                     bail!("connection closed: {:?}", self.closed);
                 }
                 Some(Ok(_)) => continue,

@@ -111,7 +111,12 @@ fn load_config(cli: &Cli) -> anyhow::Result<AvmConfig> {
     let mut server = Map::new();
     let mut flags = Map::new();
     match &cli.command {
-        Command::Serve { host, port, grpc_port, data_dir } => {
+        Command::Serve {
+            host,
+            port,
+            grpc_port,
+            data_dir,
+        } => {
             insert(&mut server, "host", host.clone().map(Value::from));
             insert(&mut server, "port", port.map(Value::from));
             insert(&mut server, "grpc_port", grpc_port.map(Value::from));
@@ -127,7 +132,10 @@ fn load_config(cli: &Cli) -> anyhow::Result<AvmConfig> {
     if let Some(level) = &cli.log_level {
         flags.insert("log".to_owned(), json!({"level": level}));
     }
-    let sources = Sources { file: cli.config.clone(), flags };
+    let sources = Sources {
+        file: cli.config.clone(),
+        flags,
+    };
     Ok(avm_common::config::load(&sources)?)
 }
 
@@ -156,11 +164,17 @@ impl ServeListeners {
 }
 
 fn format_addr(host: &str, port: u16) -> String {
-    if host.contains(':') && !host.starts_with('[') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
 }
 
 async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))
 }
 
 /// Refuses to expose an unauthenticated server beyond this machine.
@@ -177,7 +191,11 @@ fn refuse_public_bind(host: &str) -> anyhow::Result<()> {
 }
 
 fn listen_addr(config: &AvmConfig, default_port: u16) -> String {
-    config.server.listen.clone().unwrap_or_else(|| format_addr(&config.server.host, default_port))
+    config
+        .server
+        .listen
+        .clone()
+        .unwrap_or_else(|| format_addr(&config.server.host, default_port))
 }
 
 fn local_url(listener: &TcpListener) -> anyhow::Result<String> {
@@ -195,14 +213,20 @@ fn session_store_url(config: &AvmConfig) -> anyhow::Result<String> {
 }
 
 fn peer(addr: &Option<String>, variable: &str) -> anyhow::Result<String> {
-    addr.clone().with_context(|| format!("{variable} is required (e.g. {variable}=http://127.0.0.1:7000)"))
+    addr.clone()
+        .with_context(|| format!("{variable} is required (e.g. {variable}=http://127.0.0.1:7000)"))
 }
 
 fn runtime_pool(config: &AvmConfig, session_addr: &str, grpc: &GrpcConfig) -> anyhow::Result<avm_runtime::AgentPool> {
     let provider = avm_runtime::llm::build_provider(&config.llm).context("cannot configure the LLM provider")?;
     tracing::info!(provider = provider.name(), model = %config.llm.model, "llm provider configured");
     let sessions = avm_runtime::SessionClient::new(channel(session_addr, grpc)?, grpc);
-    Ok(avm_runtime::AgentPool::new(config.runtime.clone(), config.llm.clone(), provider, sessions))
+    Ok(avm_runtime::AgentPool::new(
+        config.runtime.clone(),
+        config.llm.clone(),
+        provider,
+        sessions,
+    ))
 }
 
 /// Runs every component in one process until `shutdown`.
@@ -220,9 +244,17 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
         .add_service(avm_runtime::grpc_server(pool.clone(), &config.grpc));
     let grpc_task = tokio::spawn(grpc_server.serve(listeners.grpc, servers.clone()));
     let reaper = pool.spawn_reaper(servers.clone());
-    let backends = avm_gateway::Backends::new(channel(&grpc_url, &config.grpc)?, channel(&grpc_url, &config.grpc)?, &config.grpc);
-    let gateway_task =
-        tokio::spawn(avm_gateway::serve(listeners.gateway, config.gateway.clone(), backends, servers.clone()));
+    let backends = avm_gateway::Backends::new(
+        channel(&grpc_url, &config.grpc)?,
+        channel(&grpc_url, &config.grpc)?,
+        &config.grpc,
+    );
+    let gateway_task = tokio::spawn(avm_gateway::serve(
+        listeners.gateway,
+        config.gateway.clone(),
+        backends,
+        servers.clone(),
+    ));
 
     println!("listening: gateway {gateway_url}");
     println!("listening: grpc {grpc_url}");
@@ -272,8 +304,10 @@ async fn run_session(config: AvmConfig, shutdown: CancellationToken) -> anyhow::
     let listener = bind(&addr).await?;
     let store_url = session_store_url(&config)?;
     let store = avm_session::open_store(&store_url, config.database.max_connections).await?;
-    let server = GrpcServer::new(&config.grpc)
-        .add_service(avm_session::grpc_server(avm_session::SessionService::new(store), &config.grpc));
+    let server = GrpcServer::new(&config.grpc).add_service(avm_session::grpc_server(
+        avm_session::SessionService::new(store),
+        &config.grpc,
+    ));
     println!("listening: grpc {}", local_url(&listener)?);
     tracing::info!(addr = %listener.local_addr()?, store = %redact_url(&store_url), "session service ready");
     server.serve(listener, shutdown).await?;
@@ -308,8 +342,11 @@ async fn run_gateway(config: AvmConfig, shutdown: CancellationToken) -> anyhow::
     let listener = bind(&addr).await?;
     let session = peer(&config.peers.session, "AVM_SESSION_ADDR")?;
     let runtime = peer(&config.peers.runtime, "AVM_RUNTIME_ADDR")?;
-    let backends =
-        avm_gateway::Backends::new(channel(&session, &config.grpc)?, channel(&runtime, &config.grpc)?, &config.grpc);
+    let backends = avm_gateway::Backends::new(
+        channel(&session, &config.grpc)?,
+        channel(&runtime, &config.grpc)?,
+        &config.grpc,
+    );
     println!("listening: gateway {}", local_url(&listener)?);
     tracing::info!(addr = %listener.local_addr()?, session = %session, runtime = %runtime, "gateway ready");
     avm_gateway::serve(listener, config.gateway.clone(), backends, shutdown).await?;

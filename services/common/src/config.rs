@@ -40,7 +40,10 @@ where
     T: Default + Serialize + DeserializeOwned,
 {
     let mut figment = Figment::from(Serialized::defaults(T::default()));
-    let file = sources.file.clone().or_else(|| std::env::var_os("AVM_CONFIG").map(PathBuf::from));
+    let file = sources
+        .file
+        .clone()
+        .or_else(|| std::env::var_os("AVM_CONFIG").map(PathBuf::from));
     if let Some(path) = file {
         // A missing file named explicitly is an error, not silently ignored.
         if let Err(source) = std::fs::metadata(&path) {
@@ -116,13 +119,21 @@ impl Secret {
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.is_set() { f.write_str(REDACTED) } else { f.write_str("None") }
+        if self.is_set() {
+            f.write_str(REDACTED)
+        } else {
+            f.write_str("None")
+        }
     }
 }
 
 impl Serialize for Secret {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if self.is_set() { serializer.serialize_str(REDACTED) } else { serializer.serialize_none() }
+        if self.is_set() {
+            serializer.serialize_str(REDACTED)
+        } else {
+            serializer.serialize_none()
+        }
     }
 }
 
@@ -217,7 +228,10 @@ pub struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        Self { level: "info".to_owned(), format: LogFormat::Auto }
+        Self {
+            level: "info".to_owned(),
+            format: LogFormat::Auto,
+        }
     }
 }
 

@@ -20,7 +20,10 @@ pub struct RequestContext {
 impl RequestContext {
     /// Returns a context for the local tenant with a fresh request id.
     pub fn local() -> Self {
-        Self { tenant_id: LOCAL_TENANT.to_owned(), request_id: crate::ids::new_id("req") }
+        Self {
+            tenant_id: LOCAL_TENANT.to_owned(),
+            request_id: crate::ids::new_id("req"),
+        }
     }
 
     /// Reads the context of an incoming gRPC request.
@@ -35,7 +38,10 @@ impl RequestContext {
             .filter(|v| !v.is_empty() && v.len() <= 128)
             .map(str::to_owned)
             .unwrap_or_else(|| crate::ids::new_id("req"));
-        Self { tenant_id: LOCAL_TENANT.to_owned(), request_id }
+        Self {
+            tenant_id: LOCAL_TENANT.to_owned(),
+            request_id,
+        }
     }
 
     /// Returns a gRPC request carrying this context in its metadata.

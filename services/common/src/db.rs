@@ -62,5 +62,8 @@ pub async fn open_postgres(url: &str, max_connections: Option<u32>) -> Result<Pg
 fn unavailable(kind: &str, err: &sqlx::Error) -> ApiError {
     // The url may hold a password, so it is never part of the message.
     tracing::error!(database = kind, error = %err, "cannot open database");
-    ApiError::unavailable("DATABASE_UNAVAILABLE", format!("cannot open the {kind} database: {err}"))
+    ApiError::unavailable(
+        "DATABASE_UNAVAILABLE",
+        format!("cannot open the {kind} database: {err}"),
+    )
 }

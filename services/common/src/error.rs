@@ -101,7 +101,11 @@ pub struct ApiError {
 impl ApiError {
     /// Returns an error of the given class and reason.
     pub fn new(code: Code, reason: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
-        Self { code, reason: reason.into(), message: message.into() }
+        Self {
+            code,
+            reason: reason.into(),
+            message: message.into(),
+        }
     }
 
     /// Returns an `InvalidArgument` error.
@@ -132,11 +136,8 @@ impl ApiError {
 
     /// Returns the gRPC status carrying the reason as `ErrorInfo` details.
     pub fn to_status(&self) -> tonic::Status {
-        let details = ErrorDetails::with_error_info(
-            self.reason.to_string(),
-            ERROR_DOMAIN,
-            std::collections::HashMap::new(),
-        );
+        let details =
+            ErrorDetails::with_error_info(self.reason.to_string(), ERROR_DOMAIN, std::collections::HashMap::new());
         tonic::Status::with_error_details(self.code.grpc(), self.message.clone(), details)
     }
 

@@ -39,7 +39,11 @@ pub struct GrpcServer {
 impl GrpcServer {
     /// Returns an empty server using the shared gRPC settings.
     pub fn new(config: &GrpcConfig) -> Self {
-        Self { config: config.clone(), routes: RoutesBuilder::default(), names: Vec::new() }
+        Self {
+            config: config.clone(),
+            routes: RoutesBuilder::default(),
+            names: Vec::new(),
+        }
     }
 
     /// Adds a service; health reports it SERVING until shutdown.

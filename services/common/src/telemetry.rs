@@ -16,9 +16,16 @@ pub fn init(config: &LogConfig) {
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let result = if json {
-        builder.json().flatten_event(true).with_current_span(true).with_span_list(false).try_init()
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init()
     } else {
         builder.compact().try_init()
     };

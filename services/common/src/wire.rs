@@ -59,7 +59,8 @@ pub fn message_object(message: &pb::Message) -> Value {
             })
         }
         Some(pb::message::Body::Error(error)) => {
-            let mut object = json!({"id": id, "role": "error", "subtype": "error", "content": error.text, "timestamp": timestamp});
+            let mut object =
+                json!({"id": id, "role": "error", "subtype": "error", "content": error.text, "timestamp": timestamp});
             if !error.error_code.is_empty() {
                 object["errorCode"] = Value::String(error.error_code.clone());
             }

@@ -22,7 +22,11 @@ pub struct RuntimeConfig {
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
-        Self { agent_idle_timeout: Duration::from_secs(600), event_retention: 1024, subscriber_queue: 1024 }
+        Self {
+            agent_idle_timeout: Duration::from_secs(600),
+            event_retention: 1024,
+            subscriber_queue: 1024,
+        }
     }
 }
 

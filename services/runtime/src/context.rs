@@ -20,9 +20,16 @@ pub fn parse_content(content_json: &str) -> Result<Vec<LlmContent>, ApiError> {
     let parts = match value {
         Value::String(text) => vec![LlmContent::Text(text)],
         Value::Array(parts) => parts.iter().map(parse_part).collect::<Result<Vec<_>, _>>()?,
-        _ => return Err(ApiError::invalid("INVALID_CONTENT", "content must be a string or a list of parts")),
+        _ => {
+            return Err(ApiError::invalid(
+                "INVALID_CONTENT",
+                "content must be a string or a list of parts",
+            ));
+        }
     };
-    let empty = parts.iter().all(|part| matches!(part, LlmContent::Text(text) if text.trim().is_empty()));
+    let empty = parts
+        .iter()
+        .all(|part| matches!(part, LlmContent::Text(text) if text.trim().is_empty()));
     if empty {
         return Err(ApiError::invalid("EMPTY_CONTENT", "message content is empty"));
     }
@@ -33,7 +40,9 @@ fn parse_part(part: &Value) -> Result<LlmContent, ApiError> {
     let field = |name: &str| part.get(name).and_then(Value::as_str).map(str::to_owned);
     let invalid = |what: &str| ApiError::invalid("INVALID_CONTENT", format!("content part {what}"));
     match part.get("type").and_then(Value::as_str) {
-        Some("text") => field("text").map(LlmContent::Text).ok_or_else(|| invalid("of type text needs a string `text`")),
+        Some("text") => field("text")
+            .map(LlmContent::Text)
+            .ok_or_else(|| invalid("of type text needs a string `text`")),
         Some("image") => Ok(LlmContent::Image {
             media_type: field("mediaType").ok_or_else(|| invalid("of type image needs `mediaType`"))?,
             data: field("data").ok_or_else(|| invalid("of type image needs base64 `data`"))?,
@@ -86,14 +95,19 @@ mod tests {
 
     fn user(text: &str) -> pb::Message {
         pb::Message {
-            body: Some(pb::message::Body::User(pb::UserMessage { content_json: Value::String(text.into()).to_string() })),
+            body: Some(pb::message::Body::User(pb::UserMessage {
+                content_json: Value::String(text.into()).to_string(),
+            })),
             ..pb::Message::default()
         }
     }
 
     fn assistant(text: &str) -> pb::Message {
         pb::Message {
-            body: Some(pb::message::Body::Assistant(pb::AssistantMessage { text: text.into(), ..Default::default() })),
+            body: Some(pb::message::Body::Assistant(pb::AssistantMessage {
+                text: text.into(),
+                ..Default::default()
+            })),
             ..pb::Message::default()
         }
     }
@@ -103,7 +117,14 @@ mod tests {
         assert_eq!(parse_content(r#""hi""#).ok(), Some(vec![LlmContent::Text("hi".into())]));
         let parts = r#"[{"type":"text","text":"look"},{"type":"image","data":"AAA=","mediaType":"image/png"}]"#;
         assert_eq!(parse_content(parts).map(|p| p.len()).ok(), Some(2));
-        for bad in ["42", "{}", r#"[{"type":"video"}]"#, r#""   ""#, "not json", r#"[{"text":"x"}]"#] {
+        for bad in [
+            "42",
+            "{}",
+            r#"[{"type":"video"}]"#,
+            r#""   ""#,
+            "not json",
+            r#"[{"text":"x"}]"#,
+        ] {
             assert!(parse_content(bad).is_err(), "{bad} accepted");
         }
     }
@@ -111,7 +132,10 @@ mod tests {
     #[test]
     fn history_alternates_and_skips_errors_and_empty_replies() {
         let error = pb::Message {
-            body: Some(pb::message::Body::Error(pb::ErrorMessage { text: "boom".into(), error_code: "X".into() })),
+            body: Some(pb::message::Body::Error(pb::ErrorMessage {
+                text: "boom".into(),
+                error_code: "X".into(),
+            })),
             ..pb::Message::default()
         };
         let history = [user("a"), error, user("b"), assistant(""), assistant("c"), user("d")];

@@ -34,7 +34,11 @@ fn agent_pb(agent: AgentInfo) -> pb::Agent {
         container_id: agent.container_id,
         image_id: agent.image_id,
         session_id: agent.session_id,
-        state: if agent.running { pb::AgentState::Running } else { pb::AgentState::Idle } as i32,
+        state: if agent.running {
+            pb::AgentState::Running
+        } else {
+            pb::AgentState::Idle
+        } as i32,
         started_at_ms: agent.started_at_ms,
     }
 }
@@ -61,32 +65,39 @@ fn event_stream(
     subscription: Subscription,
     until_turn_end: bool,
 ) -> impl Stream<Item = Result<Arc<SessionEvent>, Status>> + Send {
-    let Subscription { replay, live, overflowed } = subscription;
-    futures::stream::unfold((replay.into_iter(), live, false), move |(mut replay, mut live, done)| {
-        let overflowed = Arc::clone(&overflowed);
-        async move {
-            if done {
-                return None;
-            }
-            let event = match replay.next() {
-                Some(event) => event,
-                None => match live.recv().await {
+    let Subscription {
+        replay,
+        live,
+        overflowed,
+    } = subscription;
+    futures::stream::unfold(
+        (replay.into_iter(), live, false),
+        move |(mut replay, mut live, done)| {
+            let overflowed = Arc::clone(&overflowed);
+            async move {
+                if done {
+                    return None;
+                }
+                let event = match replay.next() {
                     Some(event) => event,
-                    None if overflowed.load(Ordering::Acquire) => {
-                        let err = ApiError::new(
-                            avm_common::Code::ResourceExhausted,
-                            "SUBSCRIBER_TOO_SLOW",
-                            "the subscriber fell too far behind the event stream; resubscribe with the last cursor",
-                        );
-                        return Some((Err(err.to_status()), (replay, live, true)));
-                    }
-                    None => return None,
-                },
-            };
-            let finished = until_turn_end && event.ends_turn();
-            Some((Ok(event), (replay, live, finished)))
-        }
-    })
+                    None => match live.recv().await {
+                        Some(event) => event,
+                        None if overflowed.load(Ordering::Acquire) => {
+                            let err = ApiError::new(
+                                avm_common::Code::ResourceExhausted,
+                                "SUBSCRIBER_TOO_SLOW",
+                                "the subscriber fell too far behind the event stream; resubscribe with the last cursor",
+                            );
+                            return Some((Err(err.to_status()), (replay, live, true)));
+                        }
+                        None => return None,
+                    },
+                };
+                let finished = until_turn_end && event.ends_turn();
+                Some((Ok(event), (replay, live, finished)))
+            }
+        },
+    )
 }
 
 #[tonic::async_trait]
@@ -97,10 +108,16 @@ impl RuntimeService for RuntimeGrpc {
     async fn run_image(&self, request: Request<pb::RunImageRequest>) -> Result<Response<pb::RunImageResponse>, Status> {
         let ctx = RequestContext::from_metadata(request.metadata());
         let (agent, reused) = self.pool.run_image(&ctx, &request.get_ref().image_id).await?;
-        Ok(Response::new(pb::RunImageResponse { agent: Some(agent_pb(agent)), reused }))
+        Ok(Response::new(pb::RunImageResponse {
+            agent: Some(agent_pb(agent)),
+            reused,
+        }))
     }
 
-    async fn stop_image(&self, request: Request<pb::StopImageRequest>) -> Result<Response<pb::StopImageResponse>, Status> {
+    async fn stop_image(
+        &self,
+        request: Request<pb::StopImageRequest>,
+    ) -> Result<Response<pb::StopImageResponse>, Status> {
         let ctx = RequestContext::from_metadata(request.metadata());
         let stopped = self.pool.stop_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::StopImageResponse { stopped }))
@@ -112,7 +129,10 @@ impl RuntimeService for RuntimeGrpc {
     ) -> Result<Response<Self::SendMessageStream>, Status> {
         let ctx = RequestContext::from_metadata(request.metadata());
         let message = request.into_inner();
-        let accepted = self.pool.send_message(&ctx, &message.image_id, &message.content_json).await?;
+        let accepted = self
+            .pool
+            .send_message(&ctx, &message.image_id, &message.content_json)
+            .await?;
         let first = pb::SendMessageResponse {
             kind: Some(pb::send_message_response::Kind::Accepted(pb::SendMessageAccepted {
                 agent: Some(agent_pb(accepted.agent)),
@@ -140,13 +160,18 @@ impl RuntimeService for RuntimeGrpc {
             None => return Err(ApiError::invalid("MISSING_ID", "image_id or agent_id is required").into()),
         };
         let (agent, interrupted) = self.pool.interrupt(&ctx, &target)?;
-        Ok(Response::new(pb::InterruptAgentResponse { agent: Some(agent_pb(agent)), interrupted }))
+        Ok(Response::new(pb::InterruptAgentResponse {
+            agent: Some(agent_pb(agent)),
+            interrupted,
+        }))
     }
 
     async fn get_agent(&self, request: Request<pb::GetAgentRequest>) -> Result<Response<pb::GetAgentResponse>, Status> {
         let ctx = RequestContext::from_metadata(request.metadata());
         let agent = self.pool.get_agent(&ctx, &request.get_ref().agent_id)?;
-        Ok(Response::new(pb::GetAgentResponse { agent: Some(agent_pb(agent)) }))
+        Ok(Response::new(pb::GetAgentResponse {
+            agent: Some(agent_pb(agent)),
+        }))
     }
 
     async fn list_agents(
@@ -155,7 +180,9 @@ impl RuntimeService for RuntimeGrpc {
     ) -> Result<Response<pb::ListAgentsResponse>, Status> {
         let ctx = RequestContext::from_metadata(request.metadata());
         let agents = self.pool.list_agents(&ctx, request.get_ref().container_id.as_deref());
-        Ok(Response::new(pb::ListAgentsResponse { agents: agents.into_iter().map(agent_pb).collect() }))
+        Ok(Response::new(pb::ListAgentsResponse {
+            agents: agents.into_iter().map(agent_pb).collect(),
+        }))
     }
 
     async fn destroy_agent(
@@ -182,9 +209,14 @@ impl RuntimeService for RuntimeGrpc {
     ) -> Result<Response<Self::SubscribeEventsStream>, Status> {
         let ctx = RequestContext::from_metadata(request.metadata());
         let message = request.into_inner();
-        let subscription = self.pool.subscribe(&ctx, &message.session_id, message.after_cursor.as_deref()).await?;
+        let subscription = self
+            .pool
+            .subscribe(&ctx, &message.session_id, message.after_cursor.as_deref())
+            .await?;
         let stream = futures::StreamExt::map(event_stream(subscription, false), |event| {
-            event.map(|event| pb::SubscribeEventsResponse { event: Some(event_pb(&event)) })
+            event.map(|event| pb::SubscribeEventsResponse {
+                event: Some(event_pb(&event)),
+            })
         });
         Ok(Response::new(Box::pin(stream)))
     }

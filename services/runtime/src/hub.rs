@@ -71,7 +71,11 @@ impl SessionHub {
         // across hub restarts (a hub is rebuilt after idling or a process restart).
         let start = u64::try_from(avm_common::now_ms()).unwrap_or(0).saturating_mul(1000);
         Self {
-            state: Mutex::new(HubState { next_cursor: start, recent: VecDeque::new(), subscribers: Vec::new() }),
+            state: Mutex::new(HubState {
+                next_cursor: start,
+                recent: VecDeque::new(),
+                subscribers: Vec::new(),
+            }),
             retention: retention.max(1),
             queue_capacity: queue_capacity.max(1),
         }
@@ -98,14 +102,16 @@ impl SessionHub {
             state.recent.pop_front();
         }
         state.recent.push_back(Arc::clone(&event));
-        state.subscribers.retain(|subscriber| match subscriber.queue.try_send(Arc::clone(&event)) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                subscriber.overflowed.store(true, Ordering::Release);
-                false
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-        });
+        state
+            .subscribers
+            .retain(|subscriber| match subscriber.queue.try_send(Arc::clone(&event)) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    subscriber.overflowed.store(true, Ordering::Release);
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            });
         event
     }
 
@@ -115,11 +121,23 @@ impl SessionHub {
         let overflowed = Arc::new(AtomicBool::new(false));
         let mut state = self.lock();
         let replay = match after {
-            Some(cursor) => state.recent.iter().filter(|event| event.cursor > cursor).cloned().collect(),
+            Some(cursor) => state
+                .recent
+                .iter()
+                .filter(|event| event.cursor > cursor)
+                .cloned()
+                .collect(),
             None => Vec::new(),
         };
-        state.subscribers.push(Subscriber { queue, overflowed: Arc::clone(&overflowed) });
-        Subscription { replay, live, overflowed }
+        state.subscribers.push(Subscriber {
+            queue,
+            overflowed: Arc::clone(&overflowed),
+        });
+        Subscription {
+            replay,
+            live,
+            overflowed,
+        }
     }
 
     /// Returns the cursor of the latest event (or the starting point when none).
@@ -145,7 +163,11 @@ pub struct Hubs {
 impl Hubs {
     /// Returns an empty set of hubs.
     pub fn new(retention: usize, queue_capacity: usize) -> Self {
-        Self { hubs: Mutex::new(HashMap::new()), retention, queue_capacity }
+        Self {
+            hubs: Mutex::new(HashMap::new()),
+            retention,
+            queue_capacity,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<SessionHub>>> {
@@ -165,7 +187,8 @@ impl Hubs {
 
     /// Drops the hubs nobody listens to, except those of `active` sessions.
     pub fn prune(&self, active: &dyn Fn(&str) -> bool) {
-        self.lock().retain(|session_id, hub| active(session_id) || hub.has_subscribers());
+        self.lock()
+            .retain(|session_id, hub| active(session_id) || hub.has_subscribers());
     }
 
     /// Returns how many hubs exist.
@@ -186,7 +209,10 @@ mod tests {
     use super::*;
 
     fn context() -> Arc<EventContext> {
-        Arc::new(EventContext { session_id: "sess_1".into(), ..EventContext::default() })
+        Arc::new(EventContext {
+            session_id: "sess_1".into(),
+            ..EventContext::default()
+        })
     }
 
     #[test]

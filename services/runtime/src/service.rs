@@ -92,7 +92,11 @@ impl Agent {
     pub(crate) fn finish_turn(&self, reply: Option<String>) {
         let mut state = self.lock();
         if let Some(text) = reply.filter(|text| !text.is_empty()) {
-            push_message(&mut state.history, LlmRole::Assistant, vec![crate::llm::LlmContent::Text(text)]);
+            push_message(
+                &mut state.history,
+                LlmRole::Assistant,
+                vec![crate::llm::LlmContent::Text(text)],
+            );
         }
         state.turn = None;
         state.last_active = Instant::now();
@@ -170,7 +174,10 @@ impl AgentPool {
             Ok(agent) => Ok((Arc::clone(agent), !hydrated_here.load(Ordering::Relaxed))),
             Err(err) => {
                 let mut agents = self.agents();
-                if agents.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell) && !c.initialized()) {
+                if agents
+                    .get(&key)
+                    .is_some_and(|c| Arc::ptr_eq(c, &cell) && !c.initialized())
+                {
                     agents.remove(&key);
                 }
                 Err(err)
@@ -233,7 +240,9 @@ impl AgentPool {
             session_id: agent.image.session_id.clone(),
             created_at_ms: avm_common::now_ms(),
             seq: 0,
-            body: Some(pb::message::Body::User(pb::UserMessage { content_json: content_json.to_owned() })),
+            body: Some(pb::message::Body::User(pb::UserMessage {
+                content_json: content_json.to_owned(),
+            })),
         };
         let stored = match self.inner.sessions.append(ctx, message).await {
             Ok(stored) => stored,
@@ -249,16 +258,35 @@ impl AgentPool {
         let request = {
             let mut state = agent.lock();
             push_message(&mut state.history, LlmRole::User, content);
-            turn::request(&self.inner.llm_config, agent.image.system_prompt.clone(), state.history.clone())
+            turn::request(
+                &self.inner.llm_config,
+                agent.image.system_prompt.clone(),
+                state.history.clone(),
+            )
         };
         let events = agent.hub.subscribe(Some(cursor));
         tracing::info!(image_id = %agent.image.image_id, message_id = %user_message_id, "turn started");
-        tokio::spawn(turn::run(Arc::clone(&self.inner), Arc::clone(&agent), ctx.clone(), request, cancel));
-        Ok(SendAccepted { agent: agent.info(), user_message_id, cursor, events })
+        tokio::spawn(turn::run(
+            Arc::clone(&self.inner),
+            Arc::clone(&agent),
+            ctx.clone(),
+            request,
+            cancel,
+        ));
+        Ok(SendAccepted {
+            agent: agent.info(),
+            user_message_id,
+            cursor,
+            events,
+        })
     }
 
     /// Finds or starts the agent and claims its turn slot.
-    async fn reserve_turn(&self, ctx: &RequestContext, image_id: &str) -> Result<(Arc<Agent>, CancellationToken), ApiError> {
+    async fn reserve_turn(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+    ) -> Result<(Arc<Agent>, CancellationToken), ApiError> {
         // An agent retired by the idle reaper between lookup and reservation is
         // replaced by a fresh one; twice in a row would be a bug, not a race.
         for _ in 0..2 {
@@ -279,7 +307,10 @@ impl AgentPool {
             drop(state);
             return Ok((agent, cancel));
         }
-        Err(ApiError::unavailable("AGENT_RESTARTING", "the agent is restarting; send the message again"))
+        Err(ApiError::unavailable(
+            "AGENT_RESTARTING",
+            "the agent is restarting; send the message again",
+        ))
     }
 
     fn find(&self, ctx: &RequestContext, target: &AgentTarget) -> Option<Arc<Agent>> {
@@ -310,7 +341,9 @@ impl AgentPool {
     /// Returns one agent of the caller.
     pub fn get_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<AgentInfo, ApiError> {
         let target = AgentTarget::Agent(agent_id.to_owned());
-        self.find(ctx, &target).map(|agent| agent.info()).ok_or_else(|| agent_not_found(&target))
+        self.find(ctx, &target)
+            .map(|agent| agent.info())
+            .ok_or_else(|| agent_not_found(&target))
     }
 
     /// Lists the caller's agents, optionally of one container, oldest first.
@@ -322,7 +355,11 @@ impl AgentPool {
             .filter(|agent| container_id.is_none_or(|id| agent.image.container_id == id))
             .map(|agent| agent.info())
             .collect();
-        agents.sort_by(|a, b| a.started_at_ms.cmp(&b.started_at_ms).then_with(|| a.agent_id.cmp(&b.agent_id)));
+        agents.sort_by(|a, b| {
+            a.started_at_ms
+                .cmp(&b.started_at_ms)
+                .then_with(|| a.agent_id.cmp(&b.agent_id))
+        });
         agents
     }
 
@@ -375,7 +412,10 @@ impl AgentPool {
         let key = (agent.tenant_id.clone(), agent.image.image_id.clone());
         {
             let mut agents = self.agents();
-            let same = agents.get(&key).and_then(|cell| cell.get()).is_some_and(|a| Arc::ptr_eq(a, agent));
+            let same = agents
+                .get(&key)
+                .and_then(|cell| cell.get())
+                .is_some_and(|a| Arc::ptr_eq(a, agent));
             if same {
                 agents.remove(&key);
             }
@@ -422,8 +462,11 @@ impl AgentPool {
         for agent in &idle {
             self.retire(agent, "idle");
         }
-        let active: std::collections::HashSet<String> =
-            self.live_agents().iter().map(|agent| agent.image.session_id.clone()).collect();
+        let active: std::collections::HashSet<String> = self
+            .live_agents()
+            .iter()
+            .map(|agent| agent.image.session_id.clone())
+            .collect();
         self.inner.hubs.prune(&|session_id| active.contains(session_id));
         idle.len()
     }
@@ -431,7 +474,8 @@ impl AgentPool {
     /// Runs the idle reaper until `shutdown`.
     pub fn spawn_reaper(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let pool = self.clone();
-        let period = (pool.inner.config.agent_idle_timeout / 2).clamp(Duration::from_millis(50), Duration::from_secs(30));
+        let period =
+            (pool.inner.config.agent_idle_timeout / 2).clamp(Duration::from_millis(50), Duration::from_secs(30));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -45,7 +45,9 @@ impl SessionClient {
 
     /// Returns an image of the caller's tenant.
     pub async fn get_image(&self, ctx: &RequestContext, image_id: &str) -> Result<ImageInfo, ApiError> {
-        let request = ctx.request(pb::GetImageRequest { image_id: image_id.to_owned() });
+        let request = ctx.request(pb::GetImageRequest {
+            image_id: image_id.to_owned(),
+        });
         let response = self.inner.clone().get_image(request).await?.into_inner();
         response
             .image
@@ -55,7 +57,9 @@ impl SessionClient {
 
     /// Returns the image that owns a session of the caller's tenant.
     pub async fn get_session(&self, ctx: &RequestContext, session_id: &str) -> Result<ImageInfo, ApiError> {
-        let request = ctx.request(pb::GetSessionRequest { session_id: session_id.to_owned() });
+        let request = ctx.request(pb::GetSessionRequest {
+            session_id: session_id.to_owned(),
+        });
         let response = self.inner.clone().get_session(request).await?.into_inner();
         response
             .image
@@ -65,13 +69,18 @@ impl SessionClient {
 
     /// Returns a session's messages in stored order.
     pub async fn list_messages(&self, ctx: &RequestContext, session_id: &str) -> Result<Vec<pb::Message>, ApiError> {
-        let request = ctx.request(pb::ListMessagesRequest { session_id: session_id.to_owned() });
+        let request = ctx.request(pb::ListMessagesRequest {
+            session_id: session_id.to_owned(),
+        });
         Ok(self.inner.clone().list_messages(request).await?.into_inner().messages)
     }
 
     /// Appends a message and returns it as stored.
     pub async fn append(&self, ctx: &RequestContext, message: pb::Message) -> Result<pb::Message, ApiError> {
-        let request = ctx.request(pb::AppendMessageRequest { session_id: message.session_id.clone(), message: Some(message) });
+        let request = ctx.request(pb::AppendMessageRequest {
+            session_id: message.session_id.clone(),
+            message: Some(message),
+        });
         let response = self.inner.clone().append_message(request).await?.into_inner();
         response
             .message

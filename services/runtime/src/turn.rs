@@ -21,7 +21,12 @@ use crate::service::{Agent, PoolInner};
 
 /// Returns the LLM request for the conversation so far.
 pub(crate) fn request(config: &LlmConfig, system: Option<String>, messages: Vec<LlmMessage>) -> LlmRequest {
-    LlmRequest { model: config.model.clone(), system, messages, max_tokens: config.max_tokens }
+    LlmRequest {
+        model: config.model.clone(),
+        system,
+        messages,
+        max_tokens: config.max_tokens,
+    }
 }
 
 enum Outcome {
@@ -92,7 +97,10 @@ pub(crate) async fn run(
         }
         Outcome::Failed(error) => {
             let reason = error.kind.reason();
-            agent.emit("error_received", &json!({"message": error.message, "errorCode": reason}));
+            agent.emit(
+                "error_received",
+                &json!({"message": error.message, "errorCode": reason}),
+            );
             let message = pb::Message {
                 message_id: new_id("msg"),
                 session_id,
@@ -130,7 +138,10 @@ async fn stream_reply(
             Err(error) => return Outcome::Failed(error),
         },
     };
-    agent.emit("message_start", &json!({"messageId": reply.message_id, "model": reply.model}));
+    agent.emit(
+        "message_start",
+        &json!({"messageId": reply.message_id, "model": reply.model}),
+    );
     agent.emit("conversation_start", &json!({"messageId": reply.message_id}));
     loop {
         // Dropping `stream` on return aborts the provider request.
@@ -154,7 +165,10 @@ async fn stream_reply(
                 }
                 reply.input_tokens = input_tokens.or(reply.input_tokens);
             }
-            Some(Ok(LlmEvent::Usage { input_tokens, output_tokens })) => {
+            Some(Ok(LlmEvent::Usage {
+                input_tokens,
+                output_tokens,
+            })) => {
                 reply.input_tokens = input_tokens.or(reply.input_tokens);
                 reply.output_tokens = output_tokens.or(reply.output_tokens);
             }

@@ -7,10 +7,7 @@ use avm_common::ApiError;
 pub enum SessionError {
     /// The caller sent something the service refuses; `reason` is stable.
     #[error("{message}")]
-    Invalid {
-        reason: &'static str,
-        message: String,
-    },
+    Invalid { reason: &'static str, message: String },
     /// The container does not exist for the caller's tenant.
     #[error("container {0} not found")]
     ContainerNotFound(String),
@@ -45,24 +42,13 @@ impl From<SessionError> for ApiError {
     fn from(err: SessionError) -> Self {
         match err {
             SessionError::Invalid { reason, message } => ApiError::invalid(reason, message),
-            SessionError::ContainerNotFound(_) => {
-                ApiError::not_found("CONTAINER_NOT_FOUND", err.to_string())
-            }
-            SessionError::ImageNotFound(_) => {
-                ApiError::not_found("IMAGE_NOT_FOUND", err.to_string())
-            }
-            SessionError::SessionNotFound(_) => {
-                ApiError::not_found("SESSION_NOT_FOUND", err.to_string())
-            }
+            SessionError::ContainerNotFound(_) => ApiError::not_found("CONTAINER_NOT_FOUND", err.to_string()),
+            SessionError::ImageNotFound(_) => ApiError::not_found("IMAGE_NOT_FOUND", err.to_string()),
+            SessionError::SessionNotFound(_) => ApiError::not_found("SESSION_NOT_FOUND", err.to_string()),
             // A saturated pool or a lost connection is worth retrying; say so without details.
-            SessionError::Database(
-                sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_),
-            ) => {
+            SessionError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)) => {
                 tracing::error!(error = %err, "session database unavailable");
-                ApiError::unavailable(
-                    "DATABASE_UNAVAILABLE",
-                    "the session database is unavailable",
-                )
+                ApiError::unavailable("DATABASE_UNAVAILABLE", "the session database is unavailable")
             }
             SessionError::Database(_) | SessionError::Migration(_) | SessionError::Corrupt(_) => {
                 ApiError::internal(err)

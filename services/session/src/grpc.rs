@@ -3,24 +3,18 @@
 use avm_common::RequestContext;
 use avm_common::config::GrpcConfig;
 use avm_proto::session::v1 as pb;
-use avm_proto::session::v1::session_service_server::{
-    SessionService as SessionApi, SessionServiceServer,
-};
+use avm_proto::session::v1::session_service_server::{SessionService as SessionApi, SessionServiceServer};
 use tonic::{Request, Response, Status};
 
 use crate::error::SessionError;
 use crate::record::{
-    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage,
-    Usage,
+    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, Usage,
 };
 use crate::service::SessionService;
 
 /// Returns the `avm.session.v1.SessionService` server over `service`, with the
 /// configured message-size limits.
-pub fn grpc_server(
-    service: SessionService,
-    config: &GrpcConfig,
-) -> SessionServiceServer<SessionGrpc> {
+pub fn grpc_server(service: SessionService, config: &GrpcConfig) -> SessionServiceServer<SessionGrpc> {
     SessionServiceServer::new(SessionGrpc { service })
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes)
@@ -83,9 +77,7 @@ impl SessionApi for SessionGrpc {
             .service
             .delete_container(&ctx, &request.get_ref().container_id)
             .await?;
-        Ok(Response::new(pb::DeleteContainerResponse {
-            deleted_image_ids,
-        }))
+        Ok(Response::new(pb::DeleteContainerResponse { deleted_image_ids }))
     }
 
     async fn create_image(
@@ -112,24 +104,15 @@ impl SessionApi for SessionGrpc {
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::GetSessionResponse>, Status> {
         let ctx = RequestContext::from_metadata(request.metadata());
-        let image = self
-            .service
-            .get_session(&ctx, &request.get_ref().session_id)
-            .await?;
+        let image = self.service.get_session(&ctx, &request.get_ref().session_id).await?;
         Ok(Response::new(pb::GetSessionResponse {
             image: Some(image_pb(image)),
         }))
     }
 
-    async fn get_image(
-        &self,
-        request: Request<pb::GetImageRequest>,
-    ) -> Result<Response<pb::GetImageResponse>, Status> {
+    async fn get_image(&self, request: Request<pb::GetImageRequest>) -> Result<Response<pb::GetImageResponse>, Status> {
         let ctx = RequestContext::from_metadata(request.metadata());
-        let image = self
-            .service
-            .get_image(&ctx, &request.get_ref().image_id)
-            .await?;
+        let image = self.service.get_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::GetImageResponse {
             image: Some(image_pb(image)),
         }))
@@ -159,10 +142,7 @@ impl SessionApi for SessionGrpc {
             name: request.name,
             description: request.description,
         };
-        let image = self
-            .service
-            .update_image(&ctx, &request.image_id, update)
-            .await?;
+        let image = self.service.update_image(&ctx, &request.image_id, update).await?;
         Ok(Response::new(pb::UpdateImageResponse {
             image: Some(image_pb(image)),
         }))
@@ -173,9 +153,7 @@ impl SessionApi for SessionGrpc {
         request: Request<pb::DeleteImageRequest>,
     ) -> Result<Response<pb::DeleteImageResponse>, Status> {
         let ctx = RequestContext::from_metadata(request.metadata());
-        self.service
-            .delete_image(&ctx, &request.get_ref().image_id)
-            .await?;
+        self.service.delete_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::DeleteImageResponse {}))
     }
 
@@ -185,9 +163,9 @@ impl SessionApi for SessionGrpc {
     ) -> Result<Response<pb::AppendMessageResponse>, Status> {
         let ctx = RequestContext::from_metadata(request.metadata());
         let request = request.into_inner();
-        let message = request.message.ok_or_else(|| {
-            SessionError::invalid("MESSAGE_REQUIRED", "append message needs a message")
-        })?;
+        let message = request
+            .message
+            .ok_or_else(|| SessionError::invalid("MESSAGE_REQUIRED", "append message needs a message"))?;
         // The session may be named on the request, on the message or on both,
         // but not as two different ones.
         let session_id = match (request.session_id.is_empty(), message.session_id.is_empty()) {
@@ -215,10 +193,7 @@ impl SessionApi for SessionGrpc {
         request: Request<pb::ListMessagesRequest>,
     ) -> Result<Response<pb::ListMessagesResponse>, Status> {
         let ctx = RequestContext::from_metadata(request.metadata());
-        let messages = self
-            .service
-            .list_messages(&ctx, &request.get_ref().session_id)
-            .await?;
+        let messages = self.service.list_messages(&ctx, &request.get_ref().session_id).await?;
         Ok(Response::new(pb::ListMessagesResponse {
             messages: messages.into_iter().map(message_pb).collect(),
         }))
@@ -250,10 +225,7 @@ fn new_message(message: pb::Message) -> Result<NewMessage, SessionError> {
     use pb::message::Body;
     let body = match message.body {
         None => {
-            return Err(SessionError::invalid(
-                "MESSAGE_BODY_REQUIRED",
-                "message needs a body",
-            ));
+            return Err(SessionError::invalid("MESSAGE_BODY_REQUIRED", "message needs a body"));
         }
         Some(Body::User(user)) => MessageBody::User {
             content_json: user.content_json,
@@ -334,9 +306,7 @@ fn message_pb(message: MessageRecord) -> pb::Message {
             output,
             is_error,
         }),
-        MessageBody::Error { text, error_code } => {
-            Body::Error(pb::ErrorMessage { text, error_code })
-        }
+        MessageBody::Error { text, error_code } => Body::Error(pb::ErrorMessage { text, error_code }),
     };
     pb::Message {
         message_id: message.message_id,

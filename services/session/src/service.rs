@@ -7,9 +7,7 @@ use avm_common::{RequestContext, now_ms};
 use tracing::instrument;
 
 use crate::error::SessionError;
-use crate::record::{
-    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage,
-};
+use crate::record::{ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage};
 use crate::store::SessionStore;
 
 /// The name of an image created without one.
@@ -84,10 +82,7 @@ impl SessionService {
         skip_all,
         fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
     )]
-    pub async fn list_containers(
-        &self,
-        ctx: &RequestContext,
-    ) -> Result<Vec<ContainerRecord>, SessionError> {
+    pub async fn list_containers(&self, ctx: &RequestContext) -> Result<Vec<ContainerRecord>, SessionError> {
         self.store.list_containers(&ctx.tenant_id).await
     }
 
@@ -103,10 +98,7 @@ impl SessionService {
         container_id: &str,
     ) -> Result<Vec<String>, SessionError> {
         validate_container_id(container_id)?;
-        let image_ids = self
-            .store
-            .delete_container(&ctx.tenant_id, container_id)
-            .await?;
+        let image_ids = self.store.delete_container(&ctx.tenant_id, container_id).await?;
         tracing::info!(container_id, images = image_ids.len(), "container deleted");
         Ok(image_ids)
     }
@@ -117,22 +109,14 @@ impl SessionService {
         skip_all,
         fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
     )]
-    pub async fn create_image(
-        &self,
-        ctx: &RequestContext,
-        new: NewImage,
-    ) -> Result<ImageRecord, SessionError> {
+    pub async fn create_image(&self, ctx: &RequestContext, new: NewImage) -> Result<ImageRecord, SessionError> {
         validate_container_id(&new.container_id)?;
         let name = match new.name {
             Some(name) if !name.trim().is_empty() => validate_name(name)?,
             _ => DEFAULT_IMAGE_NAME.to_owned(),
         };
-        let description = non_empty(new.description)
-            .map(validate_description)
-            .transpose()?;
-        let system_prompt = non_empty(new.system_prompt)
-            .map(validate_system_prompt)
-            .transpose()?;
+        let description = non_empty(new.description).map(validate_description).transpose()?;
+        let system_prompt = non_empty(new.system_prompt).map(validate_system_prompt).transpose()?;
         let mcp_servers_json = validate_mcp_servers(new.mcp_servers_json)?;
         let now = now_ms();
         let image = ImageRecord {
@@ -162,11 +146,7 @@ impl SessionService {
         skip_all,
         fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
     )]
-    pub async fn get_image(
-        &self,
-        ctx: &RequestContext,
-        image_id: &str,
-    ) -> Result<ImageRecord, SessionError> {
+    pub async fn get_image(&self, ctx: &RequestContext, image_id: &str) -> Result<ImageRecord, SessionError> {
         self.store.get_image(&ctx.tenant_id, image_id).await
     }
 
@@ -176,14 +156,8 @@ impl SessionService {
         skip_all,
         fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
     )]
-    pub async fn get_session(
-        &self,
-        ctx: &RequestContext,
-        session_id: &str,
-    ) -> Result<ImageRecord, SessionError> {
-        self.store
-            .get_session_image(&ctx.tenant_id, session_id)
-            .await
+    pub async fn get_session(&self, ctx: &RequestContext, session_id: &str) -> Result<ImageRecord, SessionError> {
+        self.store.get_session_image(&ctx.tenant_id, session_id).await
     }
 
     /// Returns images newest first, of one container (none when it does not exist)
@@ -234,11 +208,7 @@ impl SessionService {
         skip_all,
         fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
     )]
-    pub async fn delete_image(
-        &self,
-        ctx: &RequestContext,
-        image_id: &str,
-    ) -> Result<(), SessionError> {
+    pub async fn delete_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(), SessionError> {
         self.store.delete_image(&ctx.tenant_id, image_id).await?;
         tracing::info!(image_id, "image deleted");
         Ok(())
@@ -268,10 +238,7 @@ impl SessionService {
             },
             ..message
         };
-        let stored = self
-            .store
-            .append_message(&ctx.tenant_id, session_id, &message)
-            .await?;
+        let stored = self.store.append_message(&ctx.tenant_id, session_id, &message).await?;
         tracing::debug!(
             session_id,
             message_id = %stored.message_id,
@@ -347,10 +314,7 @@ fn validate_system_prompt(system_prompt: String) -> Result<String, SessionError>
     if system_prompt.len() > MAX_SYSTEM_PROMPT_BYTES {
         return Err(SessionError::invalid(
             "INVALID_SYSTEM_PROMPT",
-            format!(
-                "system prompt must be at most {} KiB",
-                MAX_SYSTEM_PROMPT_BYTES / 1024
-            ),
+            format!("system prompt must be at most {} KiB", MAX_SYSTEM_PROMPT_BYTES / 1024),
         ));
     }
     Ok(system_prompt)
@@ -364,10 +328,7 @@ fn validate_mcp_servers(json: String) -> Result<String, SessionError> {
     if json.len() > MAX_MCP_SERVERS_BYTES {
         return Err(SessionError::invalid(
             "INVALID_MCP_SERVERS",
-            format!(
-                "mcp servers must be at most {} KiB",
-                MAX_MCP_SERVERS_BYTES / 1024
-            ),
+            format!("mcp servers must be at most {} KiB", MAX_MCP_SERVERS_BYTES / 1024),
         ));
     }
     match serde_json::from_str::<serde_json::Value>(&json) {
@@ -393,10 +354,7 @@ fn validate_message(message: &NewMessage) -> Result<(), SessionError> {
     if message.body.text_bytes() > MAX_MESSAGE_BYTES {
         return Err(SessionError::invalid(
             "MESSAGE_TOO_LARGE",
-            format!(
-                "message must be at most {} MiB",
-                MAX_MESSAGE_BYTES / (1024 * 1024)
-            ),
+            format!("message must be at most {} MiB", MAX_MESSAGE_BYTES / (1024 * 1024)),
         ));
     }
     if let MessageBody::User { content_json } = &message.body {
@@ -434,14 +392,8 @@ mod tests {
 
     #[test]
     fn mcp_servers_must_be_an_object() {
-        assert_eq!(
-            validate_mcp_servers(String::new()).ok().as_deref(),
-            Some("{}")
-        );
-        assert_eq!(
-            validate_mcp_servers("  ".into()).ok().as_deref(),
-            Some("{}")
-        );
+        assert_eq!(validate_mcp_servers(String::new()).ok().as_deref(), Some("{}"));
+        assert_eq!(validate_mcp_servers("  ".into()).ok().as_deref(), Some("{}"));
         let fs = r#"{"fs":{"command":"mcp-fs"}}"#;
         assert_eq!(validate_mcp_servers(fs.into()).ok().as_deref(), Some(fs));
         for bad in ["[]", "1", "\"x\"", "{", "null"] {

@@ -33,44 +33,27 @@ pub trait SessionStore: Send + Sync + 'static {
     ) -> Result<(ContainerRecord, bool), SessionError>;
 
     /// Returns a container, or `ContainerNotFound`.
-    async fn get_container(
-        &self,
-        tenant_id: &str,
-        container_id: &str,
-    ) -> Result<ContainerRecord, SessionError>;
+    async fn get_container(&self, tenant_id: &str, container_id: &str) -> Result<ContainerRecord, SessionError>;
 
     /// Returns the tenant's containers, oldest first.
     async fn list_containers(&self, tenant_id: &str) -> Result<Vec<ContainerRecord>, SessionError>;
 
     /// Deletes a container with its images, sessions and messages; returns the deleted image ids.
-    async fn delete_container(
-        &self,
-        tenant_id: &str,
-        container_id: &str,
-    ) -> Result<Vec<String>, SessionError>;
+    async fn delete_container(&self, tenant_id: &str, container_id: &str) -> Result<Vec<String>, SessionError>;
 
     /// Inserts an image and its session in one transaction; `ContainerNotFound` when
     /// the image's container does not exist.
     async fn create_image(&self, tenant_id: &str, image: &ImageRecord) -> Result<(), SessionError>;
 
     /// Returns an image, or `ImageNotFound`.
-    async fn get_image(&self, tenant_id: &str, image_id: &str)
-    -> Result<ImageRecord, SessionError>;
+    async fn get_image(&self, tenant_id: &str, image_id: &str) -> Result<ImageRecord, SessionError>;
 
     /// Returns the image that owns a session, or `SessionNotFound`.
-    async fn get_session_image(
-        &self,
-        tenant_id: &str,
-        session_id: &str,
-    ) -> Result<ImageRecord, SessionError>;
+    async fn get_session_image(&self, tenant_id: &str, session_id: &str) -> Result<ImageRecord, SessionError>;
 
     /// Returns images newest first (`created_at_ms`, then `image_id`, descending), of
     /// one container or of all the tenant's containers.
-    async fn list_images(
-        &self,
-        tenant_id: &str,
-        container_id: Option<&str>,
-    ) -> Result<Vec<ImageRecord>, SessionError>;
+    async fn list_images(&self, tenant_id: &str, container_id: Option<&str>) -> Result<Vec<ImageRecord>, SessionError>;
 
     /// Applies `update` and sets `updated_at_ms`; returns the changed image.
     async fn update_image(
@@ -94,21 +77,14 @@ pub trait SessionStore: Send + Sync + 'static {
     ) -> Result<MessageRecord, SessionError>;
 
     /// Returns a session's messages in `seq` order, or `SessionNotFound`.
-    async fn list_messages(
-        &self,
-        tenant_id: &str,
-        session_id: &str,
-    ) -> Result<Vec<MessageRecord>, SessionError>;
+    async fn list_messages(&self, tenant_id: &str, session_id: &str) -> Result<Vec<MessageRecord>, SessionError>;
 }
 
 /// Opens the store named by `url` (`sqlite://…` or `postgres://…`) and brings its
 /// schema up to date.
 ///
 /// A Postgres url may choose the schema: `…?options=-c%20search_path%3D<schema>`.
-pub async fn open_store(
-    url: &str,
-    max_connections: Option<u32>,
-) -> Result<Arc<dyn SessionStore>, ApiError> {
+pub async fn open_store(url: &str, max_connections: Option<u32>) -> Result<Arc<dyn SessionStore>, ApiError> {
     let store: Arc<dyn SessionStore> = match db::connect(url, max_connections).await? {
         DbPool::Sqlite(pool) => Arc::new(SqliteSessionStore::new(pool).await?),
         DbPool::Postgres(pool) => Arc::new(PostgresSessionStore::new(pool).await?),

@@ -22,7 +22,10 @@ fn code(data: &Value) -> &str {
 both_modes!(bad_input_gets_typed_errors, bad_input);
 
 async fn bad_input(mode: Mode) -> anyhow::Result<()> {
-    let options = Options { max_frame_bytes: Some(64 * 1024), ..Options::default() };
+    let options = Options {
+        max_frame_bytes: Some(64 * 1024),
+        ..Options::default()
+    };
     let cluster = Cluster::start(mode, options).await?;
     let mut client = WsClient::connect(&cluster.ws_url()).await?;
 
@@ -48,31 +51,105 @@ async fn bad_input(mode: Mode) -> anyhow::Result<()> {
     assert_eq!(frame["data"]["requestId"], request_id.as_str());
     assert_eq!(code(&frame["data"]), "UNKNOWN_REQUEST");
 
-    client.send_json(&json!({"type": "container_list_request", "data": {}})).await?;
+    client
+        .send_json(&json!({"type": "container_list_request", "data": {}}))
+        .await?;
     let frame = client.next_frame().await?;
     assert_eq!(frame["type"], "container_list_response");
     assert_eq!(code(&frame["data"]), "MISSING_REQUEST_ID");
 
     // Missing fields, wrong types, invalid and unknown ids.
-    assert_eq!(code(&client.request("container_create", json!({})).await?), "MISSING_FIELD");
-    assert_eq!(code(&client.request("container_create", json!({"containerId": 42})).await?), "INVALID_FIELD");
-    assert_eq!(code(&client.request("container_create", json!({"containerId": "no spaces!"})).await?), "INVALID_CONTAINER_ID");
-    assert_eq!(code(&client.request("image_create", json!({"containerId": "nope"})).await?), "CONTAINER_NOT_FOUND");
-    assert_eq!(client.request("image_get", json!({"imageId": "img_missing"})).await?["record"], Value::Null);
-    assert_eq!(code(&client.request("image_messages", json!({"imageId": "img_missing"})).await?), "IMAGE_NOT_FOUND");
-    assert_eq!(code(&client.request("image_run", json!({"imageId": "img_missing"})).await?), "IMAGE_NOT_FOUND");
-    assert_eq!(code(&client.request("image_delete", json!({"imageId": "img_missing"})).await?), "IMAGE_NOT_FOUND");
-    assert_eq!(code(&client.request("message_send", json!({"imageId": "img_missing", "content": "x"})).await?), "IMAGE_NOT_FOUND");
-    assert_eq!(code(&client.request("agent_interrupt", json!({"agentId": "agent_missing"})).await?), "AGENT_NOT_FOUND");
-    assert_eq!(client.request("agent_get", json!({"agentId": "agent_missing"})).await?["exists"], false);
-    assert_eq!(client.request("container_get", json!({"containerId": "nope"})).await?["exists"], false);
+    assert_eq!(
+        code(&client.request("container_create", json!({})).await?),
+        "MISSING_FIELD"
+    );
+    assert_eq!(
+        code(&client.request("container_create", json!({"containerId": 42})).await?),
+        "INVALID_FIELD"
+    );
+    assert_eq!(
+        code(
+            &client
+                .request("container_create", json!({"containerId": "no spaces!"}))
+                .await?
+        ),
+        "INVALID_CONTAINER_ID"
+    );
+    assert_eq!(
+        code(&client.request("image_create", json!({"containerId": "nope"})).await?),
+        "CONTAINER_NOT_FOUND"
+    );
+    assert_eq!(
+        client.request("image_get", json!({"imageId": "img_missing"})).await?["record"],
+        Value::Null
+    );
+    assert_eq!(
+        code(
+            &client
+                .request("image_messages", json!({"imageId": "img_missing"}))
+                .await?
+        ),
+        "IMAGE_NOT_FOUND"
+    );
+    assert_eq!(
+        code(&client.request("image_run", json!({"imageId": "img_missing"})).await?),
+        "IMAGE_NOT_FOUND"
+    );
+    assert_eq!(
+        code(
+            &client
+                .request("image_delete", json!({"imageId": "img_missing"}))
+                .await?
+        ),
+        "IMAGE_NOT_FOUND"
+    );
+    assert_eq!(
+        code(
+            &client
+                .request("message_send", json!({"imageId": "img_missing", "content": "x"}))
+                .await?
+        ),
+        "IMAGE_NOT_FOUND"
+    );
+    assert_eq!(
+        code(
+            &client
+                .request("agent_interrupt", json!({"agentId": "agent_missing"}))
+                .await?
+        ),
+        "AGENT_NOT_FOUND"
+    );
+    assert_eq!(
+        client.request("agent_get", json!({"agentId": "agent_missing"})).await?["exists"],
+        false
+    );
+    assert_eq!(
+        client.request("container_get", json!({"containerId": "nope"})).await?["exists"],
+        false
+    );
 
     let chat = conversation(&mut client, "default", json!({})).await?;
-    for content in [json!(42), json!({"text": "x"}), json!([{"type": "video"}]), json!(""), json!([])] {
-        let answer = client.request("message_send", json!({"imageId": chat.image_id, "content": content})).await?;
-        assert!(["INVALID_CONTENT", "EMPTY_CONTENT"].contains(&code(&answer)), "{content} answered {answer}");
+    for content in [
+        json!(42),
+        json!({"text": "x"}),
+        json!([{"type": "video"}]),
+        json!(""),
+        json!([]),
+    ] {
+        let answer = client
+            .request("message_send", json!({"imageId": chat.image_id, "content": content}))
+            .await?;
+        assert!(
+            ["INVALID_CONTENT", "EMPTY_CONTENT"].contains(&code(&answer)),
+            "{content} answered {answer}"
+        );
     }
-    let answer = client.request("image_create", json!({"containerId": "default", "config": {"mcpServers": [1]}})).await?;
+    let answer = client
+        .request(
+            "image_create",
+            json!({"containerId": "default", "config": {"mcpServers": [1]}}),
+        )
+        .await?;
     assert_eq!(code(&answer), "INVALID_MCP_SERVERS");
 
     // An oversized frame is refused, and the connection goes on.

@@ -20,7 +20,10 @@ fn avm() -> anyhow::Result<Command> {
 async fn print_config_layers_sources_and_redacts_secrets() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("avm.toml");
-    std::fs::write(&file, "[server]\nport = 1111\ngrpc_port = 2222\n\n[llm]\nmodel = \"from-file\"\n")?;
+    std::fs::write(
+        &file,
+        "[server]\nport = 1111\ngrpc_port = 2222\n\n[llm]\nmodel = \"from-file\"\n",
+    )?;
     let output = avm()?
         .args(["serve", "--port", "3333", "--print-config", "--config"])
         .arg(&file)
@@ -31,11 +34,27 @@ async fn print_config_layers_sources_and_redacts_secrets() -> anyhow::Result<()>
         .output()
         .await?;
     let stdout = String::from_utf8(output.stdout)?;
-    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let config: toml::Value = toml::from_str(&stdout)?;
-    assert_eq!(config["server"]["port"].as_integer(), Some(3333), "flags beat the environment");
-    assert_eq!(config["server"]["grpc_port"].as_integer(), Some(5555), "the environment beats the file");
-    assert_eq!(config["llm"]["model"].as_str(), Some("from-file"), "the file beats the defaults");
+    assert_eq!(
+        config["server"]["port"].as_integer(),
+        Some(3333),
+        "flags beat the environment"
+    );
+    assert_eq!(
+        config["server"]["grpc_port"].as_integer(),
+        Some(5555),
+        "the environment beats the file"
+    );
+    assert_eq!(
+        config["llm"]["model"].as_str(),
+        Some("from-file"),
+        "the file beats the defaults"
+    );
     assert_eq!(config["llm"]["api_key"].as_str(), Some("<redacted>"));
     assert!(!stdout.contains("sk-canary-never-print"));
     Ok(())
@@ -43,18 +62,29 @@ async fn print_config_layers_sources_and_redacts_secrets() -> anyhow::Result<()>
 
 #[tokio::test]
 async fn unknown_settings_and_public_binds_are_refused() -> anyhow::Result<()> {
-    let output = avm()?.args(["serve", "--print-config"]).env("AVM_SERVER_PROT", "1").output().await?;
+    let output = avm()?
+        .args(["serve", "--print-config"])
+        .env("AVM_SERVER_PROT", "1")
+        .output()
+        .await?;
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("prot"));
 
-    let output = avm()?.args(["serve", "--host", "0.0.0.0", "--port", "0", "--grpc-port", "0"]).output().await?;
+    let output = avm()?
+        .args(["serve", "--host", "0.0.0.0", "--port", "0", "--grpc-port", "0"])
+        .output()
+        .await?;
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("refusing to listen on 0.0.0.0"));
 
     let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
     let port = taken.local_addr()?.port().to_string();
     let dir = tempfile::tempdir()?;
-    let output = avm()?.args(["serve", "--port", &port, "--grpc-port", "0", "--data-dir"]).arg(dir.path()).output().await?;
+    let output = avm()?
+        .args(["serve", "--port", &port, "--grpc-port", "0", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .await?;
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains(&format!("cannot listen on 127.0.0.1:{port}")));
     Ok(())
@@ -69,19 +99,33 @@ async fn grpc_ports_serve_health_and_reflection() -> anyhow::Result<()> {
     ] {
         let channel = tonic::transport::Endpoint::from_shared(addr.clone())?.connect().await?;
         let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-        let status = health.check(tonic_health::pb::HealthCheckRequest { service: service.into() }).await?.into_inner();
-        assert_eq!(status.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+        let status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await?
+            .into_inner();
+        assert_eq!(
+            status.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
     }
     // Internal callers use the same capabilities over gRPC directly.
-    let channel = tonic::transport::Endpoint::from_shared(cluster.session_grpc.clone())?.connect().await?;
+    let channel = tonic::transport::Endpoint::from_shared(cluster.session_grpc.clone())?
+        .connect()
+        .await?;
     let mut sessions = avm_proto::session::v1::session_service_client::SessionServiceClient::new(channel);
     let created = sessions
-        .create_container(avm_proto::session::v1::CreateContainerRequest { container_id: "grpc".into() })
+        .create_container(avm_proto::session::v1::CreateContainerRequest {
+            container_id: "grpc".into(),
+        })
         .await?
         .into_inner();
     assert!(created.created);
     let missing = sessions
-        .get_image(avm_proto::session::v1::GetImageRequest { image_id: "img_nope".into() })
+        .get_image(avm_proto::session::v1::GetImageRequest {
+            image_id: "img_nope".into(),
+        })
         .await
         .expect_err("missing image");
     assert_eq!(missing.code(), tonic::Code::NotFound);

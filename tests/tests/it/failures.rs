@@ -13,7 +13,11 @@ use crate::support::{assert_text_turn, conversation, send_and_finish, types};
 /// Asserts a failed turn's order and returns the error code.
 fn assert_failed_turn(frames: &[Value]) -> String {
     let kinds = types(frames);
-    let tail: Vec<&str> = kinds.iter().map(String::as_str).skip_while(|k| *k != "error_received").collect();
+    let tail: Vec<&str> = kinds
+        .iter()
+        .map(String::as_str)
+        .skip_while(|k| *k != "error_received")
+        .collect();
     assert_eq!(tail, ["error_received", "error_message", "error_occurred"], "{kinds:?}");
     assert!(!kinds.contains(&"conversation_end".to_owned()));
     for frame in frames {
@@ -32,7 +36,9 @@ both_modes!(provider_failures_are_typed_and_recoverable, failures);
 
 async fn failures(mode: Mode) -> anyhow::Result<()> {
     let mock = MockLlm::start(MockBehavior::default()).await?;
-    let mut options = Options::with_llm(Llm::Anthropic { base_url: mock.anthropic_base_url() });
+    let mut options = Options::with_llm(Llm::Anthropic {
+        base_url: mock.anthropic_base_url(),
+    });
     options.llm_idle_timeout = Some(Duration::from_millis(500));
     let cluster = Cluster::start(mode, options).await?;
     let mut client = WsClient::connect(&cluster.ws_url()).await?;
@@ -46,7 +52,10 @@ async fn failures(mode: Mode) -> anyhow::Result<()> {
         (MockFailure::Hang, "LLM_TIMEOUT"),
     ];
     for (failure, code) in cases {
-        mock.set_behavior(MockBehavior { failure: Some(failure.clone()), ..MockBehavior::default() });
+        mock.set_behavior(MockBehavior {
+            failure: Some(failure.clone()),
+            ..MockBehavior::default()
+        });
         let frames = send_and_finish(&mut client, &chat.image_id, json!("hi")).await?;
         let got = assert_failed_turn(&frames);
         assert!(

@@ -18,12 +18,17 @@ async fn isolation(mode: Mode) -> anyhow::Result<()> {
     send_and_finish(&mut alice, &a.image_id, json!("secret of a")).await?;
 
     let list_b = bob.request("image_list", json!({"containerId": "container-b"})).await?;
-    let ids: Vec<String> = list_b["records"].as_array().map(|r| r.iter().map(|r| r["imageId"].to_string()).collect()).unwrap_or_default();
+    let ids: Vec<String> = list_b["records"]
+        .as_array()
+        .map(|r| r.iter().map(|r| r["imageId"].to_string()).collect())
+        .unwrap_or_default();
     assert_eq!(ids, [json!(b.image_id).to_string()]);
     assert_eq!(list_b["__subscriptions"], json!([b.session_id]));
     let agents_b = bob.request("agent_list", json!({"containerId": "container-b"})).await?;
     assert_eq!(agents_b["agents"], json!([]));
-    let agents_a = alice.request("agent_list", json!({"containerId": "container-a"})).await?;
+    let agents_a = alice
+        .request("agent_list", json!({"containerId": "container-a"}))
+        .await?;
     assert_eq!(agents_a["agents"].as_array().map(Vec::len), Some(1));
     assert_eq!(agents_a["agents"][0]["imageId"], a.image_id.as_str());
 

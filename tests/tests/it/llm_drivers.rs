@@ -7,8 +7,8 @@ use std::time::Duration;
 use avm_common::config::Secret;
 use avm_runtime::config::{LlmConfig, ProviderKind};
 use avm_runtime::llm::{
-    LlmContent, LlmError, LlmErrorKind, LlmEvent, LlmMessage, LlmProvider, LlmRequest, LlmRole,
-    LlmStream, StopReason, build_provider,
+    LlmContent, LlmError, LlmErrorKind, LlmEvent, LlmMessage, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason,
+    build_provider,
 };
 use avm_tests::mock_llm::{MockApi, MockBehavior, MockFailure, MockLlm};
 use futures::StreamExt;
@@ -134,17 +134,10 @@ async fn streams_exactly_what_the_provider_sent_with_its_usage() {
     })
     .await
     .unwrap();
-    let pieces: Vec<LlmEvent> = [
-        "Hello ",
-        "there, ",
-        "streamed ",
-        "in  ",
-        "pieces.\n",
-        "Done.",
-    ]
-    .into_iter()
-    .map(|piece| LlmEvent::TextDelta(piece.to_owned()))
-    .collect();
+    let pieces: Vec<LlmEvent> = ["Hello ", "there, ", "streamed ", "in  ", "pieces.\n", "Done."]
+        .into_iter()
+        .map(|piece| LlmEvent::TextDelta(piece.to_owned()))
+        .collect();
     for api in APIS {
         let provider = provider(&config(api, &mock));
         let (events, err) = run(provider.as_ref(), ask("hi")).await;
@@ -260,11 +253,7 @@ async fn sends_the_system_prompt_history_model_and_key() {
 
     let openai = &requests[1];
     assert_eq!(openai.api, MockApi::OpenAi);
-    assert_eq!(
-        openai.api_key.as_deref(),
-        Some(KEY),
-        "authorization: Bearer"
-    );
+    assert_eq!(openai.api_key.as_deref(), Some(KEY), "authorization: Bearer");
     assert_eq!(openai.anthropic_version, None);
     assert_eq!(
         openai.body,
@@ -347,34 +336,10 @@ async fn stops_at_max_tokens() {
 }
 
 #[tokio::test]
-async fn reuses_the_connection_across_turns() {
-    let mock = MockLlm::start(MockBehavior::default()).await.unwrap();
-    for api in APIS {
-        let provider = provider(&config(api, &mock));
-        for _ in 0..3 {
-            let (_, err) = run(provider.as_ref(), ask("hi")).await;
-            assert_eq!(err, None, "{api:?}");
-        }
-    }
-    let requests = mock.wait_for_requests(6, DEADLINE).await.unwrap();
-    for turns in requests.chunks(3) {
-        let peers: Vec<_> = turns.iter().map(|request| request.peer).collect();
-        assert!(
-            peers.iter().all(|peer| *peer == peers[0]),
-            "{:?}: a finished reply hands its connection to the next turn: {peers:?}",
-            turns[0].api
-        );
-    }
-}
-
-#[tokio::test]
 async fn accepts_base_urls_with_a_trailing_slash() {
     let mock = MockLlm::start(MockBehavior::default()).await.unwrap();
     for (provider_kind, base_url) in [
-        (
-            ProviderKind::Anthropic,
-            format!("{}/", mock.anthropic_base_url()),
-        ),
+        (ProviderKind::Anthropic, format!("{}/", mock.anthropic_base_url())),
         (ProviderKind::Openai, format!("{}/", mock.openai_base_url())),
     ] {
         let (events, err) = run(
@@ -429,11 +394,7 @@ async fn http_failures_map_to_kinds_without_the_key() {
                     "{context}: {}",
                     err.message
                 ),
-                429 => assert!(
-                    err.message.contains("retry in 1s"),
-                    "{context}: {}",
-                    err.message
-                ),
+                429 => assert!(err.message.contains("retry in 1s"), "{context}: {}", err.message),
                 _ => {}
             }
         }
@@ -473,17 +434,11 @@ async fn a_dropped_connection_is_reported_after_the_text_received() {
         let (events, err) = run(provider(&config(api, &mock)).as_ref(), ask("hi")).await;
         assert_eq!(deltas(&events), 3, "{api:?}");
         assert!(
-            !events
-                .iter()
-                .any(|event| matches!(event, LlmEvent::Stop { .. })),
+            !events.iter().any(|event| matches!(event, LlmEvent::Stop { .. })),
             "{api:?}"
         );
         let err = assert_failure(err, LlmErrorKind::Unreachable, &format!("{api:?}"));
-        assert!(
-            err.message.contains("broke mid-reply"),
-            "{api:?}: {}",
-            err.message
-        );
+        assert!(err.message.contains("broke mid-reply"), "{api:?}: {}", err.message);
     }
 }
 
@@ -496,16 +451,8 @@ async fn a_closed_port_is_unreachable() {
         (ProviderKind::Anthropic, format!("http://{addr}")),
         (ProviderKind::Openai, format!("http://{addr}/v1")),
     ] {
-        let (_, err) = run(
-            provider(&config_for(provider_kind, base_url)).as_ref(),
-            ask("hi"),
-        )
-        .await;
-        let err = assert_failure(
-            err,
-            LlmErrorKind::Unreachable,
-            &format!("{provider_kind:?}"),
-        );
+        let (_, err) = run(provider(&config_for(provider_kind, base_url)).as_ref(), ask("hi")).await;
+        let err = assert_failure(err, LlmErrorKind::Unreachable, &format!("{provider_kind:?}"));
         assert_eq!(
             err.message,
             format!("cannot reach the LLM provider at {addr}: connection refused")
@@ -527,11 +474,7 @@ async fn a_hanging_provider_times_out() {
         let (events, err) = run(provider(&config).as_ref(), ask("hi")).await;
         assert!(events.is_empty());
         let err = assert_failure(err, LlmErrorKind::Timeout, &format!("{api:?}"));
-        assert!(
-            err.message.contains("did not answer within 300ms"),
-            "{}",
-            err.message
-        );
+        assert!(err.message.contains("did not answer within 300ms"), "{}", err.message);
     }
     assert_eq!(mock.wait_for_requests(2, DEADLINE).await.unwrap().len(), 2);
     // Shutting down ends the requests still hanging.
@@ -559,11 +502,7 @@ async fn silence_mid_reply_times_out() {
         );
         assert_eq!(deltas(&events), 0);
         let err = assert_failure(err, LlmErrorKind::Timeout, &format!("{api:?}"));
-        assert!(
-            err.message.contains("sent nothing for 300ms"),
-            "{}",
-            err.message
-        );
+        assert!(err.message.contains("sent nothing for 300ms"), "{}", err.message);
     }
     mock.wait_for_stats(|stats| stats.streams_cancelled == 2, DEADLINE)
         .await
@@ -592,10 +531,7 @@ async fn dropping_the_stream_stops_the_provider_sending() {
         }
         drop(stream);
         let stats = mock.wait_for_cancelled(round + 1, DEADLINE).await.unwrap();
-        assert!(
-            stats.deltas_sent < total,
-            "{api:?}: the mock streamed to the end"
-        );
+        assert!(stats.deltas_sent < total, "{api:?}: the mock streamed to the end");
     }
     assert_eq!(mock.stats().streams_completed, 0);
 }
@@ -651,10 +587,7 @@ async fn the_mock_rejects_what_the_real_apis_reject() {
     let openai = format!("{}/chat/completions", mock.openai_base_url());
     let good = json!({"model": "m", "max_tokens": 5, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     let post = |url: &str, body: String, version: bool| {
-        let mut request = client
-            .post(url)
-            .header("content-type", "application/json")
-            .body(body);
+        let mut request = client.post(url).header("content-type", "application/json").body(body);
         if version {
             request = request.header("anthropic-version", "2023-06-01");
         }
@@ -703,10 +636,7 @@ async fn the_mock_rejects_what_the_real_apis_reject() {
             .starts_with("text/event-stream")
     );
     let body = response.text().await.unwrap();
-    let names: Vec<&str> = body
-        .lines()
-        .filter_map(|line| line.strip_prefix("event: "))
-        .collect();
+    let names: Vec<&str> = body.lines().filter_map(|line| line.strip_prefix("event: ")).collect();
     assert_eq!(
         names,
         [
@@ -743,13 +673,10 @@ async fn offline_is_deterministic_and_echoes_the_user() {
     assert_eq!(provider.name(), "offline");
     let mut request = ask("earlier");
     request.system = Some("be kind".to_owned());
+    request.messages.push(message(LlmRole::Assistant, vec![text("sure")]));
     request
         .messages
-        .push(message(LlmRole::Assistant, vec![text("sure")]));
-    request.messages.push(message(
-        LlmRole::User,
-        vec![text("hello  world"), text("again")],
-    ));
+        .push(message(LlmRole::User, vec![text("hello  world"), text("again")]));
 
     let (events, err) = run(provider.as_ref(), request.clone()).await;
     assert_eq!(err, None);
@@ -765,10 +692,7 @@ async fn offline_is_deterministic_and_echoes_the_user() {
     );
     let text = streamed_text(&events);
     assert!(text.starts_with("AgentVM is running offline"), "{text}");
-    assert!(
-        text.contains("LLM_PROVIDER") && text.contains("LLM_API_KEY"),
-        "{text}"
-    );
+    assert!(text.contains("LLM_PROVIDER") && text.contains("LLM_API_KEY"), "{text}");
     assert!(text.ends_with("You said: hello  world again"), "{text}");
     let count = deltas(&events);
     assert!(count > 10, "the reply streams in small pieces");

@@ -17,21 +17,32 @@ async fn fresh_schema() -> anyhow::Result<Option<String>> {
         return Ok(None);
     };
     let schema = format!("avm_e2e_{:x}", rand_suffix());
-    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&base).await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&base)
+        .await?;
     sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&pool).await?;
     let separator = if base.contains('?') { '&' } else { '?' };
     Ok(Some(format!("{base}{separator}options=-c%20search_path%3D{schema}")))
 }
 
 fn rand_suffix() -> u64 {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     (nanos as u64) ^ u64::from(std::process::id()).rotate_left(32)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_on_postgres_survives_a_restart() -> anyhow::Result<()> {
-    let Some(url) = fresh_schema().await? else { return Ok(()) };
-    let options = Options { database_url: Some(url), ..Options::default() };
+    let Some(url) = fresh_schema().await? else {
+        return Ok(());
+    };
+    let options = Options {
+        database_url: Some(url),
+        ..Options::default()
+    };
     let cluster = Cluster::start(Mode::PerComponent, options).await?;
     let mut client = WsClient::connect(&cluster.ws_url()).await?;
     let chat = conversation(&mut client, "default", json!({"name": "pg"})).await?;
@@ -39,7 +50,9 @@ async fn a_conversation_on_postgres_survives_a_restart() -> anyhow::Result<()> {
     drop(client);
     let cluster = cluster.restart().await?;
     let mut client = WsClient::connect(&cluster.ws_url()).await?;
-    let history = client.request("image_messages", json!({"imageId": chat.image_id})).await?;
+    let history = client
+        .request("image_messages", json!({"imageId": chat.image_id}))
+        .await?;
     let messages = history["messages"].as_array().cloned().unwrap_or_default();
     assert_eq!(messages.len(), 2, "{history}");
     assert_eq!(messages[0]["content"], "stored in postgres");

@@ -11,20 +11,40 @@ use crate::support::{assert_text_turn, conversation, send_and_finish};
 const REPLY: &str = "Hello from the mock, streamed in pieces.";
 
 async fn relays_exactly(mode: Mode, anthropic: bool) -> anyhow::Result<()> {
-    let mock = MockLlm::start(MockBehavior { reply: Some(REPLY.into()), tokens: 7, ..MockBehavior::default() }).await?;
+    let mock = MockLlm::start(MockBehavior {
+        reply: Some(REPLY.into()),
+        tokens: 7,
+        ..MockBehavior::default()
+    })
+    .await?;
     let llm = if anthropic {
-        Llm::Anthropic { base_url: mock.anthropic_base_url() }
+        Llm::Anthropic {
+            base_url: mock.anthropic_base_url(),
+        }
     } else {
-        Llm::OpenAi { base_url: mock.openai_base_url() }
+        Llm::OpenAi {
+            base_url: mock.openai_base_url(),
+        }
     };
     let cluster = Cluster::start(mode, Options::with_llm(llm)).await?;
     let mut client = WsClient::connect(&cluster.ws_url()).await?;
     let chat = conversation(&mut client, "default", json!({"systemPrompt": "You are terse."})).await?;
 
     let frames = send_and_finish(&mut client, &chat.image_id, json!("first question")).await?;
-    assert_eq!(assert_text_turn(&frames), REPLY, "the streamed text is exactly what the provider streamed");
-    let usage = frames.iter().find(|f| f["type"] == "message_delta").map(|f| f["data"]["usage"].clone());
-    assert_eq!(usage.as_ref().map(|u| u["outputTokens"].clone()), Some(json!(7)), "usage as the provider counted it");
+    assert_eq!(
+        assert_text_turn(&frames),
+        REPLY,
+        "the streamed text is exactly what the provider streamed"
+    );
+    let usage = frames
+        .iter()
+        .find(|f| f["type"] == "message_delta")
+        .map(|f| f["data"]["usage"].clone());
+    assert_eq!(
+        usage.as_ref().map(|u| u["outputTokens"].clone()),
+        Some(json!(7)),
+        "usage as the provider counted it"
+    );
 
     let frames = send_and_finish(&mut client, &chat.image_id, json!("second question")).await?;
     assert_eq!(assert_text_turn(&frames), REPLY);
@@ -36,7 +56,11 @@ async fn relays_exactly(mode: Mode, anthropic: bool) -> anyhow::Result<()> {
     let texts = conversation_texts(&second.body, anthropic);
     assert_eq!(
         texts,
-        [("user", "first question".to_owned()), ("assistant", REPLY.to_owned()), ("user", "second question".to_owned())],
+        [
+            ("user", "first question".to_owned()),
+            ("assistant", REPLY.to_owned()),
+            ("user", "second question".to_owned())
+        ],
         "the second turn sends the first turn's history"
     );
     let system = if anthropic {

@@ -14,14 +14,21 @@ async fn resume(mode: Mode) -> anyhow::Result<()> {
     let mut first = WsClient::connect(&cluster.ws_url()).await?;
     let chat = conversation(&mut first, "default", json!({})).await?;
     let frames = send_and_finish(&mut first, &chat.image_id, json!("replay me")).await?;
-    let start = frames.iter().position(|f| f["type"] == "message_start").unwrap_or_default();
+    let start = frames
+        .iter()
+        .position(|f| f["type"] == "message_start")
+        .unwrap_or_default();
     let cursor = frames[start]["cursor"].as_str().unwrap_or_default().to_owned();
     drop(first);
 
     let mut second = WsClient::connect(&cluster.ws_url()).await?;
     second.subscribe(&chat.session_id, Some(&cursor)).await?;
     let replayed = second.frames_until("conversation_end").await?;
-    let missed: Vec<_> = frames[start + 1..].iter().filter(|f| f["category"] != "response").cloned().collect();
+    let missed: Vec<_> = frames[start + 1..]
+        .iter()
+        .filter(|f| f["category"] != "response")
+        .cloned()
+        .collect();
     assert_eq!(types(&replayed), types(&missed));
     assert_eq!(replayed, missed, "the replay is byte-for-byte what was missed");
 

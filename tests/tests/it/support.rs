@@ -36,13 +36,23 @@ pub async fn cluster(mode: Mode) -> anyhow::Result<Cluster> {
 
 /// Creates a container and an image in it, and subscribes to its session.
 pub async fn conversation(client: &mut WsClient, container_id: &str, config: Value) -> anyhow::Result<Conversation> {
-    let created = client.request("container_create", json!({"containerId": container_id})).await?;
-    anyhow::ensure!(created["containerId"] == container_id, "container_create answered {created}");
-    let image = client.request("image_create", json!({"containerId": container_id, "config": config})).await?;
+    let created = client
+        .request("container_create", json!({"containerId": container_id}))
+        .await?;
+    anyhow::ensure!(
+        created["containerId"] == container_id,
+        "container_create answered {created}"
+    );
+    let image = client
+        .request("image_create", json!({"containerId": container_id, "config": config}))
+        .await?;
     anyhow::ensure!(image.get("error").is_none(), "image_create failed: {image}");
     let session_id = image["__subscriptions"][0].as_str().unwrap_or_default().to_owned();
     let record = image["record"].clone();
-    anyhow::ensure!(record["sessionId"] == session_id.as_str(), "subscriptions do not name the session: {image}");
+    anyhow::ensure!(
+        record["sessionId"] == session_id.as_str(),
+        "subscriptions do not name the session: {image}"
+    );
     client.subscribe(&session_id, None).await?;
     Ok(Conversation {
         image_id: record["imageId"].as_str().unwrap_or_default().to_owned(),
@@ -53,12 +63,19 @@ pub async fn conversation(client: &mut WsClient, container_id: &str, config: Val
 
 /// Returns the `type` of each frame.
 pub fn types(frames: &[Value]) -> Vec<String> {
-    frames.iter().map(|frame| frame["type"].as_str().unwrap_or("?").to_owned()).collect()
+    frames
+        .iter()
+        .map(|frame| frame["type"].as_str().unwrap_or("?").to_owned())
+        .collect()
 }
 
 /// Returns the concatenated `text_delta` texts.
 pub fn streamed_text(frames: &[Value]) -> String {
-    frames.iter().filter(|f| f["type"] == "text_delta").filter_map(|f| f["data"]["text"].as_str()).collect()
+    frames
+        .iter()
+        .filter(|f| f["type"] == "text_delta")
+        .filter_map(|f| f["data"]["text"].as_str())
+        .collect()
 }
 
 /// Returns the text of the `assistant_message` among the frames.
@@ -71,17 +88,27 @@ pub fn assistant_text(frames: &[Value]) -> Option<String> {
 /// Sends a message and returns every frame up to the end of the turn,
 /// starting with the ones before the response (in arrival order).
 pub async fn send_and_finish(client: &mut WsClient, image_id: &str, content: Value) -> anyhow::Result<Vec<Value>> {
-    client.send_request("message_send", json!({"imageId": image_id, "content": content})).await?;
+    client
+        .send_request("message_send", json!({"imageId": image_id, "content": content}))
+        .await?;
     client.turn().await
 }
 
 /// Asserts the protocol's order of a text-only turn and returns the reply text.
 pub fn assert_text_turn(frames: &[Value]) -> String {
     let kinds = types(frames);
-    let position = |kind: &str| kinds.iter().position(|k| k == kind).unwrap_or_else(|| panic!("no {kind} in {kinds:?}"));
+    let position = |kind: &str| {
+        kinds
+            .iter()
+            .position(|k| k == kind)
+            .unwrap_or_else(|| panic!("no {kind} in {kinds:?}"))
+    };
     let response = position("message_send_response");
     let start = position("message_start");
-    assert!(position("message_persisted") < response, "persisted before the response: {kinds:?}");
+    assert!(
+        position("message_persisted") < response,
+        "persisted before the response: {kinds:?}"
+    );
     assert!(response < start, "response before any stream event: {kinds:?}");
     assert!(start < position("conversation_start"));
     assert!(position("conversation_start") < position("text_delta"));
@@ -91,13 +118,24 @@ pub fn assert_text_turn(frames: &[Value]) -> String {
     assert_eq!(kinds.last().map(String::as_str), Some("conversation_end"));
     for (i, kind) in kinds.iter().enumerate() {
         if kind == "text_delta" {
-            assert_eq!(kinds.get(i + 1).map(String::as_str), Some("conversation_responding"), "{kinds:?}");
+            assert_eq!(
+                kinds.get(i + 1).map(String::as_str),
+                Some("conversation_responding"),
+                "{kinds:?}"
+            );
         }
     }
     let usage = &frames[position("message_delta")]["data"]["usage"];
-    assert!(usage["inputTokens"].is_u64() && usage["outputTokens"].is_u64(), "usage missing: {usage}");
+    assert!(
+        usage["inputTokens"].is_u64() && usage["outputTokens"].is_u64(),
+        "usage missing: {usage}"
+    );
     assert_eq!(frames[position("conversation_end")]["data"]["reason"], "completed");
     let streamed = streamed_text(frames);
-    assert_eq!(Some(streamed.clone()), assistant_text(frames), "deltas must add up to the assistant message");
+    assert_eq!(
+        Some(streamed.clone()),
+        assistant_text(frames),
+        "deltas must add up to the assistant message"
+    );
     streamed
 }

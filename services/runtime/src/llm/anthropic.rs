@@ -8,9 +8,7 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 
 use super::sse::{self, HttpTransport, Progress, SseDecoder};
-use super::{
-    LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason,
-};
+use super::{LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason};
 use crate::config::LlmConfig;
 
 /// The API root used when `base_url` is not set.
@@ -34,13 +32,7 @@ impl AnthropicProvider {
         if let Some(key) = sse::api_key(config) {
             headers.insert("x-api-key", sse::secret_header(key)?);
         }
-        let transport = HttpTransport::new(
-            "anthropic",
-            config,
-            DEFAULT_BASE_URL,
-            "v1/messages",
-            headers,
-        )?;
+        let transport = HttpTransport::new("anthropic", config, DEFAULT_BASE_URL, "v1/messages", headers)?;
         Ok(Self {
             transport,
             model: config.model.clone(),
@@ -128,10 +120,7 @@ impl<'a> MessagesRequest<'a> {
             } else {
                 request.max_tokens
             },
-            system: request
-                .system
-                .as_deref()
-                .filter(|system| !system.is_empty()),
+            system: request.system.as_deref().filter(|system| !system.is_empty()),
             messages,
             stream: true,
         }
@@ -270,11 +259,7 @@ fn stop_reason(reason: &str) -> StopReason {
 }
 
 impl SseDecoder for MessagesDecoder {
-    fn decode(
-        &mut self,
-        event: &Event,
-        out: &mut VecDeque<LlmEvent>,
-    ) -> Result<Progress, LlmError> {
+    fn decode(&mut self, event: &Event, out: &mut VecDeque<LlmEvent>) -> Result<Progress, LlmError> {
         // The SSE event name says what the data is; a proxy that drops `event:`
         // lines leaves the same name in the data's `type`.
         let tagged;
@@ -406,10 +391,7 @@ mod tests {
                 "content_block_delta",
                 r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" there"}}"#,
             ),
-            event(
-                "content_block_stop",
-                r#"{"type":"content_block_stop","index":0}"#,
-            ),
+            event("content_block_stop", r#"{"type":"content_block_stop","index":0}"#),
             event(
                 "message_delta",
                 r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"output_tokens":2}}"#,
@@ -477,10 +459,7 @@ mod tests {
     fn rejects_malformed_and_truncated_streams() {
         let (_, err) = decode_all(&[event("content_block_delta", "{not json")]);
         assert_eq!(err.unwrap().kind, LlmErrorKind::BadResponse);
-        let (_, err) = decode_all(&[event(
-            "content_block_delta",
-            r#"{"delta":{"type":"text_delta"}}"#,
-        )]);
+        let (_, err) = decode_all(&[event("content_block_delta", r#"{"delta":{"type":"text_delta"}}"#)]);
         assert_eq!(err.unwrap().kind, LlmErrorKind::BadResponse);
         let (events, err) = decode_all(&[event(
             "content_block_delta",
@@ -514,8 +493,7 @@ mod tests {
             }],
             max_tokens: 0,
         };
-        let body =
-            serde_json::to_value(MessagesRequest::new(&request, "default-model", 99)).unwrap();
+        let body = serde_json::to_value(MessagesRequest::new(&request, "default-model", 99)).unwrap();
         assert_eq!(
             body,
             serde_json::json!({

@@ -41,9 +41,16 @@ pub enum LlmRole {
 pub enum LlmContent {
     Text(String),
     /// An image, base64-encoded.
-    Image { media_type: String, data: String },
+    Image {
+        media_type: String,
+        data: String,
+    },
     /// A document such as a PDF, base64-encoded.
-    File { media_type: String, data: String, filename: Option<String> },
+    File {
+        media_type: String,
+        data: String,
+        filename: Option<String>,
+    },
 }
 
 /// What a provider's stream yields, normalised across providers.
@@ -54,7 +61,10 @@ pub enum LlmEvent {
     /// A piece of the assistant's text.
     TextDelta(String),
     /// Token counts reported so far; later reports supersede earlier ones field by field.
-    Usage { input_tokens: Option<u64>, output_tokens: Option<u64> },
+    Usage {
+        input_tokens: Option<u64>,
+        output_tokens: Option<u64>,
+    },
     /// The reply is complete.
     Stop { reason: StopReason },
 }
@@ -130,7 +140,10 @@ pub struct LlmError {
 impl LlmError {
     /// Returns an error of `kind` with a user-facing message.
     pub fn new(kind: LlmErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into() }
+        Self {
+            kind,
+            message: message.into(),
+        }
     }
 }
 

@@ -4,13 +4,12 @@
 
 use futures::StreamExt;
 
-use super::{
-    LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason,
-};
+use super::{LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason};
 use crate::config::LlmConfig;
 
 /// What every offline reply starts with.
-const PREAMBLE: &str = "AgentVM is running offline: no LLM provider is configured (set LLM_PROVIDER and LLM_API_KEY). You said:";
+const PREAMBLE: &str =
+    "AgentVM is running offline: no LLM provider is configured (set LLM_PROVIDER and LLM_API_KEY). You said:";
 
 /// Answers without a network, deterministically.
 pub struct OfflineProvider {
@@ -41,11 +40,7 @@ impl OfflineProvider {
             format!("{PREAMBLE} {said}")
         };
         let deltas = split_words(&text);
-        let input_words = request
-            .system
-            .iter()
-            .map(|system| count_words(system))
-            .sum::<usize>()
+        let input_words = request.system.iter().map(|system| count_words(system)).sum::<usize>()
             + request
                 .messages
                 .iter()
@@ -58,11 +53,7 @@ impl OfflineProvider {
             model: self.model.clone(),
             input_tokens: Some(input_words as u64),
         });
-        events.extend(
-            deltas
-                .into_iter()
-                .map(|delta| LlmEvent::TextDelta(delta.to_owned())),
-        );
+        events.extend(deltas.into_iter().map(|delta| LlmEvent::TextDelta(delta.to_owned())));
         events.push(LlmEvent::Usage {
             input_tokens: Some(input_words as u64),
             output_tokens: Some(output_tokens),

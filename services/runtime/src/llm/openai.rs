@@ -11,9 +11,7 @@ use reqwest::header::{AUTHORIZATION, HeaderMap};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::sse::{self, HttpTransport, Progress, SseDecoder};
-use super::{
-    LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason,
-};
+use super::{LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason};
 use crate::config::LlmConfig;
 
 /// The API root used when `base_url` is not set; by OpenAI's convention it includes `/v1`.
@@ -33,13 +31,7 @@ impl OpenAiProvider {
         if let Some(key) = sse::api_key(config) {
             headers.insert(AUTHORIZATION, sse::secret_header(&format!("Bearer {key}"))?);
         }
-        let transport = HttpTransport::new(
-            "openai",
-            config,
-            DEFAULT_BASE_URL,
-            "chat/completions",
-            headers,
-        )?;
+        let transport = HttpTransport::new("openai", config, DEFAULT_BASE_URL, "chat/completions", headers)?;
         Ok(Self {
             transport,
             model: config.model.clone(),
@@ -164,9 +156,7 @@ impl<'a> ChatRequest<'a> {
             },
             messages: system.into_iter().chain(history).collect(),
             stream: true,
-            stream_options: StreamOptions {
-                include_usage: true,
-            },
+            stream_options: StreamOptions { include_usage: true },
         }
     }
 }
@@ -297,11 +287,7 @@ fn chunk_error(error: &serde_json::Value) -> LlmError {
 }
 
 impl SseDecoder for ChatDecoder {
-    fn decode(
-        &mut self,
-        event: &Event,
-        out: &mut VecDeque<LlmEvent>,
-    ) -> Result<Progress, LlmError> {
+    fn decode(&mut self, event: &Event, out: &mut VecDeque<LlmEvent>) -> Result<Progress, LlmError> {
         let data = event.data.trim();
         if data == "[DONE]" {
             self.ensure_started(None, out);
@@ -310,8 +296,7 @@ impl SseDecoder for ChatDecoder {
             });
             return Ok(Progress::Complete);
         }
-        let chunk: Chunk = serde_json::from_str(data)
-            .map_err(|err| sse::bad_event("chat.completion.chunk", &err))?;
+        let chunk: Chunk = serde_json::from_str(data).map_err(|err| sse::bad_event("chat.completion.chunk", &err))?;
         if let Some(error) = chunk.error.as_ref().filter(|error| !error.is_null()) {
             return Err(chunk_error(error));
         }
@@ -427,23 +412,17 @@ mod tests {
                 reason: StopReason::MaxTokens
             })
         );
-        let (_, err) = decode_all(&[data(
-            r#"{"choices":[{"delta":{"content":"a"},"finish_reason":null}]}"#,
-        )]);
+        let (_, err) = decode_all(&[data(r#"{"choices":[{"delta":{"content":"a"},"finish_reason":null}]}"#)]);
         assert_eq!(err.unwrap().kind, LlmErrorKind::BadResponse);
     }
 
     #[test]
     fn maps_errors_and_malformed_chunks() {
-        let (_, err) = decode_all(&[data(
-            r#"{"error":{"message":"boom","type":"server_error"}}"#,
-        )]);
+        let (_, err) = decode_all(&[data(r#"{"error":{"message":"boom","type":"server_error"}}"#)]);
         let err = err.unwrap();
         assert_eq!(err.kind, LlmErrorKind::Unavailable);
         assert!(err.message.contains("boom"), "{}", err.message);
-        let (_, err) = decode_all(&[data(
-            r#"{"error":{"message":"slow","code":"rate_limit_exceeded"}}"#,
-        )]);
+        let (_, err) = decode_all(&[data(r#"{"error":{"message":"slow","code":"rate_limit_exceeded"}}"#)]);
         assert_eq!(err.unwrap().kind, LlmErrorKind::RateLimited);
         let (_, err) = decode_all(&[data("{oops")]);
         assert_eq!(err.unwrap().kind, LlmErrorKind::BadResponse);

@@ -42,8 +42,7 @@ pub(super) enum Progress {
 pub(super) trait SseDecoder: Send + Unpin + 'static {
     /// Appends the events that `event` carries to `out` and returns whether the
     /// reply is complete.
-    fn decode(&mut self, event: &Event, out: &mut VecDeque<LlmEvent>)
-    -> Result<Progress, LlmError>;
+    fn decode(&mut self, event: &Event, out: &mut VecDeque<LlmEvent>) -> Result<Progress, LlmError>;
 
     /// Appends the final events to `out` when the body ends before the decoder
     /// reported the reply complete, or returns why the reply is broken.
@@ -126,10 +125,7 @@ impl HttpTransport {
                 return Err(err);
             }
         };
-        let bytes = response
-            .bytes_stream()
-            .map(|chunk| chunk.map_err(body_error))
-            .boxed();
+        let bytes = response.bytes_stream().map(|chunk| chunk.map_err(body_error)).boxed();
         let events = IdleTimeout::new(bytes, self.idle_timeout)
             .eventsource()
             .map(|event| event.map_err(sse_error))
@@ -139,7 +135,6 @@ impl HttpTransport {
             events: Some(events),
             decoder,
             pending: VecDeque::new(),
-            complete: false,
             api_key: self.api_key.clone(),
         }
         .boxed())
@@ -147,10 +142,7 @@ impl HttpTransport {
 
     /// Sends the request and checks the status, all within `request_timeout`
     /// (an error body included: a provider that stalls there must not hold the turn).
-    async fn send<B: serde::Serialize + Sync + ?Sized>(
-        &self,
-        body: &B,
-    ) -> Result<reqwest::Response, LlmError> {
+    async fn send<B: serde::Serialize + Sync + ?Sized>(&self, body: &B) -> Result<reqwest::Response, LlmError> {
         let deadline = Instant::now() + self.request_timeout;
         let request = self.client.post(self.endpoint.clone()).json(body).send();
         let response = match tokio::time::timeout_at(deadline, request).await {
@@ -167,9 +159,7 @@ impl HttpTransport {
             .get(RETRY_AFTER)
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.trim().parse::<u64>().ok());
-        let detail = tokio::time::timeout_at(deadline, read_limited(response))
-            .await
-            .ok();
+        let detail = tokio::time::timeout_at(deadline, read_limited(response)).await.ok();
         Err(status_error(
             status,
             detail.as_deref().and_then(error_detail),
@@ -196,10 +186,7 @@ impl HttpTransport {
         if err.is_connect() {
             LlmError::new(
                 LlmErrorKind::Unreachable,
-                format!(
-                    "cannot reach the LLM provider at {}: {cause}",
-                    self.authority
-                ),
+                format!("cannot reach the LLM provider at {}: {cause}", self.authority),
             )
         } else {
             LlmError::new(
@@ -215,10 +202,7 @@ impl HttpTransport {
 
 /// Passes an event stream on and turns anything else (a proxy's HTML page, a
 /// server that ignored `stream: true`) into an explained failure.
-async fn check_content_type(
-    response: reqwest::Response,
-    deadline: Instant,
-) -> Result<reqwest::Response, LlmError> {
+async fn check_content_type(response: reqwest::Response, deadline: Instant) -> Result<reqwest::Response, LlmError> {
     let content_type = response
         .headers()
         .get(reqwest::header::CONTENT_TYPE)
@@ -226,11 +210,8 @@ async fn check_content_type(
     match content_type {
         Some(value) if !value.to_ascii_lowercase().starts_with(b"text/event-stream") => {
             let shown = String::from_utf8_lossy(&value).into_owned();
-            let detail = tokio::time::timeout_at(deadline, read_limited(response))
-                .await
-                .ok();
-            let mut message =
-                format!("the LLM provider answered with {shown} instead of an event stream");
+            let detail = tokio::time::timeout_at(deadline, read_limited(response)).await.ok();
+            let mut message = format!("the LLM provider answered with {shown} instead of an event stream");
             if let Some(detail) = detail.as_deref().and_then(error_detail) {
                 message.push_str(&format!(" (provider said: \"{detail}\")"));
             }
@@ -243,11 +224,7 @@ async fn check_content_type(
 /// Returns the endpoint URL; `path` is appended so that a base URL with or
 /// without a trailing slash (or with a path prefix such as `/v1`) both work.
 fn endpoint_url(base: &str, path: &str) -> Result<Url, LlmError> {
-    let joined = format!(
-        "{}/{}",
-        base.trim_end_matches('/'),
-        path.trim_start_matches('/')
-    );
+    let joined = format!("{}/{}", base.trim_end_matches('/'), path.trim_start_matches('/'));
     let invalid = |why: String| {
         LlmError::new(
             LlmErrorKind::InvalidRequest,
@@ -256,10 +233,7 @@ fn endpoint_url(base: &str, path: &str) -> Result<Url, LlmError> {
     };
     let url = Url::parse(&joined).map_err(|err| invalid(err.to_string()))?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(invalid(format!(
-            "scheme {} is not http or https",
-            url.scheme()
-        )));
+        return Err(invalid(format!("scheme {} is not http or https", url.scheme())));
     }
     if url.host_str().is_none() {
         return Err(invalid("it has no host".to_owned()));
@@ -270,11 +244,7 @@ fn endpoint_url(base: &str, path: &str) -> Result<Url, LlmError> {
 /// Returns the configured API key without the surrounding whitespace that a
 /// key read from a file or a Kubernetes secret often carries.
 pub(super) fn api_key(config: &LlmConfig) -> Option<&str> {
-    config
-        .api_key
-        .expose()
-        .map(str::trim)
-        .filter(|key| !key.is_empty())
+    config.api_key.expose().map(str::trim).filter(|key| !key.is_empty())
 }
 
 /// Returns a header value holding `key`, marked sensitive so it is never printed.
@@ -326,12 +296,7 @@ fn error_detail(body: &str) -> Option<String> {
 }
 
 /// Returns the error for a non-success HTTP status.
-fn status_error(
-    status: StatusCode,
-    detail: Option<String>,
-    retry_after: Option<u64>,
-    key_set: bool,
-) -> LlmError {
+fn status_error(status: StatusCode, detail: Option<String>, retry_after: Option<u64>, key_set: bool) -> LlmError {
     let code = status.as_u16();
     let label = format!("HTTP {code}");
     let (kind, mut message) = match code {
@@ -403,11 +368,7 @@ pub(super) fn provider_error(error_type: Option<&str>, detail: Option<&str>) -> 
             LlmErrorKind::Unauthenticated,
             format!("the LLM provider refused the API key ({label}); check LLM_API_KEY"),
         ),
-        "rate_limit_error"
-        | "rate_limit_exceeded"
-        | "insufficient_quota"
-        | "requests"
-        | "tokens" => (
+        "rate_limit_error" | "rate_limit_exceeded" | "insufficient_quota" | "requests" | "tokens" => (
             LlmErrorKind::RateLimited,
             format!("the LLM provider is rate limiting requests ({label}); retry later"),
         ),
@@ -452,10 +413,7 @@ pub(super) fn ended_early() -> LlmError {
 
 fn body_error(err: reqwest::Error) -> LlmError {
     if err.is_timeout() {
-        return LlmError::new(
-            LlmErrorKind::Timeout,
-            "the LLM provider stopped sending mid-reply",
-        );
+        return LlmError::new(LlmErrorKind::Timeout, "the LLM provider stopped sending mid-reply");
     }
     // No content decoding is enabled, so every other body error (reqwest
     // reports a cut chunked body as a decode error) is a broken connection.
@@ -567,17 +525,10 @@ impl Stream for IdleTimeout {
         this.expired = true;
         Poll::Ready(Some(Err(LlmError::new(
             LlmErrorKind::Timeout,
-            format!(
-                "the LLM provider sent nothing for {:?} mid-reply",
-                this.idle
-            ),
+            format!("the LLM provider sent nothing for {:?} mid-reply", this.idle),
         ))))
     }
 }
-
-/// Most trailing SSE events read after the reply is complete before the body
-/// is let go; a server that keeps sending is not read forever.
-const MAX_TRAILING_EVENTS: usize = 16;
 
 /// The provider's SSE events run through a decoder. The stream ends after the
 /// reply is complete or after the first error.
@@ -586,8 +537,6 @@ struct DecodedStream<D> {
     events: Option<BoxStream<'static, Result<Event, LlmError>>>,
     decoder: D,
     pending: VecDeque<LlmEvent>,
-    /// Set once the decoder reported the reply complete.
-    complete: bool,
     api_key: Option<Arc<str>>,
 }
 
@@ -603,22 +552,6 @@ impl<D: SseDecoder> DecodedStream<D> {
         );
         Poll::Ready(Some(Err(err)))
     }
-
-    /// Reads what has already arrived after the reply, without waiting: a body
-    /// read to its end returns an HTTP/1 connection to the pool for the next
-    /// turn, while one dropped early closes it (HTTP/2 loses nothing either way).
-    fn finish_body(&mut self, cx: &mut Context<'_>) {
-        if let Some(events) = self.events.as_mut() {
-            for _ in 0..MAX_TRAILING_EVENTS {
-                match events.poll_next_unpin(cx) {
-                    Poll::Ready(Some(_)) => {}
-                    Poll::Ready(None) => { eprintln!("DBG drained to end"); break }
-                    Poll::Pending => { eprintln!("DBG pending"); break }
-                }
-            }
-        }
-        self.events = None;
-    }
 }
 
 impl<D: SseDecoder> Stream for DecodedStream<D> {
@@ -630,16 +563,16 @@ impl<D: SseDecoder> Stream for DecodedStream<D> {
             if let Some(event) = this.pending.pop_front() {
                 return Poll::Ready(Some(Ok(event)));
             }
-            if this.complete {
-                this.finish_body(cx);
-            }
             let Some(events) = this.events.as_mut() else {
                 return Poll::Ready(None);
             };
             match ready!(events.poll_next_unpin(cx)) {
                 Some(Ok(event)) => match this.decoder.decode(&event, &mut this.pending) {
                     Ok(Progress::More) => {}
-                    Ok(Progress::Complete) => this.complete = true,
+                    // Letting go of the body now lets hyper drain its tail
+                    // and pool an HTTP/1 connection without making the
+                    // caller wait for the end of the body.
+                    Ok(Progress::Complete) => this.events = None,
                     Err(err) => return this.fail(err),
                 },
                 Some(Err(err)) => return this.fail(err),
@@ -686,8 +619,7 @@ mod tests {
 
     #[test]
     fn maps_statuses_to_kinds() {
-        let kind =
-            |code: u16| status_error(StatusCode::from_u16(code).unwrap(), None, None, true).kind;
+        let kind = |code: u16| status_error(StatusCode::from_u16(code).unwrap(), None, None, true).kind;
         assert_eq!(kind(401), LlmErrorKind::Unauthenticated);
         assert_eq!(kind(403), LlmErrorKind::Unauthenticated);
         assert_eq!(kind(429), LlmErrorKind::RateLimited);
@@ -720,14 +652,8 @@ mod tests {
             error_detail(r#"{"error":{"message":"bad  key"}}"#).as_deref(),
             Some("bad key")
         );
-        assert_eq!(
-            error_detail(r#"{"message":"nope"}"#).as_deref(),
-            Some("nope")
-        );
-        assert_eq!(
-            error_detail("<html>oops</html>").as_deref(),
-            Some("<html>oops</html>")
-        );
+        assert_eq!(error_detail(r#"{"message":"nope"}"#).as_deref(), Some("nope"));
+        assert_eq!(error_detail("<html>oops</html>").as_deref(), Some("<html>oops</html>"));
         assert_eq!(error_detail("  ").as_deref(), None);
         let long = error_detail(&"é".repeat(1000)).unwrap();
         assert_eq!(long.chars().count(), MAX_DETAIL_CHARS + 1);
@@ -735,10 +661,7 @@ mod tests {
 
     #[test]
     fn scrubs_the_key() {
-        let err = LlmError::new(
-            LlmErrorKind::Unauthenticated,
-            "bad key sk-secret-1 and sk-secret-1",
-        );
+        let err = LlmError::new(LlmErrorKind::Unauthenticated, "bad key sk-secret-1 and sk-secret-1");
         let scrubbed = scrub(err, Some("sk-secret-1"));
         assert_eq!(scrubbed.message, "bad key <redacted> and <redacted>");
     }
@@ -761,9 +684,6 @@ mod tests {
             provider_error(Some("invalid_request_error"), None).kind,
             LlmErrorKind::InvalidRequest
         );
-        assert_eq!(
-            provider_error(None, Some("boom")).kind,
-            LlmErrorKind::Unavailable
-        );
+        assert_eq!(provider_error(None, Some("boom")).kind, LlmErrorKind::Unavailable);
     }
 }

@@ -44,14 +44,8 @@ macro_rules! select_image {
          FROM images i JOIN sessions s ON s.image_id = i.image_id "
     };
 }
-pub(super) const SELECT_IMAGE: &str = concat!(
-    select_image!(),
-    "WHERE i.tenant_id = $1 AND i.image_id = $2"
-);
-pub(super) const SELECT_SESSION_IMAGE: &str = concat!(
-    select_image!(),
-    "WHERE s.tenant_id = $1 AND s.session_id = $2"
-);
+pub(super) const SELECT_IMAGE: &str = concat!(select_image!(), "WHERE i.tenant_id = $1 AND i.image_id = $2");
+pub(super) const SELECT_SESSION_IMAGE: &str = concat!(select_image!(), "WHERE s.tenant_id = $1 AND s.session_id = $2");
 pub(super) const LIST_IMAGES: &str = concat!(
     select_image!(),
     "WHERE i.tenant_id = $1 \
@@ -135,11 +129,9 @@ where
 {
     let message_id: String = row.try_get("message_id")?;
     let seq: i64 = row.try_get("seq")?;
-    let seq = u64::try_from(seq)
-        .map_err(|_| SessionError::Corrupt(format!("message {message_id} has seq {seq}")))?;
+    let seq = u64::try_from(seq).map_err(|_| SessionError::Corrupt(format!("message {message_id} has seq {seq}")))?;
     let body: &str = row.try_get("body")?;
-    let body = decode_body(body)
-        .map_err(|err| SessionError::Corrupt(format!("message {message_id}: {err}")))?;
+    let body = decode_body(body).map_err(|err| SessionError::Corrupt(format!("message {message_id}: {err}")))?;
     Ok(MessageRecord {
         message_id,
         session_id: row.try_get("session_id")?,
@@ -164,8 +156,8 @@ pub(super) fn missing_container(err: sqlx::Error, container_id: &str) -> Session
 
 /// Returns the stored form of a message body: its kind and its JSON text.
 pub(super) fn encode_body(body: &MessageBody) -> Result<(&'static str, String), SessionError> {
-    let json = serde_json::to_string(body)
-        .map_err(|err| SessionError::Corrupt(format!("cannot encode body: {err}")))?;
+    let json =
+        serde_json::to_string(body).map_err(|err| SessionError::Corrupt(format!("cannot encode body: {err}")))?;
     Ok((body.kind(), json))
 }
 
@@ -214,9 +206,7 @@ macro_rules! impl_session_store {
                     .bind(container_id)
                     .fetch_optional(&self.pool)
                     .await?
-                    .ok_or_else(|| {
-                        $crate::error::SessionError::ContainerNotFound(container_id.to_owned())
-                    })?;
+                    .ok_or_else(|| $crate::error::SessionError::ContainerNotFound(container_id.to_owned()))?;
                 sql::container_from_row(&row)
             }
 
@@ -229,9 +219,7 @@ macro_rules! impl_session_store {
                     .bind(tenant_id)
                     .fetch_all(&self.pool)
                     .await?;
-                rows.iter()
-                    .map(|row| sql::container_from_row(row))
-                    .collect()
+                rows.iter().map(|row| sql::container_from_row(row)).collect()
             }
 
             async fn delete_container(
@@ -313,9 +301,7 @@ macro_rules! impl_session_store {
                     .bind(image_id)
                     .fetch_optional(&self.pool)
                     .await?
-                    .ok_or_else(|| {
-                        $crate::error::SessionError::ImageNotFound(image_id.to_owned())
-                    })?;
+                    .ok_or_else(|| $crate::error::SessionError::ImageNotFound(image_id.to_owned()))?;
                 sql::image_from_row(&row)
             }
 
@@ -330,9 +316,7 @@ macro_rules! impl_session_store {
                     .bind(session_id)
                     .fetch_optional(&self.pool)
                     .await?
-                    .ok_or_else(|| {
-                        $crate::error::SessionError::SessionNotFound(session_id.to_owned())
-                    })?;
+                    .ok_or_else(|| $crate::error::SessionError::SessionNotFound(session_id.to_owned()))?;
                 sql::image_from_row(&row)
             }
 
@@ -382,9 +366,7 @@ macro_rules! impl_session_store {
                     .rows_affected();
                 if updated == 0 {
                     tx.rollback().await?;
-                    return Err($crate::error::SessionError::ImageNotFound(
-                        image_id.to_owned(),
-                    ));
+                    return Err($crate::error::SessionError::ImageNotFound(image_id.to_owned()));
                 }
                 let row = sqlx::query(sql::SELECT_IMAGE)
                     .bind(tenant_id)
@@ -396,11 +378,7 @@ macro_rules! impl_session_store {
                 Ok(image)
             }
 
-            async fn delete_image(
-                &self,
-                tenant_id: &str,
-                image_id: &str,
-            ) -> Result<(), $crate::error::SessionError> {
+            async fn delete_image(&self, tenant_id: &str, image_id: &str) -> Result<(), $crate::error::SessionError> {
                 use $crate::store::sql;
                 // One statement: the cascade takes the session and its messages.
                 let deleted = sqlx::query(sql::DELETE_IMAGE)
@@ -410,9 +388,7 @@ macro_rules! impl_session_store {
                     .await?
                     .rows_affected();
                 if deleted == 0 {
-                    return Err($crate::error::SessionError::ImageNotFound(
-                        image_id.to_owned(),
-                    ));
+                    return Err($crate::error::SessionError::ImageNotFound(image_id.to_owned()));
                 }
                 Ok(())
             }
@@ -455,9 +431,7 @@ macro_rules! impl_session_store {
                         message_id: message.message_id.clone(),
                         session_id: session_id.to_owned(),
                         seq: u64::try_from(seq).map_err(|_| {
-                            $crate::error::SessionError::Corrupt(format!(
-                                "session {session_id} seq {seq}"
-                            ))
+                            $crate::error::SessionError::Corrupt(format!("session {session_id} seq {seq}"))
                         })?,
                         created_at_ms: message.created_at_ms,
                         body: message.body.clone(),

@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use avm_common::Code;
 use avm_session::{
-    ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, SessionService,
-    SessionStore, Usage,
+    ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, SessionService, SessionStore, Usage,
 };
 
 use crate::support::{api_err, ctx, reason, user};
@@ -104,10 +103,7 @@ async fn containers_are_get_or_create(store: Arc<dyn SessionStore>) {
     let (again, created) = service.create_container(&ctx(A), "default").await.unwrap();
     assert!(!created, "a second create returns the existing container");
     assert_eq!(again, first);
-    assert_eq!(
-        service.get_container(&ctx(A), "default").await.unwrap(),
-        first
-    );
+    assert_eq!(service.get_container(&ctx(A), "default").await.unwrap(), first);
 
     let missing = api_err(service.get_container(&ctx(A), "nope").await);
     assert_eq!(
@@ -131,14 +127,7 @@ async fn containers_are_get_or_create(store: Arc<dyn SessionStore>) {
 async fn container_ids_are_validated(store: Arc<dyn SessionStore>) {
     let service = SessionService::new(store);
     let too_long = "c".repeat(129);
-    for bad in [
-        "",
-        "has space",
-        "slash/",
-        "tab\t",
-        "naïve",
-        too_long.as_str(),
-    ] {
+    for bad in ["", "has space", "slash/", "tab\t", "naïve", too_long.as_str()] {
         let err = api_err(service.create_container(&ctx(A), bad).await);
         assert_eq!(
             (err.code, err.reason.as_ref()),
@@ -147,16 +136,8 @@ async fn container_ids_are_validated(store: Arc<dyn SessionStore>) {
         );
     }
     let longest = "c".repeat(128);
-    for good in [
-        "default",
-        "user@example.com",
-        "team:a.b_c-1",
-        longest.as_str(),
-    ] {
-        assert!(
-            service.create_container(&ctx(A), good).await.unwrap().1,
-            "{good:?}"
-        );
+    for good in ["default", "user@example.com", "team:a.b_c-1", longest.as_str()] {
+        assert!(service.create_container(&ctx(A), good).await.unwrap().1, "{good:?}");
     }
     assert_eq!(service.list_containers(&ctx(A)).await.unwrap().len(), 4);
     assert_eq!(
@@ -169,31 +150,19 @@ async fn tenants_never_see_each_other(store: Arc<dyn SessionStore>) {
     let service = SessionService::new(store);
     let (a_default, a_created) = service.create_container(&ctx(A), "default").await.unwrap();
     let (b_default, b_created) = service.create_container(&ctx(B), "default").await.unwrap();
-    assert!(
-        a_created && b_created,
-        "both tenants own a container named default"
-    );
+    assert!(a_created && b_created, "both tenants own a container named default");
     assert_eq!(
-        (
-            a_default.container_id.as_str(),
-            b_default.container_id.as_str()
-        ),
+        (a_default.container_id.as_str(), b_default.container_id.as_str()),
         ("default", "default")
     );
     service.create_container(&ctx(A), "only-a").await.unwrap();
 
-    let a_image = service
-        .create_image(&ctx(A), image_in("default"))
-        .await
-        .unwrap();
+    let a_image = service.create_image(&ctx(A), image_in("default")).await.unwrap();
     service
         .append_message(&ctx(A), &a_image.session_id, user("msg_a1", "secret"))
         .await
         .unwrap();
-    let b_image = service
-        .create_image(&ctx(B), image_in("default"))
-        .await
-        .unwrap();
+    let b_image = service.create_image(&ctx(B), image_in("default")).await.unwrap();
 
     // B sees only its own things.
     let b_containers: Vec<String> = service
@@ -212,20 +181,11 @@ async fn tenants_never_see_each_other(store: Arc<dyn SessionStore>) {
         service.list_images(&ctx(B), Some("default")).await.unwrap(),
         std::slice::from_ref(&b_image)
     );
-    assert!(
-        service
-            .list_images(&ctx(B), Some("only-a"))
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(service.list_images(&ctx(B), Some("only-a")).await.unwrap().is_empty());
 
     // A foreign id fails exactly like a missing one.
     let same = |foreign: avm_common::ApiError, missing: avm_common::ApiError| {
-        assert_eq!(
-            (foreign.code, &foreign.reason),
-            (missing.code, &missing.reason)
-        );
+        assert_eq!((foreign.code, &foreign.reason), (missing.code, &missing.reason));
         assert_eq!(foreign.code, Code::NotFound);
     };
     let (image_id, session_id) = (a_image.image_id.as_str(), a_image.session_id.as_str());
@@ -252,11 +212,7 @@ async fn tenants_never_see_each_other(store: Arc<dyn SessionStore>) {
         api_err(service.delete_image(&ctx(B), ghost_image).await),
     );
     same(
-        api_err(
-            service
-                .append_message(&ctx(B), session_id, user("msg_b1", "hi"))
-                .await,
-        ),
+        api_err(service.append_message(&ctx(B), session_id, user("msg_b1", "hi")).await),
         api_err(
             service
                 .append_message(&ctx(B), ghost_session, user("msg_b1", "hi"))
@@ -295,16 +251,9 @@ async fn images_have_defaults_and_round_trip(store: Arc<dyn SessionStore>) {
     let service = SessionService::new(store);
     service.create_container(&ctx(A), "default").await.unwrap();
 
-    let plain = service
-        .create_image(&ctx(A), image_in("default"))
-        .await
-        .unwrap();
+    let plain = service.create_image(&ctx(A), image_in("default")).await.unwrap();
     assert!(plain.image_id.starts_with("img_"), "{}", plain.image_id);
-    assert!(
-        plain.session_id.starts_with("sess_"),
-        "{}",
-        plain.session_id
-    );
+    assert!(plain.session_id.starts_with("sess_"), "{}", plain.session_id);
     assert_eq!(plain.container_id, "default");
     assert_eq!(plain.name, "New Conversation");
     assert_eq!(
@@ -314,17 +263,8 @@ async fn images_have_defaults_and_round_trip(store: Arc<dyn SessionStore>) {
     assert_eq!(plain.mcp_servers_json, "{}");
     assert!(plain.created_at_ms > 0);
     assert_eq!(plain.created_at_ms, plain.updated_at_ms);
-    assert_eq!(
-        service.get_image(&ctx(A), &plain.image_id).await.unwrap(),
-        plain
-    );
-    assert_eq!(
-        service
-            .get_session(&ctx(A), &plain.session_id)
-            .await
-            .unwrap(),
-        plain
-    );
+    assert_eq!(service.get_image(&ctx(A), &plain.image_id).await.unwrap(), plain);
+    assert_eq!(service.get_session(&ctx(A), &plain.session_id).await.unwrap(), plain);
     assert!(
         service
             .list_messages(&ctx(A), &plain.session_id)
@@ -344,11 +284,7 @@ async fn images_have_defaults_and_round_trip(store: Arc<dyn SessionStore>) {
     let blank = service.create_image(&ctx(A), blank).await.unwrap();
     assert_eq!(blank.name, "New Conversation");
     assert_eq!(
-        (
-            blank.description,
-            blank.system_prompt,
-            blank.mcp_servers_json.as_str()
-        ),
+        (blank.description, blank.system_prompt, blank.mcp_servers_json.as_str()),
         (None, None, "{}")
     );
 
@@ -364,15 +300,9 @@ async fn images_have_defaults_and_round_trip(store: Arc<dyn SessionStore>) {
     let full = service.create_image(&ctx(A), full).await.unwrap();
     assert_eq!(full.name, "Reviewer ✓");
     assert_eq!(full.description.as_deref(), Some("reads pull requests"));
-    assert_eq!(
-        full.system_prompt.as_deref(),
-        Some("You review code.\nBe brief.")
-    );
+    assert_eq!(full.system_prompt.as_deref(), Some("You review code.\nBe brief."));
     assert_eq!(full.mcp_servers_json, mcp, "mcp servers are kept as sent");
-    assert_eq!(
-        service.get_image(&ctx(A), &full.image_id).await.unwrap(),
-        full
-    );
+    assert_eq!(service.get_image(&ctx(A), &full.image_id).await.unwrap(), full);
     assert_ne!(full.image_id, plain.image_id);
     assert_ne!(full.session_id, plain.session_id);
 
@@ -391,10 +321,7 @@ async fn images_update_and_delete(store: Arc<dyn SessionStore>) {
         name: Some("Renamed".into()),
         description: Some("about it".into()),
     };
-    let renamed = service
-        .update_image(&ctx(A), &image.image_id, described)
-        .await
-        .unwrap();
+    let renamed = service.update_image(&ctx(A), &image.image_id, described).await.unwrap();
     assert_eq!(renamed.name, "Renamed");
     assert_eq!(renamed.description.as_deref(), Some("about it"));
     assert!(renamed.updated_at_ms >= image.updated_at_ms);
@@ -403,10 +330,7 @@ async fn images_update_and_delete(store: Arc<dyn SessionStore>) {
         (&renamed.session_id, &renamed.mcp_servers_json),
         (&image.session_id, &image.mcp_servers_json)
     );
-    assert_eq!(
-        service.get_image(&ctx(A), &image.image_id).await.unwrap(),
-        renamed
-    );
+    assert_eq!(service.get_image(&ctx(A), &image.image_id).await.unwrap(), renamed);
 
     // Unset fields stay; an empty description clears it.
     let untouched = service
@@ -421,19 +345,10 @@ async fn images_update_and_delete(store: Arc<dyn SessionStore>) {
         name: None,
         description: Some(String::new()),
     };
-    let cleared = service
-        .update_image(&ctx(A), &image.image_id, cleared)
-        .await
-        .unwrap();
-    assert_eq!(
-        (cleared.name.as_str(), cleared.description),
-        ("Renamed", None)
-    );
+    let cleared = service.update_image(&ctx(A), &image.image_id, cleared).await.unwrap();
+    assert_eq!((cleared.name.as_str(), cleared.description), ("Renamed", None));
 
-    service
-        .delete_image(&ctx(A), &image.image_id)
-        .await
-        .unwrap();
+    service.delete_image(&ctx(A), &image.image_id).await.unwrap();
     assert_eq!(
         reason(service.get_image(&ctx(A), &image.image_id).await),
         "IMAGE_NOT_FOUND"
@@ -454,13 +369,7 @@ async fn images_update_and_delete(store: Arc<dyn SessionStore>) {
         reason(service.get_session(&ctx(A), &image.session_id).await),
         "SESSION_NOT_FOUND"
     );
-    assert!(
-        service
-            .list_images(&ctx(A), Some("default"))
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(service.list_images(&ctx(A), Some("default")).await.unwrap().is_empty());
     service
         .get_container(&ctx(A), "default")
         .await
@@ -476,10 +385,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
         image
     };
     let cases: [(NewImage, &str); 8] = [
-        (
-            with(|i| i.name = Some("n".repeat(257))),
-            "INVALID_IMAGE_NAME",
-        ),
+        (with(|i| i.name = Some("n".repeat(257))), "INVALID_IMAGE_NAME"),
         (
             with(|i| i.description = Some("d".repeat(4097))),
             "INVALID_IMAGE_DESCRIPTION",
@@ -488,33 +394,18 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
             with(|i| i.system_prompt = Some("p".repeat(256 * 1024 + 1))),
             "INVALID_SYSTEM_PROMPT",
         ),
-        (
-            with(|i| i.mcp_servers_json = "[]".into()),
-            "INVALID_MCP_SERVERS",
-        ),
-        (
-            with(|i| i.mcp_servers_json = "null".into()),
-            "INVALID_MCP_SERVERS",
-        ),
-        (
-            with(|i| i.mcp_servers_json = "{\"fs\":".into()),
-            "INVALID_MCP_SERVERS",
-        ),
+        (with(|i| i.mcp_servers_json = "[]".into()), "INVALID_MCP_SERVERS"),
+        (with(|i| i.mcp_servers_json = "null".into()), "INVALID_MCP_SERVERS"),
+        (with(|i| i.mcp_servers_json = "{\"fs\":".into()), "INVALID_MCP_SERVERS"),
         (
             with(|i| i.mcp_servers_json = format!("{{\"k\":\"{}\"}}", "x".repeat(64 * 1024))),
             "INVALID_MCP_SERVERS",
         ),
-        (
-            with(|i| i.container_id = String::new()),
-            "INVALID_CONTAINER_ID",
-        ),
+        (with(|i| i.container_id = String::new()), "INVALID_CONTAINER_ID"),
     ];
     for (image, expected) in cases {
         let err = api_err(service.create_image(&ctx(A), image).await);
-        assert_eq!(
-            (err.code, err.reason.as_ref()),
-            (Code::InvalidArgument, expected)
-        );
+        assert_eq!((err.code, err.reason.as_ref()), (Code::InvalidArgument, expected));
     }
     assert!(
         service.list_images(&ctx(A), None).await.unwrap().is_empty(),
@@ -529,10 +420,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
         system_prompt: Some("p".repeat(256 * 1024)),
         mcp_servers_json: format!("{{\"k\":\"{}\"}}", "x".repeat(64 * 1024 - 8)),
     };
-    let image = service
-        .create_image(&ctx(A), at_limits.clone())
-        .await
-        .unwrap();
+    let image = service.create_image(&ctx(A), at_limits.clone()).await.unwrap();
     assert_eq!(Some(image.name), at_limits.name);
     assert_eq!(image.system_prompt, at_limits.system_prompt);
 
@@ -567,10 +455,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
         ),
     ] {
         let err = api_err(service.update_image(&ctx(A), &image.image_id, update).await);
-        assert_eq!(
-            (err.code, err.reason.as_ref()),
-            (Code::InvalidArgument, expected)
-        );
+        assert_eq!((err.code, err.reason.as_ref()), (Code::InvalidArgument, expected));
     }
 }
 
@@ -595,13 +480,9 @@ async fn images_list_newest_first(store: Arc<dyn SessionStore>) {
         ("img_b", "one", 2_000),
         ("img_c", "two", 2_000),
     ] {
-        store
-            .create_image(A, &record(id, container, at))
-            .await
-            .unwrap();
+        store.create_image(A, &record(id, container, at)).await.unwrap();
     }
-    let names =
-        |images: Vec<ImageRecord>| images.into_iter().map(|i| i.image_id).collect::<Vec<_>>();
+    let names = |images: Vec<ImageRecord>| images.into_iter().map(|i| i.image_id).collect::<Vec<_>>();
     assert_eq!(
         names(store.list_images(A, None).await.unwrap()),
         ["img_d", "img_c", "img_b", "img_a"]
@@ -615,11 +496,7 @@ async fn images_list_newest_first(store: Arc<dyn SessionStore>) {
         ["img_d", "img_c"]
     );
     assert!(
-        store
-            .list_images(A, Some("three"))
-            .await
-            .unwrap()
-            .is_empty(),
+        store.list_images(A, Some("three")).await.unwrap().is_empty(),
         "a missing container has no images"
     );
     assert!(store.list_images(B, None).await.unwrap().is_empty());
@@ -632,10 +509,7 @@ async fn images_list_newest_first(store: Arc<dyn SessionStore>) {
 async fn deletes_cascade(store: Arc<dyn SessionStore>) {
     let service = SessionService::new(store);
     let first = new_image(&service, A, "doomed").await;
-    let second = service
-        .create_image(&ctx(A), image_in("doomed"))
-        .await
-        .unwrap();
+    let second = service.create_image(&ctx(A), image_in("doomed")).await.unwrap();
     let survivor = new_image(&service, A, "kept").await;
     for image in [&first, &second, &survivor] {
         for n in 0..3 {
@@ -686,40 +560,25 @@ async fn deletes_cascade(store: Arc<dyn SessionStore>) {
 
     // A container recreated under the same id starts empty.
     assert!(service.create_container(&ctx(A), "doomed").await.unwrap().1);
-    assert!(
-        service
-            .list_images(&ctx(A), Some("doomed"))
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(service.list_images(&ctx(A), Some("doomed")).await.unwrap().is_empty());
     assert_eq!(
         service.delete_container(&ctx(A), "doomed").await.unwrap(),
         Vec::<String>::new()
     );
 
     // Deleting an image takes its session and messages, nothing else.
-    let other = service
-        .create_image(&ctx(A), image_in("kept"))
-        .await
-        .unwrap();
+    let other = service.create_image(&ctx(A), image_in("kept")).await.unwrap();
     service
         .append_message(&ctx(A), &other.session_id, user("msg_0", "other"))
         .await
         .unwrap();
-    service
-        .delete_image(&ctx(A), &survivor.image_id)
-        .await
-        .unwrap();
+    service.delete_image(&ctx(A), &survivor.image_id).await.unwrap();
     assert_eq!(
         reason(service.list_messages(&ctx(A), &survivor.session_id).await),
         "SESSION_NOT_FOUND"
     );
     assert_eq!(
-        ids(&service
-            .list_messages(&ctx(A), &other.session_id)
-            .await
-            .unwrap()),
+        ids(&service.list_messages(&ctx(A), &other.session_id).await.unwrap()),
         ["msg_0"]
     );
     assert_eq!(service.list_images(&ctx(A), None).await.unwrap(), [other]);
@@ -736,10 +595,7 @@ async fn messages_append_in_order_and_idempotently(store: Arc<dyn SessionStore>)
         .unwrap();
     let mut stamped = assistant("msg_2", "two");
     stamped.created_at_ms = 1_234;
-    let second = service
-        .append_message(&ctx(A), session, stamped)
-        .await
-        .unwrap();
+    let second = service.append_message(&ctx(A), session, stamped).await.unwrap();
     let third = service
         .append_message(&ctx(A), session, user("msg_3", "three"))
         .await
@@ -747,21 +603,12 @@ async fn messages_append_in_order_and_idempotently(store: Arc<dyn SessionStore>)
     assert_eq!((first.seq, second.seq, third.seq), (1, 2, 3));
     assert_eq!(first.session_id, session);
     assert!(first.created_at_ms > 1_234, "a zero timestamp becomes now");
-    assert_eq!(
-        second.created_at_ms, 1_234,
-        "the caller's timestamp is kept"
-    );
+    assert_eq!(second.created_at_ms, 1_234, "the caller's timestamp is kept");
 
     // A retry, even with another body, returns the stored message and adds nothing.
     let mut retry = user("msg_2", "a different body");
     retry.created_at_ms = 99;
-    assert_eq!(
-        service
-            .append_message(&ctx(A), session, retry)
-            .await
-            .unwrap(),
-        second
-    );
+    assert_eq!(service.append_message(&ctx(A), session, retry).await.unwrap(), second);
     let listed = service.list_messages(&ctx(A), session).await.unwrap();
     assert_eq!(listed, [first.clone(), second.clone(), third.clone()]);
 
@@ -773,10 +620,7 @@ async fn messages_append_in_order_and_idempotently(store: Arc<dyn SessionStore>)
     assert_eq!(fourth.seq, 4);
 
     // Message ids are scoped to their session.
-    let other = service
-        .create_image(&ctx(A), image_in("default"))
-        .await
-        .unwrap();
+    let other = service.create_image(&ctx(A), image_in("default")).await.unwrap();
     let elsewhere = service
         .append_message(&ctx(A), &other.session_id, user("msg_1", "again"))
         .await
@@ -785,10 +629,7 @@ async fn messages_append_in_order_and_idempotently(store: Arc<dyn SessionStore>)
         (elsewhere.seq, elsewhere.session_id.as_str()),
         (1, other.session_id.as_str())
     );
-    assert_eq!(
-        service.list_messages(&ctx(A), session).await.unwrap().len(),
-        4
-    );
+    assert_eq!(service.list_messages(&ctx(A), session).await.unwrap().len(), 4);
 }
 
 async fn message_bodies_round_trip(store: Arc<dyn SessionStore>) {
@@ -864,10 +705,7 @@ async fn message_bodies_round_trip(store: Arc<dyn SessionStore>) {
         assert_eq!(&stored.body, body);
         appended.push(stored);
     }
-    let listed = service
-        .list_messages(&ctx(A), &image.session_id)
-        .await
-        .unwrap();
+    let listed = service.list_messages(&ctx(A), &image.session_id).await.unwrap();
     assert_eq!(listed, appended);
     let kinds: Vec<&str> = listed.iter().map(|m| m.body.kind()).collect();
     assert_eq!(
@@ -892,11 +730,7 @@ async fn messages_are_validated(store: Arc<dyn SessionStore>) {
     let session = image.session_id.as_str();
     let too_long = format!("msg_{}", "x".repeat(125));
     for bad in ["", "msg 1", "msg/1", too_long.as_str()] {
-        let err = api_err(
-            service
-                .append_message(&ctx(A), session, user(bad, "hi"))
-                .await,
-        );
+        let err = api_err(service.append_message(&ctx(A), session, user(bad, "hi")).await);
         assert_eq!(
             (err.code, err.reason.as_ref()),
             (Code::InvalidArgument, "INVALID_MESSAGE_ID"),
@@ -928,11 +762,7 @@ async fn messages_are_validated(store: Arc<dyn SessionStore>) {
         .await;
     assert_eq!(reason(ghost), "SESSION_NOT_FOUND");
     assert!(
-        service
-            .list_messages(&ctx(A), session)
-            .await
-            .unwrap()
-            .is_empty(),
+        service.list_messages(&ctx(A), session).await.unwrap().is_empty(),
         "nothing invalid was stored"
     );
 
@@ -964,16 +794,10 @@ async fn concurrent_appends_get_distinct_seqs(store: Arc<dyn SessionStore>) {
     while let Some(joined) = tasks.join_next().await {
         let stored = joined.unwrap().unwrap();
         if let Some(earlier) = by_id.insert(stored.message_id.clone(), stored.clone()) {
-            assert_eq!(
-                earlier, stored,
-                "both sends of one id see the same stored message"
-            );
+            assert_eq!(earlier, stored, "both sends of one id see the same stored message");
         }
     }
-    let listed = service
-        .list_messages(&ctx(A), &image.session_id)
-        .await
-        .unwrap();
+    let listed = service.list_messages(&ctx(A), &image.session_id).await.unwrap();
     assert_eq!(listed.len(), 40);
     assert_eq!(
         listed.iter().map(|m| m.seq).collect::<Vec<_>>(),
@@ -995,10 +819,7 @@ async fn ten_thousand_messages_append_and_load(store: Arc<dyn SessionStore>) {
         } else {
             assistant(&format!("msg_{n}"), "answer")
         };
-        let stored = service
-            .append_message(&ctx(A), session, message)
-            .await
-            .unwrap();
+        let stored = service.append_message(&ctx(A), session, message).await.unwrap();
         assert_eq!(stored.seq, n);
     }
     let listed = service.list_messages(&ctx(A), session).await.unwrap();
@@ -1023,10 +844,7 @@ async fn ten_thousand_messages_append_and_load(store: Arc<dyn SessionStore>) {
         .unwrap();
     assert_eq!(next.seq, COUNT + 1);
 
-    service
-        .delete_image(&ctx(A), &image.image_id)
-        .await
-        .unwrap();
+    service.delete_image(&ctx(A), &image.image_id).await.unwrap();
     assert_eq!(
         reason(service.list_messages(&ctx(A), session).await),
         "SESSION_NOT_FOUND"

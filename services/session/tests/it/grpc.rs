@@ -16,18 +16,13 @@ async fn grpc_round_trip_and_typed_errors() {
     let db = TestDb::sqlite().await;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = grpc_server(
-        SessionService::new(db.store.clone()),
-        &GrpcConfig::default(),
-    );
+    let server = grpc_server(SessionService::new(db.store.clone()), &GrpcConfig::default());
     let serving = tokio::spawn(
         Server::builder()
             .add_service(server)
             .serve_with_incoming(TcpIncoming::from(listener)),
     );
-    let mut client = SessionServiceClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let mut client = SessionServiceClient::connect(format!("http://{addr}")).await.unwrap();
 
     let created = client
         .create_container(pb::CreateContainerRequest {

@@ -13,10 +13,7 @@ async fn sqlite_data_survives_reopen() {
     let service = SessionService::new(std::sync::Arc::new(
         SqliteSessionStore::new(pool.clone()).await.unwrap(),
     ));
-    service
-        .create_container(&ctx("t"), "default")
-        .await
-        .unwrap();
+    service.create_container(&ctx("t"), "default").await.unwrap();
     let image = NewImage {
         container_id: "default".into(),
         name: Some("kept".into()),
@@ -27,19 +24,12 @@ async fn sqlite_data_survives_reopen() {
         name: None,
         description: Some("still here".into()),
     };
-    let image = service
-        .update_image(&ctx("t"), &image.image_id, update)
-        .await
-        .unwrap();
+    let image = service.update_image(&ctx("t"), &image.image_id, update).await.unwrap();
     let mut appended = Vec::new();
     for n in 0..5 {
         appended.push(
             service
-                .append_message(
-                    &ctx("t"),
-                    &image.session_id,
-                    user(&format!("msg_{n}"), "hi"),
-                )
+                .append_message(&ctx("t"), &image.session_id, user(&format!("msg_{n}"), "hi"))
                 .await
                 .unwrap(),
         );
@@ -49,21 +39,12 @@ async fn sqlite_data_survives_reopen() {
 
     // Reopening runs the migrations again, which must be a no-op.
     let service = SessionService::new(open_store(&url, None).await.unwrap());
-    let (container, created) = service
-        .create_container(&ctx("t"), "default")
-        .await
-        .unwrap();
+    let (container, created) = service.create_container(&ctx("t"), "default").await.unwrap();
     assert!(!created);
     assert_eq!(container.container_id, "default");
+    assert_eq!(service.get_image(&ctx("t"), &image.image_id).await.unwrap(), image);
     assert_eq!(
-        service.get_image(&ctx("t"), &image.image_id).await.unwrap(),
-        image
-    );
-    assert_eq!(
-        service
-            .list_messages(&ctx("t"), &image.session_id)
-            .await
-            .unwrap(),
+        service.list_messages(&ctx("t"), &image.session_id).await.unwrap(),
         appended
     );
     let next = service

@@ -38,9 +38,7 @@ impl TestDb {
         let schema = avm_common::ids::new_id("avm_session_test");
         let mut admin = sqlx::PgConnection::connect(&url)
             .await
-            .unwrap_or_else(|err| {
-                panic!("AVM_TEST_DATABASE_URL is set but postgres is unreachable: {err}")
-            });
+            .unwrap_or_else(|err| panic!("AVM_TEST_DATABASE_URL is set but postgres is unreachable: {err}"));
         sqlx::query(&format!("CREATE SCHEMA {schema}"))
             .execute(&mut admin)
             .await
@@ -52,9 +50,7 @@ impl TestDb {
         };
         let separator = if url.contains('?') { '&' } else { '?' };
         let store_url = format!("{url}{separator}options=-c%20search_path%3D{schema}");
-        let store = open_store(&store_url, Some(4))
-            .await
-            .expect("open postgres store");
+        let store = open_store(&store_url, Some(4)).await.expect("open postgres store");
         Some(TestDb { store, cleanup })
     }
 }
@@ -68,9 +64,7 @@ impl Drop for TestDb {
         // Drop cannot await, and the test's runtime may be a current-thread one,
         // so the schema is dropped from a thread with its own runtime.
         let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(async {
                 let mut admin = sqlx::PgConnection::connect(&url).await?;
                 sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
