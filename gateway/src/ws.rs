@@ -59,7 +59,7 @@ pub async fn upgrade(
     // does the transport give up mid-frame.
     let transport_limit = config.max_frame_bytes.saturating_mul(16);
     let ack = matches!(query.ack.as_deref(), Some("1" | "true"));
-    ws.read_buffer_size(4 * 1024)
+    ws.read_buffer_size(1024)
         .write_buffer_size(0)
         .max_write_buffer_size(transport_limit.max(64 * 1024))
         .max_message_size(transport_limit)
@@ -325,7 +325,9 @@ impl Connection {
                 return self.send(socket, system_error_frame(&err, None)).await;
             }
         };
-        match self.state.backends.subscribe(&self.ctx, session_id, after).await {
+        // Boxed so the idle connection's state machine does not reserve room
+        // for a gRPC call future it rarely runs.
+        match Box::pin(self.state.backends.subscribe(&self.ctx, session_id, after)).await {
             Ok(stream) => {
                 subscriptions.insert(session_id.to_owned(), Box::pin(stream));
                 Ok(())
