@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use crate::GatewayState;
 use crate::backends::agent_json;
 use crate::wire::{event_frame, system_error_frame};
-use crate::ws::{image_config, opt_str, req_str};
+use crate::ws::{content_field, image_config, opt_str, req_str};
 
 type AppState = State<Arc<GatewayState>>;
 
@@ -298,16 +298,7 @@ async fn send_message(
 ) -> Response {
     let result = async {
         let body = json_body(body)?;
-        let content = match body.get("content") {
-            Some(content @ (Value::String(_) | Value::Array(_))) => content.clone(),
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    "INVALID_CONTENT",
-                    "content must be a string or a list of parts",
-                ));
-            }
-            None => return Err(ApiError::invalid("MISSING_FIELD", "content is required")),
-        };
+        let content = content_field(&body)?.clone();
         state.backends.send_message(&ctx, &id, &content).await
     }
     .await;

@@ -503,16 +503,7 @@ async fn message_send(
         (None, Some(agent_id)) => backends.get_agent(ctx, &agent_id).await?.image_id,
         (None, None) => return Err(ApiError::invalid("MISSING_FIELD", "imageId (or agentId) is required")),
     };
-    let content = match data.get("content") {
-        Some(content @ (Value::String(_) | Value::Array(_))) => content,
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "INVALID_CONTENT",
-                "content must be a string or a list of parts",
-            ));
-        }
-        None => return Err(ApiError::invalid("MISSING_FIELD", "content is required")),
-    };
+    let content = content_field(data)?;
     // The turn's events reach subscribers through their subscriptions; the
     // stream of this call is dropped, and the turn goes on without it.
     let (accepted, _events) = backends.send_message(ctx, &image_id, content).await?;
@@ -657,6 +648,18 @@ pub(crate) fn image_config(config: Option<&Value>) -> Result<ImageConfig, ApiErr
         system_prompt: opt_str(config, "systemPrompt")?,
         mcp_servers: config.get("mcpServers").cloned(),
     })
+}
+
+/// Reads the `content` of a message: a string or a list of parts (the runtime validates the parts).
+pub(crate) fn content_field(data: &Value) -> Result<&Value, ApiError> {
+    match data.get("content") {
+        Some(content @ (Value::String(_) | Value::Array(_))) => Ok(content),
+        Some(_) => Err(ApiError::invalid(
+            "INVALID_CONTENT",
+            "content must be a string or a list of parts",
+        )),
+        None => Err(ApiError::invalid("MISSING_FIELD", "content is required")),
+    }
 }
 
 /// Reads a required string field.

@@ -326,23 +326,25 @@ fn build_avm() -> anyhow::Result<PathBuf> {
     Ok(binary)
 }
 
-/// Spawns `avm <component> --listen 127.0.0.1:0` and returns it with its URL.
-async fn spawn_component(component: &str, env: &[(String, String)]) -> anyhow::Result<(Child, String)> {
-    let binary = tokio::task::spawn_blocking(avm_binary).await??;
-    let mut command = Command::new(binary);
-    command.args([component, "--listen", "127.0.0.1:0"]);
-    // The developer's own AVM_* and LLM_* settings must not leak into the cluster.
+/// Returns a command running the `avm` binary with none of the developer's
+/// own `AVM_*` and `LLM_*` settings, so they cannot leak into a test.
+pub fn avm_command() -> anyhow::Result<Command> {
+    let mut command = Command::new(avm_binary()?);
     for (key, _) in std::env::vars() {
         if key.starts_with("AVM_") || key.starts_with("LLM_") {
             command.env_remove(key);
         }
     }
+    command.stdin(Stdio::null()).kill_on_drop(true);
+    Ok(command)
+}
+
+/// Spawns `avm <component> --listen 127.0.0.1:0` and returns it with its URL.
+async fn spawn_component(component: &str, env: &[(String, String)]) -> anyhow::Result<(Child, String)> {
+    let mut command = tokio::task::spawn_blocking(avm_command).await??;
+    command.args([component, "--listen", "127.0.0.1:0"]);
     command.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
+    command.stdout(Stdio::piped()).stderr(Stdio::inherit());
     let mut child = command
         .spawn()
         .with_context(|| format!("cannot spawn avm {component}"))?;

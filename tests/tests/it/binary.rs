@@ -1,19 +1,9 @@
 //! The `avm` binary as a user runs it: configuration layers, refusals, gRPC extras.
 
-use std::process::Stdio;
+use avm_tests::cluster::{Cluster, Mode, Options, avm_command};
 
-use avm_tests::cluster::{Cluster, Mode, Options, avm_binary};
-use tokio::process::Command;
-
-fn avm() -> anyhow::Result<Command> {
-    let mut command = Command::new(avm_binary()?);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("AVM_") || key.starts_with("LLM_") {
-            command.env_remove(key);
-        }
-    }
-    command.stdin(Stdio::null()).kill_on_drop(true);
-    Ok(command)
+fn avm() -> anyhow::Result<tokio::process::Command> {
+    avm_command()
 }
 
 #[tokio::test]
