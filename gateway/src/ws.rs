@@ -234,14 +234,6 @@ impl Connection {
                 return Err(Exit::Close(close_code::SIZE, "frame too large"));
             }
         };
-        if !self.within_rate() {
-            let err = ApiError::new(
-                Code::ResourceExhausted,
-                "RATE_LIMITED",
-                "too many frames per second on this connection",
-            );
-            return self.send(socket, system_error_frame(&err, None)).await;
-        }
         let limit = self.state.config.max_frame_bytes;
         if text.len() > limit {
             let err = ApiError::invalid("FRAME_TOO_LARGE", format!("frame exceeds the limit of {limit} bytes"));
@@ -262,6 +254,23 @@ impl Connection {
         if let Some(msg_id) = value.get("__ack").and_then(Value::as_str) {
             self.unacked.remove(msg_id);
             return Ok(());
+        }
+        // Acknowledgements are not counted: in acknowledged mode one arrives per event.
+        if !self.within_rate() {
+            let err = ApiError::new(
+                Code::ResourceExhausted,
+                "RATE_LIMITED",
+                "too many frames per second on this connection",
+            );
+            let kind = value.get("type").and_then(Value::as_str).unwrap_or_default();
+            return match kind.strip_suffix("_request") {
+                // A request is still answered by its own response.
+                Some(name) => {
+                    let request_id = value["data"].get("requestId").cloned().unwrap_or(Value::Null);
+                    self.send(socket, error_response_frame(name, &request_id, &err)).await
+                }
+                None => self.send(socket, system_error_frame(&err, None)).await,
+            };
         }
         let Some(kind) = value.get("type").and_then(Value::as_str) else {
             let err = ApiError::invalid("MISSING_TYPE", "frame has no string `type`");

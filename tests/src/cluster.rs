@@ -40,6 +40,8 @@ pub struct Options {
     pub agent_idle_timeout: Option<Duration>,
     pub max_frame_bytes: Option<usize>,
     pub llm_idle_timeout: Option<Duration>,
+    /// Frames per second one WebSocket connection may send.
+    pub messages_per_second: Option<u32>,
 }
 
 impl Default for Options {
@@ -50,6 +52,7 @@ impl Default for Options {
             agent_idle_timeout: None,
             max_frame_bytes: None,
             llm_idle_timeout: None,
+            messages_per_second: None,
         }
     }
 }
@@ -180,6 +183,9 @@ impl Cluster {
         if let Some(limit) = self.options.max_frame_bytes {
             config.gateway.max_frame_bytes = limit;
         }
+        if let Some(rate) = self.options.messages_per_second {
+            config.gateway.messages_per_second = rate;
+        }
         if let Some(timeout) = self.options.llm_idle_timeout {
             config.llm.idle_timeout = timeout;
             config.llm.request_timeout = timeout;
@@ -214,6 +220,9 @@ impl Cluster {
         }
         if let Some(limit) = self.options.max_frame_bytes {
             env.push(("AVM_GATEWAY_MAX_FRAME_BYTES".into(), limit.to_string()));
+        }
+        if let Some(rate) = self.options.messages_per_second {
+            env.push(("AVM_GATEWAY_MESSAGES_PER_SECOND".into(), rate.to_string()));
         }
         if let Some(timeout) = self.options.llm_idle_timeout {
             env.push(("LLM_IDLE_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));

@@ -15,6 +15,10 @@ pub struct RuntimeConfig {
     pub agent_idle_timeout: Duration,
     /// How many recent events of each active session are kept for resuming subscribers.
     pub event_retention: usize,
+    /// How long recent events are kept; afterwards an idle session holds none
+    /// (a client resuming later reloads the history instead).
+    #[serde(with = "humantime_serde")]
+    pub event_retention_period: Duration,
     /// Capacity of each subscriber's queue; a subscriber that falls this far
     /// behind is cut off with a typed error.
     pub subscriber_queue: usize,
@@ -25,6 +29,7 @@ impl Default for RuntimeConfig {
         Self {
             agent_idle_timeout: Duration::from_secs(600),
             event_retention: 1024,
+            event_retention_period: Duration::from_secs(120),
             subscriber_queue: 1024,
         }
     }

@@ -145,6 +145,25 @@ impl SessionHub {
         self.lock().next_cursor
     }
 
+    /// Drops retained events older than `cutoff_ms` and releases their memory.
+    fn trim(&self, cutoff_ms: i64) {
+        let mut state = self.lock();
+        let stale = state
+            .recent
+            .iter()
+            .take_while(|event| event.timestamp_ms < cutoff_ms)
+            .count();
+        if stale > 0 {
+            state.recent.drain(..stale);
+            state.recent.shrink_to_fit();
+        }
+    }
+
+    /// Returns how many events are retained.
+    pub fn retained(&self) -> usize {
+        self.lock().recent.len()
+    }
+
     /// Returns whether any subscriber is still listening.
     fn has_subscribers(&self) -> bool {
         let mut state = self.lock();
@@ -189,6 +208,14 @@ impl Hubs {
     pub fn prune(&self, active: &dyn Fn(&str) -> bool) {
         self.lock()
             .retain(|session_id, hub| active(session_id) || hub.has_subscribers());
+    }
+
+    /// Drops every hub's retained events older than `cutoff_ms`.
+    pub fn trim(&self, cutoff_ms: i64) {
+        let hubs: Vec<Arc<SessionHub>> = self.lock().values().cloned().collect();
+        for hub in hubs {
+            hub.trim(cutoff_ms);
+        }
     }
 
     /// Returns how many hubs exist.
@@ -236,6 +263,19 @@ mod tests {
         }
         let sub = hub.subscribe(Some(0));
         assert_eq!(sub.replay.len(), 3);
+    }
+
+    #[test]
+    fn old_events_are_trimmed() {
+        let hub = SessionHub::new(8, 8);
+        let ctx = context();
+        let event = hub.publish("text_delta", &ctx, &json!({}));
+        hub.trim(event.timestamp_ms);
+        assert_eq!(hub.retained(), 1, "events at the cutoff stay");
+        hub.trim(event.timestamp_ms + 1);
+        assert_eq!(hub.retained(), 0);
+        let later = hub.publish("text_delta", &ctx, &json!({}));
+        assert!(later.cursor > event.cursor, "cursors keep rising after a trim");
     }
 
     #[tokio::test]

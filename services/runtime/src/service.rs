@@ -448,7 +448,8 @@ impl AgentPool {
         Ok(self.inner.hubs.get_or_create(session_id).subscribe(after))
     }
 
-    /// Drops agents idle longer than the configured timeout, and hubs nobody uses.
+    /// Drops agents idle longer than the configured timeout, retained events
+    /// past their period, and hubs nobody uses.
     pub fn reap_idle(&self) -> usize {
         let timeout = self.inner.config.agent_idle_timeout;
         let idle: Vec<Arc<Agent>> = self
@@ -462,6 +463,8 @@ impl AgentPool {
         for agent in &idle {
             self.retire(agent, "idle");
         }
+        let period = i64::try_from(self.inner.config.event_retention_period.as_millis()).unwrap_or(i64::MAX);
+        self.inner.hubs.trim(avm_common::now_ms().saturating_sub(period));
         let active: std::collections::HashSet<String> = self
             .live_agents()
             .iter()
@@ -474,8 +477,9 @@ impl AgentPool {
     /// Runs the idle reaper until `shutdown`.
     pub fn spawn_reaper(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let pool = self.clone();
-        let period =
-            (pool.inner.config.agent_idle_timeout / 2).clamp(Duration::from_millis(50), Duration::from_secs(30));
+        let config = &pool.inner.config;
+        let period = (config.agent_idle_timeout.min(config.event_retention_period) / 2)
+            .clamp(Duration::from_millis(50), Duration::from_secs(30));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

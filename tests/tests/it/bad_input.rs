@@ -171,3 +171,34 @@ async fn bad_input(mode: Mode) -> anyhow::Result<()> {
     assert!(again.request("container_list", json!({})).await?["containerIds"].is_array());
     Ok(())
 }
+
+both_modes!(a_rate_limited_request_still_gets_its_response, rate_limited);
+
+async fn rate_limited(mode: Mode) -> anyhow::Result<()> {
+    let options = Options {
+        messages_per_second: Some(5),
+        ..Options::default()
+    };
+    let cluster = Cluster::start(mode, options).await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let mut ids = Vec::new();
+    for _ in 0..12 {
+        ids.push(client.send_request("container_list", json!({})).await?);
+    }
+    let mut limited = 0;
+    for id in &ids {
+        let answer = client.response(id).await?;
+        match answer.get("code") {
+            Some(code) => {
+                assert_eq!(code, "RATE_LIMITED", "{answer}");
+                limited += 1;
+            }
+            None => assert!(answer["containerIds"].is_array(), "{answer}"),
+        }
+    }
+    assert!(
+        limited >= 6,
+        "at most 5 of 12 frames pass in one second ({limited} limited)"
+    );
+    Ok(())
+}
