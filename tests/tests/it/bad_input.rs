@@ -196,9 +196,8 @@ async fn rate_limited(mode: Mode) -> anyhow::Result<()> {
             None => assert!(answer["containerIds"].is_array(), "{answer}"),
         }
     }
-    assert!(
-        limited >= 6,
-        "at most 5 of 12 frames pass in one second ({limited} limited)"
-    );
+    // Five frames per one-second window: even a burst that straddles two
+    // windows lets at most ten of the twelve through.
+    assert!(limited >= 2, "{limited} of 12 requests were limited");
     Ok(())
 }
