@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["avm/session/v1/session.proto", "avm/runtime/v1/runtime.proto"];
+    let files = [
+        "avm/auth/v1/auth.proto",
+        "avm/session/v1/session.proto",
+        "avm/runtime/v1/runtime.proto",
+    ];
     let fds = protox::compile(files, ["."])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     // Reflection serves this descriptor set so grpcurl and friends can discover the services.

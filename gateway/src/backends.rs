@@ -31,8 +31,9 @@ pub struct ImageConfig {
 }
 
 impl Backends {
-    /// Returns clients over the given channels with the shared size limits.
-    pub fn new(session: Channel, runtime: Channel, config: &GrpcConfig) -> Self {
+    /// Returns clients over the given channels with the shared size limits;
+    /// `auth` is only health-checked here (the authenticator calls it).
+    pub fn new(session: Channel, runtime: Channel, auth: Channel, config: &GrpcConfig) -> Self {
         let limit = config.max_message_bytes;
         Self {
             session: SessionServiceClient::new(session.clone())
@@ -42,6 +43,7 @@ impl Backends {
                 .max_decoding_message_size(limit)
                 .max_encoding_message_size(limit),
             channels: vec![
+                ("avm.auth.v1.AuthService", auth),
                 ("avm.session.v1.SessionService", session),
                 ("avm.runtime.v1.RuntimeService", runtime),
             ],
@@ -95,6 +97,54 @@ impl Backends {
         });
         self.session.clone().delete_container(request).await?;
         Ok(())
+    }
+
+    /// Shares a container with a user of the caller's tenant.
+    pub async fn share_container(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+        user_id: &str,
+    ) -> Result<(), ApiError> {
+        let request = ctx.request(ss::ShareContainerRequest {
+            container_id: container_id.to_owned(),
+            user_id: user_id.to_owned(),
+        });
+        self.session.clone().share_container(request).await?;
+        Ok(())
+    }
+
+    /// Stops sharing a container with a user.
+    pub async fn unshare_container(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+        user_id: &str,
+    ) -> Result<(), ApiError> {
+        let request = ctx.request(ss::UnshareContainerRequest {
+            container_id: container_id.to_owned(),
+            user_id: user_id.to_owned(),
+        });
+        self.session.clone().unshare_container(request).await?;
+        Ok(())
+    }
+
+    /// Lists the users a container is shared with.
+    pub async fn container_shares(&self, ctx: &RequestContext, container_id: &str) -> Result<Vec<Value>, ApiError> {
+        let request = ctx.request(ss::ListContainerSharesRequest {
+            container_id: container_id.to_owned(),
+        });
+        let shares = self
+            .session
+            .clone()
+            .list_container_shares(request)
+            .await?
+            .into_inner()
+            .shares;
+        Ok(shares
+            .iter()
+            .map(|share| json!({"userId": share.user_id, "createdAt": share.created_at_ms}))
+            .collect())
     }
 
     /// Creates an image (and its session) in a container.
@@ -357,7 +407,7 @@ impl Backends {
 }
 
 fn container_json(container: &ss::Container) -> Value {
-    json!({"containerId": container.container_id, "createdAt": container.created_at_ms})
+    json!({"containerId": container.container_id, "ownerId": container.owner_user_id, "createdAt": container.created_at_ms})
 }
 
 /// Renders an image as the protocol's `record`.

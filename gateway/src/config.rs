@@ -30,6 +30,9 @@ pub struct GatewayConfig {
     pub max_held_events: usize,
     /// Wrapped (acknowledged) frames a client may leave unacknowledged.
     pub max_unacked: usize,
+    /// How long a WebSocket without a credential has to send its `auth` frame.
+    #[serde(with = "humantime_serde")]
+    pub auth_timeout: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -44,6 +47,7 @@ impl Default for GatewayConfig {
             max_connections: 10_000,
             max_held_events: 4096,
             max_unacked: 1024,
+            auth_timeout: Duration::from_secs(10),
         }
     }
 }

@@ -7,19 +7,28 @@ use std::sync::atomic::AtomicUsize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub mod admin;
+pub mod auth;
 pub mod backends;
 pub mod config;
+pub mod limits;
 pub mod rest;
 pub mod wire;
 pub mod ws;
 
+pub use auth::Authenticator;
 pub use backends::Backends;
 pub use config::GatewayConfig;
+pub use limits::RateLimiter;
 
 /// What every request handler of the gateway shares.
 pub struct GatewayState {
     pub config: GatewayConfig,
     pub backends: Backends,
+    /// Who is calling.
+    pub auth: Authenticator,
+    /// Requests per minute per tenant and key.
+    pub limiter: RateLimiter,
     /// Open WebSocket connections.
     pub connections: AtomicUsize,
     /// Cancelled at shutdown; open WebSockets close with 1001.
@@ -32,11 +41,15 @@ pub async fn serve(
     listener: TcpListener,
     config: GatewayConfig,
     backends: Backends,
+    auth: Authenticator,
+    limiter: RateLimiter,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let state = Arc::new(GatewayState {
         config,
         backends,
+        auth,
+        limiter,
         connections: AtomicUsize::new(0),
         shutdown: shutdown.clone(),
     });

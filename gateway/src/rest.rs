@@ -3,13 +3,16 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
+use avm_common::auth::parse_bearer;
 use avm_common::{ApiError, RequestContext};
 use avm_proto::runtime::v1 as rt;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::header::{AUTHORIZATION, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -36,6 +39,11 @@ pub fn router(state: Arc<GatewayState>) -> Router {
         .route("/v1/containers", post(create_container).get(list_containers))
         .route("/v1/containers/{id}", get(get_container).delete(delete_container))
         .route("/v1/containers/{id}/images", post(create_image).get(list_images))
+        .route("/v1/containers/{id}/shares", post(share_container).get(list_shares))
+        .route(
+            "/v1/containers/{id}/shares/{user}",
+            axum::routing::delete(unshare_container),
+        )
         .route(
             "/v1/images/{id}",
             get(get_image).patch(update_image).delete(delete_image),
@@ -47,6 +55,7 @@ pub fn router(state: Arc<GatewayState>) -> Router {
         .route("/v1/images/{id}/interrupt", post(interrupt))
         .route("/v1/agents", get(list_agents))
         .route("/v1/agents/{id}", get(get_agent).delete(destroy_agent))
+        .merge(crate::admin::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies beyond the frame limit are refused before they are buffered.
@@ -54,33 +63,94 @@ pub fn router(state: Arc<GatewayState>) -> Router {
         .with_state(state)
 }
 
-/// The request context of an HTTP call: the caller's `x-request-id` or a new one.
-pub struct Ctx(RequestContext);
+/// The request id of an HTTP call: the caller's `x-request-id` or a new one.
+pub struct RequestId(pub String);
 
-impl<S: Send + Sync> FromRequestParts<S> for Ctx {
+impl<S: Send + Sync> FromRequestParts<S> for RequestId {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let mut ctx = RequestContext::local();
-        if let Some(id) = parts
-            .headers
-            .get(avm_common::context::REQUEST_ID_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty() && v.len() <= 128)
-        {
-            id.clone_into(&mut ctx.request_id);
-        }
-        Ok(Ctx(ctx))
+        Ok(RequestId(request_id(&parts.headers)))
     }
+}
+
+fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get(avm_common::context::REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map_or_else(|| avm_common::ids::new_id("req"), str::to_owned)
+}
+
+/// Returns the credential of `Authorization: Bearer <credential>`; a header
+/// of any other form is an invalid credential, not a missing one.
+pub fn bearer_credential(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    match headers.get(AUTHORIZATION) {
+        None => Ok(None),
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(parse_bearer)
+            .map(Some)
+            .ok_or_else(avm_common::auth::invalid_token),
+    }
+}
+
+/// The context of an authenticated HTTP call that is within its rate limit.
+pub struct Ctx(pub RequestContext);
+
+impl FromRequestParts<Arc<GatewayState>> for Ctx {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<GatewayState>) -> Result<Self, Self::Rejection> {
+        let request_id = request_id(&parts.headers);
+        let credential = bearer_credential(&parts.headers).map_err(|err| error_response(&err, &request_id))?;
+        let caller = state
+            .auth
+            .authenticate(credential)
+            .await
+            .map_err(|err| error_response(&err, &request_id))?;
+        if let Err(wait) = state.limiter.check(&caller.principal).await {
+            return Err(rate_limited(wait, &request_id));
+        }
+        Ok(Ctx(caller.context(request_id)))
+    }
+}
+
+/// Returns the error of a request over its rate limit.
+pub fn rate_limit_error(wait: Duration) -> ApiError {
+    ApiError::new(
+        avm_common::Code::ResourceExhausted,
+        "RATE_LIMITED",
+        format!(
+            "too many requests; retry in {} s",
+            crate::limits::retry_after_secs(wait)
+        ),
+    )
+}
+
+/// Renders a 429 with `Retry-After`.
+fn rate_limited(wait: Duration, request_id: &str) -> Response {
+    let mut response = error_response(&rate_limit_error(wait), request_id);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(crate::limits::retry_after_secs(wait)));
+    response
 }
 
 /// Renders an error as the REST error document.
 pub fn error_response(err: &ApiError, request_id: &str) -> Response {
     let body = json!({"error": {"code": err.reason, "message": err.message, "requestId": request_id}});
-    with_request_id((err.code.http_status(), axum::Json(body)).into_response(), request_id)
+    let mut response = with_request_id((err.code.http_status(), axum::Json(body)).into_response(), request_id);
+    if err.code == avm_common::Code::Unauthenticated {
+        response
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
 }
 
-fn with_request_id(mut response: Response, request_id: &str) -> Response {
+pub(crate) fn with_request_id(mut response: Response, request_id: &str) -> Response {
     if let Ok(value) = HeaderValue::from_str(request_id) {
         response
             .headers_mut()
@@ -89,7 +159,7 @@ fn with_request_id(mut response: Response, request_id: &str) -> Response {
     response
 }
 
-fn reply(ctx: &RequestContext, status: StatusCode, result: Result<Value, ApiError>) -> Response {
+pub(crate) fn reply(ctx: &RequestContext, status: StatusCode, result: Result<Value, ApiError>) -> Response {
     match result {
         Ok(body) => with_request_id((status, axum::Json(body)).into_response(), &ctx.request_id),
         Err(err) => error_response(&err, &ctx.request_id),
@@ -97,7 +167,7 @@ fn reply(ctx: &RequestContext, status: StatusCode, result: Result<Value, ApiErro
 }
 
 /// Parses a JSON object body; an empty body is an empty object.
-fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+pub(crate) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
     let bytes = body.map_err(|rejection| match rejection.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::invalid("REQUEST_TOO_LARGE", "request body is too large"),
         _ => ApiError::invalid("INVALID_BODY", "cannot read request body"),
@@ -128,20 +198,17 @@ async fn ready(State(state): AppState) -> Response {
     }
 }
 
-async fn not_found(Ctx(ctx): Ctx) -> Response {
-    error_response(
-        &ApiError::not_found("ROUTE_NOT_FOUND", "no such route"),
-        &ctx.request_id,
-    )
+async fn not_found(RequestId(request_id): RequestId) -> Response {
+    error_response(&ApiError::not_found("ROUTE_NOT_FOUND", "no such route"), &request_id)
 }
 
-async fn method_not_allowed(Ctx(ctx): Ctx) -> Response {
+async fn method_not_allowed(RequestId(request_id): RequestId) -> Response {
     let err = ApiError::new(
         avm_common::Code::InvalidArgument,
         "METHOD_NOT_ALLOWED",
         "method not allowed on this route",
     );
-    let mut response = error_response(&err, &ctx.request_id);
+    let mut response = error_response(&err, &request_id);
     *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
     response
 }
@@ -181,6 +248,45 @@ async fn delete_container(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<
         .delete_container(&ctx, &id)
         .await
         .map(|()| json!({"containerId": id, "deleted": true}));
+    reply(&ctx, StatusCode::OK, result)
+}
+
+/// Body of `POST /v1/containers/{id}/shares`.
+async fn share_container(
+    State(state): AppState,
+    Ctx(ctx): Ctx,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = async {
+        let body = json_body(body)?;
+        let user_id = req_str(&body, "userId")?;
+        state.backends.share_container(&ctx, &id, &user_id).await?;
+        Ok(json!({"containerId": id, "userId": user_id, "shared": true}))
+    }
+    .await;
+    reply(&ctx, StatusCode::OK, result)
+}
+
+async fn list_shares(State(state): AppState, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    let result = state
+        .backends
+        .container_shares(&ctx, &id)
+        .await
+        .map(|shares| json!({"containerId": id, "shares": shares}));
+    reply(&ctx, StatusCode::OK, result)
+}
+
+async fn unshare_container(
+    State(state): AppState,
+    Ctx(ctx): Ctx,
+    Path((id, user_id)): Path<(String, String)>,
+) -> Response {
+    let result = state
+        .backends
+        .unshare_container(&ctx, &id, &user_id)
+        .await
+        .map(|()| json!({"containerId": id, "userId": user_id, "shared": false}));
     reply(&ctx, StatusCode::OK, result)
 }
 
@@ -299,6 +405,9 @@ async fn send_message(
     let result = async {
         let body = json_body(body)?;
         let content = content_field(&body)?.clone();
+        if state.auth.verifier().quota_exhausted(&ctx.principal) {
+            return Err(crate::auth::quota_exceeded());
+        }
         state.backends.send_message(&ctx, &id, &content).await
     }
     .await;

@@ -6,6 +6,7 @@
 //! `message_send_request` is pending, its conversation's events are held so
 //! the response goes out before the turn's first stream event.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use avm_common::{ApiError, Code, RequestContext};
 use avm_proto::runtime::v1 as rt;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade, close_code};
 use axum::extract::{Query, State};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -24,6 +26,7 @@ use serde_json::{Value, json};
 use tokio_stream::StreamMap;
 
 use crate::GatewayState;
+use crate::auth::Caller;
 use crate::backends::{Backends, ImageConfig, agent_json};
 use crate::wire::{error_response_frame, event_frame, response_frame, system_error_frame};
 
@@ -33,19 +36,37 @@ pub struct WsQuery {
     /// `1`/`true` wraps every frame for acknowledged delivery (`__msgId`/`__ack`).
     #[serde(default)]
     ack: Option<String>,
-    /// Accepted for AgentX compatibility; verified once the auth service exists.
+    /// The credential (API key or access token), for clients that cannot set headers.
     #[serde(default)]
-    #[allow(dead_code)]
     token: Option<String>,
 }
 
 /// Upgrades to a WebSocket with small buffers (an idle connection stays a few KiB).
+///
+/// A credential in `?token=` or `Authorization` is checked before the upgrade
+/// (401 with a JSON error when refused); without one, the first frame must
+/// be an `auth` event.
 pub async fn upgrade(
     State(state): State<Arc<GatewayState>>,
     Query(query): Query<WsQuery>,
+    headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
     let config = &state.config;
+    let request_id = avm_common::ids::new_id("req");
+    let credential = match (query.token.as_deref(), crate::rest::bearer_credential(&headers)) {
+        (Some(token), _) => Some(token.to_owned()),
+        (None, Ok(header)) => header.map(str::to_owned),
+        (None, Err(err)) => return crate::rest::error_response(&err, &request_id),
+    };
+    let caller = match &credential {
+        Some(credential) => match state.auth.authenticate(Some(credential)).await {
+            Ok(caller) => Some(caller),
+            Err(err) => return crate::rest::error_response(&err, &request_id),
+        },
+        // Anonymous access (`--dev`) needs no credential at all.
+        None => state.auth.authenticate(None).await.ok(),
+    };
     if state.connections.load(Ordering::Relaxed) >= config.max_connections {
         let err = ApiError::new(
             Code::ResourceExhausted,
@@ -66,7 +87,9 @@ pub async fn upgrade(
         .max_frame_size(transport_limit)
         .on_upgrade(move |socket| async move {
             state.connections.fetch_add(1, Ordering::Relaxed);
-            Connection::new(Arc::clone(&state), ack).run(socket).await;
+            Connection::new(Arc::clone(&state), ack, credential, caller)
+                .run(socket)
+                .await;
             state.connections.fetch_sub(1, Ordering::Relaxed);
         })
         .into_response()
@@ -91,7 +114,18 @@ enum Completion {
 /// Why the loop ends.
 enum Exit {
     Closed,
-    Close(u16, &'static str),
+    Close(u16, Cow<'static, str>),
+}
+
+/// Returns the close of a connection whose credential is missing or refused:
+/// 1008 with the error as a JSON reason (kept within the 123-byte limit).
+fn auth_close(err: &ApiError) -> Exit {
+    let mut message = err.message.clone();
+    message.truncate(60);
+    Exit::Close(
+        close_code::POLICY,
+        Cow::Owned(json!({"code": err.reason, "message": message}).to_string()),
+    )
 }
 
 /// A `message_send` response that waits until its session's stream has
@@ -104,7 +138,11 @@ struct Parked {
 struct Connection {
     state: Arc<GatewayState>,
     id: String,
-    ctx: RequestContext,
+    /// What the client authenticated with; re-checked on every request, so
+    /// expiry and revocation take effect on an open connection too.
+    credential: Option<Arc<str>>,
+    /// The caller as last authenticated; `None` until an `auth` frame.
+    caller: Option<Caller>,
     ack: bool,
     next_msg: u64,
     unacked: HashSet<String>,
@@ -121,10 +159,11 @@ struct Connection {
 }
 
 impl Connection {
-    fn new(state: Arc<GatewayState>, ack: bool) -> Self {
+    fn new(state: Arc<GatewayState>, ack: bool, credential: Option<String>, caller: Option<Caller>) -> Self {
         let id = avm_common::ids::new_id("conn");
         Self {
-            ctx: RequestContext::local(),
+            credential: credential.map(Arc::from),
+            caller,
             state,
             id,
             ack,
@@ -147,9 +186,15 @@ impl Connection {
         let mut subscriptions: StreamMap<String, EventStream> = StreamMap::new();
         let mut ping = tokio::time::interval(config.ping_interval);
         ping.reset();
+        // A connection without a credential must send an `auth` frame first, and soon.
+        let auth_deadline = tokio::time::sleep(config.auth_timeout);
+        tokio::pin!(auth_deadline);
         tracing::debug!(conn_id = %self.id, "websocket connected");
         let exit = loop {
             let step = tokio::select! {
+                () = &mut auth_deadline, if self.caller.is_none() => {
+                    Err(auth_close(&ApiError::new(Code::Unauthenticated, "UNAUTHENTICATED", "no auth frame in time")))
+                }
                 frame = socket.recv() => self.on_frame(frame, &mut socket, &mut requests, &mut subscriptions).await,
                 Some(done) = requests.next() => {
                     let subscribed = matches!(&done, Completion::Sent { session_id: Some(id), .. } if subscriptions.contains_key(id));
@@ -157,7 +202,7 @@ impl Connection {
                 }
                 Some((session_id, item)) = subscriptions.next() => self.on_event(&session_id, item, &mut socket).await,
                 _ = ping.tick() => self.on_ping(&mut socket, &config).await,
-                () = shutdown.cancelled() => Err(Exit::Close(close_code::AWAY, "server shutting down")),
+                () = shutdown.cancelled() => Err(Exit::Close(close_code::AWAY, "server shutting down".into())),
             };
             if let Err(exit) = step {
                 break exit;
@@ -166,7 +211,7 @@ impl Connection {
         if let Exit::Close(code, reason) = exit {
             let frame = CloseFrame {
                 code,
-                reason: Utf8Bytes::from_static(reason),
+                reason: Utf8Bytes::from(reason.into_owned()),
             };
             let _ = tokio::time::timeout(config.send_timeout, socket.send(Message::Close(Some(frame)))).await;
         }
@@ -177,7 +222,7 @@ impl Connection {
     async fn send(&mut self, socket: &mut WebSocket, frame: String) -> Result<(), Exit> {
         let frame = if self.ack {
             if self.unacked.len() >= self.state.config.max_unacked {
-                return Err(Exit::Close(close_code::POLICY, "too many unacknowledged frames"));
+                return Err(Exit::Close(close_code::POLICY, "too many unacknowledged frames".into()));
             }
             self.next_msg += 1;
             let msg_id = format!("{}_{}", self.id, self.next_msg);
@@ -192,14 +237,17 @@ impl Connection {
             Ok(Err(_)) => Err(Exit::Closed),
             Err(_) => {
                 tracing::warn!(conn_id = %self.id, "client too slow; disconnecting");
-                Err(Exit::Close(close_code::POLICY, "client too slow to receive events"))
+                Err(Exit::Close(
+                    close_code::POLICY,
+                    "client too slow to receive events".into(),
+                ))
             }
         }
     }
 
     async fn on_ping(&mut self, socket: &mut WebSocket, config: &crate::GatewayConfig) -> Result<(), Exit> {
         if self.last_seen.elapsed() > config.ping_interval * 2 {
-            return Err(Exit::Close(close_code::AWAY, "no answer to pings"));
+            return Err(Exit::Close(close_code::AWAY, "no answer to pings".into()));
         }
         match tokio::time::timeout(config.send_timeout, socket.send(Message::Ping(bytes::Bytes::new()))).await {
             Ok(Ok(())) => Ok(()),
@@ -231,7 +279,7 @@ impl Connection {
                 let limit = self.state.config.max_frame_bytes;
                 let err = ApiError::invalid("FRAME_TOO_LARGE", format!("frame exceeds the limit of {limit} bytes"));
                 let _ = self.send(socket, system_error_frame(&err, None)).await;
-                return Err(Exit::Close(close_code::SIZE, "frame too large"));
+                return Err(Exit::Close(close_code::SIZE, "frame too large".into()));
             }
         };
         let limit = self.state.config.max_frame_bytes;
@@ -240,7 +288,7 @@ impl Connection {
             self.send(socket, system_error_frame(&err, None)).await?;
             // Far beyond the limit is abuse rather than a mistake: end the connection.
             if text.len() > limit.saturating_mul(4) {
-                return Err(Exit::Close(close_code::SIZE, "frame too large"));
+                return Err(Exit::Close(close_code::SIZE, "frame too large".into()));
             }
             return Ok(());
         }
@@ -276,9 +324,18 @@ impl Connection {
             let err = ApiError::invalid("MISSING_TYPE", "frame has no string `type`");
             return self.send(socket, system_error_frame(&err, None)).await;
         };
+        if kind == "auth" {
+            return self.authenticate_frame(&value).await;
+        }
+        if self.caller.is_none() {
+            let err = ApiError::new(
+                Code::Unauthenticated,
+                "UNAUTHENTICATED",
+                "authenticate first: ?token=, Authorization or an auth frame",
+            );
+            return Err(auth_close(&err));
+        }
         match kind {
-            // Credentials are accepted for compatibility; the auth service will verify them.
-            "auth" => Ok(()),
             "subscribe" => self.subscribe(&value, socket, subscriptions).await,
             "unsubscribe" => {
                 if let Some(session_id) = value.get("sessionId").and_then(Value::as_str) {
@@ -336,13 +393,78 @@ impl Connection {
         };
         // Boxed so the idle connection's state machine does not reserve room
         // for a gRPC call future it rarely runs.
-        match Box::pin(self.state.backends.subscribe(&self.ctx, session_id, after)).await {
+        let ctx = match self.context().await {
+            Ok(ctx) => ctx,
+            Err(err) => return self.refused(socket, None, &err).await,
+        };
+        match Box::pin(self.state.backends.subscribe(&ctx, session_id, after)).await {
             Ok(stream) => {
                 subscriptions.insert(session_id.to_owned(), Box::pin(stream));
                 Ok(())
             }
             Err(err) => self.send(socket, system_error_frame(&err, None)).await,
         }
+    }
+
+    /// Handles an `auth` frame: `{"type":"auth","headers":{"Authorization":"Bearer …"}}`
+    /// (or `"token":"…"`). A refused credential closes the connection.
+    async fn authenticate_frame(&mut self, value: &Value) -> Result<(), Exit> {
+        let header = value
+            .get("headers")
+            .and_then(Value::as_object)
+            .and_then(|headers| {
+                headers
+                    .iter()
+                    .find(|(name, _)| name.eq_ignore_ascii_case("authorization"))
+                    .map(|(_, value)| value)
+            })
+            .and_then(Value::as_str);
+        let credential = match (header, value.get("token").and_then(Value::as_str)) {
+            (Some(header), _) => avm_common::auth::parse_bearer(header).ok_or_else(avm_common::auth::invalid_token),
+            (None, Some(token)) => Ok(token),
+            (None, None) => Err(avm_common::auth::missing_credentials()),
+        };
+        let credential = credential.map_err(|err| auth_close(&err))?;
+        let caller = self
+            .state
+            .auth
+            .authenticate(Some(credential))
+            .await
+            .map_err(|err| auth_close(&err))?;
+        self.credential = Some(Arc::from(credential));
+        self.caller = Some(caller);
+        Ok(())
+    }
+
+    /// Returns the context of one request, re-authenticating the connection's
+    /// credential (a cache hit, unless it expired or was revoked).
+    async fn context(&mut self) -> Result<RequestContext, ApiError> {
+        let caller = self.state.auth.authenticate(self.credential.as_deref()).await?;
+        let ctx = caller.context(avm_common::ids::new_id("req"));
+        self.caller = Some(caller);
+        Ok(ctx)
+    }
+
+    /// Answers a request whose credential failed: a refused credential ends
+    /// the connection; anything else (the auth service briefly away) is an
+    /// error answer and the connection goes on.
+    async fn refused(
+        &mut self,
+        socket: &mut WebSocket,
+        request: Option<(&str, &Value)>,
+        err: &ApiError,
+    ) -> Result<(), Exit> {
+        if err.code == Code::Unauthenticated {
+            let _ = self
+                .send(socket, system_error_frame(err, request.map(|(_, id)| id)))
+                .await;
+            return Err(auth_close(err));
+        }
+        let frame = match request {
+            Some((name, request_id)) => error_response_frame(name, request_id, err),
+            None => system_error_frame(err, None),
+        };
+        self.send(socket, frame).await
     }
 
     async fn request(
@@ -370,11 +492,22 @@ impl Connection {
             );
             return self.send(socket, error_response_frame(&name, &request_id, &err)).await;
         }
-        let backends = self.state.backends.clone();
-        let ctx = RequestContext {
-            request_id: avm_common::ids::new_id("req"),
-            ..self.ctx.clone()
+        let ctx = match self.context().await {
+            Ok(ctx) => ctx,
+            Err(err) => return self.refused(socket, Some((&name, &request_id)), &err).await,
         };
+        if let Err(wait) = self.state.limiter.check(&ctx.principal).await {
+            let err = crate::rest::rate_limit_error(wait);
+            let mut frame: Value =
+                serde_json::from_str(&error_response_frame(&name, &request_id, &err)).unwrap_or_default();
+            frame["data"]["retryAfter"] = json!(crate::limits::retry_after_secs(wait));
+            return self.send(socket, frame.to_string()).await;
+        }
+        if name == "message_send" && self.state.auth.verifier().quota_exhausted(&ctx.principal) {
+            let err = crate::auth::quota_exceeded();
+            return self.send(socket, error_response_frame(&name, &request_id, &err)).await;
+        }
+        let backends = self.state.backends.clone();
         if name == "message_send" {
             let key = ["imageId", "agentId"]
                 .iter()
@@ -472,6 +605,12 @@ impl Connection {
                 return self.send(socket, frame).await;
             }
         };
+        // A revoked credential ends its open streams too, at the next event.
+        if let Some(caller) = &self.caller
+            && let Err(err) = self.state.auth.still_valid(caller)
+        {
+            return Err(auth_close(&err));
+        }
         let cursor = event.cursor.parse::<u64>().unwrap_or(0);
         let seen = self.seen.entry(session_id.to_owned()).or_default();
         *seen = (*seen).max(cursor);
@@ -487,7 +626,7 @@ impl Connection {
         if self.held_count >= self.state.config.max_held_events {
             return Err(Exit::Close(
                 close_code::POLICY,
-                "too many events held for a pending request",
+                "too many events held for a pending request".into(),
             ));
         }
         self.held_count += 1;

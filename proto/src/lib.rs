@@ -2,6 +2,14 @@
 
 #![allow(missing_docs, clippy::all)]
 
+/// Auth service contracts (`avm.auth.v1`).
+pub mod auth {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("avm.auth.v1");
+    }
+}
+
 /// Session service contracts (`avm.session.v1`).
 pub mod session {
     /// Version 1.

@@ -67,6 +67,9 @@ impl Options {
 /// The test API key handed to the runtime; it must never show up anywhere.
 pub const TEST_API_KEY: &str = "sk-test-canary-3f1c9a";
 
+/// The service key of per-component clusters; it must never show up anywhere either.
+pub const TEST_SERVICE_KEY: &str = "svc-test-canary-0b7d1e5a9c2f4e6b8d0a1c3e5f7a9b1d";
+
 enum Running {
     InProcess {
         shutdown: CancellationToken,
@@ -86,6 +89,10 @@ pub struct Cluster {
     pub session_grpc: String,
     /// `http://127.0.0.1:PORT` of the runtime's gRPC.
     pub runtime_grpc: String,
+    /// `http://127.0.0.1:PORT` of the auth service's gRPC.
+    pub auth_grpc: String,
+    /// The operator admin's API key, as the first run printed it.
+    pub admin_key: String,
     options: Options,
     data_dir: PathBuf,
     _temp: Option<std::sync::Arc<tempfile::TempDir>>,
@@ -111,6 +118,8 @@ impl Cluster {
             gateway_url: String::new(),
             session_grpc: String::new(),
             runtime_grpc: String::new(),
+            auth_grpc: String::new(),
+            admin_key: String::new(),
             options,
             data_dir,
             _temp: temp,
@@ -123,9 +132,42 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Returns the WebSocket endpoint.
+    /// Returns the WebSocket endpoint, authenticated as the operator admin.
     pub fn ws_url(&self) -> String {
+        self.ws_url_as(&self.admin_key)
+    }
+
+    /// Returns the WebSocket endpoint authenticated with `credential` in `?token=`.
+    pub fn ws_url_as(&self, credential: &str) -> String {
+        format!("{}?token={credential}", self.ws_base_url())
+    }
+
+    /// Returns the WebSocket endpoint without credentials.
+    pub fn ws_base_url(&self) -> String {
         format!("{}/ws", self.gateway_url.replacen("http://", "ws://", 1))
+    }
+
+    /// Returns an HTTP client that authenticates as the operator admin.
+    pub fn http(&self) -> anyhow::Result<reqwest::Client> {
+        http_client(&self.admin_key)
+    }
+
+    /// Exchanges an API key for an access token at the auth service's gRPC.
+    pub async fn access_token(&self, api_key: &str) -> anyhow::Result<String> {
+        let channel = tonic::transport::Endpoint::from_shared(self.auth_grpc.clone())?
+            .connect()
+            .await?;
+        let response = avm_proto::auth::v1::auth_service_client::AuthServiceClient::new(channel)
+            .exchange_api_key(avm_proto::auth::v1::ExchangeApiKeyRequest {
+                api_key: api_key.to_owned(),
+            })
+            .await?;
+        Ok(response.into_inner().access_token)
+    }
+
+    /// Returns the URL of a gateway path.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.gateway_url)
     }
 
     /// Stops the cluster (gracefully: SIGTERM for processes) and starts it
@@ -164,6 +206,7 @@ impl Cluster {
         config.server.data_dir = self.data_dir.display().to_string();
         config.log.level = "warn".into();
         config.database.url = self.options.database_url.clone().map(Secret::new);
+        config.auth.service_key = Secret::new(TEST_SERVICE_KEY);
         match &self.options.llm {
             Llm::Offline => config.llm.provider = Some(ProviderKind::Offline),
             Llm::Anthropic { base_url } => {
@@ -199,10 +242,22 @@ impl Cluster {
         self.gateway_url = format!("http://{}", listeners.gateway.local_addr()?);
         self.session_grpc = format!("http://{}", listeners.grpc.local_addr()?);
         self.runtime_grpc = self.session_grpc.clone();
+        self.auth_grpc = self.session_grpc.clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(avm::serve(config, listeners, shutdown.clone()));
         self.running = Some(Running::InProcess { shutdown, task });
-        self.wait_ready().await
+        self.wait_ready().await?;
+        self.read_admin_key()
+    }
+
+    /// Reads the admin key the first run wrote (kept across restarts).
+    fn read_admin_key(&mut self) -> anyhow::Result<()> {
+        let path = self.data_dir.join(avm::ADMIN_KEY_FILE);
+        self.admin_key = std::fs::read_to_string(&path)
+            .with_context(|| format!("no admin key at {}", path.display()))?
+            .trim()
+            .to_owned();
+        Ok(())
     }
 
     async fn start_processes(&mut self) -> anyhow::Result<()> {
@@ -211,6 +266,7 @@ impl Cluster {
             ("AVM_LOG_LEVEL".into(), "warn".into()),
             ("AVM_LOG_FORMAT".into(), "text".into()),
             ("AVM_SERVER_DATA_DIR".into(), config.server.data_dir.clone()),
+            ("AVM_AUTH_SERVICE_KEY".into(), TEST_SERVICE_KEY.into()),
         ];
         if let Some(timeout) = self.options.agent_idle_timeout {
             env.push((
@@ -228,12 +284,16 @@ impl Cluster {
             env.push(("LLM_IDLE_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
             env.push(("LLM_REQUEST_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
         }
-        let mut session_env = env.clone();
         if let Some(url) = &self.options.database_url {
-            session_env.push(("AVM_DATABASE_URL".into(), url.clone()));
+            env.push(("AVM_DATABASE_URL".into(), url.clone()));
         }
         let mut children = Vec::new();
-        let (child, session) = spawn_component("session", &session_env).await?;
+        let (child, auth) = spawn_component("auth", &env).await?;
+        children.push(child);
+        self.auth_grpc = auth;
+        env.push(("AVM_AUTH_ADDR".into(), self.auth_grpc.clone()));
+
+        let (child, session) = spawn_component("session", &env).await?;
         children.push(child);
         self.session_grpc = session;
 
@@ -263,7 +323,8 @@ impl Cluster {
         children.push(child);
         self.gateway_url = gateway;
         self.running = Some(Running::Processes { children });
-        self.wait_ready().await
+        self.wait_ready().await?;
+        self.read_admin_key()
     }
 
     /// Polls `/ready` until every backend answers, within a deadline.
@@ -292,6 +353,27 @@ impl Drop for Cluster {
             None => {}
         }
     }
+}
+
+/// Returns a gRPC interceptor adding `authorization: Bearer <token>`.
+pub fn bearer(
+    token: &str,
+) -> anyhow::Result<impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone> {
+    let value: tonic::metadata::MetadataValue<tonic::metadata::Ascii> = format!("Bearer {token}").parse()?;
+    Ok(move |mut request: tonic::Request<()>| {
+        request.metadata_mut().insert("authorization", value.clone());
+        Ok(request)
+    })
+}
+
+/// Returns an HTTP client sending `Authorization: Bearer <credential>`.
+pub fn http_client(credential: &str) -> anyhow::Result<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        reqwest::header::HeaderValue::from_str(&format!("Bearer {credential}"))?,
+    );
+    Ok(reqwest::Client::builder().default_headers(headers).build()?)
 }
 
 /// Returns the `avm` binary, built once per test process with the profile of

@@ -1,6 +1,7 @@
 //! The whole configuration document: every component's section in one place.
 
-use avm_common::config::{DatabaseConfig, GrpcConfig, LogConfig, PeersConfig, ServerConfig};
+use avm_common::auth::AuthConfig;
+use avm_common::config::{DatabaseConfig, GrpcConfig, LogConfig, PeersConfig, RedisConfig, ServerConfig};
 use avm_gateway::GatewayConfig;
 use avm_runtime::{LlmConfig, RuntimeConfig};
 use serde::{Deserialize, Serialize};
@@ -13,7 +14,9 @@ pub struct AvmConfig {
     pub grpc: GrpcConfig,
     pub log: LogConfig,
     pub database: DatabaseConfig,
+    pub redis: RedisConfig,
     pub peers: PeersConfig,
+    pub auth: AuthConfig,
     pub gateway: GatewayConfig,
     pub runtime: RuntimeConfig,
     pub llm: LlmConfig,

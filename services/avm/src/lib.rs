@@ -1,20 +1,25 @@
 //! The AgentVM binary's library: command line, startup order, readiness,
 //! shutdown. `avm serve` composes every component in one process; `avm
-//! <component>` runs one, with peers reached over gRPC.
+//! <component>` runs one, with peers reached over gRPC; `avm tenants|users|keys`
+//! manage a running server through its REST API.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use anyhow::{Context, bail};
-use avm_common::config::{GrpcConfig, Sources};
+use avm_common::auth::{AuthConfig, GrpcKeySource, ServiceIdentity, TokenVerifier};
+use avm_common::config::{GrpcConfig, Secret, Sources};
 use avm_common::grpc::{GrpcServer, channel};
 use clap::{Parser, Subcommand};
 use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+mod cli;
 pub mod config;
 
 pub use config::AvmConfig;
@@ -52,13 +57,27 @@ enum Command {
         /// Directory of the SQLite files.
         #[arg(long)]
         data_dir: Option<String>,
+        /// Let requests without credentials act as the admin of a local `dev`
+        /// tenant (loopback only; never in production).
+        #[arg(long)]
+        dev: bool,
     },
-    /// Run the gateway alone (needs AVM_SESSION_ADDR and AVM_RUNTIME_ADDR).
+    /// Run the gateway alone (needs AVM_AUTH_ADDR, AVM_SESSION_ADDR, AVM_RUNTIME_ADDR, AVM_AUTH_SERVICE_KEY).
     Gateway(ComponentArgs),
-    /// Run the session service alone (storage from AVM_DATABASE_URL).
+    /// Run the auth service alone (storage from AVM_DATABASE_URL; needs AVM_AUTH_SERVICE_KEY).
+    Auth(ComponentArgs),
+    /// Run the session service alone (storage from AVM_DATABASE_URL; needs AVM_AUTH_ADDR, AVM_AUTH_SERVICE_KEY).
     Session(ComponentArgs),
-    /// Run the runtime alone (needs AVM_SESSION_ADDR).
+    /// Run the runtime alone (needs AVM_AUTH_ADDR, AVM_SESSION_ADDR, AVM_AUTH_SERVICE_KEY).
     Runtime(ComponentArgs),
+    /// Manage tenants of a running server (operators).
+    Tenants(cli::Tenants),
+    /// Manage the users of a tenant (its admins).
+    Users(cli::Users),
+    /// Manage API keys.
+    Keys(cli::Keys),
+    /// Show who the credential in use is.
+    Whoami(cli::ClientArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -94,6 +113,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         print!("{}", avm_common::config::render(&config)?);
         return Ok(());
     }
+    match cli.command {
+        Command::Tenants(command) => return cli::tenants(command, &config).await,
+        Command::Users(command) => return cli::users(command, &config).await,
+        Command::Keys(command) => return cli::keys(command, &config).await,
+        Command::Whoami(client) => return cli::whoami(&client, &config).await,
+        _ => {}
+    }
     avm_common::telemetry::init(&config.log);
     let shutdown = avm_common::shutdown::on_signal();
     match cli.command {
@@ -102,8 +128,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             serve(config, listeners, shutdown).await
         }
         Command::Gateway(_) => run_gateway(config, shutdown).await,
+        Command::Auth(_) => run_auth(config, shutdown).await,
         Command::Session(_) => run_session(config, shutdown).await,
         Command::Runtime(_) => run_runtime(config, shutdown).await,
+        Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) => Ok(()),
     }
 }
 
@@ -116,15 +144,20 @@ fn load_config(cli: &Cli) -> anyhow::Result<AvmConfig> {
             port,
             grpc_port,
             data_dir,
+            dev,
         } => {
             insert(&mut server, "host", host.clone().map(Value::from));
             insert(&mut server, "port", port.map(Value::from));
             insert(&mut server, "grpc_port", grpc_port.map(Value::from));
             insert(&mut server, "data_dir", data_dir.clone().map(Value::from));
+            if *dev {
+                flags.insert("auth".to_owned(), json!({"dev": true}));
+            }
         }
-        Command::Gateway(args) | Command::Session(args) | Command::Runtime(args) => {
+        Command::Gateway(args) | Command::Auth(args) | Command::Session(args) | Command::Runtime(args) => {
             insert(&mut server, "listen", args.listen.clone().map(Value::from));
         }
+        Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) => {}
     }
     if !server.is_empty() {
         flags.insert("server".to_owned(), Value::Object(server));
@@ -156,7 +189,9 @@ impl ServeListeners {
     /// Binds the gateway and gRPC ports of the configuration.
     pub async fn bind(config: &AvmConfig) -> anyhow::Result<Self> {
         let host = &config.server.host;
-        refuse_public_bind(host)?;
+        if config.auth.dev {
+            refuse_public_bind(host)?;
+        }
         let gateway = bind(&format_addr(host, config.server.port)).await?;
         let grpc = bind(&format_addr(host, config.server.grpc_port)).await?;
         Ok(Self { gateway, grpc })
@@ -177,14 +212,15 @@ async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot listen on {addr}"))
 }
 
-/// Refuses to expose an unauthenticated server beyond this machine.
+/// Refuses to expose a server that lets anonymous requests in (`--dev`)
+/// beyond this machine.
 fn refuse_public_bind(host: &str) -> anyhow::Result<()> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
     if !loopback {
         bail!(
-            "refusing to listen on {host}: AgentVM has no authentication configured, so it only binds to \
-             loopback (127.0.0.1 or ::1). Bind to 127.0.0.1 and put an authenticating proxy in front."
+            "refusing to listen on {host} with --dev: anonymous access is for this machine only. \
+             Bind to 127.0.0.1, or drop --dev (auth.dev) and authenticate with API keys."
         );
     }
     Ok(())
@@ -203,21 +239,117 @@ fn local_url(listener: &TcpListener) -> anyhow::Result<String> {
     Ok(format!("http://{addr}"))
 }
 
-fn session_store_url(config: &AvmConfig) -> anyhow::Result<String> {
+/// Returns the database url of `service`: its own file or schema of the
+/// configured database, or a SQLite file under the data dir.
+fn store_url(config: &AvmConfig, service: &str) -> anyhow::Result<String> {
     if let Some(url) = config.database.url.as_ref().and_then(|secret| secret.expose()) {
-        return Ok(url.to_owned());
+        return Ok(avm_common::db::service_url(url, service)?);
     }
-    let dir = config.server.data_dir();
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create data dir {}", dir.display()))?;
-    Ok(format!("sqlite://{}", dir.join("session.db").display()))
+    let dir = data_dir(config)?;
+    Ok(format!("sqlite://{}", dir.join(format!("{service}.db")).display()))
 }
 
-fn peer(addr: &Option<String>, variable: &str) -> anyhow::Result<String> {
+fn data_dir(config: &AvmConfig) -> anyhow::Result<PathBuf> {
+    let dir = config.server.data_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create data dir {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// The file the first run's admin API key is written to.
+pub const ADMIN_KEY_FILE: &str = "admin.key";
+
+/// Opens the auth service's store and, on a fresh one, creates the operator
+/// tenant and prints its admin key once (and writes it to a file only the
+/// user can read).
+async fn open_auth(config: &AvmConfig, auth_config: AuthConfig) -> anyhow::Result<avm_auth::AuthService> {
+    let url = store_url(config, "auth")?;
+    let store = avm_auth::open_store(&url, config.database.max_connections).await?;
+    let auth = avm_auth::AuthService::new(store, auth_config).await?;
+    if let Some(first) = auth.bootstrap().await? {
+        let path = data_dir(config)?.join(ADMIN_KEY_FILE);
+        write_private(&path, &first.secret)?;
+        println!(
+            "created the operator tenant {} with an admin API key (shown only this once):",
+            first.tenant_id
+        );
+        println!();
+        println!("    {}", first.secret);
+        println!();
+        println!("saved to {} (readable only by you)", path.display());
+        tracing::info!(tenant_id = %first.tenant_id, key_id = %first.key_id, file = %path.display(), "first run: admin key created");
+    }
+    Ok(auth)
+}
+
+/// Writes a secret to a file readable only by its owner.
+fn write_private(path: &std::path::Path, secret: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    writeln!(file, "{secret}").with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// Returns the gateway's rate limiter: shared through Redis when configured.
+async fn rate_limiter(config: &AvmConfig) -> anyhow::Result<avm_gateway::RateLimiter> {
+    match config.redis.url.as_ref().and_then(Secret::expose) {
+        Some(url) => {
+            let limiter = avm_gateway::RateLimiter::shared(url, &config.redis.key_prefix).await?;
+            tracing::info!("rate limits shared through redis");
+            Ok(limiter)
+        }
+        None => Ok(avm_gateway::RateLimiter::new()),
+    }
+}
+
+/// Returns the service key of this deployment.
+fn service_key(config: &AvmConfig) -> anyhow::Result<String> {
+    Ok(config.auth.require_service_key()?.to_owned())
+}
+
+/// The pieces every component but auth needs to take part in authentication.
+struct AuthPeer {
+    channel: tonic::transport::Channel,
+    identity: ServiceIdentity,
+    verifier: TokenVerifier,
+}
+
+impl AuthPeer {
+    /// Connects to the auth service at `addr` with `service_key`.
+    fn new(addr: &str, service_key: &str, config: &AvmConfig) -> anyhow::Result<Self> {
+        let channel = channel(addr, &config.grpc)?;
+        let identity = ServiceIdentity::new(service_key, channel.clone(), &config.grpc);
+        let source = Arc::new(GrpcKeySource::new(channel.clone()));
+        let verifier = TokenVerifier::new(&config.auth, source);
+        Ok(Self {
+            channel,
+            identity,
+            verifier,
+        })
+    }
+
+    /// Returns the gateway's authenticator.
+    fn authenticator(&self, config: &AvmConfig) -> avm_gateway::Authenticator {
+        avm_gateway::Authenticator::new(self.verifier.clone(), self.channel.clone(), config.auth.oidc.is_some())
+    }
+}
+
+fn peer_addr(addr: &Option<String>, variable: &str) -> anyhow::Result<String> {
     addr.clone()
         .with_context(|| format!("{variable} is required (e.g. {variable}=http://127.0.0.1:7000)"))
 }
 
-fn runtime_pool(config: &AvmConfig, session_addr: &str, grpc: &GrpcConfig) -> anyhow::Result<avm_runtime::AgentPool> {
+fn runtime_pool(
+    config: &AvmConfig,
+    session_addr: &str,
+    identity: ServiceIdentity,
+    grpc: &GrpcConfig,
+) -> anyhow::Result<avm_runtime::AgentPool> {
     let provider = avm_runtime::llm::build_provider(&config.llm).context("cannot configure the LLM provider")?;
     tracing::info!(provider = provider.name(), model = %config.llm.model, "llm provider configured");
     let sessions = avm_runtime::SessionClient::new(channel(session_addr, grpc)?, grpc);
@@ -226,6 +358,7 @@ fn runtime_pool(config: &AvmConfig, session_addr: &str, grpc: &GrpcConfig) -> an
         config.llm.clone(),
         provider,
         sessions,
+        identity,
     ))
 }
 
@@ -233,32 +366,64 @@ fn runtime_pool(config: &AvmConfig, session_addr: &str, grpc: &GrpcConfig) -> an
 pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: CancellationToken) -> anyhow::Result<()> {
     let grpc_url = local_url(&listeners.grpc)?;
     let gateway_url = local_url(&listeners.gateway)?;
-    let store_url = session_store_url(&config)?;
-    let store = avm_session::open_store(&store_url, config.database.max_connections).await?;
+    // One process: the components share a service key made for this run,
+    // unless the configuration names one.
+    let mut auth_config = config.auth.clone();
+    if !auth_config.service_key.is_set() {
+        let bits: [u64; 4] = rand::random();
+        let key: String = bits.iter().map(|b| format!("{b:016x}")).collect();
+        auth_config.service_key = Secret::new(key);
+    }
+    let service_key = auth_config.require_service_key()?.to_owned();
+    let auth = open_auth(&config, auth_config).await?;
+    let session_url = store_url(&config, "session")?;
+    let store = avm_session::open_store(&session_url, config.database.max_connections).await?;
     let sessions = avm_session::SessionService::new(store);
-    let pool = runtime_pool(&config, &grpc_url, &config.grpc)?;
+    let peer = AuthPeer::new(&grpc_url, &service_key, &config)?;
+    let pool = runtime_pool(&config, &grpc_url, peer.identity.clone(), &config.grpc)?;
 
     let servers = CancellationToken::new();
     let grpc_server = GrpcServer::new(&config.grpc)
-        .add_service(avm_session::grpc_server(sessions, &config.grpc))
-        .add_service(avm_runtime::grpc_server(pool.clone(), &config.grpc));
+        .add_service(avm_auth::grpc_server(auth.clone(), &config.grpc))
+        .add_service(avm_session::grpc_server(sessions, peer.verifier.clone(), &config.grpc))
+        .add_service(avm_runtime::grpc_server(
+            pool.clone(),
+            peer.verifier.clone(),
+            &config.grpc,
+        ));
     let grpc_task = tokio::spawn(grpc_server.serve(listeners.grpc, servers.clone()));
+    let background = auth.spawn_background(servers.clone());
+    let watch = peer.verifier.spawn_watch(peer.identity.clone(), servers.clone());
     let reaper = pool.spawn_reaper(servers.clone());
+    let mut authenticator = peer.authenticator(&config);
+    if config.auth.dev {
+        authenticator = authenticator.with_anonymous(auth.dev_key().await?);
+        tracing::warn!("dev mode: requests without credentials act as the admin of the local `dev` tenant");
+        println!("dev mode: requests without credentials act as the admin of tenant `dev` (loopback only)");
+    }
     let backends = avm_gateway::Backends::new(
         channel(&grpc_url, &config.grpc)?,
         channel(&grpc_url, &config.grpc)?,
+        peer.channel.clone(),
         &config.grpc,
     );
     let gateway_task = tokio::spawn(avm_gateway::serve(
         listeners.gateway,
         config.gateway.clone(),
         backends,
+        authenticator,
+        rate_limiter(&config).await?,
         servers.clone(),
     ));
 
     println!("listening: gateway {gateway_url}");
     println!("listening: grpc {grpc_url}");
-    tracing::info!(gateway = %gateway_url, grpc = %grpc_url, store = %redact_url(&store_url), "agentvm ready");
+    tracing::info!(
+        gateway = %gateway_url,
+        grpc = %grpc_url,
+        session_store = %redact_url(&session_url),
+        "agentvm ready"
+    );
 
     tokio::select! {
         () = shutdown.cancelled() => {}
@@ -267,6 +432,8 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
     wind_down(&pool, config.grpc.drain_timeout).await;
     servers.cancel();
     reaper.abort();
+    watch.abort();
+    background.abort();
     tracing::info!("agentvm stopped");
     Ok(())
 }
@@ -299,29 +466,61 @@ fn redact_url(url: &str) -> String {
     }
 }
 
+async fn run_auth(config: AvmConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let addr = listen_addr(&config, config.server.grpc_port);
+    let listener = bind(&addr).await?;
+    service_key(&config)?;
+    let auth = open_auth(&config, config.auth.clone()).await?;
+    let background = auth.spawn_background(shutdown.clone());
+    let server = GrpcServer::new(&config.grpc).add_service(avm_auth::grpc_server(auth, &config.grpc));
+    println!("listening: grpc {}", local_url(&listener)?);
+    tracing::info!(addr = %listener.local_addr()?, store = %redact_url(&store_url(&config, "auth")?), "auth service ready");
+    server.serve(listener, shutdown).await?;
+    background.abort();
+    Ok(())
+}
+
 async fn run_session(config: AvmConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let addr = listen_addr(&config, config.server.grpc_port);
     let listener = bind(&addr).await?;
-    let store_url = session_store_url(&config)?;
+    let peer = AuthPeer::new(
+        &peer_addr(&config.peers.auth, "AVM_AUTH_ADDR")?,
+        &service_key(&config)?,
+        &config,
+    )?;
+    let store_url = store_url(&config, "session")?;
     let store = avm_session::open_store(&store_url, config.database.max_connections).await?;
     let server = GrpcServer::new(&config.grpc).add_service(avm_session::grpc_server(
         avm_session::SessionService::new(store),
+        peer.verifier.clone(),
         &config.grpc,
     ));
+    let watch = peer.verifier.spawn_watch(peer.identity.clone(), shutdown.clone());
     println!("listening: grpc {}", local_url(&listener)?);
     tracing::info!(addr = %listener.local_addr()?, store = %redact_url(&store_url), "session service ready");
     server.serve(listener, shutdown).await?;
+    watch.abort();
     Ok(())
 }
 
 async fn run_runtime(config: AvmConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let addr = listen_addr(&config, config.server.grpc_port);
     let listener = bind(&addr).await?;
-    let session_addr = peer(&config.peers.session, "AVM_SESSION_ADDR")?;
-    let pool = runtime_pool(&config, &session_addr, &config.grpc)?;
+    let peer = AuthPeer::new(
+        &peer_addr(&config.peers.auth, "AVM_AUTH_ADDR")?,
+        &service_key(&config)?,
+        &config,
+    )?;
+    let session_addr = peer_addr(&config.peers.session, "AVM_SESSION_ADDR")?;
+    let pool = runtime_pool(&config, &session_addr, peer.identity.clone(), &config.grpc)?;
     let servers = CancellationToken::new();
     let reaper = pool.spawn_reaper(servers.clone());
-    let server = GrpcServer::new(&config.grpc).add_service(avm_runtime::grpc_server(pool.clone(), &config.grpc));
+    let watch = peer.verifier.spawn_watch(peer.identity.clone(), servers.clone());
+    let server = GrpcServer::new(&config.grpc).add_service(avm_runtime::grpc_server(
+        pool.clone(),
+        peer.verifier.clone(),
+        &config.grpc,
+    ));
     println!("listening: grpc {}", local_url(&listener)?);
     tracing::info!(addr = %listener.local_addr()?, session = %session_addr, "runtime ready");
     let task = tokio::spawn(server.serve(listener, servers.clone()));
@@ -332,23 +531,41 @@ async fn run_runtime(config: AvmConfig, shutdown: CancellationToken) -> anyhow::
     wind_down(&pool, config.grpc.drain_timeout).await;
     servers.cancel();
     reaper.abort();
+    watch.abort();
     Ok(())
 }
 
 async fn run_gateway(config: AvmConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let addr = listen_addr(&config, config.server.port);
-    let host = addr.rsplit_once(':').map_or(addr.as_str(), |(host, _)| host);
-    refuse_public_bind(host)?;
+    if config.auth.dev {
+        bail!("--dev (auth.dev) is for `avm serve` only");
+    }
     let listener = bind(&addr).await?;
-    let session = peer(&config.peers.session, "AVM_SESSION_ADDR")?;
-    let runtime = peer(&config.peers.runtime, "AVM_RUNTIME_ADDR")?;
+    let peer = AuthPeer::new(
+        &peer_addr(&config.peers.auth, "AVM_AUTH_ADDR")?,
+        &service_key(&config)?,
+        &config,
+    )?;
+    let session = peer_addr(&config.peers.session, "AVM_SESSION_ADDR")?;
+    let runtime = peer_addr(&config.peers.runtime, "AVM_RUNTIME_ADDR")?;
     let backends = avm_gateway::Backends::new(
         channel(&session, &config.grpc)?,
         channel(&runtime, &config.grpc)?,
+        peer.channel.clone(),
         &config.grpc,
     );
+    let watch = peer.verifier.spawn_watch(peer.identity.clone(), shutdown.clone());
     println!("listening: gateway {}", local_url(&listener)?);
     tracing::info!(addr = %listener.local_addr()?, session = %session, runtime = %runtime, "gateway ready");
-    avm_gateway::serve(listener, config.gateway.clone(), backends, shutdown).await?;
+    avm_gateway::serve(
+        listener,
+        config.gateway.clone(),
+        backends,
+        peer.authenticator(&config),
+        rate_limiter(&config).await?,
+        shutdown,
+    )
+    .await?;
+    watch.abort();
     Ok(())
 }

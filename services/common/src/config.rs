@@ -254,6 +254,25 @@ pub struct DatabaseConfig {
     pub max_connections: Option<u32>,
 }
 
+/// Redis, shared by replicas of the gateway (`[redis]`, `AVM_REDIS_URL`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://host:6379`; unset means each process keeps its own counters.
+    pub url: Option<Secret>,
+    /// Prefix of every key AgentVM writes, so deployments can share a Redis.
+    pub key_prefix: String,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            key_prefix: "avm:".to_owned(),
+        }
+    }
+}
+
 /// Addresses of peer components (`http://host:port`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

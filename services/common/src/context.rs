@@ -1,55 +1,91 @@
-//! The explicit request context every cross-component call carries.
+//! The explicit request context every cross-component call carries: who is
+//! calling (verified), under which request id, and the credential to forward.
+
+use std::sync::Arc;
 
 use tonic::metadata::{MetadataMap, MetadataValue};
+
+use crate::ApiError;
+use crate::auth::{ON_BEHALF_OF_HEADER, Principal, Role, Scopes};
 
 /// Metadata key carrying the caller's request id across hops.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
-/// The tenant that owns everything until the auth service assigns real tenants.
-pub const LOCAL_TENANT: &str = "local";
-
-/// Who is asking and under which request id.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Who is asking, under which request id, with which credential.
+#[derive(Clone, Debug)]
 pub struct RequestContext {
-    /// The tenant whose data the request may touch.
+    /// The tenant whose data the request may touch (the principal's).
     pub tenant_id: String,
     /// Correlates log lines of one request across components.
     pub request_id: String,
+    /// The verified caller.
+    pub principal: Arc<Principal>,
+    /// The access token forwarded on calls made for this request.
+    credential: Option<Arc<str>>,
 }
 
 impl RequestContext {
-    /// Returns a context for the local tenant with a fresh request id.
-    pub fn local() -> Self {
+    /// Returns the context of a verified principal.
+    pub fn new(principal: Principal, credential: Option<Arc<str>>, request_id: String) -> Self {
         Self {
-            tenant_id: LOCAL_TENANT.to_owned(),
-            request_id: crate::ids::new_id("req"),
+            tenant_id: principal.tenant_id.clone(),
+            request_id,
+            principal: Arc::new(principal),
+            credential,
         }
     }
 
-    /// Reads the context of an incoming gRPC request.
-    ///
-    /// The tenant is the local one: it is never taken from a header, because a
-    /// header is caller-controlled. The auth service's verified token will
-    /// supply it.
-    pub fn from_metadata(metadata: &MetadataMap) -> Self {
-        let request_id = metadata
-            .get(REQUEST_ID_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty() && v.len() <= 128)
-            .map(str::to_owned)
-            .unwrap_or_else(|| crate::ids::new_id("req"));
+    /// Returns the same caller under another request id.
+    pub fn with_request_id(&self, request_id: String) -> Self {
         Self {
-            tenant_id: LOCAL_TENANT.to_owned(),
             request_id,
+            ..self.clone()
         }
+    }
+
+    /// Returns the access token this context forwards.
+    pub fn credential(&self) -> Option<&str> {
+        self.credential.as_deref()
+    }
+
+    /// Returns the user whose containers bound the caller's view, `None` for
+    /// the whole tenant (admins and services).
+    pub fn owner_filter(&self) -> Option<&str> {
+        self.principal.container_owner_filter()
+    }
+
+    /// Fails with PERMISSION_DENIED unless the caller holds `scope`.
+    pub fn require(&self, scope: Scopes) -> Result<(), ApiError> {
+        self.principal.require(scope)
     }
 
     /// Returns a gRPC request carrying this context in its metadata.
     pub fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
+        let metadata = request.metadata_mut();
         if let Ok(value) = MetadataValue::try_from(self.request_id.as_str()) {
-            request.metadata_mut().insert(REQUEST_ID_HEADER, value);
+            metadata.insert(REQUEST_ID_HEADER, value);
+        }
+        if let Some(token) = &self.credential
+            && let Ok(value) = MetadataValue::try_from(format!("Bearer {token}"))
+        {
+            metadata.insert("authorization", value);
+        }
+        if self.principal.role == Role::Service
+            && let Ok(value) = MetadataValue::try_from(self.tenant_id.as_str())
+        {
+            metadata.insert(ON_BEHALF_OF_HEADER, value);
         }
         request
     }
+}
+
+/// Returns the caller's request id from gRPC metadata, or a new one.
+pub fn request_id_from(metadata: &MetadataMap) -> String {
+    metadata
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_owned)
+        .unwrap_or_else(|| crate::ids::new_id("req"))
 }

@@ -47,16 +47,83 @@ pub async fn open_sqlite(url: &str, max_connections: Option<u32>) -> Result<Sqli
         .map_err(|err| unavailable("sqlite", &err))
 }
 
-/// Opens a Postgres pool.
+/// Opens a Postgres pool; the schema the url's `search_path` names is created
+/// when missing.
 pub async fn open_postgres(url: &str, max_connections: Option<u32>) -> Result<PgPool, ApiError> {
     let options = PgConnectOptions::from_str(url)
         .map_err(|_| ApiError::invalid("INVALID_DATABASE_URL", "invalid postgres url"))?;
+    if let Some(schema) = search_path(url) {
+        let mut connection: sqlx::PgConnection = sqlx::Connection::connect_with(&options)
+            .await
+            .map_err(|err| unavailable("postgres", &err))?;
+        sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+            .execute(&mut connection)
+            .await
+            .map_err(|err| unavailable("postgres", &err))?;
+        sqlx::Connection::close(connection)
+            .await
+            .map_err(|err| unavailable("postgres", &err))?;
+    }
     PgPoolOptions::new()
         .max_connections(max_connections.unwrap_or(10))
         .acquire_timeout(Duration::from_secs(5))
         .connect_with(options)
         .await
         .map_err(|err| unavailable("postgres", &err))
+}
+
+/// Returns the database url `service` uses when the deployment names one
+/// database for all: each service keeps its tables (and its migration history)
+/// apart. SQLite gets a file per service (`avm.db` → `avm-session.db`);
+/// Postgres a schema per service (`avm_session`, or `<search_path>_session`
+/// when the url names a search path).
+pub fn service_url(url: &str, service: &str) -> Result<String, ApiError> {
+    let invalid = || ApiError::invalid("INVALID_DATABASE_URL", "the database url cannot be parsed");
+    if url.starts_with("sqlite:") {
+        if url.contains(":memory:") {
+            return Ok(url.to_owned());
+        }
+        let (path, query) = url.split_once('?').map_or((url, None), |(p, q)| (p, Some(q)));
+        let file_start = path.rfind('/').map_or(0, |i| i + 1);
+        let stem_end = path[file_start..].rfind('.').map_or(path.len(), |i| file_start + i);
+        let mut derived = format!("{}-{service}{}", &path[..stem_end], &path[stem_end..]);
+        if let Some(query) = query {
+            derived.push('?');
+            derived.push_str(query);
+        }
+        return Ok(derived);
+    }
+    let mut parsed = url::Url::parse(url).map_err(|_| invalid())?;
+    let base = search_path(url).unwrap_or_else(|| "avm".to_owned());
+    let kept: Vec<(String, String)> = parsed
+        .query_pairs()
+        .filter(|(key, value)| !(key == "options" && value.contains("search_path")))
+        .map(|(key, value)| (key.into_owned(), value.into_owned()))
+        .collect();
+    {
+        let mut query = parsed.query_pairs_mut();
+        query.clear();
+        for (key, value) in &kept {
+            query.append_pair(key, value);
+        }
+        query.append_pair("options", &format!("-c search_path={base}_{service}"));
+    }
+    Ok(parsed.to_string())
+}
+
+/// Returns the schema a Postgres url's `options=-c search_path=…` names.
+fn search_path(url: &str) -> Option<String> {
+    let parsed = url::Url::parse(url).ok()?;
+    let options = parsed
+        .query_pairs()
+        .find(|(key, _)| key == "options")
+        .map(|(_, value)| value.into_owned())?;
+    let value = options.split("search_path=").nth(1)?;
+    let schema: String = value
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    (!schema.is_empty()).then_some(schema)
 }
 
 fn unavailable(kind: &str, err: &sqlx::Error) -> ApiError {
@@ -66,4 +133,34 @@ fn unavailable(kind: &str, err: &sqlx::Error) -> ApiError {
         "DATABASE_UNAVAILABLE",
         format!("cannot open the {kind} database: {err}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::service_url;
+
+    #[test]
+    fn each_service_gets_its_own_file_or_schema() {
+        assert_eq!(
+            service_url("sqlite:///data/avm.db", "auth").ok().as_deref(),
+            Some("sqlite:///data/avm-auth.db")
+        );
+        assert_eq!(
+            service_url("sqlite://avm?mode=rwc", "session").ok().as_deref(),
+            Some("sqlite://avm-session?mode=rwc")
+        );
+        assert_eq!(
+            service_url("postgres://u@db:5432/app", "auth").ok().as_deref(),
+            Some("postgres://u@db:5432/app?options=-c+search_path%3Davm_auth")
+        );
+        assert_eq!(
+            service_url(
+                "postgres://u@db/app?sslmode=disable&options=-c%20search_path%3Dtest_1",
+                "session"
+            )
+            .ok()
+            .as_deref(),
+            Some("postgres://u@db/app?sslmode=disable&options=-c+search_path%3Dtest_1_session")
+        );
+    }
 }

@@ -2,6 +2,7 @@
 //! telemetry, the error vocabulary, gRPC server and channel builders, request
 //! context, ids and database pools.
 
+pub mod auth;
 pub mod config;
 pub mod context;
 pub mod db;

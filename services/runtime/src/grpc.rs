@@ -4,8 +4,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use avm_common::ApiError;
+use avm_common::auth::TokenVerifier;
 use avm_common::config::GrpcConfig;
-use avm_common::{ApiError, RequestContext};
 use avm_proto::runtime::v1 as pb;
 use avm_proto::runtime::v1::runtime_service_server::{RuntimeService, RuntimeServiceServer};
 use futures::Stream;
@@ -14,9 +15,10 @@ use tonic::{Request, Response, Status};
 use crate::hub::{SessionEvent, Subscription};
 use crate::service::{AgentInfo, AgentPool, AgentTarget};
 
-/// Returns the runtime's gRPC server with the shared message-size limits.
-pub fn grpc_server(pool: AgentPool, config: &GrpcConfig) -> RuntimeServiceServer<RuntimeGrpc> {
-    RuntimeServiceServer::new(RuntimeGrpc { pool })
+/// Returns the runtime's gRPC server with the shared message-size limits;
+/// every call's caller is verified from its bearer token.
+pub fn grpc_server(pool: AgentPool, verifier: TokenVerifier, config: &GrpcConfig) -> RuntimeServiceServer<RuntimeGrpc> {
+    RuntimeServiceServer::new(RuntimeGrpc { pool, verifier })
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes)
 }
@@ -24,6 +26,7 @@ pub fn grpc_server(pool: AgentPool, config: &GrpcConfig) -> RuntimeServiceServer
 /// Serves `avm.runtime.v1.RuntimeService` from an [`AgentPool`].
 pub struct RuntimeGrpc {
     pool: AgentPool,
+    verifier: TokenVerifier,
 }
 
 type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -106,7 +109,7 @@ impl RuntimeService for RuntimeGrpc {
     type SubscribeEventsStream = EventStream<pb::SubscribeEventsResponse>;
 
     async fn run_image(&self, request: Request<pb::RunImageRequest>) -> Result<Response<pb::RunImageResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let (agent, reused) = self.pool.run_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::RunImageResponse {
             agent: Some(agent_pb(agent)),
@@ -118,7 +121,7 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::StopImageRequest>,
     ) -> Result<Response<pb::StopImageResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let stopped = self.pool.stop_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::StopImageResponse { stopped }))
     }
@@ -127,7 +130,7 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<Self::SendMessageStream>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let message = request.into_inner();
         let accepted = self
             .pool
@@ -153,13 +156,13 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::InterruptAgentRequest>,
     ) -> Result<Response<pb::InterruptAgentResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let target = match request.into_inner().target {
             Some(pb::interrupt_agent_request::Target::ImageId(id)) => AgentTarget::Image(id),
             Some(pb::interrupt_agent_request::Target::AgentId(id)) => AgentTarget::Agent(id),
             None => return Err(ApiError::invalid("MISSING_ID", "image_id or agent_id is required").into()),
         };
-        let (agent, interrupted) = self.pool.interrupt(&ctx, &target)?;
+        let (agent, interrupted) = self.pool.interrupt(&ctx, &target).await?;
         Ok(Response::new(pb::InterruptAgentResponse {
             agent: Some(agent_pb(agent)),
             interrupted,
@@ -167,8 +170,8 @@ impl RuntimeService for RuntimeGrpc {
     }
 
     async fn get_agent(&self, request: Request<pb::GetAgentRequest>) -> Result<Response<pb::GetAgentResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
-        let agent = self.pool.get_agent(&ctx, &request.get_ref().agent_id)?;
+        let ctx = self.verifier.context(request.metadata()).await?;
+        let agent = self.pool.get_agent(&ctx, &request.get_ref().agent_id).await?;
         Ok(Response::new(pb::GetAgentResponse {
             agent: Some(agent_pb(agent)),
         }))
@@ -178,8 +181,11 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
-        let agents = self.pool.list_agents(&ctx, request.get_ref().container_id.as_deref());
+        let ctx = self.verifier.context(request.metadata()).await?;
+        let agents = self
+            .pool
+            .list_agents(&ctx, request.get_ref().container_id.as_deref())
+            .await?;
         Ok(Response::new(pb::ListAgentsResponse {
             agents: agents.into_iter().map(agent_pb).collect(),
         }))
@@ -189,8 +195,8 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::DestroyAgentRequest>,
     ) -> Result<Response<pb::DestroyAgentResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
-        self.pool.destroy_agent(&ctx, &request.get_ref().agent_id)?;
+        let ctx = self.verifier.context(request.metadata()).await?;
+        self.pool.destroy_agent(&ctx, &request.get_ref().agent_id).await?;
         Ok(Response::new(pb::DestroyAgentResponse { destroyed: true }))
     }
 
@@ -198,8 +204,8 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::DestroyAllAgentsRequest>,
     ) -> Result<Response<pb::DestroyAllAgentsResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
-        let destroyed = self.pool.destroy_all(&ctx, &request.get_ref().container_id);
+        let ctx = self.verifier.context(request.metadata()).await?;
+        let destroyed = self.pool.destroy_all(&ctx, &request.get_ref().container_id).await?;
         Ok(Response::new(pb::DestroyAllAgentsResponse { destroyed }))
     }
 
@@ -207,7 +213,7 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::SubscribeEventsRequest>,
     ) -> Result<Response<Self::SubscribeEventsStream>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let message = request.into_inner();
         let subscription = self
             .pool

@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use avm_common::auth::{Scopes, ServiceIdentity};
 use avm_common::ids::new_id;
-use avm_common::{ApiError, RequestContext};
+use avm_common::{ApiError, Code, RequestContext};
 use avm_proto::session::v1 as pb;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
@@ -110,6 +111,8 @@ pub(crate) struct PoolInner {
     pub(crate) llm_config: LlmConfig,
     pub(crate) provider: Arc<dyn LlmProvider>,
     pub(crate) sessions: SessionClient,
+    /// The runtime's own credential, for work that outlives the caller's request.
+    pub(crate) identity: ServiceIdentity,
     hubs: Hubs,
     /// Agents by (tenant, image id); the cell makes concurrent starts share one hydration.
     agents: Mutex<HashMap<AgentKey, Arc<OnceCell<Arc<Agent>>>>>,
@@ -130,6 +133,7 @@ impl AgentPool {
         llm_config: LlmConfig,
         provider: Arc<dyn LlmProvider>,
         sessions: SessionClient,
+        identity: ServiceIdentity,
     ) -> Self {
         let hubs = Hubs::new(config.event_retention, config.subscriber_queue);
         Self {
@@ -138,6 +142,7 @@ impl AgentPool {
                 llm_config,
                 provider,
                 sessions,
+                identity,
                 hubs,
                 agents: Mutex::new(HashMap::new()),
                 agent_ids: Mutex::new(HashMap::new()),
@@ -155,6 +160,7 @@ impl AgentPool {
 
     /// Starts the agent of an image, or returns the running one (`reused`).
     pub async fn run_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(AgentInfo, bool), ApiError> {
+        ctx.require(Scopes::WRITE)?;
         let (agent, reused) = self.ensure_agent(ctx, image_id).await?;
         Ok((agent.info(), reused))
     }
@@ -171,7 +177,15 @@ impl AgentPool {
             })
             .await;
         match result {
-            Ok(agent) => Ok((Arc::clone(agent), !hydrated_here.load(Ordering::Relaxed))),
+            Ok(agent) => {
+                let reused = !hydrated_here.load(Ordering::Relaxed);
+                if reused && ctx.owner_filter().is_some() {
+                    // A member may use a running agent only if they may see its
+                    // image; the session service answers exactly as for a missing one.
+                    self.inner.sessions.get_image(ctx, image_id).await?;
+                }
+                Ok((Arc::clone(agent), reused))
+            }
             Err(err) => {
                 let mut agents = self.agents();
                 if agents
@@ -232,6 +246,7 @@ impl AgentPool {
         image_id: &str,
         content_json: &str,
     ) -> Result<SendAccepted, ApiError> {
+        ctx.require(Scopes::WRITE)?;
         let content = parse_content(content_json)?;
         let (agent, cancel) = self.reserve_turn(ctx, image_id).await?;
         let user_message_id = new_id("msg");
@@ -313,7 +328,7 @@ impl AgentPool {
         ))
     }
 
-    fn find(&self, ctx: &RequestContext, target: &AgentTarget) -> Option<Arc<Agent>> {
+    fn lookup(&self, ctx: &RequestContext, target: &AgentTarget) -> Option<Arc<Agent>> {
         let key = match target {
             AgentTarget::Image(image_id) => (ctx.tenant_id.clone(), image_id.clone()),
             AgentTarget::Agent(agent_id) => self.agent_ids().get(agent_id).cloned()?,
@@ -324,9 +339,30 @@ impl AgentPool {
         self.agents().get(&key).and_then(|cell| cell.get().cloned())
     }
 
+    /// Returns the caller's agent named by `target`, or AGENT_NOT_FOUND when
+    /// there is none or the caller may not see its container.
+    async fn find(&self, ctx: &RequestContext, target: &AgentTarget) -> Result<Arc<Agent>, ApiError> {
+        let agent = self.lookup(ctx, target).ok_or_else(|| agent_not_found(target))?;
+        match self.authorize(ctx, &agent.image.container_id).await {
+            Ok(()) => Ok(agent),
+            Err(err) if err.code == Code::NotFound => Err(agent_not_found(target)),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Fails unless the caller may see the container: admins and services see
+    /// the whole tenant; members ask the session service.
+    async fn authorize(&self, ctx: &RequestContext, container_id: &str) -> Result<(), ApiError> {
+        if ctx.owner_filter().is_none() {
+            return Ok(());
+        }
+        self.inner.sessions.check_container(ctx, container_id).await
+    }
+
     /// Interrupts the running turn; `false` when the agent was idle.
-    pub fn interrupt(&self, ctx: &RequestContext, target: &AgentTarget) -> Result<(AgentInfo, bool), ApiError> {
-        let agent = self.find(ctx, target).ok_or_else(|| agent_not_found(target))?;
+    pub async fn interrupt(&self, ctx: &RequestContext, target: &AgentTarget) -> Result<(AgentInfo, bool), ApiError> {
+        ctx.require(Scopes::WRITE)?;
+        let agent = self.find(ctx, target).await?;
         let interrupted = match &agent.lock().turn {
             Some(cancel) => {
                 cancel.cancel();
@@ -339,20 +375,33 @@ impl AgentPool {
     }
 
     /// Returns one agent of the caller.
-    pub fn get_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<AgentInfo, ApiError> {
+    pub async fn get_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<AgentInfo, ApiError> {
+        ctx.require(Scopes::READ)?;
         let target = AgentTarget::Agent(agent_id.to_owned());
-        self.find(ctx, &target)
-            .map(|agent| agent.info())
-            .ok_or_else(|| agent_not_found(&target))
+        Ok(self.find(ctx, &target).await?.info())
     }
 
     /// Lists the caller's agents, optionally of one container, oldest first.
-    pub fn list_agents(&self, ctx: &RequestContext, container_id: Option<&str>) -> Vec<AgentInfo> {
+    pub async fn list_agents(
+        &self,
+        ctx: &RequestContext,
+        container_id: Option<&str>,
+    ) -> Result<Vec<AgentInfo>, ApiError> {
+        ctx.require(Scopes::READ)?;
+        let visible: Option<std::collections::HashSet<String>> = match ctx.owner_filter() {
+            None => None,
+            Some(_) => Some(self.inner.sessions.visible_containers(ctx).await?.into_iter().collect()),
+        };
         let mut agents: Vec<AgentInfo> = self
             .live_agents()
             .into_iter()
             .filter(|agent| agent.tenant_id == ctx.tenant_id)
             .filter(|agent| container_id.is_none_or(|id| agent.image.container_id == id))
+            .filter(|agent| {
+                visible
+                    .as_ref()
+                    .is_none_or(|ids| ids.contains(&agent.image.container_id))
+            })
             .map(|agent| agent.info())
             .collect();
         agents.sort_by(|a, b| {
@@ -360,7 +409,7 @@ impl AgentPool {
                 .cmp(&b.started_at_ms)
                 .then_with(|| a.agent_id.cmp(&b.agent_id))
         });
-        agents
+        Ok(agents)
     }
 
     fn live_agents(&self) -> Vec<Arc<Agent>> {
@@ -370,25 +419,32 @@ impl AgentPool {
     /// Stops the agent of an image; `false` when none was running. An image
     /// that does not exist is NOT_FOUND.
     pub async fn stop_image(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, ApiError> {
-        if let Some(agent) = self.find(ctx, &AgentTarget::Image(image_id.to_owned())) {
-            self.retire(&agent, "stopped");
-            return Ok(true);
-        }
+        ctx.require(Scopes::WRITE)?;
         validate_id("IMAGE_NOT_FOUND", "image", image_id)?;
+        // The session service decides whether the caller may see the image.
         self.inner.sessions.get_image(ctx, image_id).await?;
-        Ok(false)
+        match self.lookup(ctx, &AgentTarget::Image(image_id.to_owned())) {
+            Some(agent) => {
+                self.retire(&agent, "stopped");
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// Stops and forgets one agent.
-    pub fn destroy_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<(), ApiError> {
+    pub async fn destroy_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<(), ApiError> {
+        ctx.require(Scopes::WRITE)?;
         let target = AgentTarget::Agent(agent_id.to_owned());
-        let agent = self.find(ctx, &target).ok_or_else(|| agent_not_found(&target))?;
+        let agent = self.find(ctx, &target).await?;
         self.retire(&agent, "destroyed");
         Ok(())
     }
 
     /// Stops every agent of a container; returns how many.
-    pub fn destroy_all(&self, ctx: &RequestContext, container_id: &str) -> u32 {
+    pub async fn destroy_all(&self, ctx: &RequestContext, container_id: &str) -> Result<u32, ApiError> {
+        ctx.require(Scopes::WRITE)?;
+        self.authorize(ctx, container_id).await?;
         let doomed: Vec<Arc<Agent>> = self
             .live_agents()
             .into_iter()
@@ -397,7 +453,7 @@ impl AgentPool {
         for agent in &doomed {
             self.retire(agent, "destroyed");
         }
-        u32::try_from(doomed.len()).unwrap_or(u32::MAX)
+        Ok(u32::try_from(doomed.len()).unwrap_or(u32::MAX))
     }
 
     /// Removes an agent from the pool, interrupting its turn.
@@ -435,6 +491,7 @@ impl AgentPool {
         session_id: &str,
         after_cursor: Option<&str>,
     ) -> Result<Subscription, ApiError> {
+        ctx.require(Scopes::READ)?;
         let after = after_cursor
             .map(|cursor| {
                 cursor
@@ -443,7 +500,7 @@ impl AgentPool {
             })
             .transpose()?;
         validate_id("SESSION_NOT_FOUND", "session", session_id)?;
-        // Ownership: the session must belong to the caller's tenant.
+        // Ownership: the session must be one the caller may see.
         self.inner.sessions.get_session(ctx, session_id).await?;
         Ok(self.inner.hubs.get_or_create(session_id).subscribe(after))
     }

@@ -55,6 +55,22 @@ impl SessionClient {
             .ok_or_else(|| ApiError::internal("session service returned no image"))
     }
 
+    /// Fails with CONTAINER_NOT_FOUND unless the caller may see the container.
+    pub async fn check_container(&self, ctx: &RequestContext, container_id: &str) -> Result<(), ApiError> {
+        let request = ctx.request(pb::GetContainerRequest {
+            container_id: container_id.to_owned(),
+        });
+        self.inner.clone().get_container(request).await?;
+        Ok(())
+    }
+
+    /// Returns the ids of the containers the caller may see.
+    pub async fn visible_containers(&self, ctx: &RequestContext) -> Result<Vec<String>, ApiError> {
+        let request = ctx.request(pb::ListContainersRequest {});
+        let response = self.inner.clone().list_containers(request).await?.into_inner();
+        Ok(response.containers.into_iter().map(|c| c.container_id).collect())
+    }
+
     /// Returns the image that owns a session of the caller's tenant.
     pub async fn get_session(&self, ctx: &RequestContext, session_id: &str) -> Result<ImageInfo, ApiError> {
         let request = ctx.request(pb::GetSessionRequest {

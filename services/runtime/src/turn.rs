@@ -69,6 +69,7 @@ pub(crate) async fn run(
         output_tokens: None,
     };
     let outcome = stream_reply(&pool, &agent, request, &cancel, &mut reply).await;
+    report_usage(&pool, &ctx, &reply);
     let session_id = agent.image.session_id.clone();
     match outcome {
         Outcome::Completed(stop) => {
@@ -203,10 +204,18 @@ fn assistant_message(session_id: &str, reply: &Reply, stop: StopReason, interrup
 /// Stores a finished message, retrying while the session service is briefly
 /// unavailable (appends are idempotent on the message id); a lasting failure is
 /// logged and the conversation goes on.
+///
+/// The runtime stores it as itself, for the caller's tenant: the caller's
+/// token may expire before a long turn ends, and the reply belongs to the
+/// conversation whether or not its caller is still there.
 async fn persist(pool: &PoolInner, ctx: &RequestContext, message: &pb::Message) {
     let mut backoff = std::time::Duration::from_millis(50);
     for attempt in 1..=5 {
-        match pool.sessions.append(ctx, message.clone()).await {
+        let appended = match pool.identity.context_for(&ctx.tenant_id, &ctx.request_id).await {
+            Ok(own) => pool.sessions.append(&own, message.clone()).await,
+            Err(err) => Err(err),
+        };
+        match appended {
             Ok(_) => return,
             Err(err) if attempt < 5 && matches!(err.code, Code::Unavailable | Code::DeadlineExceeded) => {
                 tracing::warn!(message_id = %message.message_id, attempt, error = %err, "retrying message persistence");
@@ -219,4 +228,55 @@ async fn persist(pool: &PoolInner, ctx: &RequestContext, message: &pb::Message) 
             }
         }
     }
+}
+
+/// Reports the tokens of one LLM call to the auth service, which counts them
+/// against the tenant's and the key's monthly quota. It runs beside the turn;
+/// the report id (the reply's message id) makes a retried report count once.
+fn report_usage(pool: &Arc<PoolInner>, ctx: &RequestContext, reply: &Reply) {
+    let (input_tokens, output_tokens) = (reply.input_tokens.unwrap_or(0), reply.output_tokens.unwrap_or(0));
+    if input_tokens == 0 && output_tokens == 0 {
+        return;
+    }
+    let report = avm_proto::auth::v1::RecordUsageRequest {
+        tenant_id: ctx.tenant_id.clone(),
+        key_id: ctx.principal.key_id.clone(),
+        input_tokens,
+        output_tokens,
+        report_id: reply.message_id.clone(),
+    };
+    let pool = Arc::clone(pool);
+    let (tenant_id, request_id) = (ctx.tenant_id.clone(), ctx.request_id.clone());
+    tokio::spawn(async move {
+        let mut backoff = std::time::Duration::from_millis(100);
+        for attempt in 1..=5 {
+            let result = match pool.identity.context_for(&tenant_id, &request_id).await {
+                Ok(own) => pool
+                    .identity
+                    .client()
+                    .record_usage(own.request(report.clone()))
+                    .await
+                    .map_err(avm_common::ApiError::from),
+                Err(err) => Err(err),
+            };
+            match result {
+                Ok(_) => return,
+                Err(err)
+                    if attempt < 5
+                        && matches!(
+                            err.code,
+                            Code::Unavailable | Code::DeadlineExceeded | Code::Unauthenticated
+                        ) =>
+                {
+                    tracing::warn!(report_id = %report.report_id, attempt, error = %err, "retrying usage report");
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                }
+                Err(err) => {
+                    tracing::error!(report_id = %report.report_id, reason = %err.reason, error = %err, "cannot report usage");
+                    return;
+                }
+            }
+        }
+    });
 }

@@ -1,6 +1,6 @@
 //! The session service's one error type and its mapping onto the shared vocabulary.
 
-use avm_common::ApiError;
+use avm_common::{ApiError, Code};
 
 /// Everything that can go wrong in the session service.
 #[derive(Debug, thiserror::Error)]
@@ -11,12 +11,21 @@ pub enum SessionError {
     /// The container does not exist for the caller's tenant.
     #[error("container {0} not found")]
     ContainerNotFound(String),
+    /// The container id is held by a container of the tenant the caller may not see.
+    #[error("container id {0} is already used in this tenant")]
+    ContainerIdTaken(String),
+    /// Only the container's owner (or an admin) may do this.
+    #[error("only the owner of container {0} or an admin may do this")]
+    NotContainerOwner(String),
     /// The image does not exist for the caller's tenant.
     #[error("image {0} not found")]
     ImageNotFound(String),
     /// The session does not exist for the caller's tenant.
     #[error("session {0} not found")]
     SessionNotFound(String),
+    /// The caller is not allowed this operation (scope or role).
+    #[error("{0}")]
+    Denied(ApiError),
     /// The database failed.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
@@ -42,7 +51,14 @@ impl From<SessionError> for ApiError {
     fn from(err: SessionError) -> Self {
         match err {
             SessionError::Invalid { reason, message } => ApiError::invalid(reason, message),
+            SessionError::Denied(err) => err,
             SessionError::ContainerNotFound(_) => ApiError::not_found("CONTAINER_NOT_FOUND", err.to_string()),
+            SessionError::ContainerIdTaken(_) => {
+                ApiError::new(Code::AlreadyExists, "CONTAINER_ID_TAKEN", err.to_string())
+            }
+            SessionError::NotContainerOwner(_) => {
+                ApiError::new(Code::PermissionDenied, "NOT_CONTAINER_OWNER", err.to_string())
+            }
             SessionError::ImageNotFound(_) => ApiError::not_found("IMAGE_NOT_FOUND", err.to_string()),
             SessionError::SessionNotFound(_) => ApiError::not_found("SESSION_NOT_FOUND", err.to_string()),
             // A saturated pool or a lost connection is worth retrying; say so without details.

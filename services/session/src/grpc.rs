@@ -1,6 +1,6 @@
 //! The gRPC adapter: proto ⇄ domain, metadata → `RequestContext`, error → `Status`.
 
-use avm_common::RequestContext;
+use avm_common::auth::TokenVerifier;
 use avm_common::config::GrpcConfig;
 use avm_proto::session::v1 as pb;
 use avm_proto::session::v1::session_service_server::{SessionService as SessionApi, SessionServiceServer};
@@ -14,8 +14,13 @@ use crate::service::SessionService;
 
 /// Returns the `avm.session.v1.SessionService` server over `service`, with the
 /// configured message-size limits.
-pub fn grpc_server(service: SessionService, config: &GrpcConfig) -> SessionServiceServer<SessionGrpc> {
-    SessionServiceServer::new(SessionGrpc { service })
+/// Every call's caller is verified from its bearer token.
+pub fn grpc_server(
+    service: SessionService,
+    verifier: TokenVerifier,
+    config: &GrpcConfig,
+) -> SessionServiceServer<SessionGrpc> {
+    SessionServiceServer::new(SessionGrpc { service, verifier })
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes)
 }
@@ -24,6 +29,7 @@ pub fn grpc_server(service: SessionService, config: &GrpcConfig) -> SessionServi
 #[derive(Clone)]
 pub struct SessionGrpc {
     service: SessionService,
+    verifier: TokenVerifier,
 }
 
 #[tonic::async_trait]
@@ -32,7 +38,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::CreateContainerRequest>,
     ) -> Result<Response<pb::CreateContainerResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let (container, created) = self
             .service
             .create_container(&ctx, &request.get_ref().container_id)
@@ -47,7 +53,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::GetContainerRequest>,
     ) -> Result<Response<pb::GetContainerResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let container = self
             .service
             .get_container(&ctx, &request.get_ref().container_id)
@@ -61,7 +67,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::ListContainersRequest>,
     ) -> Result<Response<pb::ListContainersResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let containers = self.service.list_containers(&ctx).await?;
         Ok(Response::new(pb::ListContainersResponse {
             containers: containers.into_iter().map(container_pb).collect(),
@@ -72,7 +78,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::DeleteContainerRequest>,
     ) -> Result<Response<pb::DeleteContainerResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let deleted_image_ids = self
             .service
             .delete_container(&ctx, &request.get_ref().container_id)
@@ -80,11 +86,52 @@ impl SessionApi for SessionGrpc {
         Ok(Response::new(pb::DeleteContainerResponse { deleted_image_ids }))
     }
 
+    async fn share_container(
+        &self,
+        request: Request<pb::ShareContainerRequest>,
+    ) -> Result<Response<pb::ShareContainerResponse>, Status> {
+        let ctx = self.verifier.context(request.metadata()).await?;
+        let request = request.get_ref();
+        self.service
+            .share_container(&ctx, &request.container_id, &request.user_id)
+            .await?;
+        Ok(Response::new(pb::ShareContainerResponse {}))
+    }
+
+    async fn unshare_container(
+        &self,
+        request: Request<pb::UnshareContainerRequest>,
+    ) -> Result<Response<pb::UnshareContainerResponse>, Status> {
+        let ctx = self.verifier.context(request.metadata()).await?;
+        let request = request.get_ref();
+        self.service
+            .unshare_container(&ctx, &request.container_id, &request.user_id)
+            .await?;
+        Ok(Response::new(pb::UnshareContainerResponse {}))
+    }
+
+    async fn list_container_shares(
+        &self,
+        request: Request<pb::ListContainerSharesRequest>,
+    ) -> Result<Response<pb::ListContainerSharesResponse>, Status> {
+        let ctx = self.verifier.context(request.metadata()).await?;
+        let shares = self.service.list_shares(&ctx, &request.get_ref().container_id).await?;
+        Ok(Response::new(pb::ListContainerSharesResponse {
+            shares: shares
+                .into_iter()
+                .map(|share| pb::ContainerShare {
+                    user_id: share.user_id,
+                    created_at_ms: share.created_at_ms,
+                })
+                .collect(),
+        }))
+    }
+
     async fn create_image(
         &self,
         request: Request<pb::CreateImageRequest>,
     ) -> Result<Response<pb::CreateImageResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let request = request.into_inner();
         let new = NewImage {
             container_id: request.container_id,
@@ -103,7 +150,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::GetSessionResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let image = self.service.get_session(&ctx, &request.get_ref().session_id).await?;
         Ok(Response::new(pb::GetSessionResponse {
             image: Some(image_pb(image)),
@@ -111,7 +158,7 @@ impl SessionApi for SessionGrpc {
     }
 
     async fn get_image(&self, request: Request<pb::GetImageRequest>) -> Result<Response<pb::GetImageResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let image = self.service.get_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::GetImageResponse {
             image: Some(image_pb(image)),
@@ -122,7 +169,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::ListImagesRequest>,
     ) -> Result<Response<pb::ListImagesResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let images = self
             .service
             .list_images(&ctx, request.get_ref().container_id.as_deref())
@@ -136,7 +183,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::UpdateImageRequest>,
     ) -> Result<Response<pb::UpdateImageResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let request = request.into_inner();
         let update = ImageUpdate {
             name: request.name,
@@ -152,7 +199,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::DeleteImageRequest>,
     ) -> Result<Response<pb::DeleteImageResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         self.service.delete_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::DeleteImageResponse {}))
     }
@@ -161,7 +208,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::AppendMessageRequest>,
     ) -> Result<Response<pb::AppendMessageResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let request = request.into_inner();
         let message = request
             .message
@@ -192,7 +239,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::ListMessagesRequest>,
     ) -> Result<Response<pb::ListMessagesResponse>, Status> {
-        let ctx = RequestContext::from_metadata(request.metadata());
+        let ctx = self.verifier.context(request.metadata()).await?;
         let messages = self.service.list_messages(&ctx, &request.get_ref().session_id).await?;
         Ok(Response::new(pb::ListMessagesResponse {
             messages: messages.into_iter().map(message_pb).collect(),
@@ -204,6 +251,7 @@ fn container_pb(container: ContainerRecord) -> pb::Container {
     pb::Container {
         container_id: container.container_id,
         created_at_ms: container.created_at_ms,
+        owner_user_id: container.owner_id,
     }
 }
 

@@ -17,9 +17,11 @@ mod store;
 
 pub use error::SessionError;
 pub use grpc::{SessionGrpc, grpc_server};
-pub use record::{ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, Usage};
+pub use record::{
+    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, ShareRecord, Usage,
+};
 pub use service::{
     DEFAULT_IMAGE_NAME, MAX_DESCRIPTION_CHARS, MAX_ID_BYTES, MAX_MCP_SERVERS_BYTES, MAX_MESSAGE_BYTES, MAX_NAME_CHARS,
     MAX_SYSTEM_PROMPT_BYTES, SessionService,
 };
-pub use store::{PostgresSessionStore, SessionStore, SqliteSessionStore, open_store};
+pub use store::{PostgresSessionStore, Scope, SessionStore, SqliteSessionStore, open_store};

@@ -7,6 +7,15 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContainerRecord {
     pub container_id: String,
+    /// The user who created it; empty for containers older than ownership.
+    pub owner_id: String,
+    pub created_at_ms: i64,
+}
+
+/// A user a container is shared with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShareRecord {
+    pub user_id: String,
     pub created_at_ms: i64,
 }
 

@@ -2,13 +2,16 @@
 
 use std::sync::Arc;
 
+use avm_common::auth::Scopes;
 use avm_common::ids::new_id;
 use avm_common::{RequestContext, now_ms};
 use tracing::instrument;
 
 use crate::error::SessionError;
-use crate::record::{ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage};
-use crate::store::SessionStore;
+use crate::record::{
+    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, ShareRecord,
+};
+use crate::store::{Scope, SessionStore};
 
 /// The name of an image created without one.
 pub const DEFAULT_IMAGE_NAME: &str = "New Conversation";
@@ -50,10 +53,11 @@ impl SessionService {
         ctx: &RequestContext,
         container_id: &str,
     ) -> Result<(ContainerRecord, bool), SessionError> {
+        allow(ctx, Scopes::WRITE)?;
         validate_container_id(container_id)?;
         let (container, created) = self
             .store
-            .create_container(&ctx.tenant_id, container_id, now_ms())
+            .create_container(&scope(ctx), container_id, &ctx.principal.user_id, now_ms())
             .await?;
         if created {
             tracing::info!(container_id, "container created");
@@ -72,8 +76,9 @@ impl SessionService {
         ctx: &RequestContext,
         container_id: &str,
     ) -> Result<ContainerRecord, SessionError> {
+        allow(ctx, Scopes::READ)?;
         validate_container_id(container_id)?;
-        self.store.get_container(&ctx.tenant_id, container_id).await
+        self.store.get_container(&scope(ctx), container_id).await
     }
 
     /// Returns the caller's containers, oldest first.
@@ -83,7 +88,8 @@ impl SessionService {
         fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
     )]
     pub async fn list_containers(&self, ctx: &RequestContext) -> Result<Vec<ContainerRecord>, SessionError> {
-        self.store.list_containers(&ctx.tenant_id).await
+        allow(ctx, Scopes::READ)?;
+        self.store.list_containers(&scope(ctx)).await
     }
 
     /// Deletes a container with its images, sessions and messages; returns the deleted image ids.
@@ -97,8 +103,9 @@ impl SessionService {
         ctx: &RequestContext,
         container_id: &str,
     ) -> Result<Vec<String>, SessionError> {
+        allow(ctx, Scopes::WRITE)?;
         validate_container_id(container_id)?;
-        let image_ids = self.store.delete_container(&ctx.tenant_id, container_id).await?;
+        let image_ids = self.store.delete_container(&scope(ctx), container_id).await?;
         tracing::info!(container_id, images = image_ids.len(), "container deleted");
         Ok(image_ids)
     }
@@ -110,6 +117,7 @@ impl SessionService {
         fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
     )]
     pub async fn create_image(&self, ctx: &RequestContext, new: NewImage) -> Result<ImageRecord, SessionError> {
+        allow(ctx, Scopes::WRITE)?;
         validate_container_id(&new.container_id)?;
         let name = match new.name {
             Some(name) if !name.trim().is_empty() => validate_name(name)?,
@@ -130,7 +138,7 @@ impl SessionService {
             created_at_ms: now,
             updated_at_ms: now,
         };
-        self.store.create_image(&ctx.tenant_id, &image).await?;
+        self.store.create_image(&scope(ctx), &image).await?;
         tracing::info!(
             image_id = %image.image_id,
             container_id = %image.container_id,
@@ -147,7 +155,8 @@ impl SessionService {
         fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
     )]
     pub async fn get_image(&self, ctx: &RequestContext, image_id: &str) -> Result<ImageRecord, SessionError> {
-        self.store.get_image(&ctx.tenant_id, image_id).await
+        allow(ctx, Scopes::READ)?;
+        self.store.get_image(&scope(ctx), image_id).await
     }
 
     /// Returns the image that owns a session of the caller's tenant.
@@ -157,7 +166,8 @@ impl SessionService {
         fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
     )]
     pub async fn get_session(&self, ctx: &RequestContext, session_id: &str) -> Result<ImageRecord, SessionError> {
-        self.store.get_session_image(&ctx.tenant_id, session_id).await
+        allow(ctx, Scopes::READ)?;
+        self.store.get_session_image(&scope(ctx), session_id).await
     }
 
     /// Returns images newest first, of one container (none when it does not exist)
@@ -172,10 +182,11 @@ impl SessionService {
         ctx: &RequestContext,
         container_id: Option<&str>,
     ) -> Result<Vec<ImageRecord>, SessionError> {
+        allow(ctx, Scopes::READ)?;
         if let Some(container_id) = container_id {
             validate_container_id(container_id)?;
         }
-        self.store.list_images(&ctx.tenant_id, container_id).await
+        self.store.list_images(&scope(ctx), container_id).await
     }
 
     /// Changes an image's name or description; an empty description clears it.
@@ -190,13 +201,14 @@ impl SessionService {
         image_id: &str,
         update: ImageUpdate,
     ) -> Result<ImageRecord, SessionError> {
+        allow(ctx, Scopes::WRITE)?;
         let update = ImageUpdate {
             name: update.name.map(validate_name).transpose()?,
             description: update.description.map(validate_description).transpose()?,
         };
         let image = self
             .store
-            .update_image(&ctx.tenant_id, image_id, &update, now_ms())
+            .update_image(&scope(ctx), image_id, &update, now_ms())
             .await?;
         tracing::info!(image_id, "image updated");
         Ok(image)
@@ -209,7 +221,8 @@ impl SessionService {
         fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
     )]
     pub async fn delete_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(), SessionError> {
-        self.store.delete_image(&ctx.tenant_id, image_id).await?;
+        allow(ctx, Scopes::WRITE)?;
+        self.store.delete_image(&scope(ctx), image_id).await?;
         tracing::info!(image_id, "image deleted");
         Ok(())
     }
@@ -229,6 +242,7 @@ impl SessionService {
         session_id: &str,
         message: NewMessage,
     ) -> Result<MessageRecord, SessionError> {
+        allow(ctx, Scopes::WRITE)?;
         validate_message(&message)?;
         let message = NewMessage {
             created_at_ms: if message.created_at_ms > 0 {
@@ -238,7 +252,7 @@ impl SessionService {
             },
             ..message
         };
-        let stored = self.store.append_message(&ctx.tenant_id, session_id, &message).await?;
+        let stored = self.store.append_message(&scope(ctx), session_id, &message).await?;
         tracing::debug!(
             session_id,
             message_id = %stored.message_id,
@@ -260,7 +274,89 @@ impl SessionService {
         ctx: &RequestContext,
         session_id: &str,
     ) -> Result<Vec<MessageRecord>, SessionError> {
-        self.store.list_messages(&ctx.tenant_id, session_id).await
+        allow(ctx, Scopes::READ)?;
+        self.store.list_messages(&scope(ctx), session_id).await
+    }
+
+    /// Shares a container with another user of the tenant; its owner or an admin may.
+    #[instrument(
+        name = "session.share_container",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn share_container(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+        user_id: &str,
+    ) -> Result<(), SessionError> {
+        allow(ctx, Scopes::WRITE)?;
+        validate_container_id(container_id)?;
+        validate_user_id(user_id)?;
+        self.store
+            .share_container(&scope(ctx), container_id, user_id, now_ms())
+            .await?;
+        tracing::info!(container_id, user_id, "container shared");
+        Ok(())
+    }
+
+    /// Stops sharing a container with a user; its owner or an admin may.
+    #[instrument(
+        name = "session.unshare_container",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn unshare_container(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+        user_id: &str,
+    ) -> Result<(), SessionError> {
+        allow(ctx, Scopes::WRITE)?;
+        validate_container_id(container_id)?;
+        validate_user_id(user_id)?;
+        self.store.unshare_container(&scope(ctx), container_id, user_id).await?;
+        tracing::info!(container_id, user_id, "container unshared");
+        Ok(())
+    }
+
+    /// Returns the users a container is shared with.
+    #[instrument(
+        name = "session.list_container_shares",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn list_shares(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+    ) -> Result<Vec<ShareRecord>, SessionError> {
+        allow(ctx, Scopes::READ)?;
+        validate_container_id(container_id)?;
+        self.store.list_shares(&scope(ctx), container_id).await
+    }
+}
+
+/// Returns the part of the store the caller may see.
+fn scope(ctx: &RequestContext) -> Scope<'_> {
+    Scope {
+        tenant_id: &ctx.tenant_id,
+        user_id: ctx.owner_filter(),
+    }
+}
+
+fn allow(ctx: &RequestContext, scope: Scopes) -> Result<(), SessionError> {
+    ctx.require(scope).map_err(SessionError::Denied)
+}
+
+fn validate_user_id(user_id: &str) -> Result<(), SessionError> {
+    if is_valid_client_id(user_id) {
+        Ok(())
+    } else {
+        Err(SessionError::invalid(
+            "INVALID_USER_ID",
+            "user id must be 1 to 128 characters of letters, digits and . _ : @ -",
+        ))
     }
 }
 

@@ -60,12 +60,13 @@ async fn unknown_settings_and_public_binds_are_refused() -> anyhow::Result<()> {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("prot"));
 
+    // Anonymous access (--dev) never leaves this machine.
     let output = avm()?
-        .args(["serve", "--host", "0.0.0.0", "--port", "0", "--grpc-port", "0"])
+        .args(["serve", "--dev", "--host", "0.0.0.0", "--port", "0", "--grpc-port", "0"])
         .output()
         .await?;
     assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("refusing to listen on 0.0.0.0"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("refusing to listen on 0.0.0.0 with --dev"));
 
     let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
     let port = taken.local_addr()?.port().to_string();
@@ -84,6 +85,7 @@ async fn unknown_settings_and_public_binds_are_refused() -> anyhow::Result<()> {
 async fn grpc_ports_serve_health_and_reflection() -> anyhow::Result<()> {
     let cluster = Cluster::start(Mode::PerComponent, Options::default()).await?;
     for (addr, service) in [
+        (&cluster.auth_grpc, "avm.auth.v1.AuthService"),
         (&cluster.session_grpc, "avm.session.v1.SessionService"),
         (&cluster.runtime_grpc, "avm.runtime.v1.RuntimeService"),
     ] {
@@ -100,11 +102,21 @@ async fn grpc_ports_serve_health_and_reflection() -> anyhow::Result<()> {
             tonic_health::pb::health_check_response::ServingStatus::Serving as i32
         );
     }
-    // Internal callers use the same capabilities over gRPC directly.
+    // Internal callers use the same capabilities over gRPC directly, with an
+    // access token their API key exchanges for.
     let channel = tonic::transport::Endpoint::from_shared(cluster.session_grpc.clone())?
         .connect()
         .await?;
-    let mut sessions = avm_proto::session::v1::session_service_client::SessionServiceClient::new(channel);
+    let anonymous = avm_proto::session::v1::session_service_client::SessionServiceClient::new(channel.clone())
+        .list_containers(avm_proto::session::v1::ListContainersRequest {})
+        .await
+        .expect_err("no token, no answer");
+    assert_eq!(anonymous.code(), tonic::Code::Unauthenticated);
+    let token = cluster.access_token(&cluster.admin_key).await?;
+    let mut sessions = avm_proto::session::v1::session_service_client::SessionServiceClient::with_interceptor(
+        channel,
+        avm_tests::cluster::bearer(&token)?,
+    );
     let created = sessions
         .create_container(avm_proto::session::v1::CreateContainerRequest {
             container_id: "grpc".into(),

@@ -91,7 +91,7 @@ both_modes!(acknowledged_delivery_wraps_every_frame, acknowledged);
 
 async fn acknowledged(mode: Mode) -> anyhow::Result<()> {
     let cluster = cluster(mode).await?;
-    let mut client = WsClient::connect(&format!("{}?ack=1", cluster.ws_url())).await?;
+    let mut client = WsClient::connect(&format!("{}&ack=1", cluster.ws_url())).await?;
     let chat = conversation(&mut client, "default", json!({})).await?;
     assert_text_turn(&send_and_finish(&mut client, &chat.image_id, json!("wrapped")).await?);
     assert_eq!(client.plain, 0, "every frame is wrapped");

@@ -48,8 +48,8 @@ both_modes!(the_rest_api_runs_a_conversation, rest);
 
 async fn rest(mode: Mode) -> anyhow::Result<()> {
     let cluster = cluster(mode).await?;
-    let http = reqwest::Client::new();
-    let url = |path: &str| format!("{}{path}", cluster.gateway_url);
+    let http = cluster.http()?;
+    let url = |path: &str| cluster.url(path);
 
     let health: Value = http.get(url("/health")).send().await?.json().await?;
     assert_eq!(health["status"], "ok");

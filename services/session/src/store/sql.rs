@@ -12,28 +12,68 @@
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::error::SessionError;
-use crate::record::{ContainerRecord, ImageRecord, MessageBody, MessageRecord};
+use crate::record::{ContainerRecord, ImageRecord, MessageBody, MessageRecord, ShareRecord};
+
+/// The condition that container `c` is visible to user `$u`: always when `$u`
+/// is NULL (the whole tenant), else when the user owns it or it is shared
+/// with them.
+macro_rules! visible {
+    ($c:literal, $u:literal) => {
+        concat!(
+            "(",
+            $u,
+            " IS NULL OR ",
+            $c,
+            ".owner_id = ",
+            $u,
+            " OR EXISTS (SELECT 1 FROM container_shares sh WHERE sh.tenant_id = ",
+            $c,
+            ".tenant_id",
+            " AND sh.container_id = ",
+            $c,
+            ".container_id AND sh.user_id = ",
+            $u,
+            "))"
+        )
+    };
+}
 
 pub(super) const INSERT_CONTAINER: &str = "\
-    INSERT INTO containers (tenant_id, container_id, created_at_ms) VALUES ($1, $2, $3) \
+    INSERT INTO containers (tenant_id, container_id, owner_id, created_at_ms) VALUES ($1, $2, $3, $4) \
     ON CONFLICT (tenant_id, container_id) DO NOTHING";
-pub(super) const SELECT_CONTAINER: &str = "\
-    SELECT container_id, created_at_ms FROM containers \
-    WHERE tenant_id = $1 AND container_id = $2";
-pub(super) const LIST_CONTAINERS: &str = "\
-    SELECT container_id, created_at_ms FROM containers \
-    WHERE tenant_id = $1 ORDER BY created_at_ms, container_id";
+pub(super) const SELECT_CONTAINER: &str = concat!(
+    "SELECT c.container_id, c.owner_id, c.created_at_ms FROM containers c \
+     WHERE c.tenant_id = $1 AND c.container_id = $2 AND ",
+    visible!("c", "$3")
+);
+pub(super) const LIST_CONTAINERS: &str = concat!(
+    "SELECT c.container_id, c.owner_id, c.created_at_ms FROM containers c WHERE c.tenant_id = $1 AND ",
+    visible!("c", "$2"),
+    " ORDER BY c.created_at_ms, c.container_id"
+);
 pub(super) const DELETE_CONTAINER_IMAGES: &str = "\
     DELETE FROM images WHERE tenant_id = $1 AND container_id = $2 RETURNING image_id";
 pub(super) const DELETE_CONTAINER: &str = "\
     DELETE FROM containers WHERE tenant_id = $1 AND container_id = $2";
 
-/// Inserts nothing when the container is missing, which is how the caller learns it is.
-pub(super) const INSERT_IMAGE: &str = "\
-    INSERT INTO images (image_id, tenant_id, container_id, name, description, system_prompt, \
-                        mcp_servers_json, created_at_ms, updated_at_ms) \
-    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM containers \
-    WHERE tenant_id = $2 AND container_id = $3";
+pub(super) const INSERT_SHARE: &str = "\
+    INSERT INTO container_shares (tenant_id, container_id, user_id, created_at_ms) VALUES ($1, $2, $3, $4) \
+    ON CONFLICT (tenant_id, container_id, user_id) DO NOTHING";
+pub(super) const DELETE_SHARE: &str = "\
+    DELETE FROM container_shares WHERE tenant_id = $1 AND container_id = $2 AND user_id = $3";
+pub(super) const LIST_SHARES: &str = "\
+    SELECT user_id, created_at_ms FROM container_shares \
+    WHERE tenant_id = $1 AND container_id = $2 ORDER BY created_at_ms, user_id";
+
+/// Inserts nothing when the container is missing or not visible, which is how
+/// the caller learns it is.
+pub(super) const INSERT_IMAGE: &str = concat!(
+    "INSERT INTO images (image_id, tenant_id, container_id, name, description, system_prompt, \
+                         mcp_servers_json, created_at_ms, updated_at_ms) \
+     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM containers c \
+     WHERE c.tenant_id = $2 AND c.container_id = $3 AND ",
+    visible!("c", "$10")
+);
 pub(super) const INSERT_SESSION: &str = "\
     INSERT INTO sessions (session_id, tenant_id, image_id, created_at_ms) VALUES ($1, $2, $3, $4)";
 
@@ -41,34 +81,76 @@ macro_rules! select_image {
     () => {
         "SELECT i.image_id, i.container_id, s.session_id, i.name, i.description, i.system_prompt, \
                 i.mcp_servers_json, i.created_at_ms, i.updated_at_ms \
-         FROM images i JOIN sessions s ON s.image_id = i.image_id "
+         FROM images i JOIN sessions s ON s.image_id = i.image_id \
+         JOIN containers c ON c.tenant_id = i.tenant_id AND c.container_id = i.container_id "
     };
 }
-pub(super) const SELECT_IMAGE: &str = concat!(select_image!(), "WHERE i.tenant_id = $1 AND i.image_id = $2");
-pub(super) const SELECT_SESSION_IMAGE: &str = concat!(select_image!(), "WHERE s.tenant_id = $1 AND s.session_id = $2");
+pub(super) const SELECT_IMAGE: &str = concat!(
+    select_image!(),
+    "WHERE i.tenant_id = $1 AND i.image_id = $2 AND ",
+    visible!("c", "$3")
+);
+pub(super) const SELECT_SESSION_IMAGE: &str = concat!(
+    select_image!(),
+    "WHERE s.tenant_id = $1 AND s.session_id = $2 AND ",
+    visible!("c", "$3")
+);
 pub(super) const LIST_IMAGES: &str = concat!(
     select_image!(),
-    "WHERE i.tenant_id = $1 \
-     ORDER BY i.created_at_ms DESC, i.image_id DESC"
+    "WHERE i.tenant_id = $1 AND ",
+    visible!("c", "$2"),
+    " ORDER BY i.created_at_ms DESC, i.image_id DESC"
 );
 pub(super) const LIST_CONTAINER_IMAGES: &str = concat!(
     select_image!(),
-    "WHERE i.tenant_id = $1 AND i.container_id = $2 \
-     ORDER BY i.created_at_ms DESC, i.image_id DESC"
+    "WHERE i.tenant_id = $1 AND i.container_id = $2 AND ",
+    visible!("c", "$3"),
+    " ORDER BY i.created_at_ms DESC, i.image_id DESC"
 );
-/// `$3` is the new name or NULL; `$4` says whether the description changes to `$5`.
-pub(super) const UPDATE_IMAGE: &str = "\
-    UPDATE images SET name = COALESCE($3, name), \
-                      description = CASE WHEN $4 THEN $5 ELSE description END, \
-                      updated_at_ms = $6 \
-    WHERE tenant_id = $1 AND image_id = $2";
-pub(super) const DELETE_IMAGE: &str = "\
-    DELETE FROM images WHERE tenant_id = $1 AND image_id = $2";
 
+/// The condition that the `images` row being changed is visible to `$u`.
+macro_rules! image_visible {
+    ($u:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM containers c WHERE c.tenant_id = images.tenant_id \
+             AND c.container_id = images.container_id AND ",
+            visible!("c", $u),
+            ")"
+        )
+    };
+}
+/// `$3` is the new name or NULL; `$4` says whether the description changes to `$5`.
+pub(super) const UPDATE_IMAGE: &str = concat!(
+    "UPDATE images SET name = COALESCE($3, name), \
+                       description = CASE WHEN $4 THEN $5 ELSE description END, \
+                       updated_at_ms = $6 \
+     WHERE tenant_id = $1 AND image_id = $2 AND ",
+    image_visible!("$7")
+);
+pub(super) const DELETE_IMAGE: &str = concat!(
+    "DELETE FROM images WHERE tenant_id = $1 AND image_id = $2 AND ",
+    image_visible!("$3")
+);
+
+/// The condition that the `sessions` row is visible to `$u`.
+macro_rules! session_visible {
+    ($u:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM images i JOIN containers c \
+             ON c.tenant_id = i.tenant_id AND c.container_id = i.container_id \
+             WHERE i.image_id = sessions.image_id AND ",
+            visible!("c", $u),
+            ")"
+        )
+    };
+}
 /// Locks the session row for the rest of the transaction and claims the next seq.
-pub(super) const BUMP_SEQ: &str = "\
-    UPDATE sessions SET last_seq = last_seq + 1 \
-    WHERE tenant_id = $1 AND session_id = $2 RETURNING last_seq";
+pub(super) const BUMP_SEQ: &str = concat!(
+    "UPDATE sessions SET last_seq = last_seq + 1 \
+     WHERE tenant_id = $1 AND session_id = $2 AND ",
+    session_visible!("$3"),
+    " RETURNING last_seq"
+);
 pub(super) const INSERT_MESSAGE: &str = "\
     INSERT INTO messages (session_id, seq, message_id, kind, body, created_at_ms) \
     VALUES ($1, $2, $3, $4, $5, $6) \
@@ -76,8 +158,10 @@ pub(super) const INSERT_MESSAGE: &str = "\
 pub(super) const SELECT_MESSAGE: &str = "\
     SELECT message_id, session_id, seq, created_at_ms, body FROM messages \
     WHERE session_id = $1 AND message_id = $2";
-pub(super) const SESSION_EXISTS: &str = "\
-    SELECT 1 FROM sessions WHERE tenant_id = $1 AND session_id = $2";
+pub(super) const SESSION_EXISTS: &str = concat!(
+    "SELECT 1 FROM sessions WHERE tenant_id = $1 AND session_id = $2 AND ",
+    session_visible!("$3")
+);
 pub(super) const LIST_MESSAGES: &str = "\
     SELECT message_id, session_id, seq, created_at_ms, body FROM messages \
     WHERE session_id = $1 ORDER BY seq";
@@ -92,6 +176,21 @@ where
 {
     Ok(ContainerRecord {
         container_id: row.try_get("container_id")?,
+        owner_id: row.try_get("owner_id")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+    })
+}
+
+/// Reads a share row.
+pub(super) fn share_from_row<'r, R>(row: &'r R) -> Result<ShareRecord, SessionError>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(ShareRecord {
+        user_id: row.try_get("user_id")?,
         created_at_ms: row.try_get("created_at_ms")?,
     })
 }
@@ -172,24 +271,33 @@ macro_rules! impl_session_store {
         impl $crate::store::SessionStore for $store {
             async fn create_container(
                 &self,
-                tenant_id: &str,
+                scope: &$crate::store::Scope<'_>,
                 container_id: &str,
+                owner_id: &str,
                 now_ms: i64,
             ) -> Result<($crate::record::ContainerRecord, bool), $crate::error::SessionError> {
                 use $crate::store::sql;
                 let mut tx = self.pool.begin().await?;
                 let inserted = sqlx::query(sql::INSERT_CONTAINER)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
                     .bind(container_id)
+                    .bind(owner_id)
                     .bind(now_ms)
                     .execute(&mut *tx)
                     .await?
                     .rows_affected();
                 let row = sqlx::query(sql::SELECT_CONTAINER)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
                     .bind(container_id)
-                    .fetch_one(&mut *tx)
+                    .bind(scope.user_id)
+                    .fetch_optional(&mut *tx)
                     .await?;
+                let Some(row) = row else {
+                    tx.rollback().await?;
+                    return Err($crate::error::SessionError::ContainerIdTaken(
+                        container_id.to_owned(),
+                    ));
+                };
                 let container = sql::container_from_row(&row)?;
                 tx.commit().await?;
                 Ok((container, inserted == 1))
@@ -197,13 +305,14 @@ macro_rules! impl_session_store {
 
             async fn get_container(
                 &self,
-                tenant_id: &str,
+                scope: &$crate::store::Scope<'_>,
                 container_id: &str,
             ) -> Result<$crate::record::ContainerRecord, $crate::error::SessionError> {
                 use $crate::store::sql;
                 let row = sqlx::query(sql::SELECT_CONTAINER)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
                     .bind(container_id)
+                    .bind(scope.user_id)
                     .fetch_optional(&self.pool)
                     .await?
                     .ok_or_else(|| $crate::error::SessionError::ContainerNotFound(container_id.to_owned()))?;
@@ -212,11 +321,12 @@ macro_rules! impl_session_store {
 
             async fn list_containers(
                 &self,
-                tenant_id: &str,
+                scope: &$crate::store::Scope<'_>,
             ) -> Result<Vec<$crate::record::ContainerRecord>, $crate::error::SessionError> {
                 use $crate::store::sql;
                 let rows = sqlx::query(sql::LIST_CONTAINERS)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
+                    .bind(scope.user_id)
                     .fetch_all(&self.pool)
                     .await?;
                 rows.iter().map(|row| sql::container_from_row(row)).collect()
@@ -224,44 +334,120 @@ macro_rules! impl_session_store {
 
             async fn delete_container(
                 &self,
-                tenant_id: &str,
+                scope: &$crate::store::Scope<'_>,
                 container_id: &str,
             ) -> Result<Vec<String>, $crate::error::SessionError> {
                 use $crate::store::sql;
                 let mut tx = self.pool.begin().await?;
-                // Images go first so their ids can be returned;
-                // the cascade takes their sessions and messages.
+                // Images go first so their ids can be returned (and so the
+                // transaction starts with a write); the cascade takes their
+                // sessions and messages. Ownership is checked before commit.
                 let image_ids: Vec<String> = sqlx::query_scalar(sql::DELETE_CONTAINER_IMAGES)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
                     .bind(container_id)
                     .fetch_all(&mut *tx)
                     .await?;
-                let deleted = sqlx::query(sql::DELETE_CONTAINER)
-                    .bind(tenant_id)
+                let row = sqlx::query(sql::SELECT_CONTAINER)
+                    .bind(scope.tenant_id)
                     .bind(container_id)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-                if deleted == 0 {
+                    .bind(scope.user_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some(row) = row else {
                     tx.rollback().await?;
                     return Err($crate::error::SessionError::ContainerNotFound(
                         container_id.to_owned(),
                     ));
+                };
+                let container = sql::container_from_row(&row)?;
+                if scope.user_id.is_some_and(|user| user != container.owner_id) {
+                    tx.rollback().await?;
+                    return Err($crate::error::SessionError::NotContainerOwner(
+                        container_id.to_owned(),
+                    ));
                 }
+                sqlx::query(sql::DELETE_CONTAINER)
+                    .bind(scope.tenant_id)
+                    .bind(container_id)
+                    .execute(&mut *tx)
+                    .await?;
                 tx.commit().await?;
                 Ok(image_ids)
             }
 
+            async fn share_container(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                container_id: &str,
+                user_id: &str,
+                now_ms: i64,
+            ) -> Result<(), $crate::error::SessionError> {
+                use $crate::store::sql;
+                let container = self.get_container(scope, container_id).await?;
+                if scope.user_id.is_some_and(|user| user != container.owner_id) {
+                    return Err($crate::error::SessionError::NotContainerOwner(
+                        container_id.to_owned(),
+                    ));
+                }
+                // The foreign key makes a share of a container deleted meanwhile fail.
+                sqlx::query(sql::INSERT_SHARE)
+                    .bind(scope.tenant_id)
+                    .bind(container_id)
+                    .bind(user_id)
+                    .bind(now_ms)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|err| sql::missing_container(err, container_id))?;
+                Ok(())
+            }
+
+            async fn unshare_container(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                container_id: &str,
+                user_id: &str,
+            ) -> Result<(), $crate::error::SessionError> {
+                use $crate::store::sql;
+                let container = self.get_container(scope, container_id).await?;
+                if scope.user_id.is_some_and(|user| user != container.owner_id) {
+                    return Err($crate::error::SessionError::NotContainerOwner(
+                        container_id.to_owned(),
+                    ));
+                }
+                sqlx::query(sql::DELETE_SHARE)
+                    .bind(scope.tenant_id)
+                    .bind(container_id)
+                    .bind(user_id)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            async fn list_shares(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                container_id: &str,
+            ) -> Result<Vec<$crate::record::ShareRecord>, $crate::error::SessionError> {
+                use $crate::store::sql;
+                self.get_container(scope, container_id).await?;
+                let rows = sqlx::query(sql::LIST_SHARES)
+                    .bind(scope.tenant_id)
+                    .bind(container_id)
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter().map(|row| sql::share_from_row(row)).collect()
+            }
+
             async fn create_image(
                 &self,
-                tenant_id: &str,
+                scope: &$crate::store::Scope<'_>,
                 image: &$crate::record::ImageRecord,
             ) -> Result<(), $crate::error::SessionError> {
                 use $crate::store::sql;
                 let mut tx = self.pool.begin().await?;
                 let inserted = sqlx::query(sql::INSERT_IMAGE)
                     .bind(&image.image_id)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
                     .bind(&image.container_id)
                     .bind(&image.name)
                     .bind(&image.description)
@@ -269,6 +455,7 @@ macro_rules! impl_session_store {
                     .bind(&image.mcp_servers_json)
                     .bind(image.created_at_ms)
                     .bind(image.updated_at_ms)
+                    .bind(scope.user_id)
                     .execute(&mut *tx)
                     .await
                     .map_err(|err| sql::missing_container(err, &image.container_id))?
@@ -281,7 +468,7 @@ macro_rules! impl_session_store {
                 }
                 sqlx::query(sql::INSERT_SESSION)
                     .bind(&image.session_id)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
                     .bind(&image.image_id)
                     .bind(image.created_at_ms)
                     .execute(&mut *tx)
@@ -292,13 +479,14 @@ macro_rules! impl_session_store {
 
             async fn get_image(
                 &self,
-                tenant_id: &str,
+                scope: &$crate::store::Scope<'_>,
                 image_id: &str,
             ) -> Result<$crate::record::ImageRecord, $crate::error::SessionError> {
                 use $crate::store::sql;
                 let row = sqlx::query(sql::SELECT_IMAGE)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
                     .bind(image_id)
+                    .bind(scope.user_id)
                     .fetch_optional(&self.pool)
                     .await?
                     .ok_or_else(|| $crate::error::SessionError::ImageNotFound(image_id.to_owned()))?;
@@ -307,13 +495,14 @@ macro_rules! impl_session_store {
 
             async fn get_session_image(
                 &self,
-                tenant_id: &str,
+                scope: &$crate::store::Scope<'_>,
                 session_id: &str,
             ) -> Result<$crate::record::ImageRecord, $crate::error::SessionError> {
                 use $crate::store::sql;
                 let row = sqlx::query(sql::SELECT_SESSION_IMAGE)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
                     .bind(session_id)
+                    .bind(scope.user_id)
                     .fetch_optional(&self.pool)
                     .await?
                     .ok_or_else(|| $crate::error::SessionError::SessionNotFound(session_id.to_owned()))?;
@@ -322,21 +511,23 @@ macro_rules! impl_session_store {
 
             async fn list_images(
                 &self,
-                tenant_id: &str,
+                scope: &$crate::store::Scope<'_>,
                 container_id: Option<&str>,
             ) -> Result<Vec<$crate::record::ImageRecord>, $crate::error::SessionError> {
                 use $crate::store::sql;
                 let rows = match container_id {
                     Some(container_id) => {
                         sqlx::query(sql::LIST_CONTAINER_IMAGES)
-                            .bind(tenant_id)
+                            .bind(scope.tenant_id)
                             .bind(container_id)
+                            .bind(scope.user_id)
                             .fetch_all(&self.pool)
                             .await?
                     }
                     None => {
                         sqlx::query(sql::LIST_IMAGES)
-                            .bind(tenant_id)
+                            .bind(scope.tenant_id)
+                            .bind(scope.user_id)
                             .fetch_all(&self.pool)
                             .await?
                     }
@@ -346,7 +537,7 @@ macro_rules! impl_session_store {
 
             async fn update_image(
                 &self,
-                tenant_id: &str,
+                scope: &$crate::store::Scope<'_>,
                 image_id: &str,
                 update: &$crate::record::ImageUpdate,
                 now_ms: i64,
@@ -355,12 +546,13 @@ macro_rules! impl_session_store {
                 let mut tx = self.pool.begin().await?;
                 let description = update.description.as_deref().filter(|d| !d.is_empty());
                 let updated = sqlx::query(sql::UPDATE_IMAGE)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
                     .bind(image_id)
                     .bind(update.name.as_deref())
                     .bind(update.description.is_some())
                     .bind(description)
                     .bind(now_ms)
+                    .bind(scope.user_id)
                     .execute(&mut *tx)
                     .await?
                     .rows_affected();
@@ -369,8 +561,9 @@ macro_rules! impl_session_store {
                     return Err($crate::error::SessionError::ImageNotFound(image_id.to_owned()));
                 }
                 let row = sqlx::query(sql::SELECT_IMAGE)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
                     .bind(image_id)
+                    .bind(scope.user_id)
                     .fetch_one(&mut *tx)
                     .await?;
                 let image = sql::image_from_row(&row)?;
@@ -378,12 +571,17 @@ macro_rules! impl_session_store {
                 Ok(image)
             }
 
-            async fn delete_image(&self, tenant_id: &str, image_id: &str) -> Result<(), $crate::error::SessionError> {
+            async fn delete_image(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                image_id: &str,
+            ) -> Result<(), $crate::error::SessionError> {
                 use $crate::store::sql;
                 // One statement: the cascade takes the session and its messages.
                 let deleted = sqlx::query(sql::DELETE_IMAGE)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
                     .bind(image_id)
+                    .bind(scope.user_id)
                     .execute(&self.pool)
                     .await?
                     .rows_affected();
@@ -395,7 +593,7 @@ macro_rules! impl_session_store {
 
             async fn append_message(
                 &self,
-                tenant_id: &str,
+                scope: &$crate::store::Scope<'_>,
                 session_id: &str,
                 message: &$crate::record::NewMessage,
             ) -> Result<$crate::record::MessageRecord, $crate::error::SessionError> {
@@ -405,8 +603,9 @@ macro_rules! impl_session_store {
                 // Claiming the seq locks the session, so the rest of the transaction
                 // sees every earlier append of it; each step is an index lookup.
                 let Some(seq) = sqlx::query_scalar::<$db, i64>(sql::BUMP_SEQ)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
                     .bind(session_id)
+                    .bind(scope.user_id)
                     .fetch_optional(&mut *tx)
                     .await?
                 else {
@@ -449,13 +648,14 @@ macro_rules! impl_session_store {
 
             async fn list_messages(
                 &self,
-                tenant_id: &str,
+                scope: &$crate::store::Scope<'_>,
                 session_id: &str,
             ) -> Result<Vec<$crate::record::MessageRecord>, $crate::error::SessionError> {
                 use $crate::store::sql;
                 let exists = sqlx::query(sql::SESSION_EXISTS)
-                    .bind(tenant_id)
+                    .bind(scope.tenant_id)
                     .bind(session_id)
+                    .bind(scope.user_id)
                     .fetch_optional(&self.pool)
                     .await?;
                 if exists.is_none() {

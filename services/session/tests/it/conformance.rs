@@ -5,10 +5,13 @@ use std::sync::Arc;
 
 use avm_common::Code;
 use avm_session::{
-    ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, SessionService, SessionStore, Usage,
+    ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, Scope, SessionService, SessionStore,
+    Usage,
 };
 
-use crate::support::{api_err, ctx, reason, user};
+use avm_common::auth::{Role, Scopes};
+
+use crate::support::{api_err, ctx, member, principal_ctx, reason, user};
 
 /// Expands each body into `sqlite::<name>` and `postgres::<name>` tests.
 macro_rules! conformance_suite {
@@ -39,6 +42,10 @@ conformance_suite!(
     containers_are_get_or_create,
     container_ids_are_validated,
     tenants_never_see_each_other,
+    members_see_their_own_and_shared_containers,
+    container_ids_are_one_namespace_per_tenant,
+    only_owners_and_admins_delete_and_share,
+    read_only_credentials_cannot_write,
     images_have_defaults_and_round_trip,
     images_update_and_delete,
     image_fields_are_validated,
@@ -53,6 +60,14 @@ conformance_suite!(
 
 const A: &str = "tenant-a";
 const B: &str = "tenant-b";
+
+/// The whole tenant, as admins and services see it.
+fn whole(tenant_id: &str) -> Scope<'_> {
+    Scope {
+        tenant_id,
+        user_id: None,
+    }
+}
 
 fn image_in(container_id: &str) -> NewImage {
     NewImage {
@@ -112,8 +127,14 @@ async fn containers_are_get_or_create(store: Arc<dyn SessionStore>) {
     );
 
     // Oldest first, whatever the ids.
-    store.create_container(A, "z-old", 1_000).await.unwrap();
-    store.create_container(A, "a-new", 2_000).await.unwrap();
+    store
+        .create_container(&whole(A), "z-old", "usr_admin", 1_000)
+        .await
+        .unwrap();
+    store
+        .create_container(&whole(A), "a-new", "usr_admin", 2_000)
+        .await
+        .unwrap();
     let listed: Vec<String> = service
         .list_containers(&ctx(A))
         .await
@@ -460,8 +481,8 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
 }
 
 async fn images_list_newest_first(store: Arc<dyn SessionStore>) {
-    store.create_container(A, "one", 1).await.unwrap();
-    store.create_container(A, "two", 1).await.unwrap();
+    store.create_container(&whole(A), "one", "usr_admin", 1).await.unwrap();
+    store.create_container(&whole(A), "two", "usr_admin", 1).await.unwrap();
     let record = |image_id: &str, container_id: &str, created_at_ms: i64| ImageRecord {
         image_id: image_id.to_owned(),
         container_id: container_id.to_owned(),
@@ -480,28 +501,28 @@ async fn images_list_newest_first(store: Arc<dyn SessionStore>) {
         ("img_b", "one", 2_000),
         ("img_c", "two", 2_000),
     ] {
-        store.create_image(A, &record(id, container, at)).await.unwrap();
+        store.create_image(&whole(A), &record(id, container, at)).await.unwrap();
     }
     let names = |images: Vec<ImageRecord>| images.into_iter().map(|i| i.image_id).collect::<Vec<_>>();
     assert_eq!(
-        names(store.list_images(A, None).await.unwrap()),
+        names(store.list_images(&whole(A), None).await.unwrap()),
         ["img_d", "img_c", "img_b", "img_a"]
     );
     assert_eq!(
-        names(store.list_images(A, Some("one")).await.unwrap()),
+        names(store.list_images(&whole(A), Some("one")).await.unwrap()),
         ["img_b", "img_a"]
     );
     assert_eq!(
-        names(store.list_images(A, Some("two")).await.unwrap()),
+        names(store.list_images(&whole(A), Some("two")).await.unwrap()),
         ["img_d", "img_c"]
     );
     assert!(
-        store.list_images(A, Some("three")).await.unwrap().is_empty(),
+        store.list_images(&whole(A), Some("three")).await.unwrap().is_empty(),
         "a missing container has no images"
     );
-    assert!(store.list_images(B, None).await.unwrap().is_empty());
+    assert!(store.list_images(&whole(B), None).await.unwrap().is_empty());
     assert_eq!(
-        store.get_image(A, "img_c").await.unwrap(),
+        store.get_image(&whole(A), "img_c").await.unwrap(),
         record("img_c", "two", 2_000)
     );
 }
@@ -849,4 +870,153 @@ async fn ten_thousand_messages_append_and_load(store: Arc<dyn SessionStore>) {
         reason(service.list_messages(&ctx(A), session).await),
         "SESSION_NOT_FOUND"
     );
+}
+
+async fn members_see_their_own_and_shared_containers(store: Arc<dyn SessionStore>) {
+    let service = SessionService::new(store);
+    let (alice, bob) = (member(A, "usr_alice"), member(A, "usr_bob"));
+    let (mine, _) = service.create_container(&alice, "alice-box").await.unwrap();
+    assert_eq!(mine.owner_id, "usr_alice");
+    let image = service.create_image(&alice, image_in("alice-box")).await.unwrap();
+    service
+        .append_message(&alice, &image.session_id, user("msg_1", "private"))
+        .await
+        .unwrap();
+    service.create_container(&bob, "bob-box").await.unwrap();
+
+    // Bob sees only his own container; Alice's answers exactly like a missing one.
+    let names = |list: Vec<avm_session::ContainerRecord>| list.into_iter().map(|c| c.container_id).collect::<Vec<_>>();
+    assert_eq!(names(service.list_containers(&bob).await.unwrap()), ["bob-box"]);
+    assert!(service.list_images(&bob, None).await.unwrap().is_empty());
+    let foreign = api_err(service.get_image(&bob, &image.image_id).await);
+    let missing = api_err(service.get_image(&bob, "img_00000000000000000000000000000000").await);
+    assert_eq!((foreign.code, &foreign.reason), (missing.code, &missing.reason));
+    assert_eq!(
+        reason(service.list_messages(&bob, &image.session_id).await),
+        "SESSION_NOT_FOUND"
+    );
+    assert_eq!(
+        reason(
+            service
+                .append_message(&bob, &image.session_id, user("msg_2", "x"))
+                .await
+        ),
+        "SESSION_NOT_FOUND"
+    );
+    assert_eq!(
+        reason(service.create_image(&bob, image_in("alice-box")).await),
+        "CONTAINER_NOT_FOUND"
+    );
+    // The admin sees both.
+    assert_eq!(
+        names(service.list_containers(&ctx(A)).await.unwrap()),
+        ["alice-box", "bob-box"]
+    );
+
+    // Shared, Bob sees and uses Alice's container; unshared, it is gone again.
+    service.share_container(&alice, "alice-box", "usr_bob").await.unwrap();
+    assert_eq!(
+        names(service.list_containers(&bob).await.unwrap()),
+        ["alice-box", "bob-box"]
+    );
+    assert_eq!(service.list_messages(&bob, &image.session_id).await.unwrap().len(), 1);
+    service
+        .append_message(&bob, &image.session_id, user("msg_3", "hello alice"))
+        .await
+        .unwrap();
+    let shares = service.list_shares(&alice, "alice-box").await.unwrap();
+    assert_eq!(
+        shares.iter().map(|s| s.user_id.as_str()).collect::<Vec<_>>(),
+        ["usr_bob"]
+    );
+    service.unshare_container(&alice, "alice-box", "usr_bob").await.unwrap();
+    assert_eq!(names(service.list_containers(&bob).await.unwrap()), ["bob-box"]);
+    assert_eq!(
+        reason(service.get_session(&bob, &image.session_id).await),
+        "SESSION_NOT_FOUND"
+    );
+}
+
+async fn container_ids_are_one_namespace_per_tenant(store: Arc<dyn SessionStore>) {
+    let service = SessionService::new(store);
+    let (alice, bob) = (member(A, "usr_alice"), member(A, "usr_bob"));
+    service.create_container(&alice, "default").await.unwrap();
+    // Get-or-create by the owner is idempotent.
+    let (_, created) = service.create_container(&alice, "default").await.unwrap();
+    assert!(!created);
+    // Another member of the tenant cannot take the id, nor see the container.
+    let taken = api_err(service.create_container(&bob, "default").await);
+    assert_eq!(
+        (taken.code, taken.reason.as_ref()),
+        (Code::AlreadyExists, "CONTAINER_ID_TAKEN")
+    );
+    assert!(!taken.message.contains("usr_alice"), "{}", taken.message);
+    assert_eq!(
+        reason(service.get_container(&bob, "default").await),
+        "CONTAINER_NOT_FOUND"
+    );
+    // Another tenant's member can use the same id freely.
+    let (other, created) = service
+        .create_container(&member(B, "usr_carol"), "default")
+        .await
+        .unwrap();
+    assert!(created);
+    assert_eq!(other.owner_id, "usr_carol");
+}
+
+async fn only_owners_and_admins_delete_and_share(store: Arc<dyn SessionStore>) {
+    let service = SessionService::new(store);
+    let (alice, bob) = (member(A, "usr_alice"), member(A, "usr_bob"));
+    service.create_container(&alice, "shared").await.unwrap();
+    service.share_container(&alice, "shared", "usr_bob").await.unwrap();
+    // Bob may use the container but not delete or re-share it.
+    assert_eq!(
+        reason(service.delete_container(&bob, "shared").await),
+        "NOT_CONTAINER_OWNER"
+    );
+    assert_eq!(
+        reason(service.share_container(&bob, "shared", "usr_dave").await),
+        "NOT_CONTAINER_OWNER"
+    );
+    assert_eq!(
+        service.get_container(&bob, "shared").await.unwrap().owner_id,
+        "usr_alice"
+    );
+    // An admin may share and delete anything of the tenant.
+    service.share_container(&ctx(A), "shared", "usr_dave").await.unwrap();
+    service.delete_container(&ctx(A), "shared").await.unwrap();
+    assert_eq!(
+        reason(service.get_container(&alice, "shared").await),
+        "CONTAINER_NOT_FOUND"
+    );
+    assert_eq!(
+        reason(service.list_shares(&ctx(A), "shared").await),
+        "CONTAINER_NOT_FOUND"
+    );
+}
+
+async fn read_only_credentials_cannot_write(store: Arc<dyn SessionStore>) {
+    let service = SessionService::new(store);
+    let image = new_image(&service, A, "box").await;
+    let reader = principal_ctx(A, "usr_admin", Role::Admin, Scopes::READ);
+    assert_eq!(service.list_images(&reader, Some("box")).await.unwrap().len(), 1);
+    let denied = api_err(service.create_container(&reader, "other").await);
+    assert_eq!(
+        (denied.code, denied.reason.as_ref()),
+        (Code::PermissionDenied, "MISSING_SCOPE")
+    );
+    assert_eq!(
+        reason(
+            service
+                .append_message(&reader, &image.session_id, user("msg_1", "x"))
+                .await
+        ),
+        "MISSING_SCOPE"
+    );
+    assert_eq!(
+        reason(service.delete_image(&reader, &image.image_id).await),
+        "MISSING_SCOPE"
+    );
+    let nothing = principal_ctx(A, "usr_admin", Role::Admin, Scopes::NONE);
+    assert_eq!(reason(service.list_containers(&nothing).await), "MISSING_SCOPE");
 }

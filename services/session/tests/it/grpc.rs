@@ -1,11 +1,18 @@
 //! The gRPC adapter over a real listener and the generated client.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use avm_common::auth::{AuthConfig, Claims, SigningKey, StaticKeySource, TokenVerifier};
 use avm_common::config::GrpcConfig;
 use avm_common::{ApiError, Code};
 use avm_proto::session::v1 as pb;
 use avm_proto::session::v1::session_service_client::SessionServiceClient;
 use avm_session::{SessionService, grpc_server};
+use jsonwebtoken::jwk::JwkSet;
 use tokio::net::TcpListener;
+use tonic::metadata::MetadataValue;
+use tonic::transport::Channel;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
@@ -16,13 +23,46 @@ async fn grpc_round_trip_and_typed_errors() {
     let db = TestDb::sqlite().await;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = grpc_server(SessionService::new(db.store.clone()), &GrpcConfig::default());
+    let key = SigningKey::generate().unwrap();
+    let config = AuthConfig::default();
+    let jwks = JwkSet {
+        keys: vec![key.public_jwk().clone()],
+    };
+    let verifier = TokenVerifier::new(&config, Arc::new(StaticKeySource(jwks)));
+    let server = grpc_server(SessionService::new(db.store.clone()), verifier, &GrpcConfig::default());
     let serving = tokio::spawn(
         Server::builder()
             .add_service(server)
             .serve_with_incoming(TcpIncoming::from(listener)),
     );
-    let mut client = SessionServiceClient::connect(format!("http://{addr}")).await.unwrap();
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+
+    // Without a token nothing is answered but UNAUTHENTICATED.
+    let anonymous = SessionServiceClient::new(channel.clone())
+        .list_containers(pb::ListContainersRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(ApiError::from_status(&anonymous).code, Code::Unauthenticated);
+
+    let ctx = crate::support::ctx("tenant-grpc");
+    let now = u64::try_from(avm_common::now_ms() / 1000).unwrap();
+    let token = key
+        .sign(&Claims::new(
+            &ctx.principal,
+            &config.issuer,
+            now,
+            Duration::from_secs(300),
+        ))
+        .unwrap();
+    let bearer: MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
+    let mut client = SessionServiceClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
+        request.metadata_mut().insert("authorization", bearer.clone());
+        Ok(request)
+    });
 
     let created = client
         .create_container(pb::CreateContainerRequest {

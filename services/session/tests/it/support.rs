@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use avm_common::auth::{Limits, Principal, Role, Scopes};
 use avm_common::{ApiError, RequestContext};
 use avm_session::{MessageBody, NewMessage, SessionError, SessionStore, open_store};
 use sqlx::Connection;
@@ -103,12 +104,29 @@ pub fn sqlite_url(dir: &tempfile::TempDir) -> String {
     format!("sqlite://{}", dir.path().join("session.db").display())
 }
 
-/// Returns a context for `tenant_id`.
+/// Returns the context of an admin of `tenant_id` (sees the whole tenant).
 pub fn ctx(tenant_id: &str) -> RequestContext {
-    RequestContext {
+    principal_ctx(tenant_id, "usr_admin", Role::Admin, Scopes::ALL)
+}
+
+/// Returns the context of member `user_id` of `tenant_id`.
+pub fn member(tenant_id: &str, user_id: &str) -> RequestContext {
+    principal_ctx(tenant_id, user_id, Role::Member, Scopes::READ.union(Scopes::WRITE))
+}
+
+/// Returns a context with the given identity.
+pub fn principal_ctx(tenant_id: &str, user_id: &str, role: Role, scopes: Scopes) -> RequestContext {
+    let principal = Principal {
         tenant_id: tenant_id.to_owned(),
-        request_id: "req_test".to_owned(),
-    }
+        user_id: user_id.to_owned(),
+        role,
+        operator: false,
+        key_id: None,
+        scopes,
+        tenant_limits: Limits::default(),
+        key_limits: Limits::default(),
+    };
+    RequestContext::new(principal, None, "req_test".to_owned())
 }
 
 /// Returns the error a caller would see, failing the test when there is none.

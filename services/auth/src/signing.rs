@@ -1,0 +1,200 @@
+//! The keys that sign access tokens: Ed25519, kept in the store so every
+//! replica signs with the same current key and publishes the same JWKS.
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use avm_common::auth::{AuthConfig, Claims, KeySource, SigningKey};
+use avm_common::{ApiError, now_ms};
+use jsonwebtoken::jwk::{Jwk, JwkSet};
+
+use crate::error::AuthError;
+use crate::record::SigningKeyRecord;
+use crate::store::AuthStore;
+
+/// How long the current key is trusted from memory; another replica's
+/// rotation is seen within this.
+pub(crate) const CURRENT_KEY_REFRESH: Duration = Duration::from_secs(60);
+
+/// The key signing now, as read from the store.
+struct ActiveKey {
+    key: SigningKey,
+    created_at_ms: i64,
+    read_at: Instant,
+}
+
+/// Signs tokens with the current key, rotating it when it is old, and
+/// publishes the keys that still verify live tokens.
+pub(crate) struct SigningKeys {
+    store: Arc<dyn AuthStore>,
+    rotation_ms: i64,
+    /// How long a retired key stays published: its last tokens' life, the
+    /// verifiers' leeway, and the time another replica may still sign with it
+    /// from its cache.
+    retired_window_ms: i64,
+    current: RwLock<Option<Arc<ActiveKey>>>,
+    refresh: tokio::sync::Mutex<()>,
+}
+
+impl SigningKeys {
+    /// Returns the signing keys of `store`.
+    pub(crate) fn new(store: Arc<dyn AuthStore>, config: &AuthConfig) -> Self {
+        let window = config.token_ttl + Duration::from_secs(config.leeway_secs()) + CURRENT_KEY_REFRESH;
+        Self {
+            store,
+            rotation_ms: millis(config.key_rotation),
+            retired_window_ms: millis(window),
+            current: RwLock::new(None),
+            refresh: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Signs `claims` with the current key.
+    pub(crate) async fn sign(&self, claims: &Claims) -> Result<String, AuthError> {
+        Ok(self.current().await?.key.sign(claims)?)
+    }
+
+    /// Returns the id of the current key, making or rotating it as needed.
+    pub(crate) async fn current_kid(&self) -> Result<String, AuthError> {
+        Ok(self.current().await?.key.kid().to_owned())
+    }
+
+    /// Starts signing with a new key and retires the others; returns its kid.
+    pub(crate) async fn rotate(&self) -> Result<String, AuthError> {
+        let _guard = self.refresh.lock().await;
+        let key = self.insert_new().await?;
+        let kid = key.key.kid().to_owned();
+        *self.current.write().unwrap_or_else(|poison| poison.into_inner()) = Some(key);
+        Ok(kid)
+    }
+
+    /// Returns the published keys: unretired ones, and retired ones whose
+    /// tokens may still be alive.
+    pub(crate) async fn jwks(&self) -> Result<JwkSet, AuthError> {
+        let since = now_ms().saturating_sub(self.retired_window_ms);
+        let keys = self
+            .store
+            .public_keys(since)
+            .await?
+            .iter()
+            .map(|json| serde_json::from_str::<Jwk>(json))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| AuthError::Corrupt(format!("stored public key: {err}")))?;
+        Ok(JwkSet { keys })
+    }
+
+    async fn current(&self) -> Result<Arc<ActiveKey>, AuthError> {
+        if let Some(key) = self.cached() {
+            return Ok(key);
+        }
+        // One store read at a time; whoever waited finds the fresh key.
+        let _guard = self.refresh.lock().await;
+        if let Some(key) = self.cached() {
+            return Ok(key);
+        }
+        let key = match self.store.current_signing_key().await? {
+            Some(stored) if !self.is_due(stored.created_at_ms) => Arc::new(active(&stored)?),
+            stored => {
+                let key = self.insert_new().await?;
+                tracing::info!(
+                    kid = %key.key.kid(),
+                    previous_kid = stored.as_ref().map(|s| s.kid.as_str()).unwrap_or("none"),
+                    "signing key rotated"
+                );
+                key
+            }
+        };
+        *self.current.write().unwrap_or_else(|poison| poison.into_inner()) = Some(Arc::clone(&key));
+        Ok(key)
+    }
+
+    /// Returns the cached key while it is fresh and not due for rotation.
+    fn cached(&self) -> Option<Arc<ActiveKey>> {
+        let current = self.current.read().unwrap_or_else(|poison| poison.into_inner());
+        current
+            .as_ref()
+            .filter(|key| key.read_at.elapsed() < CURRENT_KEY_REFRESH && !self.is_due(key.created_at_ms))
+            .cloned()
+    }
+
+    fn is_due(&self, created_at_ms: i64) -> bool {
+        now_ms().saturating_sub(created_at_ms) >= self.rotation_ms
+    }
+
+    async fn insert_new(&self) -> Result<Arc<ActiveKey>, AuthError> {
+        let now = now_ms();
+        let record = generate(now)?;
+        self.store.insert_signing_key(&record, now).await?;
+        Ok(Arc::new(active(&record)?))
+    }
+}
+
+/// Reads the verification keys straight from the store, for the auth
+/// service's own verifier.
+pub(crate) struct StoreKeySource {
+    pub(crate) keys: Arc<SigningKeys>,
+}
+
+#[async_trait]
+impl KeySource for StoreKeySource {
+    async fn jwks(&self) -> Result<JwkSet, ApiError> {
+        Ok(self.keys.jwks().await?)
+    }
+}
+
+/// Returns a new Ed25519 key made at `now_ms`.
+pub(crate) fn generate(now_ms: i64) -> Result<SigningKeyRecord, AuthError> {
+    let key = SigningKey::generate()?;
+    let public_jwk =
+        serde_json::to_string(key.public_jwk()).map_err(|err| AuthError::Corrupt(format!("jwk: {err}")))?;
+    Ok(SigningKeyRecord {
+        kid: key.kid().to_owned(),
+        private_key_der: key.pkcs8_der().to_vec(),
+        public_jwk,
+        created_at_ms: now_ms,
+        retired_at_ms: None,
+    })
+}
+
+fn active(record: &SigningKeyRecord) -> Result<ActiveKey, AuthError> {
+    Ok(ActiveKey {
+        key: SigningKey::from_pkcs8(record.kid.clone(), record.private_key_der.clone())?,
+        created_at_ms: record.created_at_ms,
+        read_at: Instant::now(),
+    })
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_keys_sign_and_publish_their_public_half() {
+        let record = generate(1).unwrap();
+        assert!(record.kid.starts_with("sk_") && record.kid.len() == 3 + 16);
+        assert_eq!(record.private_key_der.len(), 48);
+        let jwk: Jwk = serde_json::from_str(&record.public_jwk).unwrap();
+        assert_eq!(jwk.common.key_id.as_deref(), Some(record.kid.as_str()));
+        assert!(
+            !record.public_jwk.contains("\"d\""),
+            "the private part is never published"
+        );
+        let header = jsonwebtoken::Header::new(avm_common::auth::ALGORITHM);
+        let token = jsonwebtoken::encode(
+            &header,
+            &serde_json::json!({"a": 1}),
+            &jsonwebtoken::EncodingKey::from_ed_der(&record.private_key_der),
+        )
+        .unwrap();
+        let key = jsonwebtoken::DecodingKey::from_jwk(&jwk).unwrap();
+        let mut validation = jsonwebtoken::Validation::new(avm_common::auth::ALGORITHM);
+        validation.required_spec_claims.clear();
+        validation.validate_exp = false;
+        assert!(jsonwebtoken::decode::<serde_json::Value>(&token, &key, &validation).is_ok());
+    }
+}

@@ -1,0 +1,117 @@
+//! The identity a component uses when it acts on its own (storing a reply
+//! after the caller left, reporting usage, following auth events): the
+//! deployment's service key, exchanged for short-lived access tokens that are
+//! renewed before they expire.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use avm_proto::auth::v1 as pb;
+use avm_proto::auth::v1::auth_service_client::AuthServiceClient;
+use tonic::transport::Channel;
+
+use super::{Limits, Principal, Role, SERVICE_USER, Scopes};
+use crate::ApiError;
+use crate::config::GrpcConfig;
+use crate::context::RequestContext;
+
+struct Cached {
+    token: Arc<str>,
+    principal: Principal,
+    renew_at: Instant,
+}
+
+struct Inner {
+    key: String,
+    client: AuthServiceClient<Channel>,
+    cached: tokio::sync::Mutex<Option<Cached>>,
+}
+
+/// A component's own credential; cheap to clone.
+#[derive(Clone)]
+pub struct ServiceIdentity {
+    inner: Arc<Inner>,
+}
+
+impl ServiceIdentity {
+    /// Returns an identity that exchanges `service_key` at the auth service behind `channel`.
+    pub fn new(service_key: &str, channel: Channel, config: &GrpcConfig) -> Self {
+        let client = AuthServiceClient::new(channel)
+            .max_decoding_message_size(config.max_message_bytes)
+            .max_encoding_message_size(config.max_message_bytes);
+        Self {
+            inner: Arc::new(Inner {
+                key: service_key.to_owned(),
+                client,
+                cached: tokio::sync::Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Returns a client of the auth service.
+    pub fn client(&self) -> AuthServiceClient<Channel> {
+        self.inner.client.clone()
+    }
+
+    /// Returns a context acting as the service itself.
+    pub async fn own_context(&self) -> Result<RequestContext, ApiError> {
+        let (token, principal) = self.token().await?;
+        Ok(RequestContext::new(principal, Some(token), crate::ids::new_id("req")))
+    }
+
+    /// Returns a context acting for `tenant_id`, keeping `request_id` for the logs.
+    pub async fn context_for(&self, tenant_id: &str, request_id: &str) -> Result<RequestContext, ApiError> {
+        let (token, mut principal) = self.token().await?;
+        tenant_id.clone_into(&mut principal.tenant_id);
+        Ok(RequestContext::new(principal, Some(token), request_id.to_owned()))
+    }
+
+    /// Returns a valid token, exchanging the key again when a third of the
+    /// current token's life is left.
+    async fn token(&self) -> Result<(Arc<str>, Principal), ApiError> {
+        let mut cached = self.inner.cached.lock().await;
+        if let Some(current) = cached.as_ref()
+            && Instant::now() < current.renew_at
+        {
+            return Ok((Arc::clone(&current.token), current.principal.clone()));
+        }
+        let request = pb::ExchangeApiKeyRequest {
+            api_key: self.inner.key.clone(),
+        };
+        let response = self
+            .inner
+            .client
+            .clone()
+            .exchange_api_key(request)
+            .await
+            .map_err(|status| {
+                let err = ApiError::from_status(&status);
+                tracing::warn!(reason = %err.reason, "the service key was refused by the auth service");
+                err
+            })?
+            .into_inner();
+        let life_ms = u64::try_from(response.expires_at_ms.saturating_sub(crate::now_ms())).unwrap_or(0);
+        let renew_at = Instant::now() + Duration::from_millis(life_ms * 2 / 3);
+        let caller = response.caller.unwrap_or_default();
+        if caller.role != pb::Role::Service as i32 {
+            return Err(ApiError::internal("the service key does not name a service principal"));
+        }
+        let principal = Principal {
+            tenant_id: caller.tenant_id,
+            user_id: SERVICE_USER.to_owned(),
+            role: Role::Service,
+            operator: caller.operator,
+            key_id: caller.key_id,
+            scopes: Scopes::ALL,
+            tenant_limits: Limits::default(),
+            key_limits: Limits::default(),
+        };
+        let token: Arc<str> = Arc::from(response.access_token);
+        *cached = Some(Cached {
+            token: Arc::clone(&token),
+            principal: principal.clone(),
+            renew_at,
+        });
+        Ok((token, principal))
+    }
+}

@@ -1,0 +1,408 @@
+//! Local verification of access tokens: signature against the auth service's
+//! published keys (cached, refetched on an unknown `kid` at most once a
+//! second), claims per RFC 8725, and the revocations and exhausted quotas the
+//! auth service pushes over `WatchAuthEvents`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use avm_proto::auth::v1 as pb;
+use avm_proto::auth::v1::auth_service_client::AuthServiceClient;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::{DecodingKey, Validation};
+use tokio_util::sync::CancellationToken;
+use tonic::metadata::MetadataMap;
+use tonic::transport::Channel;
+
+use super::{ALGORITHM, AUDIENCE, AuthConfig, Claims, MAX_TOKEN_BYTES, ON_BEHALF_OF_HEADER, Principal, Role};
+use super::{ServiceIdentity, invalid_token, missing_credentials};
+use crate::context::{RequestContext, request_id_from};
+use crate::{ApiError, Code};
+
+/// Shortest time between two fetches of the verification keys, so tokens
+/// with made-up `kid`s cannot turn into a flood of fetches.
+const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Where verification keys come from.
+#[async_trait]
+pub trait KeySource: Send + Sync + 'static {
+    /// Returns the current JWKS.
+    async fn jwks(&self) -> Result<JwkSet, ApiError>;
+}
+
+/// Reads the keys from the auth service's `GetJwks`.
+pub struct GrpcKeySource {
+    client: AuthServiceClient<Channel>,
+}
+
+impl GrpcKeySource {
+    /// Returns a source reading from the auth service behind `channel`.
+    pub fn new(channel: Channel) -> Self {
+        Self {
+            client: AuthServiceClient::new(channel),
+        }
+    }
+}
+
+#[async_trait]
+impl KeySource for GrpcKeySource {
+    async fn jwks(&self) -> Result<JwkSet, ApiError> {
+        let response = self.client.clone().get_jwks(pb::GetJwksRequest {}).await?;
+        serde_json::from_str(&response.into_inner().jwks_json)
+            .map_err(|err| ApiError::internal(format!("auth service sent an unreadable jwks: {err}")))
+    }
+}
+
+#[derive(Default)]
+struct KeyCache {
+    keys: HashMap<String, DecodingKey>,
+    fetched: Option<Instant>,
+}
+
+/// What the auth service said must be refused or refreshed, with when.
+#[derive(Default)]
+struct AuthState {
+    revoked_keys: HashMap<String, i64>,
+    deleted_users: HashMap<String, i64>,
+    deleted_tenants: HashMap<String, i64>,
+    updated_tenants: HashMap<String, i64>,
+    /// (tenant, key) → month of exhaustion ("YYYY-MM").
+    exhausted: HashMap<(String, Option<String>), String>,
+}
+
+struct Inner {
+    issuer: String,
+    validation: Validation,
+    /// How long a revocation matters: after this, every token it could refuse has expired.
+    retention_ms: i64,
+    source: Arc<dyn KeySource>,
+    keys: RwLock<KeyCache>,
+    refresh: tokio::sync::Mutex<()>,
+    /// Counts key-set fetches, so callers that waited for one do not start another.
+    fetches: std::sync::atomic::AtomicU64,
+    state: RwLock<AuthState>,
+    /// Whether the event stream is live (its snapshot received).
+    watching: AtomicBool,
+}
+
+/// Verifies access tokens locally; cheap to clone.
+#[derive(Clone)]
+pub struct TokenVerifier {
+    inner: Arc<Inner>,
+}
+
+impl TokenVerifier {
+    /// Returns a verifier for tokens of `config.issuer`, with keys from `source`.
+    pub fn new(config: &AuthConfig, source: Arc<dyn KeySource>) -> Self {
+        let mut validation = Validation::new(ALGORITHM);
+        validation.algorithms = vec![ALGORITHM];
+        validation.leeway = config.leeway_secs();
+        validation.validate_exp = true;
+        validation.validate_nbf = true;
+        validation.validate_aud = true;
+        validation.set_audience(&[AUDIENCE]);
+        validation.set_issuer(&[config.issuer.as_str()]);
+        // Required, so a claim of the wrong type is an error rather than absent.
+        validation.set_required_spec_claims(&["exp", "nbf", "iss", "aud", "sub"]);
+        let retention = config.token_ttl + config.leeway + Duration::from_secs(60);
+        Self {
+            inner: Arc::new(Inner {
+                issuer: config.issuer.clone(),
+                validation,
+                retention_ms: i64::try_from(retention.as_millis()).unwrap_or(i64::MAX),
+                source,
+                keys: RwLock::new(KeyCache::default()),
+                refresh: tokio::sync::Mutex::new(()),
+                fetches: std::sync::atomic::AtomicU64::new(0),
+                state: RwLock::new(AuthState::default()),
+                watching: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Returns the issuer whose tokens this verifier accepts.
+    pub fn issuer(&self) -> &str {
+        &self.inner.issuer
+    }
+
+    /// Verifies a token and returns the principal it speaks for.
+    pub async fn verify(&self, token: &str) -> Result<Principal, ApiError> {
+        if token.len() > MAX_TOKEN_BYTES {
+            tracing::debug!(bytes = token.len(), "token refused: too long");
+            return Err(invalid_token());
+        }
+        let header = jsonwebtoken::decode_header(token).map_err(|err| rejected("unreadable header", &err))?;
+        if header.alg != ALGORITHM {
+            tracing::debug!(alg = ?header.alg, "token refused: algorithm not allowed");
+            return Err(invalid_token());
+        }
+        let Some(kid) = header.kid.filter(|kid| !kid.is_empty() && kid.len() <= 128) else {
+            tracing::debug!("token refused: no kid");
+            return Err(invalid_token());
+        };
+        let key = self.key(&kid).await?;
+        let data = jsonwebtoken::decode::<Claims>(token, &key, &self.inner.validation).map_err(|err| {
+            if matches!(err.kind(), ErrorKind::ExpiredSignature) {
+                ApiError::new(Code::Unauthenticated, "TOKEN_EXPIRED", "the access token has expired")
+            } else {
+                rejected("invalid", &err)
+            }
+        })?;
+        let principal = data.claims.principal()?;
+        self.check_revoked(&principal)?;
+        Ok(principal)
+    }
+
+    /// Reads the caller of a gRPC request from its `authorization` metadata.
+    ///
+    /// A service principal acts for the tenant named in `x-avm-tenant-id`; the
+    /// header means nothing coming from anyone else.
+    pub async fn context(&self, metadata: &MetadataMap) -> Result<RequestContext, ApiError> {
+        let token = bearer(metadata)?;
+        let mut principal = self.verify(token).await?;
+        if principal.role == Role::Service
+            && let Some(tenant) = metadata
+                .get(ON_BEHALF_OF_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty() && v.len() <= 128)
+        {
+            tenant.clone_into(&mut principal.tenant_id);
+        }
+        Ok(RequestContext::new(
+            principal,
+            Some(Arc::from(token)),
+            request_id_from(metadata),
+        ))
+    }
+
+    /// Fails when the principal's key, user or tenant was revoked or deleted.
+    pub fn check_revoked(&self, principal: &Principal) -> Result<(), ApiError> {
+        let state = self.state();
+        let revoked = principal
+            .key_id
+            .as_ref()
+            .is_some_and(|key| state.revoked_keys.contains_key(key))
+            || state.deleted_users.contains_key(&principal.user_id)
+            || (principal.role != Role::Service && state.deleted_tenants.contains_key(&principal.tenant_id));
+        if revoked {
+            return Err(ApiError::new(
+                Code::Unauthenticated,
+                "CREDENTIAL_REVOKED",
+                "the credential was revoked",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Returns whether the principal's tenant or key used up this month's tokens.
+    pub fn quota_exhausted(&self, principal: &Principal) -> bool {
+        let month = super::month_of(crate::now_ms());
+        let state = self.state();
+        let tenant = (principal.tenant_id.clone(), None);
+        let key = principal
+            .key_id
+            .clone()
+            .map(|key| (principal.tenant_id.clone(), Some(key)));
+        [Some(tenant), key]
+            .into_iter()
+            .flatten()
+            .any(|entry| state.exhausted.get(&entry).is_some_and(|m| *m == month))
+    }
+
+    /// Returns whether the tenant's settings changed after `since_ms`.
+    pub fn tenant_updated_since(&self, tenant_id: &str, since_ms: i64) -> bool {
+        self.state()
+            .updated_tenants
+            .get(tenant_id)
+            .is_some_and(|at| *at >= since_ms)
+    }
+
+    /// Returns whether the auth event stream is live; while it is not,
+    /// revocations may be missed and callers should re-check credentials often.
+    pub fn is_watching(&self) -> bool {
+        self.inner.watching.load(Ordering::Acquire)
+    }
+
+    /// Records one auth event.
+    pub fn apply(&self, event: &pb::AuthEvent) {
+        use pb::auth_event::Kind;
+        let at = event.at_ms;
+        let mut state = self.state_mut();
+        match &event.kind {
+            Some(Kind::KeyRevoked(id)) => {
+                state.revoked_keys.insert(id.clone(), at);
+            }
+            Some(Kind::UserDeleted(id)) => {
+                state.deleted_users.insert(id.clone(), at);
+            }
+            Some(Kind::TenantDeleted(id)) => {
+                state.deleted_tenants.insert(id.clone(), at);
+            }
+            Some(Kind::TenantUpdated(id)) => {
+                state.updated_tenants.insert(id.clone(), at);
+            }
+            Some(Kind::QuotaExhausted(quota)) => {
+                state
+                    .exhausted
+                    .insert((quota.tenant_id.clone(), quota.key_id.clone()), quota.month.clone());
+            }
+            Some(Kind::QuotaRestored(quota)) => {
+                state.exhausted.remove(&(quota.tenant_id.clone(), quota.key_id.clone()));
+            }
+            None => {}
+        }
+        let horizon = crate::now_ms().saturating_sub(self.inner.retention_ms);
+        let state = &mut *state;
+        for map in [
+            &mut state.revoked_keys,
+            &mut state.deleted_users,
+            &mut state.deleted_tenants,
+            &mut state.updated_tenants,
+        ] {
+            map.retain(|_, at| *at >= horizon);
+        }
+    }
+
+    /// Marks the event stream live or not.
+    pub fn set_watching(&self, watching: bool) {
+        self.inner.watching.store(watching, Ordering::Release);
+    }
+
+    /// Follows the auth service's event stream until `shutdown`, reconnecting
+    /// with backoff; the stream needs a service principal.
+    pub fn spawn_watch(&self, identity: ServiceIdentity, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let verifier = self.clone();
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let result = tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    result = verifier.watch_once(&identity) => result,
+                };
+                verifier.set_watching(false);
+                match result {
+                    Ok(()) => backoff = Duration::from_millis(100),
+                    Err(err) => {
+                        tracing::warn!(reason = %err.reason, error = %err, "auth event stream broken; reconnecting");
+                    }
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        })
+    }
+
+    async fn watch_once(&self, identity: &ServiceIdentity) -> Result<(), ApiError> {
+        let ctx = identity.own_context().await?;
+        let mut stream = identity
+            .client()
+            .watch_auth_events(ctx.request(pb::WatchAuthEventsRequest {}))
+            .await?
+            .into_inner();
+        while let Some(item) = stream.message().await? {
+            if let Some(event) = &item.event {
+                self.apply(event);
+            }
+            if item.snapshot_complete {
+                self.set_watching(true);
+                tracing::debug!("auth event stream live");
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns the key `kid`, fetching the key set when it is unknown.
+    async fn key(&self, kid: &str) -> Result<DecodingKey, ApiError> {
+        if let Some(key) = self.keys().keys.get(kid) {
+            return Ok(key.clone());
+        }
+        // One fetch at a time; whoever waited finds the fresh set, and a key
+        // still unknown after a fetch that began while it waited is refused
+        // without another (a burst of made-up kids costs one fetch).
+        let fetches_before = self.inner.fetches.load(Ordering::Acquire);
+        let _guard = self.inner.refresh.lock().await;
+        let since_fetch = {
+            let cache = self.keys();
+            if let Some(key) = cache.keys.get(kid) {
+                return Ok(key.clone());
+            }
+            if self.inner.fetches.load(Ordering::Acquire) != fetches_before {
+                tracing::debug!(kid, "token refused: unknown kid");
+                return Err(invalid_token());
+            }
+            cache.fetched.map(|at| at.elapsed())
+        };
+        // Fetches stay at most one a second; a kid made by a rotation just
+        // after the last fetch waits for the next one instead of failing.
+        if let Some(elapsed) = since_fetch.filter(|elapsed| *elapsed < MIN_REFRESH_INTERVAL) {
+            tokio::time::sleep(MIN_REFRESH_INTERVAL - elapsed).await;
+        }
+        let jwks = self.inner.source.jwks().await.map_err(|err| {
+            tracing::warn!(error = %err, "cannot fetch the verification keys");
+            ApiError::unavailable("AUTH_UNAVAILABLE", "cannot verify credentials right now")
+        })?;
+        let mut keys = HashMap::new();
+        for jwk in &jwks.keys {
+            let Some(id) = jwk.common.key_id.clone() else { continue };
+            match DecodingKey::from_jwk(jwk) {
+                Ok(key) => {
+                    keys.insert(id, key);
+                }
+                Err(err) => tracing::warn!(kid = %id, error = %err, "unusable verification key skipped"),
+            }
+        }
+        let mut cache = self.keys_mut();
+        cache.keys = keys;
+        cache.fetched = Some(Instant::now());
+        self.inner.fetches.fetch_add(1, Ordering::Release);
+        cache.keys.get(kid).cloned().ok_or_else(|| {
+            tracing::debug!(kid, "token refused: unknown kid");
+            invalid_token()
+        })
+    }
+
+    fn keys(&self) -> RwLockReadGuard<'_, KeyCache> {
+        self.inner.keys.read().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    fn keys_mut(&self) -> RwLockWriteGuard<'_, KeyCache> {
+        self.inner.keys.write().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    fn state(&self) -> RwLockReadGuard<'_, AuthState> {
+        self.inner.state.read().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    fn state_mut(&self) -> RwLockWriteGuard<'_, AuthState> {
+        self.inner.state.write().unwrap_or_else(|poison| poison.into_inner())
+    }
+}
+
+fn rejected(why: &'static str, err: &jsonwebtoken::errors::Error) -> ApiError {
+    tracing::debug!(why, error = ?err.kind(), "token refused");
+    invalid_token()
+}
+
+/// Returns the bearer token of gRPC metadata.
+pub(crate) fn bearer(metadata: &MetadataMap) -> Result<&str, ApiError> {
+    let value = metadata
+        .get("authorization")
+        .ok_or_else(missing_credentials)?
+        .to_str()
+        .map_err(|_| invalid_token())?;
+    parse_bearer(value).ok_or_else(invalid_token)
+}
+
+/// Returns the token of an `Authorization: Bearer <token>` value.
+pub fn parse_bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
