@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -42,6 +42,12 @@ pub struct Options {
     pub llm_idle_timeout: Option<Duration>,
     /// Frames per second one WebSocket connection may send.
     pub messages_per_second: Option<u32>,
+    /// Redis for shared rate limits (`AVM_REDIS_URL`), with the key prefix to use.
+    pub redis: Option<(String, String)>,
+    /// Log filter of the components (default `warn`).
+    pub log_level: Option<String>,
+    /// Keeps the per-component processes' logs for [`Cluster::logs`].
+    pub capture_logs: bool,
 }
 
 impl Default for Options {
@@ -53,6 +59,9 @@ impl Default for Options {
             max_frame_bytes: None,
             llm_idle_timeout: None,
             messages_per_second: None,
+            redis: None,
+            log_level: None,
+            capture_logs: false,
         }
     }
 }
@@ -95,23 +104,88 @@ pub struct Cluster {
     pub admin_key: String,
     options: Options,
     data_dir: PathBuf,
-    _temp: Option<std::sync::Arc<tempfile::TempDir>>,
+    /// The environment of the gateway process, for extra replicas.
+    gateway_env: Vec<(String, String)>,
+    /// What the processes wrote to stderr, when captured.
+    logs: Arc<Mutex<String>>,
+    _temp: Option<Arc<tempfile::TempDir>>,
+    /// Drops the Postgres schemas of a cluster that made its own.
+    _schemas: Option<Arc<SchemaGuard>>,
     running: Option<Running>,
+}
+
+/// The per-service schemas (`<base>_auth`, `<base>_session`) a per-component
+/// cluster made in `AVM_TEST_DATABASE_URL`, dropped with the cluster.
+struct SchemaGuard {
+    url: String,
+    base: String,
+}
+
+impl Drop for SchemaGuard {
+    fn drop(&mut self) {
+        let (url, base) = (self.url.clone(), self.base.clone());
+        // Drop cannot await, and the test's runtime may be busy shutting down,
+        // so the schemas are dropped from a thread with its own runtime.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await?;
+                for service in ["auth", "session"] {
+                    sqlx::query(&format!("DROP SCHEMA IF EXISTS {base}_{service} CASCADE"))
+                        .execute(&mut admin)
+                        .await?;
+                }
+                anyhow::Ok(())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("warning: could not drop test schemas {}_*: {dropped:?}", self.base);
+        }
+    }
+}
+
+/// Returns a variable of the external test services, when set.
+fn external(variable: &str) -> Option<String> {
+    std::env::var(variable).ok().filter(|value| !value.is_empty())
 }
 
 impl Cluster {
     /// Starts a cluster in `mode` with a fresh data directory.
-    pub async fn start(mode: Mode, options: Options) -> anyhow::Result<Self> {
-        let temp = std::sync::Arc::new(tempfile::tempdir()?);
+    ///
+    /// A per-component cluster runs as in production when the external test
+    /// services are configured: every service on Postgres (its own fresh
+    /// schemas in `AVM_TEST_DATABASE_URL`) and rate limits in Redis
+    /// (`AVM_TEST_REDIS_URL`, under a fresh key prefix). A one-process
+    /// cluster stays on SQLite files and in-memory counters, as on a laptop.
+    pub async fn start(mode: Mode, mut options: Options) -> anyhow::Result<Self> {
+        let temp = Arc::new(tempfile::tempdir()?);
         let data_dir = temp.path().to_owned();
-        Self::start_in(mode, options, data_dir, Some(temp)).await
+        let mut schemas = None;
+        if mode == Mode::PerComponent {
+            if options.database_url.is_none()
+                && let Some(url) = external("AVM_TEST_DATABASE_URL")
+            {
+                let base = avm_common::ids::new_id("avm_e2e");
+                let separator = if url.contains('?') { '&' } else { '?' };
+                options.database_url = Some(format!("{url}{separator}options=-c%20search_path%3D{base}"));
+                schemas = Some(Arc::new(SchemaGuard { url, base }));
+            }
+            if options.redis.is_none()
+                && let Some(url) = external("AVM_TEST_REDIS_URL")
+            {
+                options.redis = Some((url, format!("{}:", avm_common::ids::new_id("avmtest"))));
+            }
+        }
+        Self::start_in(mode, options, data_dir, Some(temp), schemas).await
     }
 
     async fn start_in(
         mode: Mode,
         options: Options,
         data_dir: PathBuf,
-        temp: Option<std::sync::Arc<tempfile::TempDir>>,
+        temp: Option<Arc<tempfile::TempDir>>,
+        schemas: Option<Arc<SchemaGuard>>,
     ) -> anyhow::Result<Self> {
         let mut cluster = Self {
             mode,
@@ -122,7 +196,10 @@ impl Cluster {
             admin_key: String::new(),
             options,
             data_dir,
+            gateway_env: Vec::new(),
+            logs: Arc::new(Mutex::new(String::new())),
             _temp: temp,
+            _schemas: schemas,
             running: None,
         };
         match mode {
@@ -152,6 +229,48 @@ impl Cluster {
         http_client(&self.admin_key)
     }
 
+    /// Returns the data directory (SQLite files, the admin key).
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// Returns what the component processes logged so far (per-component
+    /// clusters started with `capture_logs`).
+    pub fn logs(&self) -> String {
+        self.logs.lock().unwrap_or_else(|poison| poison.into_inner()).clone()
+    }
+
+    /// Starts another gateway replica of a per-component cluster and returns its URL.
+    pub async fn spawn_gateway(&mut self) -> anyhow::Result<String> {
+        let Some(Running::Processes { children }) = &mut self.running else {
+            bail!("extra gateways need a per-component cluster");
+        };
+        let logs = self.options.capture_logs.then(|| Arc::clone(&self.logs));
+        let (child, url) = spawn_component("gateway", &self.gateway_env, logs).await?;
+        children.push(child);
+        Ok(url)
+    }
+
+    /// Returns the auth service's current signing key, read from its
+    /// database, for tests that forge tokens.
+    pub async fn signing_key(&self) -> anyhow::Result<avm_common::auth::SigningKey> {
+        const CURRENT: &str = "SELECT kid, private_key FROM signing_keys WHERE retired_at_ms IS NULL \
+                               ORDER BY created_at_ms DESC LIMIT 1";
+        let (kid, der): (String, Vec<u8>) = match &self.options.database_url {
+            Some(url) => {
+                let url = avm_common::db::service_url(url, "auth")?;
+                let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await?;
+                sqlx::query_as(CURRENT).fetch_one(&mut connection).await?
+            }
+            None => {
+                let url = format!("sqlite://{}?mode=ro", self.data_dir.join("auth.db").display());
+                let mut connection = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url).await?;
+                sqlx::query_as(CURRENT).fetch_one(&mut connection).await?
+            }
+        };
+        Ok(avm_common::auth::SigningKey::from_pkcs8(kid, der)?)
+    }
+
     /// Exchanges an API key for an access token at the auth service's gRPC.
     pub async fn access_token(&self, api_key: &str) -> anyhow::Result<String> {
         let channel = tonic::transport::Endpoint::from_shared(self.auth_grpc.clone())?
@@ -175,7 +294,8 @@ impl Cluster {
     pub async fn restart(mut self) -> anyhow::Result<Self> {
         self.stop().await?;
         let temp = self._temp.take();
-        Self::start_in(self.mode, self.options.clone(), self.data_dir.clone(), temp).await
+        let schemas = self._schemas.take();
+        Self::start_in(self.mode, self.options.clone(), self.data_dir.clone(), temp, schemas).await
     }
 
     /// Stops every component and waits for it to exit.
@@ -204,7 +324,7 @@ impl Cluster {
         config.server.port = 0;
         config.server.grpc_port = 0;
         config.server.data_dir = self.data_dir.display().to_string();
-        config.log.level = "warn".into();
+        config.log.level = self.options.log_level.clone().unwrap_or_else(|| "warn".into());
         config.database.url = self.options.database_url.clone().map(Secret::new);
         config.auth.service_key = Secret::new(TEST_SERVICE_KEY);
         match &self.options.llm {
@@ -232,6 +352,10 @@ impl Cluster {
         if let Some(timeout) = self.options.llm_idle_timeout {
             config.llm.idle_timeout = timeout;
             config.llm.request_timeout = timeout;
+        }
+        if let Some((url, prefix)) = &self.options.redis {
+            config.redis.url = Some(Secret::new(url.clone()));
+            config.redis.key_prefix.clone_from(prefix);
         }
         config
     }
@@ -263,7 +387,7 @@ impl Cluster {
     async fn start_processes(&mut self) -> anyhow::Result<()> {
         let config = self.config();
         let mut env: Vec<(String, String)> = vec![
-            ("AVM_LOG_LEVEL".into(), "warn".into()),
+            ("AVM_LOG_LEVEL".into(), config.log.level.clone()),
             ("AVM_LOG_FORMAT".into(), "text".into()),
             ("AVM_SERVER_DATA_DIR".into(), config.server.data_dir.clone()),
             ("AVM_AUTH_SERVICE_KEY".into(), TEST_SERVICE_KEY.into()),
@@ -287,13 +411,18 @@ impl Cluster {
         if let Some(url) = &self.options.database_url {
             env.push(("AVM_DATABASE_URL".into(), url.clone()));
         }
+        if let Some((url, prefix)) = &self.options.redis {
+            env.push(("AVM_REDIS_URL".into(), url.clone()));
+            env.push(("AVM_REDIS_KEY_PREFIX".into(), prefix.clone()));
+        }
+        let logs = self.options.capture_logs.then(|| Arc::clone(&self.logs));
         let mut children = Vec::new();
-        let (child, auth) = spawn_component("auth", &env).await?;
+        let (child, auth) = spawn_component("auth", &env, logs.clone()).await?;
         children.push(child);
         self.auth_grpc = auth;
         env.push(("AVM_AUTH_ADDR".into(), self.auth_grpc.clone()));
 
-        let (child, session) = spawn_component("session", &env).await?;
+        let (child, session) = spawn_component("session", &env, logs.clone()).await?;
         children.push(child);
         self.session_grpc = session;
 
@@ -312,14 +441,15 @@ impl Cluster {
                 ("LLM_API_KEY".into(), TEST_API_KEY.into()),
             ]),
         }
-        let (child, runtime) = spawn_component("runtime", &runtime_env).await?;
+        let (child, runtime) = spawn_component("runtime", &runtime_env, logs.clone()).await?;
         children.push(child);
         self.runtime_grpc = runtime;
 
         let mut gateway_env = env;
         gateway_env.push(("AVM_SESSION_ADDR".into(), self.session_grpc.clone()));
         gateway_env.push(("AVM_RUNTIME_ADDR".into(), self.runtime_grpc.clone()));
-        let (child, gateway) = spawn_component("gateway", &gateway_env).await?;
+        let (child, gateway) = spawn_component("gateway", &gateway_env, logs).await?;
+        self.gateway_env = gateway_env;
         children.push(child);
         self.gateway_url = gateway;
         self.running = Some(Running::Processes { children });
@@ -430,15 +560,35 @@ pub fn avm_command() -> anyhow::Result<Command> {
     Ok(command)
 }
 
-/// Spawns `avm <component> --listen 127.0.0.1:0` and returns it with its URL.
-async fn spawn_component(component: &str, env: &[(String, String)]) -> anyhow::Result<(Child, String)> {
+/// Spawns `avm <component> --listen 127.0.0.1:0` and returns it with its URL;
+/// its stderr goes to `logs` when given.
+async fn spawn_component(
+    component: &str,
+    env: &[(String, String)],
+    logs: Option<Arc<Mutex<String>>>,
+) -> anyhow::Result<(Child, String)> {
     let mut command = tokio::task::spawn_blocking(avm_command).await??;
     command.args([component, "--listen", "127.0.0.1:0"]);
     command.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    command.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    command.stdout(Stdio::piped());
+    command.stderr(if logs.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::inherit()
+    });
     let mut child = command
         .spawn()
         .with_context(|| format!("cannot spawn avm {component}"))?;
+    if let (Some(logs), Some(stderr)) = (logs, child.stderr.take()) {
+        let mut lines = BufReader::new(stderr).lines();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut logs = logs.lock().unwrap_or_else(|poison| poison.into_inner());
+                logs.push_str(&line);
+                logs.push('\n');
+            }
+        });
+    }
     let stdout = child.stdout.take().context("no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     let url = tokio::time::timeout(Duration::from_secs(20), async {

@@ -1,5 +1,6 @@
 //! AgentVM's test support: the mock LLM, the cluster harness and a protocol client.
 
+pub mod accounts;
 pub mod cluster;
 pub mod mock_llm;
 pub mod ws_client;

@@ -12,10 +12,10 @@ use crate::{ADMIN_KEY_FILE, AvmConfig};
 #[derive(Debug, Args)]
 pub struct ClientArgs {
     /// The gateway's URL.
-    #[arg(long, env = "AVM_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(long, env = "AVM_URL", default_value = "http://127.0.0.1:8080", global = true)]
     url: String,
     /// An API key or access token (default: the first run's admin key in the data dir).
-    #[arg(long, env = "AVM_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "AVM_TOKEN", hide_env_values = true, global = true)]
     token: Option<String>,
 }
 

@@ -249,9 +249,35 @@ fn store_url(config: &AvmConfig, service: &str) -> anyhow::Result<String> {
     Ok(format!("sqlite://{}", dir.join(format!("{service}.db")).display()))
 }
 
+/// Returns the data directory, creating it readable only by the user: it
+/// holds the databases (the auth one with the token signing keys) and the
+/// admin key.
 fn data_dir(config: &AvmConfig) -> anyhow::Result<PathBuf> {
     let dir = config.server.data_dir();
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create data dir {}", dir.display()))?;
+    if !dir.exists() {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder
+            .create(&dir)
+            .with_context(|| format!("cannot create data dir {}", dir.display()))?;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&dir)
+            .with_context(|| format!("cannot read data dir {}", dir.display()))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                data_dir = %dir.display(),
+                mode = format!("{:o}", mode & 0o777),
+                "the data dir is readable by others; it holds signing keys (chmod 700 it)"
+            );
+        }
+    }
     Ok(dir)
 }
 

@@ -1,14 +1,17 @@
 //! End-to-end suites of AgentVM: each scenario runs against the one-process
 //! cluster and against one `avm` process per component.
 
+mod auth;
 mod bad_input;
 mod binary;
 mod conversation;
 mod failures;
+mod forged;
 mod interrupt;
 mod isolation;
 mod lifecycle;
 mod llm_drivers;
+mod ownership;
 mod postgres;
 mod providers;
 mod rest;

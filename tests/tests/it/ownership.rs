@@ -1,0 +1,1305 @@
+//! The ownership matrix. Three tenants of two users each (the tenant's admin
+//! and a member) each own one object of every kind: a user, API keys, a
+//! container with an image, its conversation and a running agent; each
+//! tenant also has a container named `default`. Every principal then tries
+//! every public operation that names an object — every REST route, every
+//! WebSocket request type and `subscribe`, every gRPC method of the session,
+//! runtime and auth services — with the ids of everyone it must not reach,
+//! and the same operation with missing ids of the same shape. A foreign id
+//! must leak nothing, change nothing, and be answered exactly like a missing
+//! one.
+//!
+//! Admins see their whole tenant, so an admin naming a member of its own
+//! tenant is no attack; a member naming its admin's objects is. Container ids
+//! are one namespace per tenant, so a member cannot take an id another user
+//! holds (`CONTAINER_ID_TAKEN`): the one documented difference between a
+//! foreign and a missing id, checked on its own.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use avm_common::ids::new_id;
+use avm_proto::auth::v1 as au;
+use avm_proto::auth::v1::auth_service_client::AuthServiceClient;
+use avm_proto::runtime::v1 as rt;
+use avm_proto::runtime::v1::runtime_service_client::RuntimeServiceClient;
+use avm_proto::session::v1 as ss;
+use avm_proto::session::v1::session_service_client::SessionServiceClient;
+use avm_tests::accounts::{Account, create_key, create_tenant, create_user};
+use avm_tests::cluster::{Cluster, Mode, Options, bearer, http_client};
+use avm_tests::ws_client::WsClient;
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+use crate::both_modes;
+use crate::support::{conversation, send_and_finish};
+
+const TENANTS: usize = 3;
+
+/// How long a stream that opened is read: what a reachable session replays
+/// arrives at once, and only the control's own streams open.
+const STREAM_GLANCE: Duration = Duration::from_millis(500);
+
+/// The tenant whose `default` container its member (not its admin) holds.
+const MEMBER_HOLDS_DEFAULT: usize = 1;
+
+both_modes!(no_principal_reaches_what_it_does_not_own, ownership_matrix);
+
+async fn ownership_matrix(mode: Mode) -> anyhow::Result<()> {
+    let started = Instant::now();
+    // The matrix sends hundreds of frames a second on one connection, and
+    // thousands of requests a minute per tenant: neither limit is under test.
+    let options = Options {
+        messages_per_second: Some(100_000),
+        ..Options::default()
+    };
+    let cluster = Cluster::start(mode, options).await?;
+    let channels = Channels::connect(&cluster).await?;
+    let parties = set_up(&cluster).await?;
+    let mut problems = Vec::new();
+
+    owners_read_their_own(&cluster, &channels, &parties, &mut problems).await?;
+    let attacks = attack_everything(&cluster, &channels, &parties, &mut problems).await?;
+    tenants_never_meet_on_default(&cluster, &channels, &parties, &mut problems).await?;
+    container_ids_are_one_namespace_per_tenant(&cluster, &channels, &parties, &mut problems).await?;
+    subscriptions_deliver_nothing_foreign(&cluster, &parties, &mut problems).await?;
+
+    eprintln!(
+        "ownership matrix ({mode:?}): {} principals, {} operations, {attacks} attacks in {:.1?}",
+        parties.len(),
+        OPS.len(),
+        started.elapsed()
+    );
+    assert!(
+        problems.is_empty(),
+        "{} ownership problems:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+    Ok(())
+}
+
+/// The ids an operation can name; `{…}` in the templates of [`OPS`].
+#[derive(Clone, Debug)]
+struct Ids {
+    tenant: String,
+    user: String,
+    key: String,
+    extra_key: String,
+    container: String,
+    image: String,
+    session: String,
+    agent: String,
+    /// A well-formed API key with the key's id and a wrong secret.
+    key_guess: String,
+}
+
+impl Ids {
+    /// Returns ids of the same shapes that name nothing; the tenant is kept
+    /// when it is the attacker's own (it is no secret then).
+    fn missing(&self, keep_tenant: bool) -> Ids {
+        let key = nothing(&self.key, '0');
+        Ids {
+            tenant: if keep_tenant {
+                self.tenant.clone()
+            } else {
+                nothing(&self.tenant, '0')
+            },
+            user: nothing(&self.user, '0'),
+            key_guess: key_guess(&key),
+            key,
+            extra_key: nothing(&self.extra_key, '1'),
+            // Of the same length, so even the encoded gRPC details compare.
+            container: format!("nil-{}", "x".repeat(self.container.len().saturating_sub(4))),
+            image: nothing(&self.image, '0'),
+            session: nothing(&self.session, '0'),
+            agent: nothing(&self.agent, '0'),
+        }
+    }
+
+    /// Returns each id with the placeholder that stands for it.
+    fn named(&self) -> [(&str, &'static str); 9] {
+        [
+            // First: it holds the key's hex digits.
+            (self.key_guess.as_str(), "{key_guess}"),
+            (self.tenant.as_str(), "{tenant}"),
+            (self.user.as_str(), "{user}"),
+            (self.key.as_str(), "{key}"),
+            (self.extra_key.as_str(), "{extra_key}"),
+            (self.container.as_str(), "{container}"),
+            (self.image.as_str(), "{image}"),
+            (self.session.as_str(), "{session}"),
+            (self.agent.as_str(), "{agent}"),
+        ]
+    }
+
+    /// Fills a template with these ids and the caller's own (`{my_user}`, `{my_tenant}`).
+    fn fill(&self, template: &str, me: &Ids) -> String {
+        let mut text = template
+            .replace("{my_user}", &me.user)
+            .replace("{my_tenant}", &me.tenant);
+        for (id, placeholder) in self.named() {
+            text = text.replace(placeholder, id);
+        }
+        text
+    }
+
+    /// Replaces these ids by their placeholders, so the answers about two
+    /// sets of ids can be compared.
+    fn scrub(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        for (id, placeholder) in self.named() {
+            text = text.replace(id, placeholder);
+        }
+        text
+    }
+}
+
+/// Returns an id of the same shape as `id` (`img_` + hex) with every hex digit `digit`.
+fn nothing(id: &str, digit: char) -> String {
+    match id.rsplit_once('_') {
+        Some((prefix, hex)) => format!("{prefix}_{}", digit.to_string().repeat(hex.len())),
+        None => format!("{id}-{digit}"),
+    }
+}
+
+/// Returns an API key of the right format for `key_id` whose secret is wrong.
+fn key_guess(key_id: &str) -> String {
+    let hex = key_id.strip_prefix("key_").unwrap_or(key_id);
+    format!("avm_{hex}_{}", "A".repeat(43))
+}
+
+/// A principal of the matrix and what it owns.
+struct Party {
+    /// `t0-admin`, `t1-member`…
+    label: String,
+    tenant: usize,
+    admin: bool,
+    tenant_name: String,
+    /// A name unique to this user (admins are all called `admin`).
+    user_name: Option<String>,
+    account: Account,
+    extra_key: String,
+    /// Its access token, for calling the gRPC services directly.
+    token: String,
+    own: Ids,
+    image_name: String,
+    system_prompt: String,
+    marker: String,
+    /// The text of a turn driven while others are subscribed to this party's sessions.
+    later_marker: String,
+    /// The image in its tenant's `default` container, when it holds that container.
+    default: Option<Held>,
+}
+
+/// An image in the `default` container and what only its holder may read.
+struct Held {
+    image: String,
+    session: String,
+    agent: String,
+    image_name: String,
+    marker: String,
+}
+
+impl Party {
+    /// Returns whether `self` must not reach `other`'s objects: everyone
+    /// else's, except that an admin sees its whole tenant.
+    fn attacks(&self, other: &Party) -> bool {
+        self.label != other.label && !(self.admin && self.tenant == other.tenant)
+    }
+
+    /// Returns what `reader` must never see of this party, with what it is.
+    fn secrets(&self, reader: &Party) -> Vec<(String, String)> {
+        let mut secrets = vec![
+            ("user id", &self.account.user_id),
+            ("key id", &self.account.key_id),
+            ("extra key id", &self.own.extra_key),
+            ("API key", &self.account.key),
+            ("extra API key", &self.extra_key),
+            ("access token", &self.token),
+            ("container id", &self.own.container),
+            ("image id", &self.own.image),
+            ("session id", &self.own.session),
+            ("agent id", &self.own.agent),
+            ("image name", &self.image_name),
+            ("system prompt", &self.system_prompt),
+            ("message", &self.marker),
+            ("later message", &self.later_marker),
+        ];
+        let prefixes: Vec<String> = [&self.account.key, &self.extra_key]
+            .iter()
+            .filter_map(|key| key.get(..12).map(str::to_owned))
+            .collect();
+        for prefix in &prefixes {
+            secrets.push(("key prefix", prefix));
+        }
+        if let Some(name) = &self.user_name {
+            secrets.push(("user name", name));
+        }
+        if let Some(held) = &self.default {
+            secrets.extend([
+                ("default image id", &held.image),
+                ("default session id", &held.session),
+                ("default agent id", &held.agent),
+                ("default image name", &held.image_name),
+                ("default message", &held.marker),
+            ]);
+        }
+        if reader.tenant != self.tenant {
+            secrets.extend([("tenant id", &self.own.tenant), ("tenant name", &self.tenant_name)]);
+        }
+        secrets
+            .into_iter()
+            .map(|(what, value)| (format!("{what} of {}", self.label), value.clone()))
+            .collect()
+    }
+}
+
+/// Returns what of `secrets` shows in `text`.
+fn leaks(text: &str, secrets: &[(String, String)]) -> Vec<String> {
+    secrets
+        .iter()
+        .filter(|(_, value)| text.contains(value.as_str()))
+        .map(|(what, _)| what.clone())
+        .collect()
+}
+
+/// Creates the tenants and users through the REST API, as the operator and
+/// the tenants' admins would, and gives everyone their objects.
+async fn set_up(cluster: &Cluster) -> anyhow::Result<Vec<Party>> {
+    // Unlimited: the matrix makes thousands of requests a minute per tenant.
+    let unlimited = json!({"requestsPerMinute": 0, "tokensPerMonth": 0});
+    let mut parties = Vec::new();
+    for t in 0..TENANTS {
+        let tenant_name = new_id(&format!("tenant-t{t}"));
+        let tenant = create_tenant(cluster, &tenant_name, Some(unlimited.clone())).await?;
+        let member_name = new_id(&format!("member-t{t}"));
+        let member = create_user(cluster, &tenant, &member_name, "member").await?;
+        let holder_is_member = t == MEMBER_HOLDS_DEFAULT;
+        parties.push(Party::set_up(cluster, t, &tenant_name, tenant.admin.clone(), None, !holder_is_member).await?);
+        parties.push(Party::set_up(cluster, t, &tenant_name, member, Some(member_name), holder_is_member).await?);
+    }
+    Ok(parties)
+}
+
+impl Party {
+    async fn set_up(
+        cluster: &Cluster,
+        tenant: usize,
+        tenant_name: &str,
+        account: Account,
+        user_name: Option<String>,
+        holds_default: bool,
+    ) -> anyhow::Result<Party> {
+        let admin = user_name.is_none();
+        let label = format!("t{tenant}-{}", if admin { "admin" } else { "member" });
+        let (extra_key_id, extra_key) =
+            create_key(cluster, &account.key, json!({"name": format!("extra-{label}")})).await?;
+        let token = cluster.access_token(&account.key).await?;
+        let image_name = new_id(&format!("image-{label}"));
+        let system_prompt = new_id(&format!("prompt-{label}"));
+        let marker = new_id(&format!("marker-{label}"));
+        let mut ws = WsClient::connect(&cluster.ws_url_as(&account.key)).await?;
+        let container = format!("own-{label}");
+        let (image, session, agent) = talk(
+            &mut ws,
+            &container,
+            json!({"name": image_name, "systemPrompt": system_prompt}),
+            &marker,
+        )
+        .await?;
+        let default = if holds_default {
+            let image_name = new_id(&format!("default-image-{label}"));
+            let marker = new_id(&format!("default-marker-{label}"));
+            let (image, session, agent) = talk(&mut ws, "default", json!({"name": image_name}), &marker).await?;
+            Some(Held {
+                image,
+                session,
+                agent,
+                image_name,
+                marker,
+            })
+        } else {
+            None
+        };
+        let own = Ids {
+            tenant: account.tenant_id.clone(),
+            user: account.user_id.clone(),
+            key: account.key_id.clone(),
+            extra_key: extra_key_id,
+            container,
+            image,
+            session,
+            agent,
+            key_guess: key_guess(&account.key_id),
+        };
+        Ok(Party {
+            later_marker: new_id(&format!("later-{label}")),
+            label,
+            tenant,
+            admin,
+            tenant_name: tenant_name.to_owned(),
+            user_name,
+            account,
+            extra_key,
+            token,
+            own,
+            image_name,
+            system_prompt,
+            marker,
+            default,
+        })
+    }
+}
+
+/// Creates a container and an image, holds one turn with `marker` so the
+/// image has a history, and starts its agent; returns the image, session
+/// and agent ids.
+async fn talk(
+    ws: &mut WsClient,
+    container: &str,
+    config: Value,
+    marker: &str,
+) -> anyhow::Result<(String, String, String)> {
+    let talk = conversation(ws, container, config).await?;
+    let frames = send_and_finish(ws, &talk.image_id, json!(marker)).await?;
+    ensure!(
+        frames.last().is_some_and(|frame| frame["type"] == "conversation_end"),
+        "the turn in {container} failed: {frames:?}"
+    );
+    let run = ws.request("image_run", json!({"imageId": talk.image_id})).await?;
+    let agent = run["agentId"].as_str().context("image_run without agentId")?;
+    Ok((talk.image_id, talk.session_id, agent.to_owned()))
+}
+
+/// What a principal sees of its own objects, for telling whether anyone else changed them.
+async fn snapshot(cluster: &Cluster, party: &Party) -> anyhow::Result<Value> {
+    let http = http_client(&party.account.key)?;
+    let get = |path: String| {
+        let request = http.get(cluster.url(&path));
+        async move {
+            let response = request.send().await?;
+            let status = response.status().as_u16();
+            let mut body: Value = response.json().await.unwrap_or(Value::Null);
+            if let Some(error) = body.get_mut("error").and_then(Value::as_object_mut) {
+                error.remove("requestId");
+            }
+            Ok::<_, anyhow::Error>(json!({"status": status, "body": body}))
+        }
+    };
+    let own = &party.own;
+    let mut view = serde_json::Map::new();
+    let containers = get("/v1/containers".into()).await?;
+    let container_ids: Vec<String> = ids_in(&containers["body"]["containers"], "containerId");
+    view.insert("containers".into(), containers);
+    for container in &container_ids {
+        let images = get(format!("/v1/containers/{container}/images")).await?;
+        for image in ids_in(&images["body"]["images"], "imageId") {
+            view.insert(
+                format!("messages of {image}"),
+                get(format!("/v1/images/{image}/messages")).await?,
+            );
+        }
+        view.insert(format!("images of {container}"), images);
+        view.insert(
+            format!("shares of {container}"),
+            get(format!("/v1/containers/{container}/shares")).await?,
+        );
+    }
+    view.insert("agents".into(), get("/v1/agents".into()).await?);
+    view.insert("keys".into(), get("/v1/auth/keys".into()).await?);
+    view.insert("whoami".into(), get("/v1/auth/whoami".into()).await?);
+    view.insert(
+        "user".into(),
+        get(format!("/v1/tenants/{}/users/{}", own.tenant, own.user)).await?,
+    );
+    view.insert("tenant".into(), get(format!("/v1/tenants/{}", own.tenant)).await?);
+    Ok(Value::Object(view))
+}
+
+/// Returns the string `field` of each object in a JSON array.
+fn ids_in(list: &Value, field: &str) -> Vec<String> {
+    list.as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|item| item[field].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One public operation that names objects. `{…}` in its templates are
+/// filled from the target's [`Ids`], `{my_user}` and `{my_tenant}` from the
+/// caller's own.
+#[derive(Clone, Copy)]
+enum Op {
+    /// An HTTP call: method, path with query, JSON body (`""` for none).
+    Rest(&'static str, &'static str, &'static str),
+    /// A WebSocket request: its type without `_request`, and its `data`.
+    Ws(&'static str, &'static str),
+    /// A WebSocket `subscribe` to the target's session, optionally after a cursor.
+    Subscribe(Option<&'static str>),
+    /// A gRPC method, called directly with the caller's access token; see [`Attacker::grpc`].
+    Grpc(&'static str),
+}
+
+impl Op {
+    /// Returns whether the operation only reads, so an owner may run it as a control.
+    fn reads(&self) -> bool {
+        match self {
+            Op::Rest(method, ..) => *method == "GET",
+            Op::Ws(kind, _) => matches!(
+                *kind,
+                "container_get" | "image_list" | "image_get" | "image_messages" | "agent_get" | "agent_list"
+            ),
+            Op::Subscribe(_) => true,
+            Op::Grpc(method) => method
+                .split_once('.')
+                .is_some_and(|(_, name)| ["Get", "List", "Subscribe"].iter().any(|verb| name.starts_with(verb))),
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::Rest(method, path, body) => write!(f, "REST {method} {path} {body}"),
+            Op::Ws(kind, data) => write!(f, "WS {kind}_request {data}"),
+            Op::Subscribe(None) => write!(f, "WS subscribe"),
+            Op::Subscribe(Some(cursor)) => write!(f, "WS subscribe afterCursor={cursor}"),
+            Op::Grpc(method) => write!(f, "gRPC {method}"),
+        }
+    }
+}
+
+/// Every public operation that takes an id (creating a container is the
+/// documented exception, see [`container_ids_are_one_namespace_per_tenant`]).
+const OPS: &[Op] = &[
+    // REST: every route that takes an id (README, `gateway/src/{rest,admin}.rs`).
+    Op::Rest("GET", "/v1/containers/{container}", ""),
+    Op::Rest("DELETE", "/v1/containers/{container}", ""),
+    Op::Rest("POST", "/v1/containers/{container}/images", r#"{"name":"planted"}"#),
+    Op::Rest("GET", "/v1/containers/{container}/images", ""),
+    Op::Rest("POST", "/v1/containers/{container}/shares", r#"{"userId":"{my_user}"}"#),
+    Op::Rest("GET", "/v1/containers/{container}/shares", ""),
+    Op::Rest("DELETE", "/v1/containers/{container}/shares/{my_user}", ""),
+    Op::Rest("DELETE", "/v1/containers/{container}/shares/{user}", ""),
+    Op::Rest("GET", "/v1/images/{image}", ""),
+    Op::Rest(
+        "PATCH",
+        "/v1/images/{image}",
+        r#"{"name":"planted","description":"planted"}"#,
+    ),
+    Op::Rest("DELETE", "/v1/images/{image}", ""),
+    Op::Rest("POST", "/v1/images/{image}/run", ""),
+    Op::Rest("POST", "/v1/images/{image}/stop", ""),
+    Op::Rest("POST", "/v1/images/{image}/interrupt", ""),
+    Op::Rest("GET", "/v1/images/{image}/messages", ""),
+    Op::Rest("POST", "/v1/images/{image}/messages", r#"{"content":"planted"}"#),
+    Op::Rest("GET", "/v1/images/{image}/events", ""),
+    Op::Rest("GET", "/v1/images/{image}/events?after=0", ""),
+    Op::Rest("GET", "/v1/agents?containerId={container}", ""),
+    Op::Rest("GET", "/v1/agents/{agent}", ""),
+    Op::Rest("DELETE", "/v1/agents/{agent}", ""),
+    Op::Rest("GET", "/v1/tenants/{tenant}", ""),
+    Op::Rest("PATCH", "/v1/tenants/{tenant}", r#"{"name":"planted"}"#),
+    Op::Rest("PATCH", "/v1/tenants/{tenant}", r#"{"limits":{"requestsPerMinute":1}}"#),
+    Op::Rest("DELETE", "/v1/tenants/{tenant}", ""),
+    Op::Rest(
+        "POST",
+        "/v1/tenants/{tenant}/users",
+        r#"{"name":"planted","role":"admin"}"#,
+    ),
+    Op::Rest("GET", "/v1/tenants/{tenant}/users", ""),
+    Op::Rest("GET", "/v1/tenants/{tenant}/users/{user}", ""),
+    Op::Rest("DELETE", "/v1/tenants/{tenant}/users/{user}", ""),
+    Op::Rest("GET", "/v1/tenants/{my_tenant}/users/{user}", ""),
+    Op::Rest("DELETE", "/v1/tenants/{my_tenant}/users/{user}", ""),
+    Op::Rest("POST", "/v1/auth/keys", r#"{"userId":"{user}","name":"planted"}"#),
+    Op::Rest("GET", "/v1/auth/keys?userId={user}", ""),
+    Op::Rest("GET", "/v1/auth/keys/{key}", ""),
+    Op::Rest("GET", "/v1/auth/keys/{extra_key}", ""),
+    Op::Rest("DELETE", "/v1/auth/keys/{extra_key}", ""),
+    Op::Rest("DELETE", "/v1/auth/keys/{key}", ""),
+    Op::Rest("POST", "/v1/auth/token", r#"{"apiKey":"{key_guess}"}"#),
+    // WebSocket: every request type that takes an id (`gateway/src/ws.rs`), and `subscribe`.
+    Op::Ws("container_get", r#"{"containerId":"{container}"}"#),
+    Op::Ws(
+        "image_create",
+        r#"{"containerId":"{container}","config":{"name":"planted"}}"#,
+    ),
+    Op::Ws("image_list", r#"{"containerId":"{container}"}"#),
+    Op::Ws("image_get", r#"{"imageId":"{image}"}"#),
+    Op::Ws("image_update", r#"{"imageId":"{image}","updates":{"name":"planted"}}"#),
+    Op::Ws("image_delete", r#"{"imageId":"{image}"}"#),
+    Op::Ws("image_run", r#"{"imageId":"{image}"}"#),
+    Op::Ws("image_stop", r#"{"imageId":"{image}"}"#),
+    Op::Ws("image_messages", r#"{"imageId":"{image}"}"#),
+    Op::Ws("message_send", r#"{"imageId":"{image}","content":"planted"}"#),
+    Op::Ws("message_send", r#"{"agentId":"{agent}","content":"planted"}"#),
+    Op::Ws("agent_interrupt", r#"{"imageId":"{image}"}"#),
+    Op::Ws("agent_interrupt", r#"{"agentId":"{agent}"}"#),
+    Op::Ws("agent_get", r#"{"agentId":"{agent}"}"#),
+    Op::Ws("agent_list", r#"{"containerId":"{container}"}"#),
+    Op::Ws("agent_destroy", r#"{"agentId":"{agent}"}"#),
+    Op::Ws("agent_destroy_all", r#"{"containerId":"{container}"}"#),
+    Op::Subscribe(None),
+    Op::Subscribe(Some("0")),
+    // gRPC: every method of proto/avm/{session,runtime,auth}/v1 that takes an id.
+    Op::Grpc("session.GetContainer"),
+    Op::Grpc("session.DeleteContainer"),
+    Op::Grpc("session.ShareContainer"),
+    Op::Grpc("session.UnshareContainer"),
+    Op::Grpc("session.ListContainerShares"),
+    Op::Grpc("session.CreateImage"),
+    Op::Grpc("session.GetImage"),
+    Op::Grpc("session.GetSession"),
+    Op::Grpc("session.ListImages"),
+    Op::Grpc("session.UpdateImage"),
+    Op::Grpc("session.DeleteImage"),
+    Op::Grpc("session.AppendMessage"),
+    Op::Grpc("session.ListMessages"),
+    Op::Grpc("runtime.RunImage"),
+    Op::Grpc("runtime.StopImage"),
+    Op::Grpc("runtime.SendMessage"),
+    Op::Grpc("runtime.InterruptAgent by image"),
+    Op::Grpc("runtime.InterruptAgent by agent"),
+    Op::Grpc("runtime.GetAgent"),
+    Op::Grpc("runtime.ListAgents"),
+    Op::Grpc("runtime.DestroyAgent"),
+    Op::Grpc("runtime.DestroyAllAgents"),
+    Op::Grpc("runtime.SubscribeEvents"),
+    Op::Grpc("runtime.SubscribeEvents after 0"),
+    Op::Grpc("auth.GetTenant"),
+    Op::Grpc("auth.UpdateTenant name"),
+    Op::Grpc("auth.UpdateTenant limits"),
+    Op::Grpc("auth.DeleteTenant"),
+    Op::Grpc("auth.CreateUser"),
+    Op::Grpc("auth.GetUser"),
+    Op::Grpc("auth.ListUsers"),
+    Op::Grpc("auth.DeleteUser"),
+    Op::Grpc("auth.CreateApiKey"),
+    Op::Grpc("auth.GetApiKey"),
+    Op::Grpc("auth.GetApiKey extra"),
+    Op::Grpc("auth.ListApiKeys"),
+    Op::Grpc("auth.RevokeApiKey extra"),
+    Op::Grpc("auth.RevokeApiKey"),
+    Op::Grpc("auth.GetUsage"),
+    Op::Grpc("auth.RecordUsage"),
+    Op::Grpc("auth.ExchangeApiKey"),
+];
+
+/// What an operation answered.
+#[derive(Clone)]
+struct Answer {
+    /// Whether the operation succeeded.
+    ok: bool,
+    /// What must be the same for a foreign and a missing id: status, code,
+    /// reason, message (REST, gRPC) or the whole frames without timestamps
+    /// and request ids (WebSocket).
+    shape: String,
+    /// Every byte received, for the leak check.
+    full: String,
+}
+
+impl Answer {
+    fn same(ok: bool, text: String) -> Answer {
+        Answer {
+            ok,
+            shape: text.clone(),
+            full: text,
+        }
+    }
+
+    /// Replaces the ids that were sent by their placeholders.
+    fn scrubbed(self, ids: &Ids) -> Answer {
+        Answer {
+            ok: self.ok,
+            shape: ids.scrub(&self.shape),
+            full: ids.scrub(&self.full),
+        }
+    }
+}
+
+/// Reasons of requests that never reached an ownership check: an attack
+/// answered with one of them proves nothing.
+const MALFORMED: &[&str] = &[
+    "ROUTE_NOT_FOUND",
+    "METHOD_NOT_ALLOWED",
+    "UNKNOWN_REQUEST",
+    "MISSING_FIELD",
+    "INVALID_FIELD",
+    "INVALID_JSON",
+    "INVALID_BODY",
+    "MISSING_ID",
+    "InvalidArgument",
+];
+
+/// The gRPC channels of the three services (one and the same in one-process mode).
+struct Channels {
+    session: Channel,
+    runtime: Channel,
+    auth: Channel,
+}
+
+impl Channels {
+    async fn connect(cluster: &Cluster) -> anyhow::Result<Channels> {
+        Ok(Channels {
+            session: channel(&cluster.session_grpc).await?,
+            runtime: channel(&cluster.runtime_grpc).await?,
+            auth: channel(&cluster.auth_grpc).await?,
+        })
+    }
+}
+
+/// A principal on the attack: REST with its API key, a WebSocket, and its
+/// access token at the gRPC services.
+struct Attacker<'a> {
+    cluster: &'a Cluster,
+    channels: &'a Channels,
+    party: &'a Party,
+    http: reqwest::Client,
+    ws: WsClient,
+}
+
+impl<'a> Attacker<'a> {
+    async fn new(cluster: &'a Cluster, channels: &'a Channels, party: &'a Party) -> anyhow::Result<Self> {
+        Ok(Attacker {
+            cluster,
+            channels,
+            party,
+            http: http_client(&party.account.key)?,
+            ws: WsClient::connect(&cluster.ws_url_as(&party.account.key)).await?,
+        })
+    }
+
+    /// Runs `op` against `ids`; the answer names them by placeholder.
+    async fn call(&mut self, op: Op, ids: &Ids) -> anyhow::Result<Answer> {
+        let me = &self.party.own;
+        let answer = match op {
+            Op::Rest(method, path, body) => self.rest(method, &ids.fill(path, me), &ids.fill(body, me)).await?,
+            Op::Ws(kind, data) => {
+                let data: Value = serde_json::from_str(&ids.fill(data, me))?;
+                let request_id = self.ws.send_request(kind, data).await?;
+                let frames = frames_until_response(&mut self.ws, &request_id).await?;
+                let data = frames.last().map(|frame| &frame["data"]);
+                let ok = data.is_some_and(|data| {
+                    data.get("error").is_none() && data["exists"] != false && data.get("record") != Some(&Value::Null)
+                });
+                ws_answer(ok, &frames, &frames)
+            }
+            Op::Subscribe(after) => {
+                self.ws.subscribe(&ids.session, after).await?;
+                // Whatever the subscription brings arrives before the answer
+                // to the next request: the gateway opens it before reading on.
+                let request_id = self.ws.send_request("container_list", json!({})).await?;
+                let frames = frames_until_response(&mut self.ws, &request_id).await?;
+                let before = &frames[..frames.len() - 1];
+                let ok = before.iter().all(|frame| frame["type"] != "system_error");
+                ws_answer(ok, before, &frames)
+            }
+            Op::Grpc(method) => self.grpc(method, ids).await?,
+        };
+        Ok(answer.scrubbed(ids))
+    }
+
+    async fn rest(&self, method: &str, path: &str, body: &str) -> anyhow::Result<Answer> {
+        let mut request = self
+            .http
+            .request(reqwest::Method::from_bytes(method.as_bytes())?, self.cluster.url(path));
+        if !body.is_empty() {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.to_owned());
+        }
+        let mut response = request.send().await?;
+        let status = response.status().as_u16();
+        let streaming = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if streaming {
+            // Only a reachable image streams; read what it sends at once.
+            let first = tokio::time::timeout(STREAM_GLANCE, response.chunk()).await;
+            let text = format!("{status} event stream: {first:?}");
+            return Ok(Answer::same(status == 200, text));
+        }
+        let text = response.text().await?;
+        let mut shape: Value = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.clone()));
+        if let Some(error) = shape.get_mut("error").and_then(Value::as_object_mut) {
+            error.remove("requestId");
+        }
+        Ok(Answer {
+            ok: (200..300).contains(&status),
+            shape: format!("{status} {shape}"),
+            full: format!("{status} {text}"),
+        })
+    }
+
+    /// Calls one gRPC method with the attacker's own token: one line per
+    /// method, naming the request it builds from `ids`.
+    async fn grpc(&self, method: &str, ids: &Ids) -> anyhow::Result<Answer> {
+        use rt::interrupt_agent_request::Target;
+        let token = bearer(&self.party.token)?;
+        let mut session = SessionServiceClient::with_interceptor(self.channels.session.clone(), token.clone());
+        let mut runtime = RuntimeServiceClient::with_interceptor(self.channels.runtime.clone(), token.clone());
+        let mut auth = AuthServiceClient::with_interceptor(self.channels.auth.clone(), token);
+        let tenant = || ids.tenant.clone();
+        let user = || ids.user.clone();
+        let key = || ids.key.clone();
+        let extra_key = || ids.extra_key.clone();
+        let container = || ids.container.clone();
+        let image = || ids.image.clone();
+        let session_id = || ids.session.clone();
+        let agent = || ids.agent.clone();
+        let me = || self.party.own.user.clone();
+        let planted = || "planted".to_owned();
+        let message = || ss::Message {
+            message_id: "msg_planted".into(),
+            session_id: session_id(),
+            body: Some(ss::message::Body::User(ss::UserMessage {
+                content_json: r#""planted""#.into(),
+            })),
+            ..Default::default()
+        };
+        // `unary` calls answer with their response or status; `stream` calls
+        // with their status or first message.
+        macro_rules! table {
+            ($($how:ident $name:literal => $call:expr,)*) => {
+                match method {
+                    $($name => table!(@$how $call),)*
+                    other => anyhow::bail!("no gRPC call for {other}"),
+                }
+            };
+            (@unary $call:expr) => { unary($call.await) };
+            (@stream $call:expr) => { streaming($call.await).await };
+        }
+        Ok(table! {
+            unary "session.GetContainer" =>
+                session.get_container(ss::GetContainerRequest { container_id: container() }),
+            unary "session.DeleteContainer" =>
+                session.delete_container(ss::DeleteContainerRequest { container_id: container() }),
+            unary "session.ShareContainer" =>
+                session.share_container(ss::ShareContainerRequest { container_id: container(), user_id: me() }),
+            unary "session.UnshareContainer" =>
+                session.unshare_container(ss::UnshareContainerRequest { container_id: container(), user_id: me() }),
+            unary "session.ListContainerShares" =>
+                session.list_container_shares(ss::ListContainerSharesRequest { container_id: container() }),
+            unary "session.CreateImage" =>
+                session.create_image(ss::CreateImageRequest {
+                    container_id: container(), name: Some(planted()), ..Default::default()
+                }),
+            unary "session.GetImage" =>
+                session.get_image(ss::GetImageRequest { image_id: image() }),
+            unary "session.GetSession" =>
+                session.get_session(ss::GetSessionRequest { session_id: session_id() }),
+            unary "session.ListImages" =>
+                session.list_images(ss::ListImagesRequest { container_id: Some(container()) }),
+            unary "session.UpdateImage" =>
+                session.update_image(ss::UpdateImageRequest {
+                    image_id: image(), name: Some(planted()), description: Some(planted())
+                }),
+            unary "session.DeleteImage" =>
+                session.delete_image(ss::DeleteImageRequest { image_id: image() }),
+            unary "session.AppendMessage" =>
+                session.append_message(ss::AppendMessageRequest { session_id: session_id(), message: Some(message()) }),
+            unary "session.ListMessages" =>
+                session.list_messages(ss::ListMessagesRequest { session_id: session_id() }),
+            unary "runtime.RunImage" =>
+                runtime.run_image(rt::RunImageRequest { image_id: image() }),
+            unary "runtime.StopImage" =>
+                runtime.stop_image(rt::StopImageRequest { image_id: image() }),
+            stream "runtime.SendMessage" =>
+                runtime.send_message(rt::SendMessageRequest { image_id: image(), content_json: r#""planted""#.into() }),
+            unary "runtime.InterruptAgent by image" =>
+                runtime.interrupt_agent(rt::InterruptAgentRequest { target: Some(Target::ImageId(image())) }),
+            unary "runtime.InterruptAgent by agent" =>
+                runtime.interrupt_agent(rt::InterruptAgentRequest { target: Some(Target::AgentId(agent())) }),
+            unary "runtime.GetAgent" =>
+                runtime.get_agent(rt::GetAgentRequest { agent_id: agent() }),
+            unary "runtime.ListAgents" =>
+                runtime.list_agents(rt::ListAgentsRequest { container_id: Some(container()) }),
+            unary "runtime.DestroyAgent" =>
+                runtime.destroy_agent(rt::DestroyAgentRequest { agent_id: agent() }),
+            unary "runtime.DestroyAllAgents" =>
+                runtime.destroy_all_agents(rt::DestroyAllAgentsRequest { container_id: container() }),
+            stream "runtime.SubscribeEvents" =>
+                runtime.subscribe_events(rt::SubscribeEventsRequest { session_id: session_id(), after_cursor: None }),
+            stream "runtime.SubscribeEvents after 0" =>
+                runtime.subscribe_events(rt::SubscribeEventsRequest {
+                    session_id: session_id(), after_cursor: Some("0".into())
+                }),
+            unary "auth.GetTenant" =>
+                auth.get_tenant(au::GetTenantRequest { tenant_id: tenant() }),
+            unary "auth.UpdateTenant name" =>
+                auth.update_tenant(au::UpdateTenantRequest {
+                    tenant_id: tenant(), name: Some(planted()), limits: None
+                }),
+            unary "auth.UpdateTenant limits" =>
+                auth.update_tenant(au::UpdateTenantRequest {
+                    tenant_id: tenant(),
+                    name: None,
+                    limits: Some(au::Limits { requests_per_minute: 1, tokens_per_month: 1 }),
+                }),
+            unary "auth.DeleteTenant" =>
+                auth.delete_tenant(au::DeleteTenantRequest { tenant_id: tenant() }),
+            unary "auth.CreateUser" =>
+                auth.create_user(au::CreateUserRequest {
+                    tenant_id: tenant(), name: planted(), role: au::Role::Admin as i32
+                }),
+            unary "auth.GetUser" =>
+                auth.get_user(au::GetUserRequest { user_id: user() }),
+            unary "auth.ListUsers" =>
+                auth.list_users(au::ListUsersRequest { tenant_id: tenant() }),
+            unary "auth.DeleteUser" =>
+                auth.delete_user(au::DeleteUserRequest { user_id: user() }),
+            unary "auth.CreateApiKey" =>
+                auth.create_api_key(au::CreateApiKeyRequest { user_id: user(), name: planted(), ..Default::default() }),
+            unary "auth.GetApiKey" =>
+                auth.get_api_key(au::GetApiKeyRequest { key_id: key() }),
+            unary "auth.GetApiKey extra" =>
+                auth.get_api_key(au::GetApiKeyRequest { key_id: extra_key() }),
+            unary "auth.ListApiKeys" =>
+                auth.list_api_keys(au::ListApiKeysRequest { user_id: Some(user()) }),
+            unary "auth.RevokeApiKey extra" =>
+                auth.revoke_api_key(au::RevokeApiKeyRequest { key_id: extra_key() }),
+            unary "auth.RevokeApiKey" =>
+                auth.revoke_api_key(au::RevokeApiKeyRequest { key_id: key() }),
+            unary "auth.GetUsage" =>
+                auth.get_usage(au::GetUsageRequest { tenant_id: tenant() }),
+            unary "auth.RecordUsage" =>
+                auth.record_usage(au::RecordUsageRequest {
+                    tenant_id: tenant(),
+                    key_id: Some(key()),
+                    input_tokens: 1 << 20,
+                    output_tokens: 1 << 20,
+                    report_id: planted(),
+                }),
+            unary "auth.ExchangeApiKey" =>
+                auth.exchange_api_key(au::ExchangeApiKeyRequest { api_key: ids.key_guess.clone() }),
+        })
+    }
+}
+
+/// The answer of a unary gRPC call.
+fn unary<T: fmt::Debug>(result: Result<tonic::Response<T>, tonic::Status>) -> Answer {
+    match result {
+        Ok(response) => Answer::same(true, format!("ok {:?}", response.into_inner())),
+        Err(status) => status_answer(&status),
+    }
+}
+
+/// The answer of a server-streaming gRPC call: its status, or its first message.
+async fn streaming<T: fmt::Debug>(result: Result<tonic::Response<tonic::Streaming<T>>, tonic::Status>) -> Answer {
+    match result {
+        Ok(response) => {
+            let mut stream = response.into_inner();
+            // Only a reachable session streams; read what it sends at once.
+            let first = tokio::time::timeout(STREAM_GLANCE, stream.message()).await;
+            Answer::same(true, format!("ok stream {first:?}"))
+        }
+        Err(status) => status_answer(&status),
+    }
+}
+
+/// Code, message and details (the reason) of a status; its metadata only for the leak check.
+fn status_answer(status: &tonic::Status) -> Answer {
+    let shape = format!(
+        "{:?} {:?} {:?}",
+        status.code(),
+        status.message(),
+        String::from_utf8_lossy(status.details())
+    );
+    Answer {
+        ok: false,
+        full: format!("{shape} {:?}", status.metadata()),
+        shape,
+    }
+}
+
+/// Returns the frames up to and including the response to `request_id`.
+async fn frames_until_response(ws: &mut WsClient, request_id: &str) -> anyhow::Result<Vec<Value>> {
+    let mut frames = Vec::new();
+    loop {
+        let frame = ws.next_frame().await?;
+        let done = frame["category"] == "response" && frame["data"]["requestId"] == request_id;
+        frames.push(frame);
+        if done {
+            return Ok(frames);
+        }
+    }
+}
+
+/// The answer of WebSocket frames: `shaped` without timestamps and request ids, `all` whole.
+fn ws_answer(ok: bool, shaped: &[Value], all: &[Value]) -> Answer {
+    let shape: Vec<String> = shaped
+        .iter()
+        .map(|frame| {
+            let mut frame = frame.clone();
+            if let Some(object) = frame.as_object_mut() {
+                object.remove("timestamp");
+            }
+            if let Some(data) = frame.get_mut("data").and_then(Value::as_object_mut) {
+                data.remove("requestId");
+            }
+            frame.to_string()
+        })
+        .collect();
+    let full: Vec<String> = all.iter().map(Value::to_string).collect();
+    Answer {
+        ok,
+        shape: shape.join("\n"),
+        full: full.join("\n"),
+    }
+}
+
+/// The control: each admin reads its own objects with every reading
+/// operation of the matrix, and succeeds. The operations reach real routes
+/// and methods with well-formed requests, so a refusal in the matrix is an
+/// ownership check speaking.
+async fn owners_read_their_own(
+    cluster: &Cluster,
+    channels: &Channels,
+    parties: &[Party],
+    problems: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    for owner in parties.iter().filter(|party| party.admin) {
+        let mut caller = Attacker::new(cluster, channels, owner).await?;
+        for op in OPS.iter().filter(|op| op.reads()) {
+            let answer = caller.call(*op, &owner.own).await?;
+            if !answer.ok {
+                problems.push(format!(
+                    "control: {} reading its own objects: {op}: {}",
+                    owner.label, answer.full
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every principal tries every operation with the ids of everyone it must
+/// not reach, and with missing ids; returns how many (operation, target)
+/// pairs were tried.
+async fn attack_everything(
+    cluster: &Cluster,
+    channels: &Channels,
+    parties: &[Party],
+    problems: &mut Vec<String>,
+) -> anyhow::Result<usize> {
+    let mut views = Vec::new();
+    for party in parties {
+        let view = snapshot(cluster, party).await?;
+        let answered = view
+            .as_object()
+            .is_some_and(|parts| parts.values().all(|part| part["status"] == 200));
+        ensure!(answered, "{} cannot see its own objects: {view:#}", party.label);
+        views.push(view);
+    }
+    let mut attacks = 0;
+    for attacker in parties {
+        let mut caller = Attacker::new(cluster, channels, attacker)
+            .await
+            .with_context(|| attacker.label.clone())?;
+        let mut absent_answers: HashMap<(usize, String), Answer> = HashMap::new();
+        // What the attacker must never see, of anyone it attacks.
+        let hidden: Vec<(String, String)> = parties
+            .iter()
+            .filter(|victim| attacker.attacks(victim))
+            .flat_map(|victim| victim.secrets(attacker))
+            .collect();
+        for (victim, view) in parties.iter().zip(views.iter_mut()) {
+            if !attacker.attacks(victim) {
+                continue;
+            }
+            let target = &victim.own;
+            let missing = target.missing(attacker.tenant == victim.tenant);
+            for (index, op) in OPS.iter().enumerate() {
+                let who = format!("{} with {}'s ids: {op}", attacker.label, victim.label);
+                let foreign = caller.call(*op, target).await.with_context(|| who.clone())?;
+                // Missing ids name nothing whoever the victim is: one answer per shape will do.
+                let absent = match absent_answers.entry((index, format!("{missing:?}"))) {
+                    Entry::Occupied(known) => known.get().clone(),
+                    Entry::Vacant(slot) => slot
+                        .insert(caller.call(*op, &missing).await.with_context(|| who.clone())?)
+                        .clone(),
+                };
+                attacks += 1;
+                for (answer, which) in [(&foreign, "foreign"), (&absent, "missing")] {
+                    let leaked = leaks(&answer.full, &hidden);
+                    if !leaked.is_empty() {
+                        problems.push(format!("{who}: the {which} answer shows {leaked:?}: {}", answer.full));
+                    }
+                }
+                if MALFORMED.iter().any(|reason| foreign.shape.contains(reason)) {
+                    problems.push(format!("{who}: malformed, it proves nothing: {}", foreign.full));
+                }
+                if foreign.shape != absent.shape {
+                    problems.push(format!(
+                        "{who}: foreign and missing ids answer differently:\n  foreign: {}\n  missing: {}",
+                        foreign.shape, absent.shape
+                    ));
+                }
+            }
+            let after = snapshot(cluster, victim).await?;
+            if after != *view {
+                problems.push(format!(
+                    "{} changed {}'s objects:\n  before: {view}\n  after:  {after}",
+                    attacker.label, victim.label
+                ));
+                *view = after;
+            }
+        }
+    }
+    Ok(attacks)
+}
+
+/// Every tenant has a container `default`: each principal finds its own
+/// tenant's (when it may see it) and nothing of the others, on every surface.
+async fn tenants_never_meet_on_default(
+    cluster: &Cluster,
+    channels: &Channels,
+    parties: &[Party],
+    problems: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    for party in parties {
+        let holder = parties
+            .iter()
+            .find(|p| p.tenant == party.tenant && p.default.is_some())
+            .context("every tenant has a default holder")?;
+        let held = holder.default.as_ref().context("the holder holds default")?;
+        let visible = party.admin || party.label == holder.label;
+        let expected: Vec<String> = if visible { vec![held.image.clone()] } else { Vec::new() };
+        let hidden: Vec<(String, String)> = parties
+            .iter()
+            .filter(|other| party.attacks(other))
+            .flat_map(|other| other.secrets(party))
+            .collect();
+        let who = &party.label;
+        let mut seen = Vec::new();
+
+        let http = http_client(&party.account.key)?;
+        let response = http.get(cluster.url("/v1/containers/default")).send().await?;
+        let status = response.status().as_u16();
+        let body: Value = response.json().await?;
+        let (want, owner) = if visible {
+            (200, json!(holder.account.user_id))
+        } else {
+            (404, Value::Null)
+        };
+        if status != want || (visible && body["ownerId"] != owner) {
+            problems.push(format!("{who}: GET /v1/containers/default answered {status} {body}"));
+        }
+        seen.push(body.to_string());
+
+        let response = http.get(cluster.url("/v1/containers/default/images")).send().await?;
+        let status = response.status().as_u16();
+        let body: Value = response.json().await?;
+        let images = ids_in(&body["images"], "imageId");
+        if (visible && (status != 200 || images != expected)) || (!visible && status != 404) {
+            problems.push(format!(
+                "{who}: GET /v1/containers/default/images answered {status} {body}"
+            ));
+        }
+        seen.push(body.to_string());
+
+        let mut ws = WsClient::connect(&cluster.ws_url_as(&party.account.key)).await?;
+        let listed = ws.request("image_list", json!({"containerId": "default"})).await?;
+        let records = ids_in(&listed["records"], "imageId");
+        if (visible && records != expected) || (!visible && listed["code"] != "CONTAINER_NOT_FOUND") {
+            problems.push(format!("{who}: image_list of default answered {listed}"));
+        }
+        seen.push(listed.to_string());
+
+        let token = bearer(&party.token)?;
+        let mut session = SessionServiceClient::with_interceptor(channels.session.clone(), token);
+        let listed = session
+            .list_images(ss::ListImagesRequest {
+                container_id: Some("default".into()),
+            })
+            .await?
+            .into_inner();
+        let images: Vec<String> = listed.images.iter().map(|i| i.image_id.clone()).collect();
+        if images != expected {
+            problems.push(format!("{who}: session.ListImages of default answered {listed:?}"));
+        }
+        seen.push(format!("{listed:?}"));
+
+        for text in seen {
+            let leaked = leaks(&text, &hidden);
+            if !leaked.is_empty() {
+                problems.push(format!("{who}: looking at default shows {leaked:?}: {text}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Container ids are one namespace per tenant: an admin creating an id a
+/// member holds gets that container (admins see the whole tenant); a member
+/// creating an id another user holds is refused with `CONTAINER_ID_TAKEN`,
+/// on every surface, and learns nothing about the holder.
+async fn container_ids_are_one_namespace_per_tenant(
+    cluster: &Cluster,
+    channels: &Channels,
+    parties: &[Party],
+    problems: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    for party in parties {
+        for holder in parties
+            .iter()
+            .filter(|p| p.tenant == party.tenant && p.label != party.label)
+        {
+            let mut ids = vec![holder.own.container.clone()];
+            if holder.default.is_some() {
+                ids.push("default".into());
+            }
+            for container_id in ids {
+                let who = format!("{} creating {}'s {container_id}", party.label, holder.label);
+                let mut seen = Vec::new();
+
+                let response = http_client(&party.account.key)?
+                    .post(cluster.url("/v1/containers"))
+                    .json(&json!({"containerId": container_id}))
+                    .send()
+                    .await?;
+                let status = response.status().as_u16();
+                let body: Value = response.json().await?;
+                let fine = if party.admin {
+                    status == 200 && body["ownerId"] == holder.account.user_id.as_str()
+                } else {
+                    status == 409 && body["error"]["code"] == "CONTAINER_ID_TAKEN"
+                };
+                if !fine {
+                    problems.push(format!("{who} over REST: {status} {body}"));
+                }
+                seen.push(body.to_string());
+
+                let mut ws = WsClient::connect(&cluster.ws_url_as(&party.account.key)).await?;
+                let created = ws
+                    .request("container_create", json!({"containerId": container_id}))
+                    .await?;
+                let fine = if party.admin {
+                    created["containerId"] == container_id.as_str() && created.get("error").is_none()
+                } else {
+                    created["code"] == "CONTAINER_ID_TAKEN"
+                };
+                if !fine {
+                    problems.push(format!("{who} over WebSocket: {created}"));
+                }
+                seen.push(created.to_string());
+
+                let token = bearer(&party.token)?;
+                let created = SessionServiceClient::with_interceptor(channels.session.clone(), token)
+                    .create_container(ss::CreateContainerRequest {
+                        container_id: container_id.clone(),
+                    })
+                    .await;
+                let fine = match &created {
+                    Ok(response) => {
+                        let response = response.get_ref();
+                        party.admin
+                            && !response.created
+                            && response
+                                .container
+                                .as_ref()
+                                .is_some_and(|c| c.owner_user_id == holder.account.user_id)
+                    }
+                    Err(status) => !party.admin && status.code() == tonic::Code::AlreadyExists,
+                };
+                if !fine {
+                    problems.push(format!("{who} over gRPC: {created:?}"));
+                }
+                seen.push(format!("{created:?}"));
+
+                if !party.admin {
+                    // The refusal names the id it was sent and nothing of who holds it.
+                    let mut secrets = holder.secrets(party);
+                    secrets.retain(|(_, value)| *value != container_id);
+                    for text in seen {
+                        let leaked = leaks(&text, &secrets);
+                        if !leaked.is_empty() {
+                            problems.push(format!("{who}: the refusal shows {leaked:?}: {text}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Everyone subscribes to every session it must not reach and is refused;
+/// then everyone holds a turn; every subscriber's next frame is still the
+/// answer to its own next request, with nothing of anyone else.
+async fn subscriptions_deliver_nothing_foreign(
+    cluster: &Cluster,
+    parties: &[Party],
+    problems: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let mut watchers = Vec::new();
+    for attacker in parties {
+        let mut ws = WsClient::connect(&cluster.ws_url_as(&attacker.account.key)).await?;
+        let mut sessions = 0;
+        for victim in parties.iter().filter(|victim| attacker.attacks(victim)) {
+            let held = victim.default.iter().map(|held| held.session.as_str());
+            for session in std::iter::once(victim.own.session.as_str()).chain(held) {
+                ws.subscribe(session, None).await?;
+                sessions += 1;
+            }
+        }
+        let request_id = ws.send_request("container_list", json!({})).await?;
+        let frames = frames_until_response(&mut ws, &request_id).await?;
+        let refusals = frames
+            .iter()
+            .filter(|f| f["type"] == "system_error" && f["data"]["code"] == "SESSION_NOT_FOUND")
+            .count();
+        if refusals != sessions || frames.len() != sessions + 1 {
+            problems.push(format!(
+                "{}: {sessions} foreign subscriptions were answered by {frames:?}",
+                attacker.label
+            ));
+        }
+        watchers.push((attacker, ws));
+    }
+    for party in parties {
+        let mut ws = WsClient::connect(&cluster.ws_url_as(&party.account.key)).await?;
+        ws.subscribe(&party.own.session, None).await?;
+        let frames = send_and_finish(&mut ws, &party.own.image, json!(party.later_marker)).await?;
+        ensure!(
+            frames.last().is_some_and(|frame| frame["type"] == "conversation_end"),
+            "{}'s later turn failed: {frames:?}",
+            party.label
+        );
+    }
+    for (attacker, mut ws) in watchers {
+        let hidden: Vec<(String, String)> = parties
+            .iter()
+            .filter(|victim| attacker.attacks(victim))
+            .flat_map(|victim| victim.secrets(attacker))
+            .collect();
+        let request_id = ws.send_request("container_list", json!({})).await?;
+        let next = ws.next_frame().await?;
+        let own_answer = next["category"] == "response" && next["data"]["requestId"] == request_id.as_str();
+        let leaked = leaks(&next.to_string(), &hidden);
+        if !own_answer || !leaked.is_empty() {
+            problems.push(format!(
+                "{}: after foreign turns the next frame is {next} (shows {leaked:?})",
+                attacker.label
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Connects to a gRPC endpoint.
+async fn channel(url: &str) -> anyhow::Result<tonic::transport::Channel> {
+    Ok(tonic::transport::Endpoint::from_shared(url.to_owned())?
+        .connect()
+        .await?)
+}
