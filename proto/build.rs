@@ -9,6 +9,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "avm/auth/v1/auth.proto",
         "avm/session/v1/session.proto",
         "avm/runtime/v1/runtime.proto",
+        "avm/resource/v1/resource.proto",
+        "avm/config/v1/config.proto",
     ];
     let fds = protox::compile(files, ["."])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);

@@ -384,7 +384,7 @@ async fn list_keys(
     query: Result<Query<KeysQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let result = async {
-        let Query(query) = query.map_err(|_| ApiError::invalid("INVALID_QUERY", "invalid query string"))?;
+        let query = crate::rest::query_fields(query)?;
         let request = ctx.request(pb::ListApiKeysRequest { user_id: query.user_id });
         let keys = state.auth.client().list_api_keys(request).await?.into_inner().api_keys;
         Ok(json!({"keys": keys.iter().map(key_json).collect::<Vec<_>>()}))

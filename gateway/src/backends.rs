@@ -5,6 +5,9 @@ use std::collections::HashMap;
 
 use avm_common::config::GrpcConfig;
 use avm_common::{ApiError, Code, RequestContext};
+use avm_proto::config::v1::config_service_client::ConfigServiceClient;
+use avm_proto::resource::v1 as rs;
+use avm_proto::resource::v1::resource_service_client::ResourceServiceClient;
 use avm_proto::runtime::v1 as rt;
 use avm_proto::runtime::v1::runtime_service_client::RuntimeServiceClient;
 use avm_proto::session::v1 as ss;
@@ -17,8 +20,21 @@ use tonic::transport::Channel;
 pub struct Backends {
     pub session: SessionServiceClient<Channel>,
     pub runtime: RuntimeServiceClient<Channel>,
+    pub resource: ResourceServiceClient<Channel>,
+    pub config: ConfigServiceClient<Channel>,
     /// Raw channels, for health checks.
     pub(crate) channels: Vec<(&'static str, Channel)>,
+}
+
+/// Channels to the gateway's peers.
+#[derive(Clone, Debug)]
+pub struct PeerChannels {
+    /// Only health-checked here; the authenticator calls it.
+    pub auth: Channel,
+    pub session: Channel,
+    pub runtime: Channel,
+    pub resource: Channel,
+    pub config: Channel,
 }
 
 /// Image settings a client may give at creation.
@@ -26,26 +42,38 @@ pub struct Backends {
 pub struct ImageConfig {
     pub name: Option<String>,
     pub description: Option<String>,
+    /// Text, or a `resource://prompts/…` URI rendered with `variables`.
     pub system_prompt: Option<String>,
     pub mcp_servers: Option<Value>,
+    /// A `resource://agents/…` definition to run (AVM).
+    pub agent: Option<String>,
+    /// Values of the prompt's variables (AVM).
+    pub variables: Option<Value>,
 }
 
 impl Backends {
-    /// Returns clients over the given channels with the shared size limits;
-    /// `auth` is only health-checked here (the authenticator calls it).
-    pub fn new(session: Channel, runtime: Channel, auth: Channel, config: &GrpcConfig) -> Self {
+    /// Returns clients over the given channels with the shared size limits.
+    pub fn new(peers: PeerChannels, config: &GrpcConfig) -> Self {
         let limit = config.max_message_bytes;
         Self {
-            session: SessionServiceClient::new(session.clone())
+            session: SessionServiceClient::new(peers.session.clone())
                 .max_decoding_message_size(limit)
                 .max_encoding_message_size(limit),
-            runtime: RuntimeServiceClient::new(runtime.clone())
+            runtime: RuntimeServiceClient::new(peers.runtime.clone())
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
+            resource: ResourceServiceClient::new(peers.resource.clone())
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
+            config: ConfigServiceClient::new(peers.config.clone())
                 .max_decoding_message_size(limit)
                 .max_encoding_message_size(limit),
             channels: vec![
-                ("avm.auth.v1.AuthService", auth),
-                ("avm.session.v1.SessionService", session),
-                ("avm.runtime.v1.RuntimeService", runtime),
+                ("avm.auth.v1.AuthService", peers.auth),
+                ("avm.session.v1.SessionService", peers.session),
+                ("avm.runtime.v1.RuntimeService", peers.runtime),
+                ("avm.resource.v1.ResourceService", peers.resource),
+                ("avm.config.v1.ConfigService", peers.config),
             ],
         }
     }
@@ -159,17 +187,53 @@ impl Backends {
             Some(servers @ Value::Object(_)) => servers.to_string(),
             Some(_) => return Err(ApiError::invalid("INVALID_MCP_SERVERS", "mcpServers must be an object")),
         };
+        let variables_json = match config.variables {
+            None | Some(Value::Null) => String::new(),
+            Some(variables @ Value::Object(_)) => variables.to_string(),
+            Some(_) => return Err(ApiError::invalid("INVALID_VARIABLES", "variables must be an object")),
+        };
+        // Resource references are checked now, rendered as the agent will
+        // render them, so a typo or a missing variable fails here rather than
+        // when the agent first starts.
+        let prompt_uri = config
+            .system_prompt
+            .as_deref()
+            .filter(|prompt| prompt.starts_with(RESOURCE_URI_PREFIX));
+        let render_with = if variables_json.is_empty() {
+            "{}"
+        } else {
+            &variables_json
+        };
+        for uri in [config.agent.as_deref(), prompt_uri].into_iter().flatten() {
+            self.resolve_resource(ctx, uri, render_with).await?;
+        }
         let request = ctx.request(ss::CreateImageRequest {
             container_id: container_id.to_owned(),
             name: config.name,
             description: config.description,
             system_prompt: config.system_prompt,
             mcp_servers_json,
+            agent: config.agent,
+            variables_json,
         });
         let image = self.session.clone().create_image(request).await?.into_inner().image;
         let image = image.ok_or_else(|| ApiError::internal("no image returned"))?;
         let session_id = image.session_id.clone();
         Ok((image_record(&image, None), session_id))
+    }
+
+    /// Resolves a `resource://` URI with prompt variables (a JSON object, or empty).
+    pub async fn resolve_resource(
+        &self,
+        ctx: &RequestContext,
+        uri: &str,
+        variables_json: &str,
+    ) -> Result<rs::ResolveResourceResponse, ApiError> {
+        let request = ctx.request(rs::ResolveResourceRequest {
+            uri: uri.to_owned(),
+            variables_json: variables_json.to_owned(),
+        });
+        Ok(self.resource.clone().resolve_resource(request).await?.into_inner())
     }
 
     /// Returns an image's record with its online state.
@@ -432,11 +496,22 @@ pub fn image_record(image: &ss::Image, agent_id: Option<&str>) -> Value {
     {
         record["mcpServers"] = servers;
     }
+    if let Some(agent) = &image.agent {
+        record["agent"] = Value::String(agent.clone());
+    }
+    if let Ok(variables @ Value::Object(_)) = serde_json::from_str::<Value>(&image.variables_json)
+        && variables.as_object().is_some_and(|map| !map.is_empty())
+    {
+        record["variables"] = variables;
+    }
     if let Some(agent_id) = agent_id {
         record["agentId"] = Value::String(agent_id.to_owned());
     }
     record
 }
+
+/// What a system prompt that names a resource starts with.
+pub const RESOURCE_URI_PREFIX: &str = "resource://";
 
 /// Renders an agent as `{agentId, containerId, imageId, sessionId, state}`.
 pub fn agent_json(agent: &rt::Agent) -> Value {

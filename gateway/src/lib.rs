@@ -12,12 +12,14 @@ pub mod auth;
 pub mod backends;
 pub mod config;
 pub mod limits;
+pub mod resources;
 pub mod rest;
+pub mod settings;
 pub mod wire;
 pub mod ws;
 
 pub use auth::Authenticator;
-pub use backends::Backends;
+pub use backends::{Backends, PeerChannels};
 pub use config::GatewayConfig;
 pub use limits::RateLimiter;
 

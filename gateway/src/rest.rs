@@ -56,6 +56,8 @@ pub fn router(state: Arc<GatewayState>) -> Router {
         .route("/v1/agents", get(list_agents))
         .route("/v1/agents/{id}", get(get_agent).delete(destroy_agent))
         .merge(crate::admin::routes())
+        .merge(crate::resources::routes())
+        .merge(crate::settings::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies beyond the frame limit are refused before they are buffered.
@@ -164,6 +166,15 @@ pub(crate) fn reply(ctx: &RequestContext, status: StatusCode, result: Result<Val
         Ok(body) => with_request_id((status, axum::Json(body)).into_response(), &ctx.request_id),
         Err(err) => error_response(&err, &ctx.request_id),
     }
+}
+
+/// Returns a query string's fields, or INVALID_QUERY saying what is wrong.
+pub(crate) fn query_fields<T>(
+    query: Result<Query<T>, axum::extract::rejection::QueryRejection>,
+) -> Result<T, ApiError> {
+    query
+        .map(|Query(query)| query)
+        .map_err(|err| ApiError::invalid("INVALID_QUERY", format!("invalid query: {err}")))
 }
 
 /// Parses a JSON object body; an empty body is an empty object.
@@ -459,7 +470,7 @@ async fn image_events(
     headers: HeaderMap,
 ) -> Response {
     let result = async {
-        let Query(query) = query.map_err(|_| ApiError::invalid("INVALID_QUERY", "invalid query string"))?;
+        let query = query_fields(query)?;
         let after = query.after.or_else(|| {
             headers
                 .get("last-event-id")
@@ -508,7 +519,7 @@ async fn list_agents(
     query: Result<Query<AgentsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let result = async {
-        let Query(query) = query.map_err(|_| ApiError::invalid("INVALID_QUERY", "invalid query string"))?;
+        let query = query_fields(query)?;
         let agents = state.backends.list_agents(&ctx, query.container_id.as_deref()).await?;
         Ok(json!({"agents": agents.iter().map(agent_json).collect::<Vec<_>>()}))
     }

@@ -795,6 +795,8 @@ pub(crate) fn image_config(config: Option<&Value>) -> Result<ImageConfig, ApiErr
         description: opt_str(config, "description")?,
         system_prompt: opt_str(config, "systemPrompt")?,
         mcp_servers: config.get("mcpServers").cloned(),
+        agent: opt_str(config, "agent")?,
+        variables: config.get("variables").cloned(),
     })
 }
 

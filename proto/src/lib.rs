@@ -26,5 +26,21 @@ pub mod runtime {
     }
 }
 
+/// Resource service contracts (`avm.resource.v1`).
+pub mod resource {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("avm.resource.v1");
+    }
+}
+
+/// Config service contracts (`avm.config.v1`).
+pub mod config {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("avm.config.v1");
+    }
+}
+
 /// Returns the encoded descriptor set of every AgentVM service, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/avm_descriptor.bin"));

@@ -79,6 +79,9 @@ pub const TEST_API_KEY: &str = "sk-test-canary-3f1c9a";
 /// The service key of per-component clusters; it must never show up anywhere either.
 pub const TEST_SERVICE_KEY: &str = "svc-test-canary-0b7d1e5a9c2f4e6b8d0a1c3e5f7a9b1d";
 
+/// The key sealing stored secrets in per-component clusters; never shown either.
+pub const TEST_CONFIG_SECRET_KEY: &str = "cfg-test-canary-6e2b8d4f0a1c3e5a7b9d1f3e5c7a9b2d";
+
 enum Running {
     InProcess {
         shutdown: CancellationToken,
@@ -100,6 +103,10 @@ pub struct Cluster {
     pub runtime_grpc: String,
     /// `http://127.0.0.1:PORT` of the auth service's gRPC.
     pub auth_grpc: String,
+    /// `http://127.0.0.1:PORT` of the resource service's gRPC.
+    pub resource_grpc: String,
+    /// `http://127.0.0.1:PORT` of the config service's gRPC.
+    pub config_grpc: String,
     /// The operator admin's API key, as the first run printed it.
     pub admin_key: String,
     options: Options,
@@ -114,7 +121,7 @@ pub struct Cluster {
     running: Option<Running>,
 }
 
-/// The per-service schemas (`<base>_auth`, `<base>_session`) a per-component
+/// The per-service schemas (`<base>_auth`, `<base>_session`, …) a per-component
 /// cluster made in `AVM_TEST_DATABASE_URL`, dropped with the cluster.
 struct SchemaGuard {
     url: String,
@@ -123,28 +130,16 @@ struct SchemaGuard {
 
 impl Drop for SchemaGuard {
     fn drop(&mut self) {
-        let (url, base) = (self.url.clone(), self.base.clone());
-        // Drop cannot await, and the test's runtime may be busy shutting down,
-        // so the schemas are dropped from a thread with its own runtime.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            runtime.block_on(async {
-                let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await?;
-                for service in ["auth", "session"] {
-                    sqlx::query(&format!("DROP SCHEMA IF EXISTS {base}_{service} CASCADE"))
-                        .execute(&mut admin)
-                        .await?;
-                }
-                anyhow::Ok(())
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("warning: could not drop test schemas {}_*: {dropped:?}", self.base);
-        }
+        let schemas: Vec<String> = SERVICES
+            .iter()
+            .map(|service| format!("{}_{service}", self.base))
+            .collect();
+        avm_common::testing::drop_schemas(&self.url, &schemas);
     }
 }
 
+/// The services that keep tables, each in its own schema or file.
+const SERVICES: [&str; 4] = ["auth", "session", "resource", "config"];
 /// Returns a variable of the external test services, when set.
 fn external(variable: &str) -> Option<String> {
     std::env::var(variable).ok().filter(|value| !value.is_empty())
@@ -161,6 +156,9 @@ impl Cluster {
     pub async fn start(mode: Mode, mut options: Options) -> anyhow::Result<Self> {
         let temp = Arc::new(tempfile::tempdir()?);
         let data_dir = temp.path().to_owned();
+        // As `avm` makes its own data dir: readable only by the user.
+        #[cfg(unix)]
+        std::fs::set_permissions(&data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         let mut schemas = None;
         if mode == Mode::PerComponent {
             if options.database_url.is_none()
@@ -193,6 +191,8 @@ impl Cluster {
             session_grpc: String::new(),
             runtime_grpc: String::new(),
             auth_grpc: String::new(),
+            resource_grpc: String::new(),
+            config_grpc: String::new(),
             admin_key: String::new(),
             options,
             data_dir,
@@ -367,6 +367,8 @@ impl Cluster {
         self.session_grpc = format!("http://{}", listeners.grpc.local_addr()?);
         self.runtime_grpc = self.session_grpc.clone();
         self.auth_grpc = self.session_grpc.clone();
+        self.resource_grpc = self.session_grpc.clone();
+        self.config_grpc = self.session_grpc.clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(avm::serve(config, listeners, shutdown.clone()));
         self.running = Some(Running::InProcess { shutdown, task });
@@ -404,10 +406,6 @@ impl Cluster {
         if let Some(rate) = self.options.messages_per_second {
             env.push(("AVM_GATEWAY_MESSAGES_PER_SECOND".into(), rate.to_string()));
         }
-        if let Some(timeout) = self.options.llm_idle_timeout {
-            env.push(("LLM_IDLE_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
-            env.push(("LLM_REQUEST_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
-        }
         if let Some(url) = &self.options.database_url {
             env.push(("AVM_DATABASE_URL".into(), url.clone()));
         }
@@ -426,27 +424,45 @@ impl Cluster {
         children.push(child);
         self.session_grpc = session;
 
-        let mut runtime_env = env.clone();
-        runtime_env.push(("AVM_SESSION_ADDR".into(), self.session_grpc.clone()));
+        let (child, resource) = spawn_component("resource", &env, logs.clone()).await?;
+        children.push(child);
+        self.resource_grpc = resource;
+
+        // The config service holds the deployment's LLM settings (its
+        // environment is their layer); the runtime reads them from it.
+        let mut config_env = env.clone();
+        config_env.push(("AVM_CONFIG_SECRET_KEY".into(), TEST_CONFIG_SECRET_KEY.into()));
         match &self.options.llm {
-            Llm::Offline => runtime_env.push(("LLM_PROVIDER".into(), "offline".into())),
-            Llm::Anthropic { base_url } => runtime_env.extend([
+            Llm::Offline => config_env.push(("LLM_PROVIDER".into(), "offline".into())),
+            Llm::Anthropic { base_url } => config_env.extend([
                 ("LLM_PROVIDER".into(), "anthropic".into()),
                 ("LLM_BASE_URL".into(), base_url.clone()),
                 ("LLM_API_KEY".into(), TEST_API_KEY.into()),
             ]),
-            Llm::OpenAi { base_url } => runtime_env.extend([
+            Llm::OpenAi { base_url } => config_env.extend([
                 ("LLM_PROVIDER".into(), "openai".into()),
                 ("LLM_BASE_URL".into(), base_url.clone()),
                 ("LLM_API_KEY".into(), TEST_API_KEY.into()),
             ]),
         }
-        let (child, runtime) = spawn_component("runtime", &runtime_env, logs.clone()).await?;
+        if let Some(timeout) = self.options.llm_idle_timeout {
+            config_env.push(("LLM_IDLE_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
+            config_env.push(("LLM_REQUEST_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
+        }
+        let (child, config) = spawn_component("config", &config_env, logs.clone()).await?;
+        children.push(child);
+        self.config_grpc = config;
+
+        env.extend([
+            ("AVM_SESSION_ADDR".into(), self.session_grpc.clone()),
+            ("AVM_RESOURCE_ADDR".into(), self.resource_grpc.clone()),
+            ("AVM_CONFIG_ADDR".into(), self.config_grpc.clone()),
+        ]);
+        let (child, runtime) = spawn_component("runtime", &env, logs.clone()).await?;
         children.push(child);
         self.runtime_grpc = runtime;
 
         let mut gateway_env = env;
-        gateway_env.push(("AVM_SESSION_ADDR".into(), self.session_grpc.clone()));
         gateway_env.push(("AVM_RUNTIME_ADDR".into(), self.runtime_grpc.clone()));
         let (child, gateway) = spawn_component("gateway", &gateway_env, logs).await?;
         self.gateway_env = gateway_env;

@@ -97,13 +97,8 @@ impl From<AuthError> for ApiError {
             AuthError::EventsUnavailable => ApiError::unavailable("AUTH_EVENTS_UNAVAILABLE", err.to_string()),
             AuthError::Api(api) => api,
             // A saturated pool or a lost connection is worth retrying; say so without details.
-            AuthError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)) => {
-                tracing::error!(error = %err, "auth database unavailable");
-                ApiError::unavailable("DATABASE_UNAVAILABLE", "the auth database is unavailable")
-            }
-            AuthError::Signing(_) | AuthError::Database(_) | AuthError::Migration(_) | AuthError::Corrupt(_) => {
-                ApiError::internal(err)
-            }
+            AuthError::Database(db) => avm_common::db::database_error("auth", &db),
+            AuthError::Signing(_) | AuthError::Migration(_) | AuthError::Corrupt(_) => ApiError::internal(err),
         }
     }
 }

@@ -32,4 +32,4 @@ pub use record::{
     UsageRecord, UsageReport, UserRecord,
 };
 pub use service::{AuthEventStream, AuthService, Bootstrap, MAX_ID_BYTES, MAX_NAME_CHARS, SERVICE_TENANT};
-pub use store::{AuthStore, EventFeed, PostgresAuthStore, SqliteAuthStore, open_store};
+pub use store::{AuthStore, PostgresAuthStore, SqliteAuthStore, open_store};

@@ -16,7 +16,7 @@ use tracing::instrument;
 
 use crate::api_key;
 use crate::error::AuthError;
-use crate::events::{AuthEvent, AuthEventKind, EventBus, WatchItem};
+use crate::events::{AuthEvent, AuthEventKind, WatchItem};
 use crate::oidc::ExternalIssuer;
 use crate::record::{
     AccessToken, ApiKeyRecord, ApiKeySpec, CreatedApiKey, CreatedTenant, NewApiKey, QuotaState, Reach, TenantRecord,
@@ -24,6 +24,7 @@ use crate::record::{
 };
 use crate::signing::{CURRENT_KEY_REFRESH, SigningKeys, StoreKeySource};
 use crate::store::AuthStore;
+use avm_common::events::{EventBus, FeedError};
 
 /// The tenant id inside service principals' tokens.
 pub const SERVICE_TENANT: &str = "system";
@@ -67,8 +68,24 @@ struct Inner {
     service_key_hash: Option<[u8; 32]>,
     signing: Arc<SigningKeys>,
     verifier: TokenVerifier,
-    events: Arc<EventBus>,
+    events: Arc<EventBus<AuthEvent>>,
     oidc: Option<ExternalIssuer>,
+}
+
+impl Inner {
+    /// Sends an auth event, stamped now, to every watcher of every replica.
+    async fn emit(&self, kind: AuthEventKind) {
+        tracing::debug!(event = kind.name(), "auth event");
+        self.events.emit(AuthEvent { at_ms: now_ms(), kind }).await;
+    }
+}
+
+/// Returns the error ending a watcher's stream.
+fn feed_error(err: FeedError) -> AuthError {
+    match err {
+        FeedError::Lagged => AuthError::EventsLagged,
+        FeedError::Unavailable => AuthError::EventsUnavailable,
+    }
 }
 
 /// Tenants, users, API keys, signing keys, usage and auth events.
@@ -101,7 +118,7 @@ impl AuthService {
                 keys: Arc::clone(&signing),
             }),
         );
-        let events = Arc::new(EventBus::new(Arc::clone(&store)));
+        let events = Arc::new(EventBus::new("auth", store.event_transport()));
         tracing::debug!(kid = %kid, "auth service ready");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -176,7 +193,7 @@ impl AuthService {
         };
         for key_id in store.revoke_api_keys_named(&admin.user_id, DEV, now).await? {
             tracing::info!(key_id = %key_id, "earlier dev key revoked");
-            self.inner.events.emit(AuthEventKind::KeyRevoked(key_id)).await;
+            self.inner.emit(AuthEventKind::KeyRevoked(key_id)).await;
         }
         let key = new_key(&admin, DEV.to_owned(), Scopes::ALL, Limits::default(), None, now);
         store.create_api_key(&key.stored).await?;
@@ -191,11 +208,7 @@ impl AuthService {
     /// UNAVAILABLE until this listens, since events reach watchers only
     /// through it.
     pub fn spawn_background(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
-        if self.inner.store.shares_events() {
-            Arc::clone(&self.inner.events).spawn_listener(shutdown)
-        } else {
-            tokio::spawn(async {})
-        }
+        Arc::clone(&self.inner.events).spawn_listener(shutdown)
     }
 
     /// Creates a tenant with its first admin and that admin's key (operators only).
@@ -283,7 +296,6 @@ impl AuthService {
         let (before, after) = store.update_tenant(&reach, tenant_id, &update, now).await?;
         tracing::info!(tenant_id, limits_changed = update.limits.is_some(), "tenant updated");
         self.inner
-            .events
             .emit(AuthEventKind::TenantUpdated(tenant_id.to_owned()))
             .await;
         if before.limits.tokens_per_month != after.limits.tokens_per_month {
@@ -299,8 +311,8 @@ impl AuthService {
                 exhausted(before.limits.tokens_per_month),
                 exhausted(after.limits.tokens_per_month),
             ) {
-                (true, false) => self.inner.events.emit(AuthEventKind::QuotaRestored(state)).await,
-                (false, true) => self.inner.events.emit(AuthEventKind::QuotaExhausted(state)).await,
+                (true, false) => self.inner.emit(AuthEventKind::QuotaRestored(state)).await,
+                (false, true) => self.inner.emit(AuthEventKind::QuotaExhausted(state)).await,
                 _ => {}
             }
         }
@@ -324,7 +336,6 @@ impl AuthService {
         store.delete_tenant(tenant_id, now_ms()).await?;
         tracing::info!(tenant_id, "tenant deleted");
         self.inner
-            .events
             .emit(AuthEventKind::TenantDeleted(tenant_id.to_owned()))
             .await;
         Ok(())
@@ -394,10 +405,7 @@ impl AuthService {
         }
         let user = self.inner.store.delete_user(&reach(ctx), user_id, now_ms()).await?;
         tracing::info!(tenant_id = %user.tenant_id, user_id, "user deleted");
-        self.inner
-            .events
-            .emit(AuthEventKind::UserDeleted(user_id.to_owned()))
-            .await;
+        self.inner.emit(AuthEventKind::UserDeleted(user_id.to_owned())).await;
         Ok(())
     }
 
@@ -512,10 +520,7 @@ impl AuthService {
         let (key, revoked_now) = store.revoke_api_key(&reach, key_id, now_ms()).await?;
         if revoked_now {
             tracing::info!(tenant_id = %key.tenant_id, key_id, "api key revoked");
-            self.inner
-                .events
-                .emit(AuthEventKind::KeyRevoked(key_id.to_owned()))
-                .await;
+            self.inner.emit(AuthEventKind::KeyRevoked(key_id.to_owned())).await;
         }
         Ok(key)
     }
@@ -662,11 +667,11 @@ impl AuthService {
         };
         if outcome.counted && outcome.tenant.exhausted_now() {
             tracing::info!(tenant_id = %report.tenant_id, month = %month, "tenant token quota exhausted");
-            self.inner.events.emit(exhausted(None)).await;
+            self.inner.emit(exhausted(None)).await;
         }
         if outcome.counted && outcome.key.is_some_and(|key| key.exhausted_now()) {
             tracing::info!(tenant_id = %report.tenant_id, key_id = ?report.key_id, "api key token quota exhausted");
-            self.inner.events.emit(exhausted(report.key_id.clone())).await;
+            self.inner.emit(exhausted(report.key_id.clone())).await;
         }
         Ok(outcome.tenant.after)
     }
@@ -700,10 +705,12 @@ impl AuthService {
         self.authorize(ctx).await?;
         ctx.principal.require_service()?;
         let events = &self.inner.events;
-        events.wait_live(FEED_READY_TIMEOUT).await?;
+        events.wait_live(FEED_READY_TIMEOUT).await.map_err(feed_error)?;
         // Subscribe before reading the snapshot, so nothing falls in between;
         // an event in both is applied twice, which changes nothing.
-        let live = events.subscribe();
+        let live = events
+            .subscribe()
+            .map(|item| item.map(WatchItem::Event).map_err(feed_error));
         let snapshot = self.snapshot().await?;
         tracing::debug!(events = snapshot.len(), "auth event watcher subscribed");
         let snapshot = snapshot

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use avm_common::ApiError;
 use avm_common::db::{self, DbPool};
+use avm_common::events::EventTransport;
 
 use crate::error::AuthError;
 use crate::record::{
@@ -122,23 +123,8 @@ pub trait AuthStore: Send + Sync + 'static {
     /// Returns the public JWKs of unretired keys and of keys retired at or after `since_ms`.
     async fn public_keys(&self, retired_since_ms: i64) -> Result<Vec<String>, AuthError>;
 
-    /// Returns whether events travel through the database (every replica
-    /// hears them from [`AuthStore::listen_events`]) rather than in process.
-    fn shares_events(&self) -> bool;
-
-    /// Publishes an event payload to every replica's listener.
-    async fn publish_event(&self, payload: &str) -> Result<(), AuthError>;
-
-    /// Starts listening for published events; `None` when events stay in process.
-    async fn listen_events(&self) -> Result<Option<Box<dyn EventFeed>>, AuthError>;
-}
-
-/// Published event payloads, as one replica hears them.
-#[async_trait]
-pub trait EventFeed: Send {
-    /// Returns the next payload, or `None` when the connection was lost and
-    /// re-established: payloads published meanwhile are gone.
-    async fn next(&mut self) -> Result<Option<String>, AuthError>;
+    /// Returns how events travel between the replicas on this store.
+    fn event_transport(&self) -> EventTransport;
 }
 
 /// Opens the store named by `url` (`sqlite://…` or `postgres://…`) and brings its

@@ -2,9 +2,12 @@
 
 use avm_common::auth::AuthConfig;
 use avm_common::config::{DatabaseConfig, GrpcConfig, LogConfig, PeersConfig, RedisConfig, ServerConfig};
+use avm_common::settings;
+use avm_config::{ConfigServiceConfig, Deployment};
 use avm_gateway::GatewayConfig;
 use avm_runtime::{LlmConfig, RuntimeConfig};
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 /// AgentVM's configuration, loaded by `avm_common::config::load`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -20,4 +23,28 @@ pub struct AvmConfig {
     pub gateway: GatewayConfig,
     pub runtime: RuntimeConfig,
     pub llm: LlmConfig,
+    pub config: ConfigServiceConfig,
+}
+
+impl AvmConfig {
+    /// Returns the layers the config service starts from: the built-in
+    /// defaults, and what this configuration (file, environment, flags) made
+    /// of them.
+    pub fn deployment(&self) -> Deployment {
+        Deployment {
+            defaults: AvmConfig::default().settings_tree(),
+            values: self.settings_tree(),
+        }
+    }
+
+    fn settings_tree(&self) -> Map<String, Value> {
+        let mut tree = self.llm.settings_tree();
+        tree.extend(self.runtime.settings_tree());
+        tree.insert(
+            settings::SYSTEM_DATA_DIR.into(),
+            Value::from(self.server.data_dir.clone()),
+        );
+        tree.insert(settings::SYSTEM_LOG_LEVEL.into(), Value::from(self.log.level.clone()));
+        tree
+    }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use avm_common::auth::{AuthConfig, GrpcKeySource, ServiceIdentity, TokenVerifier};
-use avm_common::config::{GrpcConfig, Secret, Sources};
+use avm_common::config::{Secret, Sources};
 use avm_common::grpc::{GrpcServer, channel};
 use clap::{Parser, Subcommand};
 use serde_json::{Map, Value, json};
@@ -62,14 +62,20 @@ enum Command {
         #[arg(long)]
         dev: bool,
     },
-    /// Run the gateway alone (needs AVM_AUTH_ADDR, AVM_SESSION_ADDR, AVM_RUNTIME_ADDR, AVM_AUTH_SERVICE_KEY).
+    /// Run the gateway alone (needs AVM_AUTH_ADDR, AVM_SESSION_ADDR, AVM_RUNTIME_ADDR, AVM_RESOURCE_ADDR,
+    /// AVM_CONFIG_ADDR, AVM_AUTH_SERVICE_KEY).
     Gateway(ComponentArgs),
     /// Run the auth service alone (storage from AVM_DATABASE_URL; needs AVM_AUTH_SERVICE_KEY).
     Auth(ComponentArgs),
     /// Run the session service alone (storage from AVM_DATABASE_URL; needs AVM_AUTH_ADDR, AVM_AUTH_SERVICE_KEY).
     Session(ComponentArgs),
-    /// Run the runtime alone (needs AVM_AUTH_ADDR, AVM_SESSION_ADDR, AVM_AUTH_SERVICE_KEY).
+    /// Run the runtime alone (needs AVM_AUTH_ADDR, AVM_SESSION_ADDR, AVM_RESOURCE_ADDR, AVM_CONFIG_ADDR, AVM_AUTH_SERVICE_KEY).
     Runtime(ComponentArgs),
+    /// Run the resource service alone (storage from AVM_DATABASE_URL; needs AVM_AUTH_ADDR, AVM_AUTH_SERVICE_KEY).
+    Resource(ComponentArgs),
+    /// Run the config service alone (storage from AVM_DATABASE_URL; needs AVM_AUTH_ADDR, AVM_AUTH_SERVICE_KEY,
+    /// AVM_CONFIG_SECRET_KEY; its LLM_* variables are the deployment's LLM settings).
+    Config(ComponentArgs),
     /// Manage tenants of a running server (operators).
     Tenants(cli::Tenants),
     /// Manage the users of a tenant (its admins).
@@ -131,6 +137,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Auth(_) => run_auth(config, shutdown).await,
         Command::Session(_) => run_session(config, shutdown).await,
         Command::Runtime(_) => run_runtime(config, shutdown).await,
+        Command::Resource(_) => run_resource(config, shutdown).await,
+        Command::Config(_) => run_config(config, shutdown).await,
         Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) => Ok(()),
     }
 }
@@ -154,7 +162,12 @@ fn load_config(cli: &Cli) -> anyhow::Result<AvmConfig> {
                 flags.insert("auth".to_owned(), json!({"dev": true}));
             }
         }
-        Command::Gateway(args) | Command::Auth(args) | Command::Session(args) | Command::Runtime(args) => {
+        Command::Gateway(args)
+        | Command::Auth(args)
+        | Command::Session(args)
+        | Command::Runtime(args)
+        | Command::Resource(args)
+        | Command::Config(args) => {
             insert(&mut server, "listen", args.listen.clone().map(Value::from));
         }
         Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) => {}
@@ -370,22 +383,71 @@ fn peer_addr(addr: &Option<String>, variable: &str) -> anyhow::Result<String> {
         .with_context(|| format!("{variable} is required (e.g. {variable}=http://127.0.0.1:7000)"))
 }
 
+/// Where the runtime finds the services it reads.
+struct RuntimePeers<'a> {
+    session: &'a str,
+    resource: &'a str,
+    config: &'a str,
+}
+
 fn runtime_pool(
     config: &AvmConfig,
-    session_addr: &str,
+    peers: &RuntimePeers<'_>,
     identity: ServiceIdentity,
-    grpc: &GrpcConfig,
 ) -> anyhow::Result<avm_runtime::AgentPool> {
-    let provider = avm_runtime::llm::build_provider(&config.llm).context("cannot configure the LLM provider")?;
-    tracing::info!(provider = provider.name(), model = %config.llm.model, "llm provider configured");
-    let sessions = avm_runtime::SessionClient::new(channel(session_addr, grpc)?, grpc);
+    let grpc = &config.grpc;
+    let sessions = avm_runtime::SessionClient::new(channel(peers.session, grpc)?, grpc);
+    let resources = avm_runtime::ResourceClient::new(channel(peers.resource, grpc)?, grpc);
+    let llm = avm_runtime::LlmSettings::new(channel(peers.config, grpc)?, identity.clone(), grpc);
     Ok(avm_runtime::AgentPool::new(
         config.runtime.clone(),
-        config.llm.clone(),
-        provider,
+        llm,
         sessions,
+        resources,
         identity,
     ))
+}
+
+/// Returns the key material that seals the config service's stored secrets:
+/// the configured one, or for `avm serve` one kept in the data dir.
+fn config_secret_key(config: &AvmConfig, allow_data_dir: bool) -> anyhow::Result<String> {
+    if let Some(key) = config.config.secret_key.expose() {
+        return Ok(key.to_owned());
+    }
+    if !allow_data_dir {
+        bail!(
+            "AVM_CONFIG_SECRET_KEY is required: 32+ random characters (e.g. `openssl rand -hex 32`), \
+             the same on every config replica; it encrypts stored secrets such as llm.apiKey"
+        );
+    }
+    let path = data_dir(config)?.join(CONFIG_KEY_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(key) => Ok(key.trim().to_owned()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            let bits: [u64; 4] = rand::random();
+            let key: String = bits.iter().map(|b| format!("{b:016x}")).collect();
+            write_private(&path, &key)?;
+            tracing::info!(file = %path.display(), "made the key that encrypts stored secrets");
+            Ok(key)
+        }
+        Err(err) => Err(err).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// The file `avm serve` keeps the config service's secret key in.
+pub const CONFIG_KEY_FILE: &str = "config.key";
+
+/// Opens the config service on its store, over the deployment's layers.
+async fn open_config(config: &AvmConfig, allow_data_dir_key: bool) -> anyhow::Result<avm_config::ConfigService> {
+    let key = config_secret_key(config, allow_data_dir_key)?;
+    let store = avm_config::open_store(&store_url(config, "config")?, config.database.max_connections).await?;
+    Ok(avm_config::ConfigService::new(store, config.deployment(), &key)?)
+}
+
+/// Opens the resource service on its store.
+async fn open_resources(config: &AvmConfig) -> anyhow::Result<avm_resource::ResourceService> {
+    let store = avm_resource::open_store(&store_url(config, "resource")?, config.database.max_connections).await?;
+    Ok(avm_resource::ResourceService::new(store))
 }
 
 /// Runs every component in one process until `shutdown`.
@@ -405,13 +467,30 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
     let session_url = store_url(&config, "session")?;
     let store = avm_session::open_store(&session_url, config.database.max_connections).await?;
     let sessions = avm_session::SessionService::new(store);
+    let settings = open_config(&config, true).await?;
+    let resources = open_resources(&config).await?;
     let peer = AuthPeer::new(&grpc_url, &service_key, &config)?;
-    let pool = runtime_pool(&config, &grpc_url, peer.identity.clone(), &config.grpc)?;
+    let all_here = RuntimePeers {
+        session: &grpc_url,
+        resource: &grpc_url,
+        config: &grpc_url,
+    };
+    let pool = runtime_pool(&config, &all_here, peer.identity.clone())?;
 
     let servers = CancellationToken::new();
     let grpc_server = GrpcServer::new(&config.grpc)
         .add_service(avm_auth::grpc_server(auth.clone(), &config.grpc))
         .add_service(avm_session::grpc_server(sessions, peer.verifier.clone(), &config.grpc))
+        .add_service(avm_resource::grpc_server(
+            resources,
+            peer.verifier.clone(),
+            &config.grpc,
+        ))
+        .add_service(avm_config::grpc_server(
+            settings.clone(),
+            peer.verifier.clone(),
+            &config.grpc,
+        ))
         .add_service(avm_runtime::grpc_server(
             pool.clone(),
             peer.verifier.clone(),
@@ -419,20 +498,24 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
         ));
     let grpc_task = tokio::spawn(grpc_server.serve(listeners.grpc, servers.clone()));
     let background = auth.spawn_background(servers.clone());
+    let config_events = settings.spawn_background(servers.clone());
     let watch = peer.verifier.spawn_watch(peer.identity.clone(), servers.clone());
-    let reaper = pool.spawn_reaper(servers.clone());
+    let reaper = pool.spawn_background(servers.clone());
     let mut authenticator = peer.authenticator(&config);
     if config.auth.dev {
         authenticator = authenticator.with_anonymous(auth.dev_key().await?);
         tracing::warn!("dev mode: requests without credentials act as the admin of the local `dev` tenant");
         println!("dev mode: requests without credentials act as the admin of tenant `dev` (loopback only)");
     }
-    let backends = avm_gateway::Backends::new(
-        channel(&grpc_url, &config.grpc)?,
-        channel(&grpc_url, &config.grpc)?,
-        peer.channel.clone(),
-        &config.grpc,
-    );
+    let local = channel(&grpc_url, &config.grpc)?;
+    let peers = avm_gateway::PeerChannels {
+        auth: peer.channel.clone(),
+        session: local.clone(),
+        runtime: local.clone(),
+        resource: local.clone(),
+        config: local,
+    };
+    let backends = avm_gateway::Backends::new(peers, &config.grpc);
     let gateway_task = tokio::spawn(avm_gateway::serve(
         listeners.gateway,
         config.gateway.clone(),
@@ -460,6 +543,7 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
     reaper.abort();
     watch.abort();
     background.abort();
+    config_events.abort();
     tracing::info!("agentvm stopped");
     Ok(())
 }
@@ -506,27 +590,62 @@ async fn run_auth(config: AvmConfig, shutdown: CancellationToken) -> anyhow::Res
     Ok(())
 }
 
-async fn run_session(config: AvmConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let addr = listen_addr(&config, config.server.grpc_port);
+/// Runs one service that owns a store (`service` names it and its store)
+/// until `shutdown`: binds first, so a port conflict fails before anything
+/// else; then `add` opens the store and puts the service on the gRPC server,
+/// verifying callers with the auth service's keys.
+async fn run_store_service(
+    config: &AvmConfig,
+    shutdown: CancellationToken,
+    service: &str,
+    add: impl AsyncFnOnce(GrpcServer, TokenVerifier) -> anyhow::Result<GrpcServer>,
+) -> anyhow::Result<()> {
+    let addr = listen_addr(config, config.server.grpc_port);
     let listener = bind(&addr).await?;
     let peer = AuthPeer::new(
         &peer_addr(&config.peers.auth, "AVM_AUTH_ADDR")?,
-        &service_key(&config)?,
-        &config,
+        &service_key(config)?,
+        config,
     )?;
-    let store_url = store_url(&config, "session")?;
-    let store = avm_session::open_store(&store_url, config.database.max_connections).await?;
-    let server = GrpcServer::new(&config.grpc).add_service(avm_session::grpc_server(
-        avm_session::SessionService::new(store),
-        peer.verifier.clone(),
-        &config.grpc,
-    ));
+    let server = add(GrpcServer::new(&config.grpc), peer.verifier.clone()).await?;
     let watch = peer.verifier.spawn_watch(peer.identity.clone(), shutdown.clone());
     println!("listening: grpc {}", local_url(&listener)?);
-    tracing::info!(addr = %listener.local_addr()?, store = %redact_url(&store_url), "session service ready");
+    let store = redact_url(&store_url(config, service)?);
+    tracing::info!(addr = %listener.local_addr()?, %store, "{service} service ready");
     server.serve(listener, shutdown).await?;
     watch.abort();
     Ok(())
+}
+
+async fn run_session(config: AvmConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_store_service(&config, shutdown, "session", async |server, verifier| {
+        let store = avm_session::open_store(&store_url(&config, "session")?, config.database.max_connections).await?;
+        let sessions = avm_session::SessionService::new(store);
+        Ok(server.add_service(avm_session::grpc_server(sessions, verifier, &config.grpc)))
+    })
+    .await
+}
+
+async fn run_resource(config: AvmConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_store_service(&config, shutdown, "resource", async |server, verifier| {
+        let resources = open_resources(&config).await?;
+        Ok(server.add_service(avm_resource::grpc_server(resources, verifier, &config.grpc)))
+    })
+    .await
+}
+
+async fn run_config(config: AvmConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let mut events = None;
+    let result = run_store_service(&config, shutdown.clone(), "config", async |server, verifier| {
+        let settings = open_config(&config, false).await?;
+        events = Some(settings.spawn_background(shutdown.clone()));
+        Ok(server.add_service(avm_config::grpc_server(settings, verifier, &config.grpc)))
+    })
+    .await;
+    if let Some(events) = events {
+        events.abort();
+    }
+    result
 }
 
 async fn run_runtime(config: AvmConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -538,9 +657,22 @@ async fn run_runtime(config: AvmConfig, shutdown: CancellationToken) -> anyhow::
         &config,
     )?;
     let session_addr = peer_addr(&config.peers.session, "AVM_SESSION_ADDR")?;
-    let pool = runtime_pool(&config, &session_addr, peer.identity.clone(), &config.grpc)?;
+    let resource_addr = peer_addr(&config.peers.resource, "AVM_RESOURCE_ADDR")?;
+    let config_addr = peer_addr(&config.peers.config, "AVM_CONFIG_ADDR")?;
+    if config.llm.settings_tree() != avm_runtime::LlmConfig::default().settings_tree() {
+        tracing::warn!(
+            "LLM settings in the runtime's own configuration are not used: the runtime reads them from the \
+             config service (set LLM_* on `avm config`, or PUT /v1/config)"
+        );
+    }
+    let peers = RuntimePeers {
+        session: &session_addr,
+        resource: &resource_addr,
+        config: &config_addr,
+    };
+    let pool = runtime_pool(&config, &peers, peer.identity.clone())?;
     let servers = CancellationToken::new();
-    let reaper = pool.spawn_reaper(servers.clone());
+    let reaper = pool.spawn_background(servers.clone());
     let watch = peer.verifier.spawn_watch(peer.identity.clone(), servers.clone());
     let server = GrpcServer::new(&config.grpc).add_service(avm_runtime::grpc_server(
         pool.clone(),
@@ -574,12 +706,14 @@ async fn run_gateway(config: AvmConfig, shutdown: CancellationToken) -> anyhow::
     )?;
     let session = peer_addr(&config.peers.session, "AVM_SESSION_ADDR")?;
     let runtime = peer_addr(&config.peers.runtime, "AVM_RUNTIME_ADDR")?;
-    let backends = avm_gateway::Backends::new(
-        channel(&session, &config.grpc)?,
-        channel(&runtime, &config.grpc)?,
-        peer.channel.clone(),
-        &config.grpc,
-    );
+    let peers = avm_gateway::PeerChannels {
+        auth: peer.channel.clone(),
+        session: channel(&session, &config.grpc)?,
+        runtime: channel(&runtime, &config.grpc)?,
+        resource: channel(&peer_addr(&config.peers.resource, "AVM_RESOURCE_ADDR")?, &config.grpc)?,
+        config: channel(&peer_addr(&config.peers.config, "AVM_CONFIG_ADDR")?, &config.grpc)?,
+    };
+    let backends = avm_gateway::Backends::new(peers, &config.grpc);
     let watch = peer.verifier.spawn_watch(peer.identity.clone(), shutdown.clone());
     println!("listening: gateway {}", local_url(&listener)?);
     tracing::info!(addr = %listener.local_addr()?, session = %session, runtime = %runtime, "gateway ready");

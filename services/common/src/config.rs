@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Env, Serialized};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -45,11 +45,7 @@ where
         .clone()
         .or_else(|| std::env::var_os("AVM_CONFIG").map(PathBuf::from));
     if let Some(path) = file {
-        // A missing file named explicitly is an error, not silently ignored.
-        if let Err(source) = std::fs::metadata(&path) {
-            return Err(ConfigError::File { path, source });
-        }
-        figment = figment.merge(Toml::file_exact(path));
+        figment = figment.merge(Serialized::defaults(read_file(&path)?));
     }
     // Only variables that name a section of `T` are configuration; others that
     // share the prefix (AVM_TEST_*, for instance) belong to someone else.
@@ -70,6 +66,89 @@ where
         )
         .merge(Serialized::defaults(serde_json::Value::Object(sources.flags.clone())));
     figment.extract().map_err(|err| ConfigError::Invalid(err.to_string()))
+}
+
+/// Reads a TOML configuration file, replacing `${VAR}` (or `${VAR:-default}`)
+/// in its strings with the environment's values; `$${` stands for a literal
+/// `${`. A missing file named explicitly is an error, not silently ignored.
+fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::File {
+        path: path.to_owned(),
+        source,
+    })?;
+    let table: toml::Table =
+        toml::from_str(&text).map_err(|err| ConfigError::Invalid(format!("config file {}: {err}", path.display())))?;
+    let mut document = toml::Value::Table(table);
+    interpolate("", &mut document, &|name| std::env::var(name).ok())
+        .map_err(|err| ConfigError::Invalid(format!("config file {}: {err}", path.display())))?;
+    match document {
+        toml::Value::Table(table) => Ok(table),
+        _ => Err(ConfigError::Invalid(format!(
+            "config file {}: not a table",
+            path.display()
+        ))),
+    }
+}
+
+/// Replaces `${VAR}` references in every string under `value` (at `path`).
+fn interpolate(path: &str, value: &mut toml::Value, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+    match value {
+        toml::Value::String(text) => {
+            *text = expand(text, env).map_err(|why| format!("{path}: {why}"))?;
+        }
+        toml::Value::Array(items) => {
+            for (index, item) in items.iter_mut().enumerate() {
+                interpolate(&format!("{path}[{index}]"), item, env)?;
+            }
+        }
+        toml::Value::Table(table) => {
+            for (key, item) in table.iter_mut() {
+                let path = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                interpolate(&path, item, env)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Expands `${VAR}`, `${VAR:-default}` and `$${` in one string.
+fn expand(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        if let Some(after) = rest.strip_prefix("$${") {
+            out.push_str("${");
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix("${") {
+            let end = after.find('}').ok_or_else(|| "an unclosed ${ reference".to_owned())?;
+            let reference = &after[..end];
+            let (name, default) = match reference.split_once(":-") {
+                Some((name, default)) => (name, Some(default)),
+                None => (reference, None),
+            };
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err(format!("${{{reference}}} is not a variable reference"));
+            }
+            match (env(name), default) {
+                (Some(value), _) => out.push_str(&value),
+                (None, Some(default)) => out.push_str(default),
+                (None, None) => return Err(format!("environment variable {name} is not set")),
+            }
+            rest = &after[end + 1..];
+        } else {
+            out.push('$');
+            rest = &rest[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// Maps an environment key (without `AVM_`) to a dotted config path.
@@ -295,6 +374,25 @@ mod tests {
         assert_eq!(env_key_to_path("DATABASE_URL"), "database.url");
         assert_eq!(env_key_to_path("SESSION_ADDR"), "peers.session");
         assert_eq!(env_key_to_path("GATEWAY_MAX_FRAME_BYTES"), "gateway.max_frame_bytes");
+    }
+
+    #[test]
+    fn file_strings_take_values_from_the_environment() {
+        let env = |name: &str| (name == "LLM_KEY").then(|| "sk-from-env".to_owned());
+        assert_eq!(expand("${LLM_KEY}", &env).as_deref(), Ok("sk-from-env"));
+        assert_eq!(expand("a-${LLM_KEY}-b", &env).as_deref(), Ok("a-sk-from-env-b"));
+        assert_eq!(expand("${MISSING:-fallback}", &env).as_deref(), Ok("fallback"));
+        assert_eq!(
+            expand("$${LLM_KEY} costs $5", &env).as_deref(),
+            Ok("${LLM_KEY} costs $5")
+        );
+        assert!(expand("${MISSING}", &env).unwrap_err().contains("MISSING"));
+        assert!(expand("${UNCLOSED", &env).is_err());
+        assert!(expand("${not a name}", &env).is_err());
+        let mut value: toml::Value =
+            toml::from_str("[llm]\napi_key = \"${MISSING}\"").unwrap_or(toml::Value::Integer(0));
+        let err = interpolate("", &mut value, &env).unwrap_err();
+        assert!(err.contains("llm.api_key") && err.contains("MISSING"), "{err}");
     }
 
     #[test]

@@ -72,6 +72,19 @@ pub async fn open_postgres(url: &str, max_connections: Option<u32>) -> Result<Pg
         .map_err(|err| unavailable("postgres", &err))
 }
 
+/// Returns the error a caller sees when `service`'s database failed: a
+/// saturated pool or a lost connection is worth retrying (UNAVAILABLE), any
+/// other failure is internal; the detail is logged, never returned.
+pub fn database_error(service: &str, err: &sqlx::Error) -> ApiError {
+    match err {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+            tracing::error!(service, error = %err, "database unavailable");
+            ApiError::unavailable("DATABASE_UNAVAILABLE", format!("the {service} database is unavailable"))
+        }
+        _ => ApiError::internal(format_args!("{service} database: {err}")),
+    }
+}
+
 /// Returns the database url `service` uses when the deployment names one
 /// database for all: each service keeps its tables (and its migration history)
 /// apart. SQLite gets a file per service (`avm.db` → `avm-session.db`);

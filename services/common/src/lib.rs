@@ -7,10 +7,14 @@ pub mod config;
 pub mod context;
 pub mod db;
 pub mod error;
+pub mod events;
 pub mod grpc;
 pub mod ids;
+pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod wire;
 
 pub use context::RequestContext;

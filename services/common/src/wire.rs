@@ -29,6 +29,10 @@ pub fn message_object(message: &pb::Message) -> Value {
             if assistant.interrupted {
                 object["interrupted"] = Value::Bool(true);
             }
+            // AVM: the exact resource versions the turn ran with.
+            if !assistant.resources.is_empty() {
+                object["resources"] = json!(assistant.resources);
+            }
             object
         }
         Some(pb::message::Body::ToolCall(call)) => {

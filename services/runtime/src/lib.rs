@@ -5,11 +5,15 @@ mod context;
 pub mod grpc;
 pub mod hub;
 pub mod llm;
+pub mod resources;
 pub mod service;
 pub mod session_client;
+pub mod settings;
 mod turn;
 
 pub use config::{LlmConfig, RuntimeConfig};
 pub use grpc::grpc_server;
+pub use resources::ResourceClient;
 pub use service::AgentPool;
 pub use session_client::SessionClient;
+pub use settings::LlmSettings;

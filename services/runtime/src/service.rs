@@ -14,11 +14,13 @@ use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{LlmConfig, RuntimeConfig};
+use crate::config::RuntimeConfig;
 use crate::context::{history_to_llm, parse_content, push_message};
 use crate::hub::{EventContext, Hubs, SessionHub, Subscription};
-use crate::llm::{LlmMessage, LlmProvider, LlmRole};
+use crate::llm::{LlmMessage, LlmRole};
+use crate::resources::{AgentPlan, ResourceClient};
 use crate::session_client::{ImageInfo, SessionClient};
+use crate::settings::LlmSettings;
 use crate::turn;
 
 /// What callers learn about an agent.
@@ -54,6 +56,8 @@ pub(crate) struct Agent {
     pub(crate) agent_id: String,
     pub(crate) tenant_id: String,
     pub(crate) image: ImageInfo,
+    /// What its image's resource references resolved to when it started.
+    pub(crate) plan: AgentPlan,
     pub(crate) started_at_ms: i64,
     pub(crate) context: Arc<EventContext>,
     pub(crate) hub: Arc<SessionHub>,
@@ -108,9 +112,10 @@ type AgentKey = (String, String);
 
 pub(crate) struct PoolInner {
     pub(crate) config: RuntimeConfig,
-    pub(crate) llm_config: LlmConfig,
-    pub(crate) provider: Arc<dyn LlmProvider>,
+    /// The LLM settings of each tenant, from the config service.
+    pub(crate) llm: LlmSettings,
     pub(crate) sessions: SessionClient,
+    pub(crate) resources: ResourceClient,
     /// The runtime's own credential, for work that outlives the caller's request.
     pub(crate) identity: ServiceIdentity,
     hubs: Hubs,
@@ -130,18 +135,18 @@ impl AgentPool {
     /// Returns an empty pool.
     pub fn new(
         config: RuntimeConfig,
-        llm_config: LlmConfig,
-        provider: Arc<dyn LlmProvider>,
+        llm: LlmSettings,
         sessions: SessionClient,
+        resources: ResourceClient,
         identity: ServiceIdentity,
     ) -> Self {
         let hubs = Hubs::new(config.event_retention, config.subscriber_queue);
         Self {
             inner: Arc::new(PoolInner {
                 config,
-                llm_config,
-                provider,
+                llm,
                 sessions,
+                resources,
                 identity,
                 hubs,
                 agents: Mutex::new(HashMap::new()),
@@ -202,6 +207,7 @@ impl AgentPool {
     /// Loads an image and its history and makes it a live agent.
     async fn hydrate(&self, ctx: &RequestContext, image_id: &str, key: AgentKey) -> Result<Arc<Agent>, ApiError> {
         let image = self.inner.sessions.get_image(ctx, image_id).await?;
+        let plan = self.inner.resources.plan(ctx, &image).await?;
         let history = self.inner.sessions.list_messages(ctx, &image.session_id).await?;
         let agent_id = new_id("agent");
         let context = Arc::new(EventContext {
@@ -217,6 +223,7 @@ impl AgentPool {
             started_at_ms: avm_common::now_ms(),
             context,
             hub,
+            plan,
             state: Mutex::new(AgentState {
                 history: history_to_llm(&history),
                 turn: None,
@@ -235,7 +242,13 @@ impl AgentPool {
                 "registeredAt": agent.started_at_ms,
             }),
         );
-        tracing::info!(image_id = %agent.image.image_id, agent_id = %agent_id, messages = history.len(), "agent started");
+        tracing::info!(
+            image_id = %agent.image.image_id,
+            agent_id = %agent_id,
+            messages = history.len(),
+            resources = ?agent.plan.resources,
+            "agent started"
+        );
         Ok(agent)
     }
 
@@ -248,6 +261,7 @@ impl AgentPool {
     ) -> Result<SendAccepted, ApiError> {
         ctx.require(Scopes::WRITE)?;
         let content = parse_content(content_json)?;
+        let llm = self.inner.llm.for_tenant(ctx).await?;
         let (agent, cancel) = self.reserve_turn(ctx, image_id).await?;
         let user_message_id = new_id("msg");
         let message = pb::Message {
@@ -273,11 +287,7 @@ impl AgentPool {
         let request = {
             let mut state = agent.lock();
             push_message(&mut state.history, LlmRole::User, content);
-            turn::request(
-                &self.inner.llm_config,
-                agent.image.system_prompt.clone(),
-                state.history.clone(),
-            )
+            turn::request(&llm.config, &agent.plan, state.history.clone())
         };
         let events = agent.hub.subscribe(Some(cursor));
         tracing::info!(image_id = %agent.image.image_id, message_id = %user_message_id, "turn started");
@@ -285,6 +295,7 @@ impl AgentPool {
             Arc::clone(&self.inner),
             Arc::clone(&agent),
             ctx.clone(),
+            Arc::clone(&llm.provider),
             request,
             cancel,
         ));
@@ -531,8 +542,10 @@ impl AgentPool {
         idle.len()
     }
 
-    /// Runs the idle reaper until `shutdown`.
-    pub fn spawn_reaper(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+    /// Follows the LLM settings and runs the idle reaper until `shutdown`;
+    /// returns the reaper's task.
+    pub fn spawn_background(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+        self.inner.llm.spawn_watch(shutdown.clone());
         let pool = self.clone();
         let config = &pool.inner.config;
         let period = (config.agent_idle_timeout.min(config.event_retention_period) / 2)

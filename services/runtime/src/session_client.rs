@@ -14,6 +14,10 @@ pub struct ImageInfo {
     pub session_id: String,
     pub name: String,
     pub system_prompt: Option<String>,
+    /// A `resource://agents/…` definition the image runs.
+    pub agent: Option<String>,
+    /// Values of the prompt's variables, a JSON object.
+    pub variables_json: String,
 }
 
 impl From<pb::Image> for ImageInfo {
@@ -24,6 +28,8 @@ impl From<pb::Image> for ImageInfo {
             session_id: image.session_id,
             name: image.name,
             system_prompt: image.system_prompt.filter(|prompt| !prompt.is_empty()),
+            agent: image.agent.filter(|agent| !agent.is_empty()),
+            variables_json: image.variables_json,
         }
     }
 }

@@ -16,16 +16,18 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LlmConfig;
-use crate::llm::{LlmError, LlmErrorKind, LlmEvent, LlmMessage, LlmRequest, StopReason};
+use crate::llm::{LlmError, LlmErrorKind, LlmEvent, LlmMessage, LlmProvider, LlmRequest, StopReason};
+use crate::resources::AgentPlan;
 use crate::service::{Agent, PoolInner};
 
-/// Returns the LLM request for the conversation so far.
-pub(crate) fn request(config: &LlmConfig, system: Option<String>, messages: Vec<LlmMessage>) -> LlmRequest {
+/// Returns the LLM request for the conversation so far: the tenant's
+/// settings, under what the agent's definition chose.
+pub(crate) fn request(config: &LlmConfig, plan: &AgentPlan, messages: Vec<LlmMessage>) -> LlmRequest {
     LlmRequest {
-        model: config.model.clone(),
-        system,
+        model: plan.model.clone().unwrap_or_else(|| config.model.clone()),
+        system: plan.system_prompt.clone(),
         messages,
-        max_tokens: config.max_tokens,
+        max_tokens: plan.max_tokens.unwrap_or(config.max_tokens),
     }
 }
 
@@ -58,6 +60,7 @@ pub(crate) async fn run(
     pool: Arc<PoolInner>,
     agent: Arc<Agent>,
     ctx: RequestContext,
+    provider: Arc<dyn LlmProvider>,
     request: LlmRequest,
     cancel: CancellationToken,
 ) {
@@ -68,7 +71,7 @@ pub(crate) async fn run(
         input_tokens: None,
         output_tokens: None,
     };
-    let outcome = stream_reply(&pool, &agent, request, &cancel, &mut reply).await;
+    let outcome = stream_reply(provider.as_ref(), &agent, request, &cancel, &mut reply).await;
     report_usage(&pool, &ctx, &reply);
     let session_id = agent.image.session_id.clone();
     match outcome {
@@ -76,7 +79,7 @@ pub(crate) async fn run(
             let usage = reply.usage().unwrap_or_default();
             agent.emit("message_delta", &json!({"usage": wire::usage_object(&usage)}));
             agent.emit("message_stop", &json!({"stopReason": stop.as_str()}));
-            let message = assistant_message(&session_id, &reply, stop, false);
+            let message = assistant_message(&agent, &reply, stop, false);
             persist(&pool, &ctx, &message).await;
             agent.emit("assistant_message", &wire::message_object(&message));
             agent.emit("conversation_end", &json!({"reason": "completed"}));
@@ -89,7 +92,7 @@ pub(crate) async fn run(
                 &json!({"agentId": agent.agent_id, "containerId": agent.image.container_id}),
             );
             agent.emit("message_stop", &json!({"stopReason": StopReason::EndTurn.as_str()}));
-            let message = assistant_message(&session_id, &reply, StopReason::EndTurn, true);
+            let message = assistant_message(&agent, &reply, StopReason::EndTurn, true);
             persist(&pool, &ctx, &message).await;
             agent.emit("assistant_message", &wire::message_object(&message));
             agent.emit("conversation_end", &json!({"reason": "interrupted"}));
@@ -125,7 +128,7 @@ pub(crate) async fn run(
 }
 
 async fn stream_reply(
-    pool: &PoolInner,
+    provider: &dyn LlmProvider,
     agent: &Agent,
     request: LlmRequest,
     cancel: &CancellationToken,
@@ -134,7 +137,7 @@ async fn stream_reply(
     let mut stream = tokio::select! {
         biased;
         () = cancel.cancelled() => return Outcome::Interrupted,
-        result = pool.provider.stream(request) => match result {
+        result = provider.stream(request) => match result {
             Ok(stream) => stream,
             Err(error) => return Outcome::Failed(error),
         },
@@ -185,10 +188,10 @@ async fn stream_reply(
     }
 }
 
-fn assistant_message(session_id: &str, reply: &Reply, stop: StopReason, interrupted: bool) -> pb::Message {
+fn assistant_message(agent: &Agent, reply: &Reply, stop: StopReason, interrupted: bool) -> pb::Message {
     pb::Message {
         message_id: reply.message_id.clone(),
-        session_id: session_id.to_owned(),
+        session_id: agent.image.session_id.clone(),
         created_at_ms: avm_common::now_ms(),
         seq: 0,
         body: Some(pb::message::Body::Assistant(pb::AssistantMessage {
@@ -197,6 +200,7 @@ fn assistant_message(session_id: &str, reply: &Reply, stop: StopReason, interrup
             interrupted,
             model: reply.model.clone(),
             stop_reason: stop.as_str().to_owned(),
+            resources: agent.plan.resources.clone(),
         })),
     }
 }

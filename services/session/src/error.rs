@@ -62,13 +62,8 @@ impl From<SessionError> for ApiError {
             SessionError::ImageNotFound(_) => ApiError::not_found("IMAGE_NOT_FOUND", err.to_string()),
             SessionError::SessionNotFound(_) => ApiError::not_found("SESSION_NOT_FOUND", err.to_string()),
             // A saturated pool or a lost connection is worth retrying; say so without details.
-            SessionError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)) => {
-                tracing::error!(error = %err, "session database unavailable");
-                ApiError::unavailable("DATABASE_UNAVAILABLE", "the session database is unavailable")
-            }
-            SessionError::Database(_) | SessionError::Migration(_) | SessionError::Corrupt(_) => {
-                ApiError::internal(err)
-            }
+            SessionError::Database(db) => avm_common::db::database_error("session", &db),
+            SessionError::Migration(_) | SessionError::Corrupt(_) => ApiError::internal(err),
         }
     }
 }

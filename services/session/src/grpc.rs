@@ -139,6 +139,8 @@ impl SessionApi for SessionGrpc {
             description: request.description,
             system_prompt: request.system_prompt,
             mcp_servers_json: request.mcp_servers_json,
+            agent: request.agent,
+            variables_json: request.variables_json,
         };
         let image = self.service.create_image(&ctx, new).await?;
         Ok(Response::new(pb::CreateImageResponse {
@@ -264,6 +266,8 @@ fn image_pb(image: ImageRecord) -> pb::Image {
         description: image.description,
         system_prompt: image.system_prompt,
         mcp_servers_json: image.mcp_servers_json,
+        agent: image.agent,
+        variables_json: image.variables_json,
         created_at_ms: image.created_at_ms,
         updated_at_ms: image.updated_at_ms,
     }
@@ -287,6 +291,7 @@ fn new_message(message: pb::Message) -> Result<NewMessage, SessionError> {
             interrupted: assistant.interrupted,
             model: assistant.model,
             stop_reason: assistant.stop_reason,
+            resources: assistant.resources,
         },
         Some(Body::ToolCall(call)) => MessageBody::ToolCall {
             tool_call_id: call.tool_call_id,
@@ -322,6 +327,7 @@ fn message_pb(message: MessageRecord) -> pb::Message {
             interrupted,
             model,
             stop_reason,
+            resources,
         } => Body::Assistant(pb::AssistantMessage {
             text,
             usage: usage.map(|usage| pb::Usage {
@@ -331,6 +337,7 @@ fn message_pb(message: MessageRecord) -> pb::Message {
             interrupted,
             model,
             stop_reason,
+            resources,
         }),
         MessageBody::ToolCall {
             tool_call_id,

@@ -30,6 +30,10 @@ pub struct ImageRecord {
     pub system_prompt: Option<String>,
     /// MCP server definitions as a JSON object; `"{}"` when none.
     pub mcp_servers_json: String,
+    /// The agent definition it runs, a `resource://agents/…` URI.
+    pub agent: Option<String>,
+    /// Values of the prompt's variables, a JSON object of strings; `"{}"` when none.
+    pub variables_json: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
 }
@@ -46,6 +50,10 @@ pub struct NewImage {
     pub system_prompt: Option<String>,
     /// A JSON object of MCP server definitions; empty means none.
     pub mcp_servers_json: String,
+    /// `None` or empty means no agent definition.
+    pub agent: Option<String>,
+    /// A JSON object of strings; empty means none.
+    pub variables_json: String,
 }
 
 /// The changes to an image; `None` leaves a field as it is.
@@ -104,6 +112,9 @@ pub enum MessageBody {
         model: String,
         #[serde(default)]
         stop_reason: String,
+        /// The exact resources the turn ran with (`resource://…@<version>`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        resources: Vec<String>,
     },
     /// A tool call the assistant made.
     ToolCall {
@@ -143,8 +154,9 @@ impl MessageBody {
                 text,
                 model,
                 stop_reason,
+                resources,
                 ..
-            } => text.len() + model.len() + stop_reason.len(),
+            } => text.len() + model.len() + stop_reason.len() + resources.iter().map(String::len).sum::<usize>(),
             MessageBody::ToolCall {
                 tool_call_id,
                 tool_name,

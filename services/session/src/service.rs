@@ -25,6 +25,15 @@ pub const MAX_DESCRIPTION_CHARS: usize = 4096;
 pub const MAX_SYSTEM_PROMPT_BYTES: usize = 256 * 1024;
 /// Largest MCP server definition document, in bytes.
 pub const MAX_MCP_SERVERS_BYTES: usize = 64 * 1024;
+
+/// What an image's agent reference starts with.
+pub const AGENT_URI_PREFIX: &str = "resource://agents/";
+
+/// Largest agent reference.
+pub const MAX_AGENT_URI_BYTES: usize = 512;
+
+/// Largest JSON of prompt variables.
+pub const MAX_VARIABLES_BYTES: usize = 16 * 1024;
 /// Largest message, counted as the bytes of its text fields.
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 
@@ -126,6 +135,8 @@ impl SessionService {
         let description = non_empty(new.description).map(validate_description).transpose()?;
         let system_prompt = non_empty(new.system_prompt).map(validate_system_prompt).transpose()?;
         let mcp_servers_json = validate_mcp_servers(new.mcp_servers_json)?;
+        let agent = non_empty(new.agent).map(validate_agent).transpose()?;
+        let variables_json = validate_variables(new.variables_json)?;
         let now = now_ms();
         let image = ImageRecord {
             image_id: new_id("img"),
@@ -135,6 +146,8 @@ impl SessionService {
             description,
             system_prompt,
             mcp_servers_json,
+            agent,
+            variables_json,
             created_at_ms: now,
             updated_at_ms: now,
         };
@@ -436,6 +449,38 @@ fn validate_mcp_servers(json: String) -> Result<String, SessionError> {
         Err(err) => Err(SessionError::invalid(
             "INVALID_MCP_SERVERS",
             format!("mcp servers are not valid json: {err}"),
+        )),
+    }
+}
+
+/// Returns an agent reference to store: a `resource://agents/…` URI. Whether
+/// it resolves is the resource service's to say, when the agent starts.
+fn validate_agent(agent: String) -> Result<String, SessionError> {
+    if !agent.starts_with(AGENT_URI_PREFIX) || agent.len() > MAX_AGENT_URI_BYTES {
+        return Err(SessionError::invalid(
+            "INVALID_AGENT",
+            format!("agent must be a {AGENT_URI_PREFIX}<name>[@<version>] URI of at most {MAX_AGENT_URI_BYTES} bytes"),
+        ));
+    }
+    Ok(agent)
+}
+
+/// Returns the prompt variables to store: `"{}"` for none, else a JSON object of strings.
+fn validate_variables(json: String) -> Result<String, SessionError> {
+    if json.trim().is_empty() {
+        return Ok("{}".to_owned());
+    }
+    if json.len() > MAX_VARIABLES_BYTES {
+        return Err(SessionError::invalid(
+            "INVALID_VARIABLES",
+            format!("variables must be at most {} KiB", MAX_VARIABLES_BYTES / 1024),
+        ));
+    }
+    match serde_json::from_str::<serde_json::Value>(&json) {
+        Ok(serde_json::Value::Object(map)) if map.values().all(serde_json::Value::is_string) => Ok(json),
+        _ => Err(SessionError::invalid(
+            "INVALID_VARIABLES",
+            "variables must be a json object of strings",
         )),
     }
 }

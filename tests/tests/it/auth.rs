@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use avm_tests::accounts::{create_key, create_tenant, create_user};
-use avm_tests::cluster::{Cluster, Llm, Mode, Options, TEST_API_KEY, TEST_SERVICE_KEY, avm_command, http_client};
+use avm_tests::cluster::{
+    Cluster, Llm, Mode, Options, TEST_API_KEY, TEST_CONFIG_SECRET_KEY, TEST_SERVICE_KEY, avm_command, http_client,
+};
 use avm_tests::mock_llm::{MockBehavior, MockLlm};
 use avm_tests::ws_client::WsClient;
 use futures::future::join_all;
@@ -514,6 +516,9 @@ async fn the_cli_manages_tenants_users_and_keys() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A tenant's own LLM key, written through `PUT /v1/config`.
+const TENANT_LLM_KEY: &str = "sk-tenant-canary-5b8e2d7f1a";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_secret_reaches_the_logs_at_any_level() -> anyhow::Result<()> {
     let mock = MockLlm::start(MockBehavior::default()).await?;
@@ -527,12 +532,26 @@ async fn no_secret_reaches_the_logs_at_any_level() -> anyhow::Result<()> {
     };
     let cluster = Cluster::start(Mode::PerComponent, options).await?;
     let tenant = create_tenant(&cluster, "canary", None).await?;
+    // The tenant brings its own LLM key through the config API; its
+    // conversation below runs with it.
+    let put = http_client(&tenant.admin.key)?
+        .put(cluster.url("/v1/config"))
+        .json(&json!({"llm": {"apiKey": TENANT_LLM_KEY}}))
+        .send()
+        .await?;
+    assert_eq!(put.status().as_u16(), 200);
+    assert!(
+        !put.text().await?.contains(TENANT_LLM_KEY),
+        "a secret is never read back"
+    );
     let (key_id, extra_key) = create_key(&cluster, &tenant.admin.key, json!({"name": "extra"})).await?;
     let token = cluster.access_token(&extra_key).await?;
     // A conversation over the WebSocket (token in the URL) and over REST (header).
     let mut client = WsClient::connect(&cluster.ws_url_as(&extra_key)).await?;
     let chat = conversation(&mut client, "default", json!({})).await?;
     send_and_finish(&mut client, &chat.image_id, json!("hello")).await?;
+    let used = mock.requests().last().and_then(|request| request.api_key.clone());
+    assert_eq!(used.as_deref(), Some(TENANT_LLM_KEY), "the tenant's own key was used");
     let http = http_client(&token)?;
     assert!(
         http.get(cluster.url("/v1/containers"))
@@ -583,6 +602,8 @@ async fn no_secret_reaches_the_logs_at_any_level() -> anyhow::Result<()> {
         ),
         ("service key", TEST_SERVICE_KEY.to_owned()),
         ("llm key", TEST_API_KEY.to_owned()),
+        ("tenant llm key", TENANT_LLM_KEY.to_owned()),
+        ("config secret key", TEST_CONFIG_SECRET_KEY.to_owned()),
         ("signing key", der[16..].iter().map(|b| format!("{b:02x}")).collect()),
     ];
     for (what, canary) in canaries {

@@ -342,6 +342,8 @@ async fn accepted(cluster: &Cluster, tenant: &Tenant, token: &str) -> anyhow::Re
     anyhow::ensure!(caller.user_id == tenant.admin.user_id, "GetCaller: {caller:?}");
     grpc.session().await?;
     grpc.runtime().await?;
+    grpc.resource().await?;
+    grpc.config().await?;
     Ok(())
 }
 
@@ -406,6 +408,11 @@ async fn refusals(cluster: &Cluster, forgery: &Forgery) -> anyhow::Result<Vec<St
         ("auth.GetCaller", grpc.auth().await.map(|r| format!("{r:?}"))),
         ("session.ListContainers", grpc.session().await.map(|r| format!("{r:?}"))),
         ("runtime.ListAgents", grpc.runtime().await.map(|r| format!("{r:?}"))),
+        (
+            "resource.ListResources",
+            grpc.resource().await.map(|r| format!("{r:?}")),
+        ),
+        ("config.GetConfig", grpc.config().await.map(|r| format!("{r:?}"))),
     ];
     for (method, answer) in answers {
         match answer {
@@ -421,11 +428,13 @@ async fn refusals(cluster: &Cluster, forgery: &Forgery) -> anyhow::Result<Vec<St
     Ok(problems)
 }
 
-/// The three gRPC services, called with a given `authorization` header.
+/// The gRPC services, called with a given `authorization` header.
 struct Grpc {
     session: tonic::transport::Channel,
     runtime: tonic::transport::Channel,
     auth: tonic::transport::Channel,
+    resource: tonic::transport::Channel,
+    config: tonic::transport::Channel,
     authorization: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
 }
 
@@ -435,6 +444,8 @@ impl Grpc {
             session: channel(&cluster.session_grpc).await?,
             runtime: channel(&cluster.runtime_grpc).await?,
             auth: channel(&cluster.auth_grpc).await?,
+            resource: channel(&cluster.resource_grpc).await?,
+            config: channel(&cluster.config_grpc).await?,
             authorization: presented.header().parse()?,
         })
     }
@@ -463,6 +474,24 @@ impl Grpc {
         RuntimeServiceClient::with_interceptor(self.runtime.clone(), self.interceptor())
             .list_agents(rt::ListAgentsRequest { container_id: None })
             .await
+    }
+
+    async fn resource(&self) -> Result<tonic::Response<avm_proto::resource::v1::ListResourcesResponse>, tonic::Status> {
+        avm_proto::resource::v1::resource_service_client::ResourceServiceClient::with_interceptor(
+            self.resource.clone(),
+            self.interceptor(),
+        )
+        .list_resources(avm_proto::resource::v1::ListResourcesRequest::default())
+        .await
+    }
+
+    async fn config(&self) -> Result<tonic::Response<avm_proto::config::v1::GetConfigResponse>, tonic::Status> {
+        avm_proto::config::v1::config_service_client::ConfigServiceClient::with_interceptor(
+            self.config.clone(),
+            self.interceptor(),
+        )
+        .get_config(avm_proto::config::v1::GetConfigRequest::default())
+        .await
     }
 }
 

@@ -4,6 +4,7 @@
 mod auth;
 mod bad_input;
 mod binary;
+mod config_center;
 mod conversation;
 mod failures;
 mod forged;
@@ -14,6 +15,7 @@ mod llm_drivers;
 mod ownership;
 mod postgres;
 mod providers;
+mod resources;
 mod rest;
 mod resume;
 mod support;

@@ -1,7 +1,9 @@
 //! The ownership matrix. Three tenants of two users each (the tenant's admin
 //! and a member) each own one object of every kind: a user, API keys, a
-//! container with an image, its conversation and a running agent; each
-//! tenant also has a container named `default`. Every principal then tries
+//! container with an image, its conversation and a running agent, a private
+//! prompt resource; each tenant also has a container named `default` and
+//! its own configuration overrides. Resources and configuration belong to
+//! the whole tenant, so only other tenants attack them. Every principal then tries
 //! every public operation that names an object — every REST route, every
 //! WebSocket request type and `subscribe`, every gRPC method of the session,
 //! runtime and auth services — with the ids of everyone it must not reach,
@@ -24,6 +26,10 @@ use anyhow::{Context, ensure};
 use avm_common::ids::new_id;
 use avm_proto::auth::v1 as au;
 use avm_proto::auth::v1::auth_service_client::AuthServiceClient;
+use avm_proto::config::v1 as cf;
+use avm_proto::config::v1::config_service_client::ConfigServiceClient;
+use avm_proto::resource::v1 as rs;
+use avm_proto::resource::v1::resource_service_client::ResourceServiceClient;
 use avm_proto::runtime::v1 as rt;
 use avm_proto::runtime::v1::runtime_service_client::RuntimeServiceClient;
 use avm_proto::session::v1 as ss;
@@ -93,6 +99,9 @@ struct Ids {
     image: String,
     session: String,
     agent: String,
+    /// A private prompt resource (`res_…`) and its name.
+    resource: String,
+    resource_name: String,
     /// A well-formed API key with the key's id and a wrong secret.
     key_guess: String,
 }
@@ -117,11 +126,18 @@ impl Ids {
             image: nothing(&self.image, '0'),
             session: nothing(&self.session, '0'),
             agent: nothing(&self.agent, '0'),
+            resource: nothing(&self.resource, '0'),
+            resource_name: format!("void-{}", "z".repeat(self.resource_name.len().saturating_sub(5))),
         }
     }
 
+    /// Returns the `resource://` URI of the resource.
+    fn resource_uri(&self) -> String {
+        format!("resource://prompts/{}", self.resource_name)
+    }
+
     /// Returns each id with the placeholder that stands for it.
-    fn named(&self) -> [(&str, &'static str); 9] {
+    fn named(&self) -> [(&str, &'static str); 11] {
         [
             // First: it holds the key's hex digits.
             (self.key_guess.as_str(), "{key_guess}"),
@@ -133,6 +149,8 @@ impl Ids {
             (self.image.as_str(), "{image}"),
             (self.session.as_str(), "{session}"),
             (self.agent.as_str(), "{agent}"),
+            (self.resource.as_str(), "{resource}"),
+            (self.resource_name.as_str(), "{resource_name}"),
         ]
     }
 
@@ -140,7 +158,9 @@ impl Ids {
     fn fill(&self, template: &str, me: &Ids) -> String {
         let mut text = template
             .replace("{my_user}", &me.user)
-            .replace("{my_tenant}", &me.tenant);
+            .replace("{my_tenant}", &me.tenant)
+            .replace("{my_container}", &me.container)
+            .replace("{resource_uri}", &self.resource_uri());
         for (id, placeholder) in self.named() {
             text = text.replace(placeholder, id);
         }
@@ -191,6 +211,10 @@ struct Party {
     marker: String,
     /// The text of a turn driven while others are subscribed to this party's sessions.
     later_marker: String,
+    /// The template of its prompt resource.
+    resource_marker: String,
+    /// The model its tenant's configuration names (set by the admin).
+    config_marker: String,
     /// The image in its tenant's `default` container, when it holds that container.
     default: Option<Held>,
 }
@@ -249,7 +273,15 @@ impl Party {
             ]);
         }
         if reader.tenant != self.tenant {
-            secrets.extend([("tenant id", &self.own.tenant), ("tenant name", &self.tenant_name)]);
+            // The tenant's resources and configuration are its members' to see.
+            secrets.extend([
+                ("tenant id", &self.own.tenant),
+                ("tenant name", &self.tenant_name),
+                ("resource id", &self.own.resource),
+                ("resource name", &self.own.resource_name),
+                ("resource content", &self.resource_marker),
+                ("configured model", &self.config_marker),
+            ]);
         }
         secrets
             .into_iter()
@@ -279,8 +311,11 @@ async fn set_up(cluster: &Cluster) -> anyhow::Result<Vec<Party>> {
         let member_name = new_id(&format!("member-t{t}"));
         let member = create_user(cluster, &tenant, &member_name, "member").await?;
         let holder_is_member = t == MEMBER_HOLDS_DEFAULT;
-        parties.push(Party::set_up(cluster, t, &tenant_name, tenant.admin.clone(), None, !holder_is_member).await?);
-        parties.push(Party::set_up(cluster, t, &tenant_name, member, Some(member_name), holder_is_member).await?);
+        let admin = Party::set_up(cluster, t, &tenant_name, tenant.admin.clone(), None, !holder_is_member).await?;
+        let mut member = Party::set_up(cluster, t, &tenant_name, member, Some(member_name), holder_is_member).await?;
+        member.config_marker.clone_from(&admin.config_marker);
+        parties.push(admin);
+        parties.push(member);
     }
     Ok(parties)
 }
@@ -325,6 +360,38 @@ impl Party {
         } else {
             None
         };
+        let resource_name = new_id(&format!("res-{label}")).replace('_', "-");
+        let resource_marker = new_id(&format!("resource-{label}"));
+        let registered: Value = http_client(&account.key)?
+            .post(cluster.url("/v1/resources"))
+            .json(&json!({
+                "kind": "prompt",
+                "name": resource_name,
+                "version": "1.0.0",
+                "content": {"template": resource_marker, "variables": []},
+            }))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let resource = registered["resource"]["resourceId"]
+            .as_str()
+            .with_context(|| format!("register a resource: {registered}"))?
+            .to_owned();
+        // The tenant's model override is its admin's to set; members share it.
+        let config_marker = format!("model-t{tenant}-{}", &new_id("m")[2..18]);
+        if admin {
+            let response = http_client(&account.key)?
+                .put(cluster.url("/v1/config"))
+                .json(&json!({"llm.model": config_marker}))
+                .send()
+                .await?;
+            ensure!(
+                response.status().is_success(),
+                "set the tenant's model: {}",
+                response.text().await?
+            );
+        }
         let own = Ids {
             tenant: account.tenant_id.clone(),
             user: account.user_id.clone(),
@@ -334,10 +401,14 @@ impl Party {
             image,
             session,
             agent,
+            resource,
+            resource_name,
             key_guess: key_guess(&account.key_id),
         };
         Ok(Party {
             later_marker: new_id(&format!("later-{label}")),
+            resource_marker,
+            config_marker,
             label,
             tenant,
             admin,
@@ -417,6 +488,13 @@ async fn snapshot(cluster: &Cluster, party: &Party) -> anyhow::Result<Value> {
         get(format!("/v1/tenants/{}/users/{}", own.tenant, own.user)).await?,
     );
     view.insert("tenant".into(), get(format!("/v1/tenants/{}", own.tenant)).await?);
+    view.insert("resource".into(), get(format!("/v1/resources/{}", own.resource)).await?);
+    let mut config = get("/v1/config".into()).await?;
+    // The revision counts every tenant's changes; the values are this tenant's.
+    if let Some(body) = config["body"].as_object_mut() {
+        body.remove("revision");
+    }
+    view.insert("config".into(), config);
     Ok(Value::Object(view))
 }
 
@@ -457,9 +535,22 @@ impl Op {
                 "container_get" | "image_list" | "image_get" | "image_messages" | "agent_get" | "agent_list"
             ),
             Op::Subscribe(_) => true,
-            Op::Grpc(method) => method
-                .split_once('.')
-                .is_some_and(|(_, name)| ["Get", "List", "Subscribe"].iter().any(|verb| name.starts_with(verb))),
+            Op::Grpc(method) => method.split_once('.').is_some_and(|(_, name)| {
+                ["Get", "List", "Subscribe", "Resolve", "Watch"]
+                    .iter()
+                    .any(|verb| name.starts_with(verb))
+            }),
+        }
+    }
+
+    /// Returns whether the operation is about what the whole tenant shares
+    /// (resources, configuration): only other tenants attack with it.
+    fn tenant_wide(&self) -> bool {
+        match self {
+            Op::Rest(_, path, _) => path.starts_with("/v1/resources") || path.starts_with("/v1/config"),
+            Op::Ws(_, data) => data.contains("{resource_uri}"),
+            Op::Subscribe(_) => false,
+            Op::Grpc(method) => method.starts_with("resource.") || method.starts_with("config."),
         }
     }
 }
@@ -526,6 +617,20 @@ const OPS: &[Op] = &[
     Op::Rest("DELETE", "/v1/auth/keys/{extra_key}", ""),
     Op::Rest("DELETE", "/v1/auth/keys/{key}", ""),
     Op::Rest("POST", "/v1/auth/token", r#"{"apiKey":"{key_guess}"}"#),
+    Op::Rest("GET", "/v1/resources/{resource}", ""),
+    Op::Rest("GET", "/v1/resources/{resource}?version=1.0.0", ""),
+    Op::Rest(
+        "PUT",
+        "/v1/resources/{resource}",
+        r#"{"version":"9.9.9","content":{"template":"planted","variables":[]}}"#,
+    ),
+    Op::Rest("DELETE", "/v1/resources/{resource}?force=true", ""),
+    Op::Rest("DELETE", "/v1/resources/{resource}?version=1.0.0&force=true", ""),
+    Op::Rest("GET", "/v1/resources/resolve?uri={resource_uri}", ""),
+    Op::Rest("GET", "/v1/resources?name={resource_name}", ""),
+    Op::Rest("GET", "/v1/config?tenantId={tenant}", ""),
+    Op::Rest("GET", "/v1/config/llm.model?tenantId={tenant}", ""),
+    Op::Rest("PUT", "/v1/config?tenantId={tenant}", r#"{"llm.model":"planted"}"#),
     // WebSocket: every request type that takes an id (`gateway/src/ws.rs`), and `subscribe`.
     Op::Ws("container_get", r#"{"containerId":"{container}"}"#),
     Op::Ws(
@@ -547,9 +652,13 @@ const OPS: &[Op] = &[
     Op::Ws("agent_list", r#"{"containerId":"{container}"}"#),
     Op::Ws("agent_destroy", r#"{"agentId":"{agent}"}"#),
     Op::Ws("agent_destroy_all", r#"{"containerId":"{container}"}"#),
+    Op::Ws(
+        "image_create",
+        r#"{"containerId":"{my_container}","config":{"name":"planted","systemPrompt":"{resource_uri}"}}"#,
+    ),
     Op::Subscribe(None),
     Op::Subscribe(Some("0")),
-    // gRPC: every method of proto/avm/{session,runtime,auth}/v1 that takes an id.
+    // gRPC: every method of proto/avm/{session,runtime,auth,resource,config}/v1 that takes an id.
     Op::Grpc("session.GetContainer"),
     Op::Grpc("session.DeleteContainer"),
     Op::Grpc("session.ShareContainer"),
@@ -591,6 +700,14 @@ const OPS: &[Op] = &[
     Op::Grpc("auth.GetUsage"),
     Op::Grpc("auth.RecordUsage"),
     Op::Grpc("auth.ExchangeApiKey"),
+    Op::Grpc("resource.GetResource"),
+    Op::Grpc("resource.PublishVersion"),
+    Op::Grpc("resource.DeleteResource"),
+    Op::Grpc("resource.ResolveResource"),
+    Op::Grpc("resource.ListResources"),
+    Op::Grpc("config.GetConfig"),
+    Op::Grpc("config.UpdateConfig"),
+    Op::Grpc("config.WatchConfig"),
 ];
 
 /// What an operation answered.
@@ -639,11 +756,13 @@ const MALFORMED: &[&str] = &[
     "InvalidArgument",
 ];
 
-/// The gRPC channels of the three services (one and the same in one-process mode).
+/// The gRPC channels of the services (one and the same in one-process mode).
 struct Channels {
     session: Channel,
     runtime: Channel,
     auth: Channel,
+    resource: Channel,
+    config: Channel,
 }
 
 impl Channels {
@@ -652,6 +771,8 @@ impl Channels {
             session: channel(&cluster.session_grpc).await?,
             runtime: channel(&cluster.runtime_grpc).await?,
             auth: channel(&cluster.auth_grpc).await?,
+            resource: channel(&cluster.resource_grpc).await?,
+            config: channel(&cluster.config_grpc).await?,
         })
     }
 }
@@ -748,7 +869,10 @@ impl<'a> Attacker<'a> {
         let token = bearer(&self.party.token)?;
         let mut session = SessionServiceClient::with_interceptor(self.channels.session.clone(), token.clone());
         let mut runtime = RuntimeServiceClient::with_interceptor(self.channels.runtime.clone(), token.clone());
-        let mut auth = AuthServiceClient::with_interceptor(self.channels.auth.clone(), token);
+        let mut auth = AuthServiceClient::with_interceptor(self.channels.auth.clone(), token.clone());
+        let mut resource = ResourceServiceClient::with_interceptor(self.channels.resource.clone(), token.clone());
+        let mut config = ConfigServiceClient::with_interceptor(self.channels.config.clone(), token);
+        let resource_id = || ids.resource.clone();
         let tenant = || ids.tenant.clone();
         let user = || ids.user.clone();
         let key = || ids.key.clone();
@@ -882,6 +1006,35 @@ impl<'a> Attacker<'a> {
                 }),
             unary "auth.ExchangeApiKey" =>
                 auth.exchange_api_key(au::ExchangeApiKeyRequest { api_key: ids.key_guess.clone() }),
+            unary "resource.GetResource" =>
+                resource.get_resource(rs::GetResourceRequest { resource_id: resource_id(), version: String::new() }),
+            unary "resource.PublishVersion" =>
+                resource.publish_version(rs::PublishVersionRequest {
+                    resource_id: resource_id(),
+                    version: "9.9.9".into(),
+                    content_json: r#"{"template":"planted","variables":[]}"#.into(),
+                    ..Default::default()
+                }),
+            unary "resource.DeleteResource" =>
+                resource.delete_resource(rs::DeleteResourceRequest {
+                    resource_id: resource_id(), version: String::new(), force: true
+                }),
+            unary "resource.ResolveResource" =>
+                resource.resolve_resource(rs::ResolveResourceRequest {
+                    uri: ids.resource_uri(), variables_json: String::new()
+                }),
+            unary "resource.ListResources" =>
+                resource.list_resources(rs::ListResourcesRequest { name: ids.resource_name.clone(), ..Default::default() }),
+            unary "config.GetConfig" =>
+                config.get_config(cf::GetConfigRequest { tenant_id: tenant(), ..Default::default() }),
+            unary "config.UpdateConfig" =>
+                config.update_config(cf::UpdateConfigRequest {
+                    scope: cf::Scope::Tenant as i32,
+                    tenant_id: tenant(),
+                    values: [("llm.model".to_owned(), r#""planted""#.to_owned())].into(),
+                }),
+            stream "config.WatchConfig" =>
+                config.watch_config(cf::WatchConfigRequest { tenant_id: tenant(), all_tenants: false }),
         })
     }
 }
@@ -1020,6 +1173,9 @@ async fn attack_everything(
             let target = &victim.own;
             let missing = target.missing(attacker.tenant == victim.tenant);
             for (index, op) in OPS.iter().enumerate() {
+                if op.tenant_wide() && attacker.tenant == victim.tenant {
+                    continue;
+                }
                 let who = format!("{} with {}'s ids: {op}", attacker.label, victim.label);
                 let foreign = caller.call(*op, target).await.with_context(|| who.clone())?;
                 // Missing ids name nothing whoever the victim is: one answer per shape will do.

@@ -1,5 +1,6 @@
 //! Shared steps of the end-to-end suites.
 
+use anyhow::Context;
 use avm_tests::cluster::{Cluster, Mode, Options};
 use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
@@ -138,4 +139,29 @@ pub fn assert_text_turn(frames: &[Value]) -> String {
         "deltas must add up to the assistant message"
     );
     streamed
+}
+
+/// Sends a JSON request with the cluster's admin key and returns the status and body.
+pub async fn call(cluster: &Cluster, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<(u16, Value)> {
+    call_as(cluster, &cluster.admin_key, method, path, body).await
+}
+
+/// Sends a JSON request with `key` and returns the status and body.
+pub async fn call_as(
+    cluster: &Cluster,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<(u16, Value)> {
+    let http = avm_tests::cluster::http_client(key)?;
+    let mut request = http.request(method.parse()?, cluster.url(path));
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await?;
+    let status = response.status().as_u16();
+    let text = response.text().await?;
+    let body = serde_json::from_str(&text).with_context(|| format!("{method} {path} answered {status} {text}"))?;
+    Ok((status, body))
 }

@@ -332,7 +332,7 @@ pub(super) fn missing_parent(err: sqlx::Error, missing: impl FnOnce() -> AuthErr
 /// Implements `AuthStore` for a struct with a `pool: sqlx::Pool<$db>` field.
 ///
 /// The event methods differ by database: they forward to the struct's own
-/// `shares_events_impl`, `publish_event_impl` and `listen_events_impl`.
+/// `event_transport_impl`.
 macro_rules! impl_auth_store {
     ($store:ty, $db:ty) => {
         impl $store {
@@ -994,18 +994,8 @@ macro_rules! impl_auth_store {
                     .await?)
             }
 
-            fn shares_events(&self) -> bool {
-                self.shares_events_impl()
-            }
-
-            async fn publish_event(&self, payload: &str) -> Result<(), $crate::error::AuthError> {
-                self.publish_event_impl(payload).await
-            }
-
-            async fn listen_events(
-                &self,
-            ) -> Result<Option<Box<dyn $crate::store::EventFeed>>, $crate::error::AuthError> {
-                self.listen_events_impl().await
+            fn event_transport(&self) -> avm_common::events::EventTransport {
+                self.event_transport_impl()
             }
         }
     };

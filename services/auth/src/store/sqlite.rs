@@ -4,7 +4,7 @@ use sqlx::SqlitePool;
 use sqlx::migrate::Migrator;
 
 use crate::error::AuthError;
-use crate::store::EventFeed;
+use avm_common::events::EventTransport;
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -25,16 +25,8 @@ impl SqliteAuthStore {
     }
 
     /// One process owns a SQLite file, so events stay in process.
-    fn shares_events_impl(&self) -> bool {
-        false
-    }
-
-    async fn publish_event_impl(&self, _payload: &str) -> Result<(), AuthError> {
-        Ok(())
-    }
-
-    async fn listen_events_impl(&self) -> Result<Option<Box<dyn EventFeed>>, AuthError> {
-        Ok(None)
+    fn event_transport_impl(&self) -> EventTransport {
+        EventTransport::InProcess
     }
 }
 

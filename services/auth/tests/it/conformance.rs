@@ -533,16 +533,29 @@ async fn external_users_are_provisioned_once(store: Arc<dyn AuthStore>) {
 }
 
 async fn events_travel_as_the_store_says(store: Arc<dyn AuthStore>) {
-    let feed = store.listen_events().await.unwrap();
-    if !store.shares_events() {
-        assert!(feed.is_none(), "in-process stores have no database feed");
-        return;
-    }
-    let mut feed = feed.expect("postgres listens");
-    store.publish_event("{\"hello\":1}").await.unwrap();
-    let payload = tokio::time::timeout(std::time::Duration::from_secs(10), feed.next())
+    use futures::StreamExt;
+    let transport = store.event_transport();
+    let shared = transport.shares_events();
+    let bus = Arc::new(avm_common::events::EventBus::<serde_json::Value>::new(
+        "test", transport,
+    ));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let listener = Arc::clone(&bus).spawn_listener(shutdown.clone());
+    bus.wait_live(std::time::Duration::from_secs(10))
         .await
-        .expect("notification in time")
-        .unwrap();
-    assert_eq!(payload.as_deref(), Some("{\"hello\":1}"));
+        .expect("the feed goes live");
+    let mut events = Box::pin(bus.subscribe());
+    bus.emit(serde_json::json!({"hello": 1})).await;
+    let event = tokio::time::timeout(std::time::Duration::from_secs(10), events.next())
+        .await
+        .expect("event in time")
+        .expect("the stream goes on")
+        .expect("no feed error");
+    assert_eq!(
+        event,
+        serde_json::json!({"hello": 1}),
+        "shared through the database: {shared}"
+    );
+    shutdown.cancel();
+    listener.await.unwrap();
 }

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use avm_auth::{AuthError, AuthService, AuthStore, Bootstrap, grpc_server, open_store};
 use avm_common::auth::AuthConfig;
 use avm_common::config::{GrpcConfig, Secret};
+use avm_common::testing::TestDatabase;
 use avm_common::{ApiError, RequestContext};
 use avm_proto::auth::v1::auth_service_client::AuthServiceClient;
-use sqlx::Connection;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
@@ -19,97 +19,32 @@ use tonic::transport::{Channel, Server};
 /// The deployment's service key in every test.
 pub const SERVICE_KEY: &str = "test-service-key-0123456789abcdef0123456789abcdef";
 
-/// A store under test and whatever must outlive it.
+/// A store under test and the database it lives in (dropped with it).
 pub struct TestDb {
     pub store: Arc<dyn AuthStore>,
     /// The url that opens this same database (and schema) again.
     pub url: String,
-    cleanup: Cleanup,
-}
-
-enum Cleanup {
-    /// The directory holding the SQLite file; removed on drop.
-    Sqlite { _dir: tempfile::TempDir },
-    /// The Postgres schema to drop, and the url that reaches it.
-    Postgres { admin_url: String, schema: String },
+    _db: TestDatabase,
 }
 
 impl TestDb {
     /// Returns a store in a fresh SQLite file.
     pub async fn sqlite() -> TestDb {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let url = format!("sqlite://{}", dir.path().join("auth.db").display());
-        let store = open_store(&url, None).await.expect("open sqlite store");
-        TestDb {
-            store,
-            url,
-            cleanup: Cleanup::Sqlite { _dir: dir },
-        }
+        Self::on(TestDatabase::sqlite("auth.db")).await
     }
 
     /// Returns a store in a fresh schema of `AVM_TEST_DATABASE_URL`, or `None`
     /// (after saying so) when the variable is unset and not required.
     pub async fn postgres() -> Option<TestDb> {
-        let admin_url = postgres_url()?;
-        let schema = avm_common::ids::new_id("avm_auth_t");
-        let mut admin = sqlx::PgConnection::connect(&admin_url)
-            .await
-            .unwrap_or_else(|err| panic!("AVM_TEST_DATABASE_URL is set but postgres is unreachable: {err}"));
-        sqlx::query(&format!("CREATE SCHEMA {schema}"))
-            .execute(&mut admin)
-            .await
-            .expect("create schema");
-        admin.close().await.expect("close admin connection");
-        let separator = if admin_url.contains('?') { '&' } else { '?' };
-        let url = format!("{admin_url}{separator}options=-c%20search_path%3D{schema}");
-        let store = open_store(&url, Some(4)).await.expect("open postgres store");
-        Some(TestDb {
+        Some(Self::on(TestDatabase::postgres("avm_auth_t").await?).await)
+    }
+
+    async fn on(db: TestDatabase) -> TestDb {
+        let store = open_store(&db.url, Some(4)).await.expect("open auth store");
+        TestDb {
             store,
-            url,
-            cleanup: Cleanup::Postgres { admin_url, schema },
-        })
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let Cleanup::Postgres { admin_url, schema } = &self.cleanup else {
-            return;
-        };
-        let (url, schema) = (admin_url.clone(), schema.clone());
-        // Drop cannot await, and the test's runtime may be a current-thread one,
-        // so the schema is dropped from a thread with its own runtime.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            runtime.block_on(async {
-                let mut admin = sqlx::PgConnection::connect(&url).await?;
-                sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-                    .execute(&mut admin)
-                    .await?;
-                admin.close().await?;
-                anyhow::Ok(())
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("warning: could not drop test schema: {dropped:?}");
-        }
-    }
-}
-
-/// Returns `AVM_TEST_DATABASE_URL`; when unset, fails under `AVM_TEST_REQUIRE_EXTERNAL=1`
-/// and otherwise says loudly that the test is skipped.
-pub fn postgres_url() -> Option<String> {
-    match std::env::var("AVM_TEST_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            let required = std::env::var("AVM_TEST_REQUIRE_EXTERNAL").is_ok_and(|v| v == "1");
-            assert!(
-                !required,
-                "AVM_TEST_REQUIRE_EXTERNAL=1 but AVM_TEST_DATABASE_URL is not set"
-            );
-            eprintln!("SKIPPED: AVM_TEST_DATABASE_URL not set");
-            None
+            url: db.url.clone(),
+            _db: db,
         }
     }
 }

@@ -100,6 +100,7 @@ fn assistant(message_id: &str, text: &str) -> NewMessage {
             interrupted: false,
             model: "claude-sonnet-4-20250514".to_owned(),
             stop_reason: "end_turn".to_owned(),
+            resources: Vec::new(),
         },
     }
 }
@@ -301,12 +302,20 @@ async fn images_have_defaults_and_round_trip(store: Arc<dyn SessionStore>) {
         description: Some(String::new()),
         system_prompt: Some(String::new()),
         mcp_servers_json: " ".into(),
+        agent: Some(String::new()),
+        variables_json: " ".into(),
     };
     let blank = service.create_image(&ctx(A), blank).await.unwrap();
     assert_eq!(blank.name, "New Conversation");
     assert_eq!(
-        (blank.description, blank.system_prompt, blank.mcp_servers_json.as_str()),
-        (None, None, "{}")
+        (
+            blank.description,
+            blank.system_prompt,
+            blank.mcp_servers_json.as_str(),
+            blank.agent,
+            blank.variables_json.as_str()
+        ),
+        (None, None, "{}", None, "{}")
     );
 
     let mcp = r#"{"fs": {"command": "mcp-fs", "args": ["/tmp"]},
@@ -315,14 +324,18 @@ async fn images_have_defaults_and_round_trip(store: Arc<dyn SessionStore>) {
         container_id: "default".into(),
         name: Some("Reviewer ✓".into()),
         description: Some("reads pull requests".into()),
-        system_prompt: Some("You review code.\nBe brief.".into()),
+        system_prompt: Some("resource://prompts/reviewer@^2".into()),
         mcp_servers_json: mcp.into(),
+        agent: Some("resource://agents/reviewer@1.2.0".into()),
+        variables_json: r#"{"team": "core", "tone": "brief"}"#.into(),
     };
     let full = service.create_image(&ctx(A), full).await.unwrap();
     assert_eq!(full.name, "Reviewer ✓");
     assert_eq!(full.description.as_deref(), Some("reads pull requests"));
-    assert_eq!(full.system_prompt.as_deref(), Some("You review code.\nBe brief."));
+    assert_eq!(full.system_prompt.as_deref(), Some("resource://prompts/reviewer@^2"));
     assert_eq!(full.mcp_servers_json, mcp, "mcp servers are kept as sent");
+    assert_eq!(full.agent.as_deref(), Some("resource://agents/reviewer@1.2.0"));
+    assert_eq!(full.variables_json, r#"{"team": "core", "tone": "brief"}"#);
     assert_eq!(service.get_image(&ctx(A), &full.image_id).await.unwrap(), full);
     assert_ne!(full.image_id, plain.image_id);
     assert_ne!(full.session_id, plain.session_id);
@@ -405,7 +418,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
         f(&mut image);
         image
     };
-    let cases: [(NewImage, &str); 8] = [
+    let cases: [(NewImage, &str); 13] = [
         (with(|i| i.name = Some("n".repeat(257))), "INVALID_IMAGE_NAME"),
         (
             with(|i| i.description = Some("d".repeat(4097))),
@@ -423,6 +436,17 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
             "INVALID_MCP_SERVERS",
         ),
         (with(|i| i.container_id = String::new()), "INVALID_CONTAINER_ID"),
+        (with(|i| i.agent = Some("sales".into())), "INVALID_AGENT"),
+        (
+            with(|i| i.agent = Some("resource://prompts/sales".into())),
+            "INVALID_AGENT",
+        ),
+        (
+            with(|i| i.agent = Some(format!("resource://agents/{}", "a".repeat(512 - 17)))),
+            "INVALID_AGENT",
+        ),
+        (with(|i| i.variables_json = r#"{"n": 1}"#.into()), "INVALID_VARIABLES"),
+        (with(|i| i.variables_json = "[\"x\"]".into()), "INVALID_VARIABLES"),
     ];
     for (image, expected) in cases {
         let err = api_err(service.create_image(&ctx(A), image).await);
@@ -440,6 +464,8 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
         description: Some("ü".repeat(4096)),
         system_prompt: Some("p".repeat(256 * 1024)),
         mcp_servers_json: format!("{{\"k\":\"{}\"}}", "x".repeat(64 * 1024 - 8)),
+        agent: Some(format!("resource://agents/{}", "a".repeat(512 - 18))),
+        variables_json: format!("{{\"k\":\"{}\"}}", "v".repeat(16 * 1024 - 8)),
     };
     let image = service.create_image(&ctx(A), at_limits.clone()).await.unwrap();
     assert_eq!(Some(image.name), at_limits.name);
@@ -491,6 +517,8 @@ async fn images_list_newest_first(store: Arc<dyn SessionStore>) {
         description: None,
         system_prompt: None,
         mcp_servers_json: "{}".to_owned(),
+        agent: None,
+        variables_json: "{}".to_owned(),
         created_at_ms,
         updated_at_ms: created_at_ms,
     };
@@ -674,6 +702,10 @@ async fn message_bodies_round_trip(store: Arc<dyn SessionStore>) {
             interrupted: false,
             model: "claude-sonnet-4-20250514".into(),
             stop_reason: "end_turn".into(),
+            resources: vec![
+                "resource://agents/helper@1.0.0".into(),
+                "resource://prompts/helper@2.1.0".into(),
+            ],
         },
         MessageBody::Assistant {
             text: "Half an ans".into(),
@@ -681,6 +713,7 @@ async fn message_bodies_round_trip(store: Arc<dyn SessionStore>) {
             interrupted: true,
             model: String::new(),
             stop_reason: String::new(),
+            resources: Vec::new(),
         },
         MessageBody::ToolCall {
             tool_call_id: "toolu_1".into(),
@@ -710,6 +743,7 @@ async fn message_bodies_round_trip(store: Arc<dyn SessionStore>) {
             interrupted: false,
             model: "m".into(),
             stop_reason: "max_tokens".into(),
+            resources: Vec::new(),
         },
     ];
     let mut appended = Vec::new();

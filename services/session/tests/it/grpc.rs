@@ -1,45 +1,25 @@
 //! The gRPC adapter over a real listener and the generated client.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use avm_common::auth::{AuthConfig, Claims, SigningKey, StaticKeySource, TokenVerifier};
 use avm_common::config::GrpcConfig;
+use avm_common::testing::{TestKeys, bearer, serve_grpc};
 use avm_common::{ApiError, Code};
 use avm_proto::session::v1 as pb;
 use avm_proto::session::v1::session_service_client::SessionServiceClient;
 use avm_session::{SessionService, grpc_server};
-use jsonwebtoken::jwk::JwkSet;
-use tokio::net::TcpListener;
-use tonic::metadata::MetadataValue;
-use tonic::transport::Channel;
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 
 use crate::support::TestDb;
 
 #[tokio::test]
 async fn grpc_round_trip_and_typed_errors() {
     let db = TestDb::sqlite().await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let key = SigningKey::generate().unwrap();
-    let config = AuthConfig::default();
-    let jwks = JwkSet {
-        keys: vec![key.public_jwk().clone()],
-    };
-    let verifier = TokenVerifier::new(&config, Arc::new(StaticKeySource(jwks)));
-    let server = grpc_server(SessionService::new(db.store.clone()), verifier, &GrpcConfig::default());
-    let serving = tokio::spawn(
-        Server::builder()
-            .add_service(server)
-            .serve_with_incoming(TcpIncoming::from(listener)),
+    let keys = TestKeys::new();
+    let server = grpc_server(
+        SessionService::new(db.store.clone()),
+        keys.verifier(),
+        &GrpcConfig::default(),
     );
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = serve_grpc(Server::builder().add_service(server)).await;
 
     // Without a token nothing is answered but UNAUTHENTICATED.
     let anonymous = SessionServiceClient::new(channel.clone())
@@ -49,20 +29,7 @@ async fn grpc_round_trip_and_typed_errors() {
     assert_eq!(ApiError::from_status(&anonymous).code, Code::Unauthenticated);
 
     let ctx = crate::support::ctx("tenant-grpc");
-    let now = u64::try_from(avm_common::now_ms() / 1000).unwrap();
-    let token = key
-        .sign(&Claims::new(
-            &ctx.principal,
-            &config.issuer,
-            now,
-            Duration::from_secs(300),
-        ))
-        .unwrap();
-    let bearer: MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
-    let mut client = SessionServiceClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
-        request.metadata_mut().insert("authorization", bearer.clone());
-        Ok(request)
-    });
+    let mut client = SessionServiceClient::with_interceptor(channel, bearer(&keys.token(&ctx)));
 
     let created = client
         .create_container(pb::CreateContainerRequest {
@@ -79,6 +46,8 @@ async fn grpc_round_trip_and_typed_errors() {
             description: Some("via grpc".into()),
             system_prompt: Some("be kind".into()),
             mcp_servers_json: String::new(),
+            agent: Some("resource://agents/helper@^1".into()),
+            variables_json: r#"{"who":"you"}"#.into(),
         })
         .await
         .unwrap()
@@ -90,6 +59,10 @@ async fn grpc_round_trip_and_typed_errors() {
         ("New Conversation", "{}")
     );
     assert_eq!(image.description.as_deref(), Some("via grpc"));
+    assert_eq!(
+        (image.agent.as_deref(), image.variables_json.as_str()),
+        (Some("resource://agents/helper@^1"), r#"{"who":"you"}"#)
+    );
 
     let message = pb::Message {
         message_id: "msg_1".into(),
@@ -103,6 +76,7 @@ async fn grpc_round_trip_and_typed_errors() {
             interrupted: false,
             model: "m".into(),
             stop_reason: "end_turn".into(),
+            resources: vec!["resource://prompts/helper@1.0.0".into()],
         })),
         ..pb::Message::default()
     };
@@ -187,6 +161,4 @@ async fn grpc_round_trip_and_typed_errors() {
         .unwrap()
         .into_inner();
     assert_eq!(deleted.deleted_image_ids, [image.image_id]);
-
-    serving.abort();
 }

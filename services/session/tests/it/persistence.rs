@@ -2,12 +2,12 @@
 
 use avm_session::{ImageUpdate, NewImage, SessionService, SqliteSessionStore, open_store};
 
-use crate::support::{ctx, sqlite_url, user};
+use crate::support::{ctx, user};
 
 #[tokio::test]
 async fn sqlite_data_survives_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = sqlite_url(&dir);
+    let db = avm_common::testing::TestDatabase::sqlite("session.db");
+    let url = db.url.clone();
 
     let pool = avm_common::db::open_sqlite(&url, None).await.unwrap();
     let service = SessionService::new(std::sync::Arc::new(

@@ -1,0 +1,444 @@
+//! The configuration center: layering, validation, secrets, change events.
+//!
+//! Layers, lowest first: built-in defaults and the deployment (file,
+//! environment, flags) as the binary loaded them, then stored system
+//! overrides, then the tenant's own overrides. Secrets are sealed at rest and
+//! shown redacted to everyone but AgentVM's own components.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use avm_common::RequestContext;
+use avm_common::auth::{Role, Scopes};
+use avm_common::config::REDACTED;
+use avm_common::events::EventBus;
+use avm_common::settings::{self, KeySpec};
+use futures::stream::BoxStream;
+use futures::{StreamExt, future};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
+use tracing::instrument;
+
+use crate::cipher::SecretCipher;
+use crate::error::ConfigError;
+use crate::store::{Change, ConfigStore, SYSTEM_SCOPE, StoredValue};
+
+/// How long a watcher waits for the cross-replica feed to go live.
+const FEED_READY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most keys one update may change.
+pub const MAX_VALUES_PER_UPDATE: usize = 100;
+
+/// The deployment's layers as the binary loaded them: flat trees of dotted
+/// keys to JSON values, secrets in clear (they never leave this service
+/// unredacted, except to AgentVM's components).
+#[derive(Clone, Debug, Default)]
+pub struct Deployment {
+    /// AgentVM's built-in defaults.
+    pub defaults: Map<String, Value>,
+    /// The effective values of defaults, file, environment and flags.
+    pub values: Map<String, Value>,
+}
+
+/// Which layer a value comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    Deployment,
+    System,
+    Tenant,
+}
+
+/// One key's effective value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EntryView {
+    pub spec: &'static KeySpec,
+    /// `null` when unset; `"<redacted>"` for a set secret shown to a non-component.
+    pub value: Value,
+    pub source: Source,
+}
+
+/// The effective configuration of a scope at a revision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    pub revision: u64,
+    pub entries: Vec<EntryView>,
+}
+
+/// Whose overrides an update changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UpdateScope {
+    System,
+    /// A tenant; empty means the caller's.
+    Tenant(String),
+}
+
+/// A change, as every replica's watchers hear it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigChanged {
+    pub revision: u64,
+    /// The tenant whose overrides changed; `None` for the system's.
+    pub tenant_id: Option<String>,
+}
+
+/// One message of a watch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WatchUpdate {
+    /// The effective entries of the watched scope; `snapshot` on the first.
+    Entries { snapshot: bool, state: Snapshot },
+    /// For whole-deployment watchers: a tenant's overrides changed.
+    TenantChanged { revision: u64, tenant_id: String },
+}
+
+/// The stream of a watch.
+pub type WatchStream = BoxStream<'static, Result<WatchUpdate, ConfigError>>;
+
+struct Inner {
+    store: Arc<dyn ConfigStore>,
+    deployment: Deployment,
+    cipher: SecretCipher,
+    events: Arc<EventBus<ConfigChanged>>,
+}
+
+/// The config service.
+#[derive(Clone)]
+pub struct ConfigService {
+    inner: Arc<Inner>,
+}
+
+impl ConfigService {
+    /// Returns the service over `store`, with the deployment's layers and
+    /// the key material that seals stored secrets.
+    pub fn new(store: Arc<dyn ConfigStore>, deployment: Deployment, secret_key: &str) -> Result<Self, ConfigError> {
+        let cipher = SecretCipher::new(secret_key)?;
+        let events = Arc::new(EventBus::new("config", store.event_transport()));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                store,
+                deployment,
+                cipher,
+                events,
+            }),
+        })
+    }
+
+    /// Follows every replica's changes (Postgres `LISTEN`) until `shutdown`;
+    /// a finished task when changes stay in process (SQLite).
+    pub fn spawn_background(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+        Arc::clone(&self.inner.events).spawn_listener(shutdown)
+    }
+
+    /// Returns the effective configuration of a tenant (the caller's when
+    /// `tenant_id` is empty), or of the system layers alone; one key when
+    /// `key` is not empty.
+    #[instrument(name = "config.get_config", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn get(
+        &self,
+        ctx: &RequestContext,
+        tenant_id: &str,
+        system_only: bool,
+        key: &str,
+    ) -> Result<Snapshot, ConfigError> {
+        ctx.require(Scopes::READ)?;
+        let tenant = target_tenant(ctx, tenant_id)?;
+        let only = match key {
+            "" => None,
+            key => Some(known(key)?),
+        };
+        let tenant = (!system_only).then_some(tenant.as_str());
+        let mut snapshot = self.snapshot(tenant, reveals(ctx)).await?;
+        if let Some(spec) = only {
+            snapshot.entries.retain(|entry| entry.spec.key == spec.key);
+        }
+        Ok(snapshot)
+    }
+
+    /// Sets (or, with a JSON `null`, removes) overrides of a scope; `values`
+    /// maps keys to JSON text. Every key is checked before anything is stored.
+    #[instrument(name = "config.update_config", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn update(
+        &self,
+        ctx: &RequestContext,
+        scope: UpdateScope,
+        values: &[(String, String)],
+    ) -> Result<Snapshot, ConfigError> {
+        ctx.require(Scopes::WRITE)?;
+        let tenant = match &scope {
+            UpdateScope::System => {
+                ctx.principal.require_operator()?;
+                None
+            }
+            UpdateScope::Tenant(tenant_id) => {
+                ctx.principal.require_admin()?;
+                Some(target_tenant(ctx, tenant_id)?)
+            }
+        };
+        if values.is_empty() {
+            return Err(ConfigError::invalid("NO_CONFIG_VALUES", "no values to set"));
+        }
+        if values.len() > MAX_VALUES_PER_UPDATE {
+            return Err(ConfigError::invalid(
+                "TOO_MANY_CONFIG_VALUES",
+                format!("at most {MAX_VALUES_PER_UPDATE} keys may change at once"),
+            ));
+        }
+        let store_scope = tenant.as_deref().unwrap_or(SYSTEM_SCOPE);
+        let mut changes = Vec::new();
+        for (key, json) in values {
+            if let Some(change) = self.change(store_scope, tenant.is_some(), key, json)? {
+                changes.push(change);
+            }
+        }
+        let revision = if changes.is_empty() {
+            self.inner.store.revision().await?
+        } else {
+            let by = &ctx.principal.user_id;
+            let revision = self
+                .inner
+                .store
+                .apply(store_scope, &changes, by, avm_common::now_ms())
+                .await?;
+            let keys: BTreeSet<&str> = changes.iter().map(|change| change.key.as_str()).collect();
+            tracing::info!(
+                scope = tenant.as_deref().unwrap_or("system"),
+                ?keys,
+                revision,
+                "config updated"
+            );
+            self.inner
+                .events
+                .emit(ConfigChanged {
+                    revision,
+                    tenant_id: tenant.clone(),
+                })
+                .await;
+            revision
+        };
+        let mut snapshot = self.snapshot(tenant.as_deref(), reveals(ctx)).await?;
+        snapshot.revision = snapshot.revision.max(revision);
+        Ok(snapshot)
+    }
+
+    /// Returns the stored form of one requested change, `None` when it keeps
+    /// the stored value (a secret's redacted form).
+    fn change(&self, scope: &str, for_tenant: bool, key: &str, json: &str) -> Result<Option<Change>, ConfigError> {
+        let spec = known(key)?;
+        if !spec.writable {
+            return Err(ConfigError::invalid(
+                "READ_ONLY_CONFIG_KEY",
+                format!(
+                    "{key} is set by the deployment (configuration file, environment or flags), not through the API"
+                ),
+            ));
+        }
+        if for_tenant && !spec.tenant_overridable {
+            return Err(ConfigError::invalid(
+                "NOT_TENANT_OVERRIDABLE",
+                format!("{key} applies to the whole deployment; a tenant cannot override it"),
+            ));
+        }
+        let value: Value = serde_json::from_str(json)
+            .map_err(|_| ConfigError::invalid("INVALID_CONFIG_VALUE", format!("{key}: the value is not valid JSON")))?;
+        if spec.secret && value.as_str() == Some(REDACTED) {
+            return Ok(None);
+        }
+        if value.is_null() {
+            return Ok(Some(Change {
+                key: key.to_owned(),
+                value: None,
+            }));
+        }
+        let value = spec
+            .check(&value)
+            .map_err(|why| ConfigError::invalid("INVALID_CONFIG_VALUE", format!("{key}: {why}")))?;
+        let stored = if spec.secret {
+            StoredValue {
+                key: key.to_owned(),
+                value: self.inner.cipher.seal(&seal_context(scope, key), &value.to_string())?,
+                encrypted: true,
+            }
+        } else {
+            StoredValue {
+                key: key.to_owned(),
+                value: value.to_string(),
+                encrypted: false,
+            }
+        };
+        Ok(Some(Change {
+            key: key.to_owned(),
+            value: Some(stored),
+        }))
+    }
+
+    /// Streams the effective configuration of a tenant (the caller's when
+    /// `tenant_id` is empty) now and after every change that touches it; with
+    /// `all_tenants` (components only), the system layers and a notice for
+    /// each tenant's change.
+    #[instrument(name = "config.watch_config", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn watch(
+        &self,
+        ctx: &RequestContext,
+        tenant_id: &str,
+        all_tenants: bool,
+    ) -> Result<WatchStream, ConfigError> {
+        ctx.require(Scopes::READ)?;
+        let tenant = if all_tenants {
+            ctx.principal.require_service()?;
+            None
+        } else {
+            Some(target_tenant(ctx, tenant_id)?)
+        };
+        let reveal = reveals(ctx);
+        let events = &self.inner.events;
+        events.wait_live(FEED_READY_TIMEOUT).await?;
+        // Subscribe before reading the snapshot, so no change falls in
+        // between; a change in both is skipped by its revision.
+        let live = events.subscribe();
+        let first = self.snapshot(tenant.as_deref(), reveal).await?;
+        let mut seen = first.revision;
+        let service = self.clone();
+        let updates = live
+            .filter(move |event| {
+                let fresh = match event {
+                    Ok(change) if change.revision <= seen => false,
+                    Ok(change) => {
+                        seen = change.revision;
+                        true
+                    }
+                    Err(_) => true,
+                };
+                future::ready(fresh)
+            })
+            .filter_map(move |event| {
+                let service = service.clone();
+                let tenant = tenant.clone();
+                async move {
+                    let change = match event {
+                        Ok(change) => change,
+                        Err(err) => return Some(Err(ConfigError::from(err))),
+                    };
+                    match (&tenant, change.tenant_id) {
+                        (None, Some(tenant_id)) => Some(Ok(WatchUpdate::TenantChanged {
+                            revision: change.revision,
+                            tenant_id,
+                        })),
+                        (Some(watched), Some(changed)) if *watched != changed => None,
+                        (_, _) => Some(service.snapshot(tenant.as_deref(), reveal).await.map(|mut state| {
+                            state.revision = state.revision.max(change.revision);
+                            WatchUpdate::Entries { snapshot: false, state }
+                        })),
+                    }
+                }
+            });
+        let first = WatchUpdate::Entries {
+            snapshot: true,
+            state: first,
+        };
+        Ok(futures::stream::once(future::ready(Ok(first))).chain(updates).boxed())
+    }
+
+    /// Computes the effective entries of the system layers, and of `tenant`'s
+    /// overrides when given.
+    async fn snapshot(&self, tenant: Option<&str>, reveal: bool) -> Result<Snapshot, ConfigError> {
+        let store = &self.inner.store;
+        let revision = store.revision().await?;
+        let deployment = &self.inner.deployment;
+        let mut entries: Vec<EntryView> = settings::KEYS
+            .iter()
+            .map(|spec| {
+                let value = deployment.values.get(spec.key).cloned().unwrap_or(Value::Null);
+                let source = if deployment.defaults.get(spec.key).unwrap_or(&Value::Null) == &value {
+                    Source::Default
+                } else {
+                    Source::Deployment
+                };
+                EntryView { spec, value, source }
+            })
+            .collect();
+        let mut layers = vec![(SYSTEM_SCOPE, Source::System)];
+        if let Some(tenant) = tenant {
+            layers.push((tenant, Source::Tenant));
+        }
+        for (scope, source) in layers {
+            for stored in store.overrides(scope).await? {
+                let Some(entry) = entries.iter_mut().find(|entry| entry.spec.key == stored.key) else {
+                    // A key this version no longer knows stays stored, unused.
+                    continue;
+                };
+                entry.value = self.stored_value(scope, &stored, reveal)?;
+                entry.source = source;
+            }
+        }
+        if !reveal {
+            for entry in entries
+                .iter_mut()
+                .filter(|entry| entry.spec.secret && !entry.value.is_null())
+            {
+                entry.value = Value::String(REDACTED.to_owned());
+            }
+        }
+        Ok(Snapshot { revision, entries })
+    }
+
+    /// Reads a stored value; a sealed one is opened only when it will be shown.
+    fn stored_value(&self, scope: &str, stored: &StoredValue, reveal: bool) -> Result<Value, ConfigError> {
+        let json = match (stored.encrypted, reveal) {
+            (true, false) => return Ok(Value::String(REDACTED.to_owned())),
+            (true, true) => self
+                .inner
+                .cipher
+                .open(&seal_context(scope, &stored.key), &stored.key, &stored.value)?,
+            (false, _) => stored.value.clone(),
+        };
+        serde_json::from_str(&json).map_err(|_| ConfigError::Corrupt(format!("stored value of {}", stored.key)))
+    }
+}
+
+/// Returns the spec of a key the tree has, or an error naming it.
+fn known(key: &str) -> Result<&'static KeySpec, ConfigError> {
+    settings::spec(key).ok_or_else(|| {
+        ConfigError::invalid(
+            "UNKNOWN_CONFIG_KEY",
+            format!(
+                "unknown key {}; known keys: {}",
+                printable(key),
+                settings::KEYS
+                    .iter()
+                    .map(|spec| spec.key)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    })
+}
+
+/// Returns at most 64 characters of a caller's key, for an error message.
+fn printable(key: &str) -> String {
+    let shown: String = key.chars().take(64).collect();
+    format!("{shown:?}")
+}
+
+/// Returns the tenant a call is about: the caller's when `tenant_id` is
+/// empty or its own; another only for operators and components.
+fn target_tenant(ctx: &RequestContext, tenant_id: &str) -> Result<String, ConfigError> {
+    if tenant_id.is_empty() || tenant_id == ctx.tenant_id {
+        return Ok(ctx.tenant_id.clone());
+    }
+    ctx.principal.require_operator()?;
+    if tenant_id.len() > 128 || !tenant_id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ConfigError::invalid("INVALID_TENANT_ID", "invalid tenant id"));
+    }
+    Ok(tenant_id.to_owned())
+}
+
+/// Returns whether the caller sees secrets: AgentVM's own components only.
+fn reveals(ctx: &RequestContext) -> bool {
+    ctx.principal.role == Role::Service
+}
+
+/// Returns what a sealed value is bound to: its scope and key.
+fn seal_context(scope: &str, key: &str) -> String {
+    format!("{scope}/{key}")
+}

@@ -1,0 +1,371 @@
+//! What the config service promises, on SQLite and on Postgres.
+
+use std::time::Duration;
+
+use avm_common::settings::{
+    DEFAULTS_MAX_TOKENS, DEFAULTS_TIMEOUT, LLM_API_KEY, LLM_BASE_URL, LLM_MODEL, SYSTEM_DATA_DIR,
+};
+use avm_common::testing::{admin_ctx, member_ctx, operator_ctx, service_ctx};
+use avm_common::{Code, config::REDACTED};
+use avm_config::{ConfigService, SYSTEM_SCOPE, Source, UpdateScope, WatchStream, WatchUpdate};
+use futures::StreamExt;
+use serde_json::json;
+
+use crate::support::{CANARY, Harness, api_err, entry, values};
+
+const OPS: &str = "ten_ops";
+const A: &str = "ten_a";
+const B: &str = "ten_b";
+
+/// Runs each body on a fresh SQLite database and, when configured, on a
+/// fresh Postgres schema.
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Harness::on(avm_common::testing::TestDatabase::sqlite("config.db")).await).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(db) = avm_common::testing::TestDatabase::postgres("avm_config_test").await else {
+                        return;
+                    };
+                    super::$name(super::Harness::on(db).await).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    layers_stack_in_order,
+    tenants_see_only_their_own_overrides,
+    errors_name_the_key,
+    secrets_are_write_only_and_sealed,
+    only_the_right_callers_change_what,
+    watchers_see_the_changes_that_concern_them,
+);
+
+async fn layers_stack_in_order(h: Harness) {
+    let config = h.service.get(&admin_ctx(A), "", false, "").await.unwrap();
+    assert_eq!(
+        entry(&config, LLM_MODEL),
+        (json!("claude-sonnet-4-20250514"), Source::Default)
+    );
+    assert_eq!(entry(&config, DEFAULTS_MAX_TOKENS), (json!(2048), Source::Deployment));
+    assert_eq!(entry(&config, LLM_BASE_URL), (json!(null), Source::Default));
+
+    let system = h
+        .service
+        .update(
+            &operator_ctx(OPS),
+            UpdateScope::System,
+            &values(&[(LLM_MODEL, json!("system-model"))]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(entry(&system, LLM_MODEL), (json!("system-model"), Source::System));
+    let tenant = h
+        .service
+        .update(
+            &admin_ctx(A),
+            UpdateScope::Tenant(String::new()),
+            &values(&[(LLM_MODEL, json!("tenant-model")), (DEFAULTS_TIMEOUT, json!("90s"))]),
+        )
+        .await
+        .unwrap();
+    assert!(tenant.revision > system.revision, "every change moves the revision");
+    assert_eq!(entry(&tenant, LLM_MODEL), (json!("tenant-model"), Source::Tenant));
+    assert_eq!(
+        entry(&tenant, DEFAULTS_TIMEOUT),
+        (json!("1m 30s"), Source::Tenant),
+        "canonical form"
+    );
+
+    let only = h.service.get(&admin_ctx(A), "", false, LLM_MODEL).await.unwrap();
+    assert_eq!(only.entries.len(), 1);
+    assert_eq!(entry(&only, LLM_MODEL).0, json!("tenant-model"));
+    let system_only = h.service.get(&admin_ctx(A), "", true, LLM_MODEL).await.unwrap();
+    assert_eq!(entry(&system_only, LLM_MODEL), (json!("system-model"), Source::System));
+
+    // Null removes an override: the layer below shows again.
+    let removed = h
+        .service
+        .update(
+            &admin_ctx(A),
+            UpdateScope::Tenant(String::new()),
+            &values(&[(LLM_MODEL, json!(null))]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(entry(&removed, LLM_MODEL), (json!("system-model"), Source::System));
+}
+
+async fn tenants_see_only_their_own_overrides(h: Harness) {
+    let a = values(&[(LLM_MODEL, json!("a-model")), (LLM_API_KEY, json!(CANARY))]);
+    h.service
+        .update(&admin_ctx(A), UpdateScope::Tenant(String::new()), &a)
+        .await
+        .unwrap();
+    let b = h.service.get(&admin_ctx(B), "", false, "").await.unwrap();
+    assert_eq!(
+        entry(&b, LLM_MODEL),
+        (json!("claude-sonnet-4-20250514"), Source::Default)
+    );
+    assert_eq!(entry(&b, LLM_API_KEY).1, Source::Deployment);
+    let foreign = api_err(h.service.get(&admin_ctx(B), A, false, "").await);
+    assert_eq!(foreign.code, Code::PermissionDenied);
+    let write_foreign = api_err(
+        h.service
+            .update(
+                &admin_ctx(B),
+                UpdateScope::Tenant(A.into()),
+                &values(&[(LLM_MODEL, json!("x"))]),
+            )
+            .await,
+    );
+    assert_eq!(write_foreign.code, Code::PermissionDenied);
+    // Operators and components may look at any tenant.
+    let seen = h.service.get(&operator_ctx(OPS), A, false, "").await.unwrap();
+    assert_eq!(entry(&seen, LLM_MODEL).0, json!("a-model"));
+    let runtime = h.service.get(&service_ctx(A), "", false, "").await.unwrap();
+    assert_eq!(entry(&runtime, LLM_API_KEY).0, json!(CANARY));
+    let a_again = h.service.get(&admin_ctx(A), "", false, LLM_MODEL).await.unwrap();
+    assert_eq!(entry(&a_again, LLM_MODEL).0, json!("a-model"));
+}
+
+async fn errors_name_the_key(h: Harness) {
+    let operator = operator_ctx(OPS);
+    let cases = [
+        (UpdateScope::System, "llm.modle", "\"x\"", "UNKNOWN_CONFIG_KEY"),
+        (UpdateScope::System, SYSTEM_DATA_DIR, "\"/tmp\"", "READ_ONLY_CONFIG_KEY"),
+        (UpdateScope::System, DEFAULTS_MAX_TOKENS, "0", "INVALID_CONFIG_VALUE"),
+        (
+            UpdateScope::System,
+            DEFAULTS_MAX_TOKENS,
+            "\"many\"",
+            "INVALID_CONFIG_VALUE",
+        ),
+        (
+            UpdateScope::System,
+            DEFAULTS_TIMEOUT,
+            "\"forever\"",
+            "INVALID_CONFIG_VALUE",
+        ),
+        (UpdateScope::System, LLM_BASE_URL, "\"ftp://x\"", "INVALID_CONFIG_VALUE"),
+        (UpdateScope::System, LLM_MODEL, "{not json", "INVALID_CONFIG_VALUE"),
+        (
+            UpdateScope::Tenant(A.into()),
+            LLM_BASE_URL,
+            "\"http://10.0.0.1\"",
+            "NOT_TENANT_OVERRIDABLE",
+        ),
+    ];
+    for (scope, key, json, reason) in cases {
+        let err = api_err(
+            h.service
+                .update(&operator, scope, &[(key.to_owned(), json.to_owned())])
+                .await,
+        );
+        assert_eq!(
+            (err.code, err.reason.as_ref()),
+            (Code::InvalidArgument, reason),
+            "{key}={json}"
+        );
+        assert!(err.message.contains(key), "the error names {key}: {}", err.message);
+    }
+    let empty = api_err(h.service.update(&operator, UpdateScope::System, &[]).await);
+    assert_eq!(empty.reason, "NO_CONFIG_VALUES");
+    // One bad key refuses the whole update.
+    let mixed = values(&[(LLM_MODEL, json!("kept-out")), (DEFAULTS_MAX_TOKENS, json!(-1))]);
+    let err = api_err(h.service.update(&operator, UpdateScope::System, &mixed).await);
+    assert!(err.message.contains(DEFAULTS_MAX_TOKENS));
+    let config = h.service.get(&operator, "", true, LLM_MODEL).await.unwrap();
+    assert_eq!(entry(&config, LLM_MODEL).1, Source::Default, "nothing was stored");
+    let unknown = api_err(h.service.get(&operator, "", false, "nope.key").await);
+    assert_eq!(unknown.reason, "UNKNOWN_CONFIG_KEY");
+}
+
+async fn secrets_are_write_only_and_sealed(h: Harness) {
+    let operator = operator_ctx(OPS);
+    let written = h
+        .service
+        .update(&operator, UpdateScope::System, &values(&[(LLM_API_KEY, json!(CANARY))]))
+        .await
+        .unwrap();
+    assert_eq!(entry(&written, LLM_API_KEY), (json!(REDACTED), Source::System));
+    for ctx in [operator.clone(), admin_ctx(A), member_ctx(A, "usr_m")] {
+        let shown = h.service.get(&ctx, "", false, "").await.unwrap();
+        assert!(
+            !format!("{shown:?}").contains(CANARY),
+            "{:?} sees the secret",
+            ctx.principal.role
+        );
+        assert_eq!(entry(&shown, LLM_API_KEY).0, json!(REDACTED));
+    }
+    // Even the deployment's key is redacted.
+    let tenant_view = h.service.get(&admin_ctx(B), "", true, LLM_API_KEY).await.unwrap();
+    assert_eq!(entry(&tenant_view, LLM_API_KEY).0, json!(REDACTED));
+    // The runtime reads it.
+    let runtime = h.service.get(&service_ctx(A), "", false, LLM_API_KEY).await.unwrap();
+    assert_eq!(entry(&runtime, LLM_API_KEY).0, json!(CANARY));
+
+    // Writing back the redacted form keeps the secret.
+    let round_trip = values(&[(LLM_API_KEY, json!(REDACTED)), (LLM_MODEL, json!("m2"))]);
+    h.service
+        .update(&operator, UpdateScope::System, &round_trip)
+        .await
+        .unwrap();
+    let runtime = h.service.get(&service_ctx(A), "", false, "").await.unwrap();
+    assert_eq!(entry(&runtime, LLM_API_KEY).0, json!(CANARY));
+    assert_eq!(entry(&runtime, LLM_MODEL).0, json!("m2"));
+
+    // At rest it is sealed.
+    let stored = h.store.overrides(SYSTEM_SCOPE).await.unwrap();
+    let row = stored.iter().find(|row| row.key == LLM_API_KEY).unwrap();
+    assert!(row.encrypted && !row.value.contains("canary"), "{row:?}");
+
+    // Another key cannot open it, and says which secret, not what it holds.
+    let wrong = ConfigService::new(h.store.clone(), crate::support::deployment(), &"k".repeat(40)).unwrap();
+    let err = api_err(wrong.get(&service_ctx(A), "", false, "").await);
+    assert_eq!(err.reason, "CONFIG_SECRET_UNREADABLE");
+    assert!(err.message.contains(LLM_API_KEY) && !err.message.contains("canary"));
+    let redacted = wrong.get(&admin_ctx(A), "", false, LLM_API_KEY).await.unwrap();
+    assert_eq!(
+        entry(&redacted, LLM_API_KEY).0,
+        json!(REDACTED),
+        "others never needed to open it"
+    );
+
+    // Null removes the stored secret; the deployment's shows again.
+    h.service
+        .update(&operator, UpdateScope::System, &values(&[(LLM_API_KEY, json!(null))]))
+        .await
+        .unwrap();
+    let runtime = h.service.get(&service_ctx(A), "", false, LLM_API_KEY).await.unwrap();
+    assert_eq!(
+        entry(&runtime, LLM_API_KEY),
+        (json!("sk-deployment-key-0001"), Source::Deployment)
+    );
+}
+
+async fn only_the_right_callers_change_what(h: Harness) {
+    let model = values(&[(LLM_MODEL, json!("x"))]);
+    let cases = [
+        (admin_ctx(A), UpdateScope::System, "OPERATOR_REQUIRED"),
+        // Members hold no admin scope at all.
+        (
+            member_ctx(A, "usr_m"),
+            UpdateScope::Tenant(String::new()),
+            "MISSING_SCOPE",
+        ),
+        (member_ctx(A, "usr_m"), UpdateScope::System, "MISSING_SCOPE"),
+    ];
+    for (ctx, scope, reason) in cases {
+        let err = api_err(h.service.update(&ctx, scope, &model).await);
+        assert_eq!((err.code, err.reason.as_ref()), (Code::PermissionDenied, reason));
+    }
+    // Members read their tenant's configuration, redacted.
+    let member = h.service.get(&member_ctx(A, "usr_m"), "", false, "").await.unwrap();
+    assert_eq!(entry(&member, LLM_API_KEY).0, json!(REDACTED));
+    h.service
+        .update(&operator_ctx(OPS), UpdateScope::Tenant(B.into()), &model)
+        .await
+        .expect("operators manage any tenant's overrides");
+    let b = h.service.get(&admin_ctx(B), "", false, LLM_MODEL).await.unwrap();
+    assert_eq!(entry(&b, LLM_MODEL), (json!("x"), Source::Tenant));
+}
+
+/// Returns the next update of a watch, failing after a generous deadline.
+async fn next(watch: &mut WatchStream) -> WatchUpdate {
+    tokio::time::timeout(Duration::from_secs(10), watch.next())
+        .await
+        .expect("an update in time")
+        .expect("the watch goes on")
+        .expect("no watch error")
+}
+
+async fn watchers_see_the_changes_that_concern_them(h: Harness) {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let listener = h.service.spawn_background(shutdown.clone());
+    // On Postgres a second replica shares the database: changes made on one
+    // reach the watchers of the other. A SQLite file has one process.
+    let replica = if h.store.event_transport().shares_events() {
+        h.replica().await
+    } else {
+        h.service.clone()
+    };
+    let replica_listener = replica.spawn_background(shutdown.clone());
+
+    let mut tenant_watch = replica.watch(&admin_ctx(A), "", false).await.unwrap();
+    let mut all = replica.watch(&service_ctx(OPS), "", true).await.unwrap();
+    let WatchUpdate::Entries { snapshot: true, state } = next(&mut tenant_watch).await else {
+        panic!("a snapshot first");
+    };
+    assert_eq!(entry(&state, LLM_MODEL).1, Source::Default);
+    let WatchUpdate::Entries { snapshot: true, state } = next(&mut all).await else {
+        panic!("a snapshot first");
+    };
+    assert_eq!(
+        entry(&state, LLM_API_KEY).0,
+        json!("sk-deployment-key-0001"),
+        "components see secrets"
+    );
+
+    // Another tenant's change reaches only the whole-deployment watcher.
+    h.service
+        .update(
+            &admin_ctx(B),
+            UpdateScope::Tenant(String::new()),
+            &values(&[(LLM_MODEL, json!("b"))]),
+        )
+        .await
+        .unwrap();
+    match next(&mut all).await {
+        WatchUpdate::TenantChanged { tenant_id, .. } => assert_eq!(tenant_id, B),
+        other => panic!("expected B's notice, got {other:?}"),
+    }
+    // A's own change reaches A's watcher (and nothing of B's came before it).
+    h.service
+        .update(
+            &admin_ctx(A),
+            UpdateScope::Tenant(String::new()),
+            &values(&[(LLM_MODEL, json!("a"))]),
+        )
+        .await
+        .unwrap();
+    let WatchUpdate::Entries { snapshot: false, state } = next(&mut tenant_watch).await else {
+        panic!("entries after a change");
+    };
+    assert_eq!(entry(&state, LLM_MODEL), (json!("a"), Source::Tenant));
+    let _ = next(&mut all).await;
+    // A system change reaches both, with the new effective values.
+    h.service
+        .update(
+            &operator_ctx(OPS),
+            UpdateScope::System,
+            &values(&[(LLM_API_KEY, json!(CANARY))]),
+        )
+        .await
+        .unwrap();
+    let WatchUpdate::Entries { state, .. } = next(&mut tenant_watch).await else {
+        panic!("entries after a system change");
+    };
+    assert_eq!(entry(&state, LLM_API_KEY).0, json!(REDACTED), "tenants see it redacted");
+    let WatchUpdate::Entries { state, .. } = next(&mut all).await else {
+        panic!("entries after a system change");
+    };
+    assert_eq!(entry(&state, LLM_API_KEY).0, json!(CANARY));
+
+    let refused = avm_common::ApiError::from(replica.watch(&admin_ctx(A), "", true).await.err().expect("refused"));
+    assert_eq!(refused.reason, "SERVICE_REQUIRED");
+    shutdown.cancel();
+    listener.await.unwrap();
+    replica_listener.await.unwrap();
+}

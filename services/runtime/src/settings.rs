@@ -1,0 +1,234 @@
+//! The LLM settings a turn runs with, from the config service: the system
+//! layers followed live through `WatchConfig`, each tenant's effective
+//! configuration fetched when its first turn needs it and dropped when the
+//! config service says it changed. A changed model or key applies from the
+//! next turn, without a restart, and no turn waits on the config service
+//! once its tenant is known.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use avm_common::auth::ServiceIdentity;
+use avm_common::config::GrpcConfig;
+use avm_common::settings::{LLM_BASE_URL, LLM_PROVIDER};
+use avm_common::{ApiError, RequestContext};
+use avm_proto::config::v1 as pb;
+use avm_proto::config::v1::config_service_client::ConfigServiceClient;
+use serde_json::{Map, Value};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::LlmConfig;
+use crate::llm::{LlmProvider, build_provider};
+
+/// How long a turn waits for the first system configuration.
+const FIRST_SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Tenants whose settings are kept; past it the cache starts over (a fetch
+/// per tenant is cheap, unbounded memory is not).
+const MAX_CACHED_TENANTS: usize = 10_000;
+
+/// Distinct provider clients kept (one per provider, URL, key and timeouts).
+const MAX_CACHED_PROVIDERS: usize = 1_000;
+
+/// What one tenant's turns run with.
+pub struct TenantLlm {
+    pub config: LlmConfig,
+    pub provider: Arc<dyn LlmProvider>,
+}
+
+type ProviderKey = (&'static str, Option<String>, Option<String>, Duration, Duration);
+
+struct Inner {
+    client: ConfigServiceClient<tonic::transport::Channel>,
+    identity: ServiceIdentity,
+    /// The system layers (defaults, deployment, system overrides), revealed.
+    system: watch::Sender<Option<Arc<Map<String, Value>>>>,
+    tenants: Mutex<HashMap<String, Arc<TenantLlm>>>,
+    providers: Mutex<HashMap<ProviderKey, Arc<dyn LlmProvider>>>,
+    /// Bumped by every invalidation, so a fetch that raced with one is not cached.
+    epoch: AtomicU64,
+}
+
+/// The runtime's live view of the LLM settings; cheap to clone.
+#[derive(Clone)]
+pub struct LlmSettings {
+    inner: Arc<Inner>,
+}
+
+impl LlmSettings {
+    /// Returns settings read from the config service behind `channel`.
+    pub fn new(channel: tonic::transport::Channel, identity: ServiceIdentity, config: &GrpcConfig) -> Self {
+        let client = ConfigServiceClient::new(channel)
+            .max_decoding_message_size(config.max_message_bytes)
+            .max_encoding_message_size(config.max_message_bytes);
+        let (system, _) = watch::channel(None);
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                identity,
+                system,
+                tenants: Mutex::new(HashMap::new()),
+                providers: Mutex::new(HashMap::new()),
+                epoch: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    fn tenants(&self) -> MutexGuard<'_, HashMap<String, Arc<TenantLlm>>> {
+        self.inner.tenants.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Forgets every tenant's settings (or one tenant's).
+    fn invalidate(&self, tenant_id: Option<&str>) {
+        self.inner.epoch.fetch_add(1, Ordering::SeqCst);
+        let mut tenants = self.tenants();
+        match tenant_id {
+            Some(tenant_id) => {
+                tenants.remove(tenant_id);
+            }
+            None => tenants.clear(),
+        }
+    }
+
+    /// Returns what the caller's tenant runs with now.
+    pub async fn for_tenant(&self, ctx: &RequestContext) -> Result<Arc<TenantLlm>, ApiError> {
+        if let Some(known) = self.tenants().get(&ctx.tenant_id) {
+            return Ok(Arc::clone(known));
+        }
+        let system = self.system().await?;
+        let epoch = self.inner.epoch.load(Ordering::SeqCst);
+        let service = self.inner.identity.context_for(&ctx.tenant_id, &ctx.request_id).await?;
+        let request = service.request(pb::GetConfigRequest::default());
+        let entries = self
+            .inner
+            .client
+            .clone()
+            .get_config(request)
+            .await?
+            .into_inner()
+            .entries;
+        let mut tree = tree_of(&entries);
+        // A tenant that chose another provider does not inherit the
+        // deployment's API root, which belongs to the deployment's provider.
+        let provider_is_tenants = entries
+            .iter()
+            .any(|entry| entry.key == LLM_PROVIDER && entry.source == pb::Source::Tenant as i32);
+        if provider_is_tenants && tree.get(LLM_PROVIDER) != system.get(LLM_PROVIDER) {
+            tree.insert(LLM_BASE_URL.to_owned(), Value::Null);
+        }
+        let config = LlmConfig::from_settings(&tree);
+        let tenant = Arc::new(TenantLlm {
+            provider: self.provider(&config)?,
+            config,
+        });
+        let mut tenants = self.tenants();
+        if self.inner.epoch.load(Ordering::SeqCst) == epoch {
+            if tenants.len() >= MAX_CACHED_TENANTS {
+                tenants.clear();
+            }
+            tenants.insert(ctx.tenant_id.clone(), Arc::clone(&tenant));
+        }
+        Ok(tenant)
+    }
+
+    /// Returns the system layers, waiting briefly for the first snapshot.
+    async fn system(&self) -> Result<Arc<Map<String, Value>>, ApiError> {
+        let mut system = self.inner.system.subscribe();
+        match tokio::time::timeout(FIRST_SNAPSHOT_TIMEOUT, system.wait_for(Option::is_some)).await {
+            Ok(Ok(tree)) => Ok(tree.as_ref().map(Arc::clone).unwrap_or_default()),
+            _ => Err(ApiError::unavailable(
+                "CONFIG_UNAVAILABLE",
+                "the runtime has not loaded its configuration yet (is the config service reachable?)",
+            )),
+        }
+    }
+
+    /// Returns the provider client for `config`, sharing one per distinct setup.
+    fn provider(&self, config: &LlmConfig) -> Result<Arc<dyn LlmProvider>, ApiError> {
+        let key: ProviderKey = (
+            config.provider_kind().as_str(),
+            config.base_url.clone(),
+            config.api_key.expose().map(str::to_owned),
+            config.request_timeout,
+            config.idle_timeout,
+        );
+        let mut providers = self.inner.providers.lock().unwrap_or_else(|poison| poison.into_inner());
+        if let Some(provider) = providers.get(&key) {
+            return Ok(Arc::clone(provider));
+        }
+        let provider = build_provider(config).map_err(|err| {
+            ApiError::precondition("LLM_MISCONFIGURED", format!("the LLM settings cannot be used: {err}"))
+        })?;
+        if providers.len() >= MAX_CACHED_PROVIDERS {
+            providers.clear();
+        }
+        providers.insert(key, Arc::clone(&provider));
+        Ok(provider)
+    }
+
+    /// Follows the config service until `shutdown`, reconnecting with backoff.
+    pub fn spawn_watch(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let settings = self.clone();
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let result = tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    result = settings.follow(&mut backoff) => result,
+                };
+                // Whatever changed while disconnected is unknown: start over.
+                settings.invalidate(None);
+                if let Err(err) = result {
+                    tracing::warn!(reason = %err.reason, error = %err.message, "config watch ended; reconnecting");
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        })
+    }
+
+    /// Applies one watch until it ends.
+    async fn follow(&self, backoff: &mut Duration) -> Result<(), ApiError> {
+        let ctx = self.inner.identity.own_context().await?;
+        let request = ctx.request(pb::WatchConfigRequest {
+            tenant_id: String::new(),
+            all_tenants: true,
+        });
+        let mut stream = self.inner.client.clone().watch_config(request).await?.into_inner();
+        while let Some(update) = stream.message().await? {
+            if update.changed_tenant_id.is_empty() {
+                let tree = tree_of(&update.entries);
+                let model = tree.get(avm_common::settings::LLM_MODEL).cloned().unwrap_or_default();
+                tracing::info!(revision = update.revision, snapshot = update.snapshot, %model, "llm settings loaded");
+                self.inner.system.send_replace(Some(Arc::new(tree)));
+                self.invalidate(None);
+                *backoff = Duration::from_millis(100);
+            } else {
+                tracing::debug!(tenant_id = %update.changed_tenant_id, revision = update.revision, "tenant settings changed");
+                self.invalidate(Some(&update.changed_tenant_id));
+            }
+        }
+        Err(ApiError::unavailable(
+            "CONFIG_WATCH_ENDED",
+            "the config service ended the watch",
+        ))
+    }
+}
+
+/// Returns the values of config entries as a flat tree.
+fn tree_of(entries: &[pb::Entry]) -> Map<String, Value> {
+    entries
+        .iter()
+        .filter_map(|entry| {
+            serde_json::from_str(&entry.value_json)
+                .ok()
+                .map(|value| (entry.key.clone(), value))
+        })
+        .collect()
+}
