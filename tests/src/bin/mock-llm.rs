@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use avm_tests::mock_llm::{MockBehavior, MockFailure, MockLlm};
+use avm_tests::mock_llm::{MockApi, MockBehavior, MockFailure, MockLlm};
 use clap::Parser;
 
 /// Serves a mock LLM speaking the Anthropic and OpenAI streaming APIs.
@@ -35,6 +35,9 @@ struct Args {
     /// A failure to act out: an HTTP status (e.g. 500), malformed, drop:N or hang.
     #[arg(long)]
     fail: Option<MockFailure>,
+    /// Print each request's API, model, token limit and system prompt (never its key).
+    #[arg(long)]
+    log_requests: bool,
 }
 
 #[tokio::main]
@@ -58,7 +61,43 @@ async fn main() -> anyhow::Result<()> {
         "openai:    LLM_PROVIDER=openai LLM_BASE_URL={} LLM_API_KEY=mock",
         mock.openai_base_url()
     );
-    tokio::signal::ctrl_c().await?;
+    if args.log_requests {
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => result?,
+            () = log_requests(&mock) => {}
+        }
+    } else {
+        tokio::signal::ctrl_c().await?;
+    }
     mock.shutdown().await;
     Ok(())
+}
+
+/// Prints a line for every request as it arrives.
+async fn log_requests(mock: &MockLlm) {
+    let mut seen = 0;
+    loop {
+        let Ok(requests) = mock.wait_for_requests(seen + 1, Duration::from_secs(3600)).await else {
+            continue;
+        };
+        for request in &requests[seen..] {
+            let body = &request.body;
+            let system = match request.api {
+                MockApi::Anthropic => body["system"].clone(),
+                MockApi::OpenAi => body["messages"]
+                    .as_array()
+                    .and_then(|messages| messages.iter().find(|m| m["role"] == "system"))
+                    .map(|m| m["content"].clone())
+                    .unwrap_or_default(),
+            };
+            println!(
+                "request {}: {:?} model={} max_tokens={} system={system}",
+                seen + 1,
+                request.api,
+                body["model"],
+                body["max_tokens"]
+            );
+            seen += 1;
+        }
+    }
 }
