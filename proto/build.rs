@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "avm/runtime/v1/runtime.proto",
         "avm/resource/v1/resource.proto",
         "avm/config/v1/config.proto",
+        "avm/observability/v1/observability.proto",
     ];
     let fds = protox::compile(files, ["."])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);

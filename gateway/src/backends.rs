@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use avm_common::config::GrpcConfig;
 use avm_common::{ApiError, Code, RequestContext};
 use avm_proto::config::v1::config_service_client::ConfigServiceClient;
+use avm_proto::observability::v1::observability_service_client::ObservabilityServiceClient;
 use avm_proto::resource::v1 as rs;
 use avm_proto::resource::v1::resource_service_client::ResourceServiceClient;
 use avm_proto::runtime::v1 as rt;
@@ -22,6 +23,7 @@ pub struct Backends {
     pub runtime: RuntimeServiceClient<Channel>,
     pub resource: ResourceServiceClient<Channel>,
     pub config: ConfigServiceClient<Channel>,
+    pub observability: ObservabilityServiceClient<Channel>,
     /// Raw channels, for health checks.
     pub(crate) channels: Vec<(&'static str, Channel)>,
 }
@@ -35,6 +37,7 @@ pub struct PeerChannels {
     pub runtime: Channel,
     pub resource: Channel,
     pub config: Channel,
+    pub observability: Channel,
 }
 
 /// Image settings a client may give at creation.
@@ -68,12 +71,16 @@ impl Backends {
             config: ConfigServiceClient::new(peers.config.clone())
                 .max_decoding_message_size(limit)
                 .max_encoding_message_size(limit),
+            observability: ObservabilityServiceClient::new(peers.observability.clone())
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
             channels: vec![
                 ("avm.auth.v1.AuthService", peers.auth),
                 ("avm.session.v1.SessionService", peers.session),
                 ("avm.runtime.v1.RuntimeService", peers.runtime),
                 ("avm.resource.v1.ResourceService", peers.resource),
                 ("avm.config.v1.ConfigService", peers.config),
+                ("avm.observability.v1.ObservabilityService", peers.observability),
             ],
         }
     }

@@ -15,6 +15,7 @@ pub mod limits;
 pub mod resources;
 pub mod rest;
 pub mod settings;
+pub mod usage;
 pub mod wire;
 pub mod ws;
 
@@ -47,6 +48,8 @@ pub async fn serve(
     limiter: RateLimiter,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    // Metrics recorded before the recorder exists are lost: install it now.
+    avm_common::telemetry::metrics();
     let state = Arc::new(GatewayState {
         config,
         backends,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use avm_common::auth::parse_bearer;
+use avm_common::trace::TraceParent;
 use avm_common::{ApiError, RequestContext};
 use avm_proto::runtime::v1 as rt;
 use axum::Router;
@@ -35,6 +36,7 @@ pub fn router(state: Arc<GatewayState>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
+        .route("/metrics", get(avm_common::telemetry::metrics_endpoint))
         .route("/ws", get(crate::ws::upgrade))
         .route("/v1/containers", post(create_container).get(list_containers))
         .route("/v1/containers/{id}", get(get_container).delete(delete_container))
@@ -58,11 +60,44 @@ pub fn router(state: Arc<GatewayState>) -> Router {
         .merge(crate::admin::routes())
         .merge(crate::resources::routes())
         .merge(crate::settings::routes())
+        .merge(crate::usage::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies beyond the frame limit are refused before they are buffered.
         .layer(DefaultBodyLimit::max(body_limit))
+        // Outermost: every request, refused ones too, is counted and runs in
+        // a span of its trace (the caller's `traceparent`, or a new one).
+        .layer(axum::middleware::from_fn(observe_request))
         .with_state(state)
+}
+
+/// Serves one HTTP request inside a span of its trace, and records
+/// `avm_gateway_http_requests_total{route, method, status}` and
+/// `avm_gateway_http_request_duration_seconds{route}` (to the response head).
+async fn observe_request(mut request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use tracing::Instrument;
+    let trace = request
+        .headers()
+        .get(avm_common::trace::TRACEPARENT)
+        .and_then(|value| value.to_str().ok())
+        .and_then(TraceParent::parse)
+        .unwrap_or_else(TraceParent::root);
+    request.extensions_mut().insert(trace);
+    // The route's template, never the path itself: ids are not labels.
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let method = request.method().as_str().to_owned();
+    let span = avm_common::telemetry::request_span("http", &format!("{method} {route}"), &trace);
+    let started = std::time::Instant::now();
+    let response = next.run(request).instrument(span).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("avm_gateway_http_requests_total", "route" => route.clone(), "method" => method, "status" => status)
+        .increment(1);
+    metrics::histogram!("avm_gateway_http_request_duration_seconds", "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    response
 }
 
 /// The request id of an HTTP call: the caller's `x-request-id` or a new one.
@@ -115,7 +150,14 @@ impl FromRequestParts<Arc<GatewayState>> for Ctx {
         if let Err(wait) = state.limiter.check(&caller.principal).await {
             return Err(rate_limited(wait, &request_id));
         }
-        Ok(Ctx(caller.context(request_id)))
+        let trace = parts
+            .extensions
+            .get::<TraceParent>()
+            .copied()
+            .unwrap_or_else(TraceParent::root);
+        let ctx = caller.context(request_id).with_trace(trace);
+        avm_common::telemetry::record_caller(&ctx);
+        Ok(Ctx(ctx))
     }
 }
 

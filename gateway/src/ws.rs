@@ -24,6 +24,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_stream::StreamMap;
+use tracing::Instrument;
 
 use crate::GatewayState;
 use crate::auth::Caller;
@@ -87,10 +88,12 @@ pub async fn upgrade(
         .max_frame_size(transport_limit)
         .on_upgrade(move |socket| async move {
             state.connections.fetch_add(1, Ordering::Relaxed);
+            metrics::gauge!("avm_gateway_websocket_connections").increment(1.0);
             Connection::new(Arc::clone(&state), ack, credential, caller)
                 .run(socket)
                 .await;
             state.connections.fetch_sub(1, Ordering::Relaxed);
+            metrics::gauge!("avm_gateway_websocket_connections").decrement(1.0);
         })
         .into_response()
 }
@@ -508,6 +511,9 @@ impl Connection {
             return self.send(socket, error_response_frame(&name, &request_id, &err)).await;
         }
         let backends = self.state.backends.clone();
+        metrics::counter!("avm_gateway_websocket_requests_total").increment(1);
+        let span = avm_common::telemetry::request_span("ws", &format!("{name}_request"), &ctx.trace);
+        span.in_scope(|| avm_common::telemetry::record_caller(&ctx));
         if name == "message_send" {
             let key = ["imageId", "agentId"]
                 .iter()
@@ -515,30 +521,36 @@ impl Connection {
                 .unwrap_or_default()
                 .to_owned();
             self.held.entry(key.clone()).or_default();
-            requests.push(Box::pin(async move {
-                match message_send(&backends, &ctx, &data).await {
-                    Ok((accepted, reply)) => Completion::Sent {
-                        key,
-                        session_id: accepted.agent.map(|agent| agent.session_id),
-                        cursor: accepted.cursor.parse().ok(),
-                        frame: response_frame(&name, &request_id, reply),
-                    },
-                    Err(err) => Completion::Sent {
-                        key,
-                        session_id: None,
-                        cursor: None,
-                        frame: error_response_frame(&name, &request_id, &err),
-                    },
+            requests.push(Box::pin(
+                async move {
+                    match message_send(&backends, &ctx, &data).await {
+                        Ok((accepted, reply)) => Completion::Sent {
+                            key,
+                            session_id: accepted.agent.map(|agent| agent.session_id),
+                            cursor: accepted.cursor.parse().ok(),
+                            frame: response_frame(&name, &request_id, reply),
+                        },
+                        Err(err) => Completion::Sent {
+                            key,
+                            session_id: None,
+                            cursor: None,
+                            frame: error_response_frame(&name, &request_id, &err),
+                        },
+                    }
                 }
-            }));
+                .instrument(span),
+            ));
         } else {
-            requests.push(Box::pin(async move {
-                let frame = match handle(&backends, &ctx, &name, &data).await {
-                    Ok(reply) => response_frame(&name, &request_id, reply),
-                    Err(err) => error_response_frame(&name, &request_id, &err),
-                };
-                Completion::Reply(frame)
-            }));
+            requests.push(Box::pin(
+                async move {
+                    let frame = match handle(&backends, &ctx, &name, &data).await {
+                        Ok(reply) => response_frame(&name, &request_id, reply),
+                        Err(err) => error_response_frame(&name, &request_id, &err),
+                    };
+                    Completion::Reply(frame)
+                }
+                .instrument(span),
+            ));
         }
         Ok(())
     }

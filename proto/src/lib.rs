@@ -42,5 +42,13 @@ pub mod config {
     }
 }
 
+/// Observability service contracts (`avm.observability.v1`).
+pub mod observability {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("avm.observability.v1");
+    }
+}
+
 /// Returns the encoded descriptor set of every AgentVM service, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/avm_descriptor.bin"));

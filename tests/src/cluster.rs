@@ -48,6 +48,11 @@ pub struct Options {
     pub log_level: Option<String>,
     /// Keeps the per-component processes' logs for [`Cluster::logs`].
     pub capture_logs: bool,
+    /// More environment for every spawned process.
+    pub env: Vec<(String, String)>,
+    /// Runs a one-process cluster as a spawned `avm serve` rather than in
+    /// this process: for what is global to a process (its log subscriber).
+    pub serve_process: bool,
 }
 
 impl Default for Options {
@@ -62,6 +67,8 @@ impl Default for Options {
             redis: None,
             log_level: None,
             capture_logs: false,
+            env: Vec::new(),
+            serve_process: false,
         }
     }
 }
@@ -107,6 +114,8 @@ pub struct Cluster {
     pub resource_grpc: String,
     /// `http://127.0.0.1:PORT` of the config service's gRPC.
     pub config_grpc: String,
+    /// `http://127.0.0.1:PORT` of the observability service's gRPC.
+    pub observability_grpc: String,
     /// The operator admin's API key, as the first run printed it.
     pub admin_key: String,
     options: Options,
@@ -139,7 +148,7 @@ impl Drop for SchemaGuard {
 }
 
 /// The services that keep tables, each in its own schema or file.
-const SERVICES: [&str; 4] = ["auth", "session", "resource", "config"];
+const SERVICES: [&str; 5] = ["auth", "session", "resource", "config", "observability"];
 /// Returns a variable of the external test services, when set.
 fn external(variable: &str) -> Option<String> {
     std::env::var(variable).ok().filter(|value| !value.is_empty())
@@ -193,6 +202,7 @@ impl Cluster {
             auth_grpc: String::new(),
             resource_grpc: String::new(),
             config_grpc: String::new(),
+            observability_grpc: String::new(),
             admin_key: String::new(),
             options,
             data_dir,
@@ -203,6 +213,7 @@ impl Cluster {
             running: None,
         };
         match mode {
+            Mode::OneProcess if cluster.options.serve_process => cluster.start_serve_process().await?,
             Mode::OneProcess => cluster.start_in_process().await?,
             Mode::PerComponent => cluster.start_processes().await?,
         }
@@ -369,6 +380,7 @@ impl Cluster {
         self.auth_grpc = self.session_grpc.clone();
         self.resource_grpc = self.session_grpc.clone();
         self.config_grpc = self.session_grpc.clone();
+        self.observability_grpc = self.session_grpc.clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(avm::serve(config, listeners, shutdown.clone()));
         self.running = Some(Running::InProcess { shutdown, task });
@@ -386,7 +398,33 @@ impl Cluster {
         Ok(())
     }
 
-    async fn start_processes(&mut self) -> anyhow::Result<()> {
+    /// Starts `avm serve` as a child process on this cluster's data.
+    async fn start_serve_process(&mut self) -> anyhow::Result<()> {
+        let mut env = self.process_env();
+        env.extend(self.llm_env());
+        let logs = self.options.capture_logs.then(|| Arc::clone(&self.logs));
+        let args = ["serve", "--port", "0", "--grpc-port", "0"];
+        let (child, urls) = spawn_avm(&args, 2, &env, logs).await?;
+        let [gateway, grpc] = <[String; 2]>::try_from(urls)
+            .map_err(|urls| anyhow::anyhow!("avm serve listens on {urls:?}, not a gateway and a gRPC port"))?;
+        self.gateway_url = gateway;
+        for url in [
+            &mut self.session_grpc,
+            &mut self.runtime_grpc,
+            &mut self.auth_grpc,
+            &mut self.resource_grpc,
+            &mut self.config_grpc,
+            &mut self.observability_grpc,
+        ] {
+            url.clone_from(&grpc);
+        }
+        self.running = Some(Running::Processes { children: vec![child] });
+        self.wait_ready().await?;
+        self.read_admin_key()
+    }
+
+    /// The environment every spawned `avm` process gets.
+    fn process_env(&self) -> Vec<(String, String)> {
         let config = self.config();
         let mut env: Vec<(String, String)> = vec![
             ("AVM_LOG_LEVEL".into(), config.log.level.clone()),
@@ -413,12 +451,46 @@ impl Cluster {
             env.push(("AVM_REDIS_URL".into(), url.clone()));
             env.push(("AVM_REDIS_KEY_PREFIX".into(), prefix.clone()));
         }
+        env.extend(self.options.env.iter().cloned());
+        env
+    }
+
+    /// The LLM settings as environment (for whoever holds the deployment's configuration).
+    fn llm_env(&self) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = match &self.options.llm {
+            Llm::Offline => vec![("LLM_PROVIDER".into(), "offline".into())],
+            Llm::Anthropic { base_url } => vec![
+                ("LLM_PROVIDER".into(), "anthropic".into()),
+                ("LLM_BASE_URL".into(), base_url.clone()),
+                ("LLM_API_KEY".into(), TEST_API_KEY.into()),
+            ],
+            Llm::OpenAi { base_url } => vec![
+                ("LLM_PROVIDER".into(), "openai".into()),
+                ("LLM_BASE_URL".into(), base_url.clone()),
+                ("LLM_API_KEY".into(), TEST_API_KEY.into()),
+            ],
+        };
+        if let Some(timeout) = self.options.llm_idle_timeout {
+            env.push(("LLM_IDLE_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
+            env.push(("LLM_REQUEST_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
+        }
+        env
+    }
+
+    async fn start_processes(&mut self) -> anyhow::Result<()> {
+        let mut env = self.process_env();
         let logs = self.options.capture_logs.then(|| Arc::clone(&self.logs));
         let mut children = Vec::new();
         let (child, auth) = spawn_component("auth", &env, logs.clone()).await?;
         children.push(child);
         self.auth_grpc = auth;
         env.push(("AVM_AUTH_ADDR".into(), self.auth_grpc.clone()));
+        // The observability service next, so everyone else can send it logs
+        // (until it answers, the auth service's own are dropped: best effort).
+        let (child, observability) = spawn_component("observability", &env, logs.clone()).await?;
+        children.push(child);
+        self.observability_grpc = observability;
+        env.push(("AVM_OBSERVABILITY_ADDR".into(), self.observability_grpc.clone()));
 
         let (child, session) = spawn_component("session", &env, logs.clone()).await?;
         children.push(child);
@@ -432,23 +504,7 @@ impl Cluster {
         // environment is their layer); the runtime reads them from it.
         let mut config_env = env.clone();
         config_env.push(("AVM_CONFIG_SECRET_KEY".into(), TEST_CONFIG_SECRET_KEY.into()));
-        match &self.options.llm {
-            Llm::Offline => config_env.push(("LLM_PROVIDER".into(), "offline".into())),
-            Llm::Anthropic { base_url } => config_env.extend([
-                ("LLM_PROVIDER".into(), "anthropic".into()),
-                ("LLM_BASE_URL".into(), base_url.clone()),
-                ("LLM_API_KEY".into(), TEST_API_KEY.into()),
-            ]),
-            Llm::OpenAi { base_url } => config_env.extend([
-                ("LLM_PROVIDER".into(), "openai".into()),
-                ("LLM_BASE_URL".into(), base_url.clone()),
-                ("LLM_API_KEY".into(), TEST_API_KEY.into()),
-            ]),
-        }
-        if let Some(timeout) = self.options.llm_idle_timeout {
-            config_env.push(("LLM_IDLE_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
-            config_env.push(("LLM_REQUEST_TIMEOUT".into(), format!("{}ms", timeout.as_millis())));
-        }
+        config_env.extend(self.llm_env());
         let (child, config) = spawn_component("config", &config_env, logs.clone()).await?;
         children.push(child);
         self.config_grpc = config;
@@ -583,8 +639,21 @@ async fn spawn_component(
     env: &[(String, String)],
     logs: Option<Arc<Mutex<String>>>,
 ) -> anyhow::Result<(Child, String)> {
+    let (child, mut urls) = spawn_avm(&[component, "--listen", "127.0.0.1:0"], 1, env, logs).await?;
+    Ok((child, urls.remove(0)))
+}
+
+/// Spawns `avm <args>` and returns it with the URLs of its first
+/// `listeners` `listening:` lines; its stderr goes to `logs` when given.
+async fn spawn_avm(
+    args: &[&str],
+    listeners: usize,
+    env: &[(String, String)],
+    logs: Option<Arc<Mutex<String>>>,
+) -> anyhow::Result<(Child, Vec<String>)> {
+    let component = args.first().copied().unwrap_or_default();
     let mut command = tokio::task::spawn_blocking(avm_command).await??;
-    command.args([component, "--listen", "127.0.0.1:0"]);
+    command.args(args);
     command.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     command.stdout(Stdio::piped());
     command.stderr(if logs.is_some() {
@@ -607,11 +676,15 @@ async fn spawn_component(
     }
     let stdout = child.stdout.take().context("no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
-    let url = tokio::time::timeout(Duration::from_secs(20), async {
+    let urls = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut urls = Vec::new();
         while let Some(line) = lines.next_line().await? {
             if let Some(rest) = line.strip_prefix("listening: ") {
                 let url = rest.split_whitespace().nth(1).context("malformed listening line")?;
-                return Ok::<_, anyhow::Error>(url.to_owned());
+                urls.push(url.to_owned());
+                if urls.len() == listeners {
+                    return Ok::<_, anyhow::Error>(urls);
+                }
             }
         }
         bail!("avm {component} exited before listening")
@@ -620,7 +693,7 @@ async fn spawn_component(
     .with_context(|| format!("avm {component} did not start within 20s"))??;
     // Keep draining stdout so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok((child, url))
+    Ok((child, urls))
 }
 
 /// Sends SIGTERM and waits for a clean exit.

@@ -5,7 +5,7 @@ use avm_common::config::{DatabaseConfig, GrpcConfig, LogConfig, PeersConfig, Red
 use avm_common::settings;
 use avm_config::{ConfigServiceConfig, Deployment};
 use avm_gateway::GatewayConfig;
-use avm_runtime::{LlmConfig, RuntimeConfig};
+use avm_runtime::{BillingConfig, LlmConfig, RuntimeConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -23,6 +23,7 @@ pub struct AvmConfig {
     pub gateway: GatewayConfig,
     pub runtime: RuntimeConfig,
     pub llm: LlmConfig,
+    pub billing: BillingConfig,
     pub config: ConfigServiceConfig,
 }
 
@@ -40,6 +41,7 @@ impl AvmConfig {
     fn settings_tree(&self) -> Map<String, Value> {
         let mut tree = self.llm.settings_tree();
         tree.extend(self.runtime.settings_tree());
+        tree.extend(self.billing.settings_tree());
         tree.insert(
             settings::SYSTEM_DATA_DIR.into(),
             Value::from(self.server.data_dir.clone()),

@@ -63,19 +63,23 @@ enum Command {
         dev: bool,
     },
     /// Run the gateway alone (needs AVM_AUTH_ADDR, AVM_SESSION_ADDR, AVM_RUNTIME_ADDR, AVM_RESOURCE_ADDR,
-    /// AVM_CONFIG_ADDR, AVM_AUTH_SERVICE_KEY).
+    /// AVM_CONFIG_ADDR, AVM_OBSERVABILITY_ADDR, AVM_AUTH_SERVICE_KEY).
     Gateway(ComponentArgs),
     /// Run the auth service alone (storage from AVM_DATABASE_URL; needs AVM_AUTH_SERVICE_KEY).
     Auth(ComponentArgs),
     /// Run the session service alone (storage from AVM_DATABASE_URL; needs AVM_AUTH_ADDR, AVM_AUTH_SERVICE_KEY).
     Session(ComponentArgs),
-    /// Run the runtime alone (needs AVM_AUTH_ADDR, AVM_SESSION_ADDR, AVM_RESOURCE_ADDR, AVM_CONFIG_ADDR, AVM_AUTH_SERVICE_KEY).
+    /// Run the runtime alone (needs AVM_AUTH_ADDR, AVM_SESSION_ADDR, AVM_RESOURCE_ADDR, AVM_CONFIG_ADDR,
+    /// AVM_OBSERVABILITY_ADDR, AVM_AUTH_SERVICE_KEY).
     Runtime(ComponentArgs),
     /// Run the resource service alone (storage from AVM_DATABASE_URL; needs AVM_AUTH_ADDR, AVM_AUTH_SERVICE_KEY).
     Resource(ComponentArgs),
     /// Run the config service alone (storage from AVM_DATABASE_URL; needs AVM_AUTH_ADDR, AVM_AUTH_SERVICE_KEY,
     /// AVM_CONFIG_SECRET_KEY; its LLM_* variables are the deployment's LLM settings).
     Config(ComponentArgs),
+    /// Run the observability service alone: the usage ledger, budgets and tenants' logs (storage from
+    /// AVM_DATABASE_URL; needs AVM_AUTH_ADDR, AVM_AUTH_SERVICE_KEY).
+    Observability(ComponentArgs),
     /// Manage tenants of a running server (operators).
     Tenants(cli::Tenants),
     /// Manage the users of a tenant (its admins).
@@ -126,20 +130,39 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Whoami(client) => return cli::whoami(&client, &config).await,
         _ => {}
     }
-    avm_common::telemetry::init(&config.log);
+    let telemetry = avm_common::telemetry::init(&config.log, component_name(&cli.command));
     let shutdown = avm_common::shutdown::on_signal();
-    match cli.command {
-        Command::Serve { .. } => {
-            let listeners = ServeListeners::bind(&config).await?;
-            serve(config, listeners, shutdown).await
-        }
+    let result = match cli.command {
+        Command::Serve { .. } => match ServeListeners::bind(&config).await {
+            Ok(listeners) => serve(config, listeners, shutdown).await,
+            Err(err) => Err(err),
+        },
         Command::Gateway(_) => run_gateway(config, shutdown).await,
         Command::Auth(_) => run_auth(config, shutdown).await,
         Command::Session(_) => run_session(config, shutdown).await,
         Command::Runtime(_) => run_runtime(config, shutdown).await,
         Command::Resource(_) => run_resource(config, shutdown).await,
         Command::Config(_) => run_config(config, shutdown).await,
+        Command::Observability(_) => run_observability(config, shutdown).await,
         Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) => Ok(()),
+    };
+    // Spans still buffered go out now; the exporter blocks on the runtime.
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    result
+}
+
+/// Returns the name a command's process goes by in logs, metrics and traces.
+fn component_name(command: &Command) -> &'static str {
+    match command {
+        Command::Serve { .. } => "serve",
+        Command::Gateway(_) => "gateway",
+        Command::Auth(_) => "auth",
+        Command::Session(_) => "session",
+        Command::Runtime(_) => "runtime",
+        Command::Resource(_) => "resource",
+        Command::Config(_) => "config",
+        Command::Observability(_) => "observability",
+        Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) => "cli",
     }
 }
 
@@ -167,7 +190,8 @@ fn load_config(cli: &Cli) -> anyhow::Result<AvmConfig> {
         | Command::Session(args)
         | Command::Runtime(args)
         | Command::Resource(args)
-        | Command::Config(args) => {
+        | Command::Config(args)
+        | Command::Observability(args) => {
             insert(&mut server, "listen", args.listen.clone().map(Value::from));
         }
         Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) => {}
@@ -388,6 +412,7 @@ struct RuntimePeers<'a> {
     session: &'a str,
     resource: &'a str,
     config: &'a str,
+    observability: &'a str,
 }
 
 fn runtime_pool(
@@ -399,9 +424,11 @@ fn runtime_pool(
     let sessions = avm_runtime::SessionClient::new(channel(peers.session, grpc)?, grpc);
     let resources = avm_runtime::ResourceClient::new(channel(peers.resource, grpc)?, grpc);
     let llm = avm_runtime::LlmSettings::new(channel(peers.config, grpc)?, identity.clone(), grpc);
+    let metering = avm_runtime::Metering::new(channel(peers.observability, grpc)?, identity.clone(), grpc);
     Ok(avm_runtime::AgentPool::new(
         config.runtime.clone(),
         llm,
+        metering,
         sessions,
         resources,
         identity,
@@ -444,6 +471,43 @@ async fn open_config(config: &AvmConfig, allow_data_dir_key: bool) -> anyhow::Re
     Ok(avm_config::ConfigService::new(store, config.deployment(), &key)?)
 }
 
+/// Opens the observability service on its store.
+async fn open_observability(config: &AvmConfig) -> anyhow::Result<avm_observability::ObservabilityService> {
+    let store =
+        avm_observability::open_store(&store_url(config, "observability")?, config.database.max_connections).await?;
+    Ok(avm_observability::ObservabilityService::new(
+        store,
+        avm_observability::LedgerSettings::default(),
+    ))
+}
+
+/// Forwards this process's tenant log events to the observability service
+/// at `AVM_OBSERVABILITY_ADDR`, when one is named.
+fn forward_logs(
+    config: &AvmConfig,
+    identity: &ServiceIdentity,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some(addr) = &config.peers.observability else {
+        tracing::info!("AVM_OBSERVABILITY_ADDR is not set: this process's logs stay out of /v1/logs");
+        return Ok(None);
+    };
+    forward_logs_to(addr, config, identity, shutdown).map(Some)
+}
+
+fn forward_logs_to(
+    addr: &str,
+    config: &AvmConfig,
+    identity: &ServiceIdentity,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    Ok(avm_common::tenant_logs::spawn_forwarder(
+        channel(addr, &config.grpc)?,
+        identity.clone(),
+        shutdown.clone(),
+    ))
+}
+
 /// Opens the resource service on its store.
 async fn open_resources(config: &AvmConfig) -> anyhow::Result<avm_resource::ResourceService> {
     let store = avm_resource::open_store(&store_url(config, "resource")?, config.database.max_connections).await?;
@@ -469,11 +533,13 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
     let sessions = avm_session::SessionService::new(store);
     let settings = open_config(&config, true).await?;
     let resources = open_resources(&config).await?;
+    let observability = open_observability(&config).await?;
     let peer = AuthPeer::new(&grpc_url, &service_key, &config)?;
     let all_here = RuntimePeers {
         session: &grpc_url,
         resource: &grpc_url,
         config: &grpc_url,
+        observability: &grpc_url,
     };
     let pool = runtime_pool(&config, &all_here, peer.identity.clone())?;
 
@@ -491,6 +557,11 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
             peer.verifier.clone(),
             &config.grpc,
         ))
+        .add_service(avm_observability::grpc_server(
+            observability.clone(),
+            peer.verifier.clone(),
+            &config.grpc,
+        ))
         .add_service(avm_runtime::grpc_server(
             pool.clone(),
             peer.verifier.clone(),
@@ -499,8 +570,14 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
     let grpc_task = tokio::spawn(grpc_server.serve(listeners.grpc, servers.clone()));
     let background = auth.spawn_background(servers.clone());
     let config_events = settings.spawn_background(servers.clone());
+    let ledger = observability.spawn_background(servers.clone());
     let watch = peer.verifier.spawn_watch(peer.identity.clone(), servers.clone());
     let reaper = pool.spawn_background(servers.clone());
+    let logs = avm_common::tenant_logs::spawn_forwarder(
+        channel(&grpc_url, &config.grpc)?,
+        peer.identity.clone(),
+        servers.clone(),
+    );
     let mut authenticator = peer.authenticator(&config);
     if config.auth.dev {
         authenticator = authenticator.with_anonymous(auth.dev_key().await?);
@@ -513,7 +590,8 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
         session: local.clone(),
         runtime: local.clone(),
         resource: local.clone(),
-        config: local,
+        config: local.clone(),
+        observability: local,
     };
     let backends = avm_gateway::Backends::new(peers, &config.grpc);
     let gateway_task = tokio::spawn(avm_gateway::serve(
@@ -540,6 +618,9 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
     }
     wind_down(&pool, config.grpc.drain_timeout).await;
     servers.cancel();
+    // The ledger writes what it still holds, and the last log events go out.
+    finish(ledger, config.grpc.drain_timeout).await;
+    finish(logs, config.grpc.drain_timeout).await;
     reaper.abort();
     watch.abort();
     background.abort();
@@ -548,13 +629,22 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
     Ok(())
 }
 
-/// Interrupts running turns so their partial replies are stored before the
-/// servers stop, waiting at most `limit`.
+/// Interrupts running turns so their partial replies are stored, then sends
+/// the usage records of every call, before the servers stop; waits at most
+/// `limit` for each.
 async fn wind_down(pool: &avm_runtime::AgentPool, limit: Duration) {
     pool.interrupt_all();
     let deadline = tokio::time::Instant::now() + limit;
     while pool.any_running() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    pool.flush_usage(limit).await;
+}
+
+/// Waits for a background task that finishes its work at shutdown, at most `limit`.
+async fn finish(task: tokio::task::JoinHandle<()>, limit: Duration) {
+    if tokio::time::timeout(limit, task).await.is_err() {
+        tracing::warn!(?limit, "a background task did not finish in time");
     }
 }
 
@@ -583,10 +673,21 @@ async fn run_auth(config: AvmConfig, shutdown: CancellationToken) -> anyhow::Res
     let auth = open_auth(&config, config.auth.clone()).await?;
     let background = auth.spawn_background(shutdown.clone());
     let server = GrpcServer::new(&config.grpc).add_service(avm_auth::grpc_server(auth, &config.grpc));
-    println!("listening: grpc {}", local_url(&listener)?);
+    let own_url = local_url(&listener)?;
+    // The auth service is its own peer for the identity its log forwarder uses.
+    let identity = ServiceIdentity::new(
+        service_key(&config)?.as_str(),
+        channel(&own_url, &config.grpc)?,
+        &config.grpc,
+    );
+    let logs = forward_logs(&config, &identity, &shutdown)?;
+    println!("listening: grpc {own_url}");
     tracing::info!(addr = %listener.local_addr()?, store = %redact_url(&store_url(&config, "auth")?), "auth service ready");
     server.serve(listener, shutdown).await?;
     background.abort();
+    if let Some(logs) = logs {
+        logs.abort();
+    }
     Ok(())
 }
 
@@ -609,11 +710,20 @@ async fn run_store_service(
     )?;
     let server = add(GrpcServer::new(&config.grpc), peer.verifier.clone()).await?;
     let watch = peer.verifier.spawn_watch(peer.identity.clone(), shutdown.clone());
-    println!("listening: grpc {}", local_url(&listener)?);
+    let own_url = local_url(&listener)?;
+    let logs = if service == "observability" {
+        Some(forward_logs_to(&own_url, config, &peer.identity, &shutdown)?)
+    } else {
+        forward_logs(config, &peer.identity, &shutdown)?
+    };
+    println!("listening: grpc {own_url}");
     let store = redact_url(&store_url(config, service)?);
     tracing::info!(addr = %listener.local_addr()?, %store, "{service} service ready");
     server.serve(listener, shutdown).await?;
     watch.abort();
+    if let Some(logs) = logs {
+        logs.abort();
+    }
     Ok(())
 }
 
@@ -648,6 +758,21 @@ async fn run_config(config: AvmConfig, shutdown: CancellationToken) -> anyhow::R
     result
 }
 
+async fn run_observability(config: AvmConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let mut ledger = None;
+    let result = run_store_service(&config, shutdown.clone(), "observability", async |server, verifier| {
+        let observability = open_observability(&config).await?;
+        ledger = Some(observability.spawn_background(shutdown.clone()));
+        Ok(server.add_service(avm_observability::grpc_server(observability, verifier, &config.grpc)))
+    })
+    .await;
+    // The ledger writes what it still holds before the process ends.
+    if let Some(ledger) = ledger {
+        finish(ledger, config.grpc.drain_timeout).await;
+    }
+    result
+}
+
 async fn run_runtime(config: AvmConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let addr = listen_addr(&config, config.server.grpc_port);
     let listener = bind(&addr).await?;
@@ -659,6 +784,7 @@ async fn run_runtime(config: AvmConfig, shutdown: CancellationToken) -> anyhow::
     let session_addr = peer_addr(&config.peers.session, "AVM_SESSION_ADDR")?;
     let resource_addr = peer_addr(&config.peers.resource, "AVM_RESOURCE_ADDR")?;
     let config_addr = peer_addr(&config.peers.config, "AVM_CONFIG_ADDR")?;
+    let observability_addr = peer_addr(&config.peers.observability, "AVM_OBSERVABILITY_ADDR")?;
     if config.llm.settings_tree() != avm_runtime::LlmConfig::default().settings_tree() {
         tracing::warn!(
             "LLM settings in the runtime's own configuration are not used: the runtime reads them from the \
@@ -669,10 +795,12 @@ async fn run_runtime(config: AvmConfig, shutdown: CancellationToken) -> anyhow::
         session: &session_addr,
         resource: &resource_addr,
         config: &config_addr,
+        observability: &observability_addr,
     };
     let pool = runtime_pool(&config, &peers, peer.identity.clone())?;
     let servers = CancellationToken::new();
     let reaper = pool.spawn_background(servers.clone());
+    let logs = forward_logs(&config, &peer.identity, &servers)?;
     let watch = peer.verifier.spawn_watch(peer.identity.clone(), servers.clone());
     let server = GrpcServer::new(&config.grpc).add_service(avm_runtime::grpc_server(
         pool.clone(),
@@ -688,6 +816,9 @@ async fn run_runtime(config: AvmConfig, shutdown: CancellationToken) -> anyhow::
     }
     wind_down(&pool, config.grpc.drain_timeout).await;
     servers.cancel();
+    if let Some(logs) = logs {
+        finish(logs, config.grpc.drain_timeout).await;
+    }
     reaper.abort();
     watch.abort();
     Ok(())
@@ -712,9 +843,14 @@ async fn run_gateway(config: AvmConfig, shutdown: CancellationToken) -> anyhow::
         runtime: channel(&runtime, &config.grpc)?,
         resource: channel(&peer_addr(&config.peers.resource, "AVM_RESOURCE_ADDR")?, &config.grpc)?,
         config: channel(&peer_addr(&config.peers.config, "AVM_CONFIG_ADDR")?, &config.grpc)?,
+        observability: channel(
+            &peer_addr(&config.peers.observability, "AVM_OBSERVABILITY_ADDR")?,
+            &config.grpc,
+        )?,
     };
     let backends = avm_gateway::Backends::new(peers, &config.grpc);
     let watch = peer.verifier.spawn_watch(peer.identity.clone(), shutdown.clone());
+    let logs = forward_logs(&config, &peer.identity, &shutdown)?;
     println!("listening: gateway {}", local_url(&listener)?);
     tracing::info!(addr = %listener.local_addr()?, session = %session, runtime = %runtime, "gateway ready");
     avm_gateway::serve(
@@ -727,5 +863,8 @@ async fn run_gateway(config: AvmConfig, shutdown: CancellationToken) -> anyhow::
     )
     .await?;
     watch.abort();
+    if let Some(logs) = logs {
+        logs.abort();
+    }
     Ok(())
 }

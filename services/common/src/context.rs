@@ -7,6 +7,7 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 
 use crate::ApiError;
 use crate::auth::{ON_BEHALF_OF_HEADER, Principal, Role, Scopes};
+use crate::trace::{TRACEPARENT, TraceParent};
 
 /// Metadata key carrying the caller's request id across hops.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -20,19 +21,27 @@ pub struct RequestContext {
     pub request_id: String,
     /// The verified caller.
     pub principal: Arc<Principal>,
+    /// The trace the request belongs to (W3C trace context).
+    pub trace: TraceParent,
     /// The access token forwarded on calls made for this request.
     credential: Option<Arc<str>>,
 }
 
 impl RequestContext {
-    /// Returns the context of a verified principal.
+    /// Returns the context of a verified principal, starting a new trace.
     pub fn new(principal: Principal, credential: Option<Arc<str>>, request_id: String) -> Self {
         Self {
             tenant_id: principal.tenant_id.clone(),
             request_id,
             principal: Arc::new(principal),
+            trace: TraceParent::root(),
             credential,
         }
+    }
+
+    /// Returns the same context within the trace `trace`.
+    pub fn with_trace(self, trace: TraceParent) -> Self {
+        Self { trace, ..self }
     }
 
     /// Returns the same caller under another request id.
@@ -65,6 +74,9 @@ impl RequestContext {
         let metadata = request.metadata_mut();
         if let Ok(value) = MetadataValue::try_from(self.request_id.as_str()) {
             metadata.insert(REQUEST_ID_HEADER, value);
+        }
+        if let Ok(value) = MetadataValue::try_from(crate::telemetry::outgoing_trace(&self.trace).header()) {
+            metadata.insert(TRACEPARENT, value);
         }
         if let Some(token) = &self.credential
             && let Ok(value) = MetadataValue::try_from(format!("Bearer {token}"))

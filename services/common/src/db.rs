@@ -17,17 +17,44 @@ pub enum DbPool {
 }
 
 /// Opens the database named by `url` (`sqlite://…` or `postgres://…`).
+///
+/// The pool's use shows in `/metrics` as `avm_db_pool_connections{pool, state}`,
+/// `pool` naming the SQLite file or Postgres schema.
 pub async fn connect(url: &str, max_connections: Option<u32>) -> Result<DbPool, ApiError> {
-    if url.starts_with("sqlite:") {
-        open_sqlite(url, max_connections).await.map(DbPool::Sqlite)
+    let pool = if url.starts_with("sqlite:") {
+        open_sqlite(url, max_connections).await.map(DbPool::Sqlite)?
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        open_postgres(url, max_connections).await.map(DbPool::Postgres)
+        open_postgres(url, max_connections).await.map(DbPool::Postgres)?
     } else {
-        Err(ApiError::invalid(
+        return Err(ApiError::invalid(
             "UNSUPPORTED_DATABASE_URL",
             "database url must start with sqlite:// or postgres://",
-        ))
+        ));
+    };
+    let name = pool_name(url);
+    let observed = pool.clone();
+    crate::telemetry::on_scrape(move || {
+        let (size, idle) = match &observed {
+            DbPool::Sqlite(pool) => (pool.size(), pool.num_idle()),
+            DbPool::Postgres(pool) => (pool.size(), pool.num_idle()),
+        };
+        let idle = u32::try_from(idle).unwrap_or(u32::MAX);
+        metrics::gauge!("avm_db_pool_connections", "pool" => name.clone(), "state" => "idle").set(f64::from(idle));
+        metrics::gauge!("avm_db_pool_connections", "pool" => name.clone(), "state" => "used")
+            .set(f64::from(size.saturating_sub(idle)));
+    });
+    Ok(pool)
+}
+
+/// Returns what names a pool in metrics: the SQLite file's stem or the
+/// Postgres schema (never credentials).
+fn pool_name(url: &str) -> String {
+    if url.starts_with("sqlite:") {
+        let path = url.split('?').next().unwrap_or_default();
+        let file = path.rsplit('/').next().unwrap_or_default();
+        return file.split('.').next().unwrap_or_default().to_owned();
     }
+    search_path(url).unwrap_or_else(|| "public".to_owned())
 }
 
 /// Opens (creating if needed) a SQLite database in WAL mode.
@@ -150,7 +177,17 @@ fn unavailable(kind: &str, err: &sqlx::Error) -> ApiError {
 
 #[cfg(test)]
 mod tests {
-    use super::service_url;
+    use super::{pool_name, service_url};
+
+    #[test]
+    fn pools_are_named_without_credentials() {
+        assert_eq!(pool_name("sqlite:///tmp/x/auth.db?mode=rwc"), "auth");
+        assert_eq!(
+            pool_name("postgres://user:secret@db/avm?options=-c%20search_path%3Davm_session"),
+            "avm_session"
+        );
+        assert_eq!(pool_name("postgres://user:secret@db/avm"), "public");
+    }
 
     #[test]
     fn each_service_gets_its_own_file_or_schema() {

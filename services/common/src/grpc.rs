@@ -39,6 +39,8 @@ pub struct GrpcServer {
 impl GrpcServer {
     /// Returns an empty server using the shared gRPC settings.
     pub fn new(config: &GrpcConfig) -> Self {
+        // Metrics recorded before the recorder exists are lost: install it now.
+        crate::telemetry::metrics();
         Self {
             config: config.clone(),
             routes: RoutesBuilder::default(),
@@ -71,6 +73,13 @@ impl GrpcServer {
             .build_v1()?;
         let mut routes = self.routes;
         routes.add_service(health).add_service(reflection);
+        // Each call runs in a span of its caller's trace and is counted;
+        // `GET /metrics` answers Prometheus on the same port (HTTP/1.1).
+        let router = routes
+            .routes()
+            .into_axum_router()
+            .route("/metrics", axum::routing::get(crate::telemetry::metrics_endpoint))
+            .layer(axum::middleware::from_fn(observe_call));
 
         let config = self.config;
         let incoming = TcpIncoming::from(listener)
@@ -79,10 +88,11 @@ impl GrpcServer {
         let stop_accepting = CancellationToken::new();
         let stop = stop_accepting.clone();
         let server = Server::builder()
+            .accept_http1(true)
             .timeout(config.request_timeout)
             .http2_keepalive_interval(Some(config.keepalive_interval))
             .http2_keepalive_timeout(Some(config.keepalive_timeout))
-            .add_routes(routes.routes())
+            .add_routes(tonic::service::Routes::from(router))
             .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await });
         tokio::pin!(server);
         tokio::select! {
@@ -98,6 +108,73 @@ impl GrpcServer {
                 Ok(())
             }
         }
+    }
+}
+
+/// Serves one call inside a span of its caller's trace and records
+/// `avm_<component>_grpc_requests_total{method, code}`,
+/// `avm_<component>_grpc_request_duration_seconds{method}` (to the response
+/// headers) and `avm_<component>_grpc_in_flight`. Health, reflection and
+/// `/metrics` go uncounted.
+async fn observe_call(request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use tracing::Instrument;
+    let Some((component, method)) = avm_method(request.uri().path()).map(|(c, m)| (c.to_owned(), m.to_owned())) else {
+        return next.run(request).await;
+    };
+    let trace = request
+        .headers()
+        .get(crate::trace::TRACEPARENT)
+        .and_then(|value| value.to_str().ok())
+        .and_then(crate::trace::TraceParent::parse)
+        .unwrap_or_else(crate::trace::TraceParent::root);
+    let span = crate::telemetry::request_span("grpc", &format!("{component}.{method}"), &trace);
+    let in_flight = metrics::gauge!(format!("avm_{component}_grpc_in_flight"));
+    in_flight.increment(1.0);
+    let started = std::time::Instant::now();
+    let response = next.run(request).instrument(span).await;
+    in_flight.decrement(1.0);
+    // Errors come as trailers-only responses, with the status in the headers.
+    let code = response
+        .headers()
+        .get("grpc-status")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<i32>().ok())
+        .map_or("OK", |code| grpc_code_name(tonic::Code::from(code)));
+    metrics::counter!(format!("avm_{component}_grpc_requests_total"), "method" => method.clone(), "code" => code)
+        .increment(1);
+    metrics::histogram!(format!("avm_{component}_grpc_request_duration_seconds"), "method" => method)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+/// Returns the component and method of an AgentVM call path
+/// (`/avm.session.v1.SessionService/CreateImage` → `session`, `CreateImage`).
+fn avm_method(path: &str) -> Option<(&str, &str)> {
+    let (service, method) = path.strip_prefix("/avm.")?.split_once('/')?;
+    let component = service.split('.').next()?;
+    Some((component, method))
+}
+
+/// Returns a status code's name as Prometheus labels show it.
+fn grpc_code_name(code: tonic::Code) -> &'static str {
+    match code {
+        tonic::Code::Ok => "OK",
+        tonic::Code::Cancelled => "CANCELLED",
+        tonic::Code::InvalidArgument => "INVALID_ARGUMENT",
+        tonic::Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        tonic::Code::NotFound => "NOT_FOUND",
+        tonic::Code::AlreadyExists => "ALREADY_EXISTS",
+        tonic::Code::PermissionDenied => "PERMISSION_DENIED",
+        tonic::Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        tonic::Code::FailedPrecondition => "FAILED_PRECONDITION",
+        tonic::Code::Aborted => "ABORTED",
+        tonic::Code::OutOfRange => "OUT_OF_RANGE",
+        tonic::Code::Unimplemented => "UNIMPLEMENTED",
+        tonic::Code::Internal => "INTERNAL",
+        tonic::Code::Unavailable => "UNAVAILABLE",
+        tonic::Code::DataLoss => "DATA_LOSS",
+        tonic::Code::Unauthenticated => "UNAUTHENTICATED",
+        tonic::Code::Unknown => "UNKNOWN",
     }
 }
 

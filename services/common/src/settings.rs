@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 /// What a key holds, and its bounds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ValueKind {
     /// `anthropic`, `openai` or `offline`; `null` picks from the API key.
     Provider,
@@ -20,10 +20,15 @@ pub enum ValueKind {
     Count(u64, u64),
     /// A duration such as `"60s"` or `"10m"`, within the bounds (seconds).
     Duration(u64, u64),
+    /// A number within the bounds.
+    Number(f64, f64),
+    /// Model name (or prefix) to its price in USD per million tokens:
+    /// `{"input", "output", "cacheRead"?, "cacheWrite"?}`.
+    PriceTable,
 }
 
 /// One key of the tree.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct KeySpec {
     /// Dotted camelCase name, e.g. `llm.model`.
     pub key: &'static str,
@@ -51,6 +56,8 @@ pub const RUNTIME_AGENT_IDLE_TIMEOUT: &str = "runtime.agentIdleTimeout";
 pub const RUNTIME_EVENT_RETENTION: &str = "runtime.eventRetention";
 pub const RUNTIME_EVENT_RETENTION_PERIOD: &str = "runtime.eventRetentionPeriod";
 pub const RUNTIME_SUBSCRIBER_QUEUE: &str = "runtime.subscriberQueue";
+pub const BILLING_MARKUP: &str = "billing.markup";
+pub const BILLING_PRICES: &str = "billing.prices";
 
 const fn key(
     key: &'static str,
@@ -124,6 +131,20 @@ pub const KEYS: &[KeySpec] = &[
         true,
         true,
         "time allowed for an LLM call to connect and answer",
+    ),
+    key(
+        BILLING_MARKUP,
+        ValueKind::Number(1.0, 10.0),
+        false,
+        true,
+        "what tenants pay per unit of provider cost (1.05: cost plus 5 %)",
+    ),
+    key(
+        BILLING_PRICES,
+        ValueKind::PriceTable,
+        false,
+        true,
+        "provider prices by model (or model prefix), USD per million tokens: {input, output, cacheRead?, cacheWrite?}",
     ),
     key(
         SYSTEM_DATA_DIR,
@@ -209,8 +230,54 @@ impl KeySpec {
                 _ => Err(duration_bounds(min, max)),
             },
             (ValueKind::Duration(min, max), _) => Err(duration_bounds(min, max)),
+            (ValueKind::Number(min, max), Value::Number(number)) => match number.as_f64() {
+                Some(n) if (min..=max).contains(&n) => Ok(value.clone()),
+                _ => Err(format!("must be a number from {min} to {max}")),
+            },
+            (ValueKind::Number(min, max), _) => Err(format!("must be a number from {min} to {max}")),
+            (ValueKind::PriceTable, Value::Object(models)) => check_prices(models).map(|()| value.clone()),
+            (ValueKind::PriceTable, _) => Err("must be an object of model name to price".to_owned()),
         }
     }
+}
+
+/// The fields of one model's price, USD per million tokens.
+pub const PRICE_FIELDS: [&str; 4] = ["input", "output", "cacheRead", "cacheWrite"];
+
+/// Most models a price table holds.
+const MAX_PRICED_MODELS: usize = 1000;
+
+fn check_prices(models: &serde_json::Map<String, Value>) -> Result<(), String> {
+    if models.len() > MAX_PRICED_MODELS {
+        return Err(format!("may price at most {MAX_PRICED_MODELS} models"));
+    }
+    for (model, price) in models {
+        if model.is_empty() || model.len() > 200 {
+            return Err("model names must be 1 to 200 bytes".to_owned());
+        }
+        let Value::Object(fields) = price else {
+            return Err(format!("{model}: must be an object with input and output prices"));
+        };
+        for (field, amount) in fields {
+            if !PRICE_FIELDS.contains(&field.as_str()) {
+                return Err(format!(
+                    "{model}: unknown price {field:?}; prices are {}",
+                    PRICE_FIELDS.join(", ")
+                ));
+            }
+            if !amount.as_f64().is_some_and(|n| (0.0..=1_000_000.0).contains(&n)) {
+                return Err(format!(
+                    "{model}.{field}: must be a number of USD per million tokens, from 0"
+                ));
+            }
+        }
+        for required in ["input", "output"] {
+            if !fields.contains_key(required) {
+                return Err(format!("{model}: {required} is required"));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn duration_bounds(min: u64, max: u64) -> String {
@@ -267,6 +334,17 @@ mod tests {
         assert!(check(DEFAULTS_MAX_TOKENS, json!(1.5)).is_err());
         assert_eq!(check(DEFAULTS_TIMEOUT, json!("90s")), Ok(json!("1m 30s")));
         assert!(check(DEFAULTS_TIMEOUT, json!("2days")).is_err());
+        assert_eq!(check(BILLING_MARKUP, json!(1.05)), Ok(json!(1.05)));
+        assert!(check(BILLING_MARKUP, json!(0.5)).is_err());
+        let prices = json!({"m": {"input": 3, "output": 15.0, "cacheRead": 0.3}});
+        assert_eq!(check(BILLING_PRICES, prices.clone()), Ok(prices));
+        assert!(
+            check(BILLING_PRICES, json!({"m": {"input": 3}}))
+                .unwrap_err()
+                .contains("output")
+        );
+        assert!(check(BILLING_PRICES, json!({"m": {"input": 3, "output": -1}})).is_err());
+        assert!(check(BILLING_PRICES, json!({"m": {"input": 3, "output": 1, "bogus": 1}})).is_err());
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Runtime settings: the agent pool and the LLM it talks to.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use avm_common::config::Secret;
@@ -92,6 +93,124 @@ impl LlmConfig {
             None if self.api_key.is_set() => ProviderKind::Anthropic,
             None => ProviderKind::Offline,
         }
+    }
+}
+
+/// What LLM calls cost and what tenants pay for them (`[billing]`,
+/// `AVM_BILLING_*`): the deployment layer of `billing.*` in the
+/// configuration center.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BillingConfig {
+    /// What tenants pay per unit of provider cost.
+    pub markup: f64,
+    /// Provider prices by model name or prefix (the longest matching key wins).
+    pub prices: BTreeMap<String, ModelPrice>,
+}
+
+/// A model's price in USD per million tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelPrice {
+    pub input: f64,
+    pub output: f64,
+    /// Tokens read from the prompt cache.
+    pub cache_read: f64,
+    /// Tokens written to the prompt cache.
+    pub cache_write: f64,
+}
+
+impl Default for BillingConfig {
+    /// The providers' public list prices when this was written; operators
+    /// keep them current with `PUT /v1/config {"billing.prices": …}`.
+    fn default() -> Self {
+        let price = |input: f64, output: f64, cache_read: f64, cache_write: f64| ModelPrice {
+            input,
+            output,
+            cache_read,
+            cache_write,
+        };
+        let prices = [
+            ("claude-opus-4", price(15.0, 75.0, 1.5, 18.75)),
+            ("claude-sonnet-4", price(3.0, 15.0, 0.3, 3.75)),
+            ("claude-3-7-sonnet", price(3.0, 15.0, 0.3, 3.75)),
+            ("claude-3-5-haiku", price(0.8, 4.0, 0.08, 1.0)),
+            ("gpt-4o", price(2.5, 10.0, 1.25, 0.0)),
+            ("gpt-4o-mini", price(0.15, 0.6, 0.075, 0.0)),
+            ("gpt-4.1", price(2.0, 8.0, 0.5, 0.0)),
+            ("gpt-4.1-mini", price(0.4, 1.6, 0.1, 0.0)),
+        ];
+        Self {
+            markup: 1.05,
+            prices: prices
+                .into_iter()
+                .map(|(model, price)| (model.to_owned(), price))
+                .collect(),
+        }
+    }
+}
+
+impl BillingConfig {
+    /// Returns these settings as keys of the configuration tree.
+    pub fn settings_tree(&self) -> Map<String, Value> {
+        let prices: Map<String, Value> = self
+            .prices
+            .iter()
+            .map(|(model, price)| {
+                let value = serde_json::json!({
+                    "input": price.input,
+                    "output": price.output,
+                    "cacheRead": price.cache_read,
+                    "cacheWrite": price.cache_write,
+                });
+                (model.clone(), value)
+            })
+            .collect();
+        let mut tree = Map::new();
+        tree.insert(settings::BILLING_MARKUP.into(), Value::from(self.markup));
+        tree.insert(settings::BILLING_PRICES.into(), Value::Object(prices));
+        tree
+    }
+
+    /// Returns the billing settings an effective configuration tree holds.
+    pub fn from_settings(tree: &Map<String, Value>) -> BillingConfig {
+        let defaults = BillingConfig::default();
+        let number = |price: &Value, field: &str| price.get(field).and_then(Value::as_f64).unwrap_or(0.0);
+        let prices = match tree.get(settings::BILLING_PRICES) {
+            Some(Value::Object(models)) => models
+                .iter()
+                .map(|(model, price)| {
+                    let price = ModelPrice {
+                        input: number(price, "input"),
+                        output: number(price, "output"),
+                        cache_read: number(price, "cacheRead"),
+                        cache_write: number(price, "cacheWrite"),
+                    };
+                    (model.clone(), price)
+                })
+                .collect(),
+            _ => defaults.prices,
+        };
+        BillingConfig {
+            markup: tree
+                .get(settings::BILLING_MARKUP)
+                .and_then(Value::as_f64)
+                .unwrap_or(defaults.markup),
+            prices,
+        }
+    }
+
+    /// Returns the price of `model`: its own entry, else the longest entry
+    /// that is a prefix of it (`gpt-4o-mini-2024-07-18` → `gpt-4o-mini`).
+    pub fn price_of(&self, model: &str) -> Option<ModelPrice> {
+        if let Some(price) = self.prices.get(model) {
+            return Some(*price);
+        }
+        self.prices
+            .iter()
+            .filter(|(prefix, _)| model.starts_with(prefix.as_str()))
+            .max_by_key(|(prefix, _)| prefix.len())
+            .map(|(_, price)| *price)
     }
 }
 
@@ -231,9 +350,23 @@ mod tests {
     }
 
     #[test]
+    fn billing_survives_the_tree_and_prices_by_prefix() {
+        let billing = BillingConfig::default();
+        assert_eq!(BillingConfig::from_settings(&billing.settings_tree()), billing);
+        let mini = billing.price_of("gpt-4o-mini-2024-07-18").unwrap_or_default();
+        assert_eq!((mini.input, mini.output), (0.15, 0.6), "the longest prefix wins");
+        assert_eq!(
+            billing.price_of("claude-sonnet-4-20250514").map(|p| p.output),
+            Some(15.0)
+        );
+        assert_eq!(billing.price_of("unknown-model"), None);
+    }
+
+    #[test]
     fn every_tree_key_is_a_known_setting() {
         let mut tree = LlmConfig::default().settings_tree();
         tree.extend(RuntimeConfig::default().settings_tree());
+        tree.extend(BillingConfig::default().settings_tree());
         for (key, value) in &tree {
             let spec = settings::spec(key).unwrap_or_else(|| panic!("{key} is not in the settings table"));
             if !value.is_null() {

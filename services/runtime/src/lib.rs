@@ -5,14 +5,16 @@ mod context;
 pub mod grpc;
 pub mod hub;
 pub mod llm;
+pub mod metering;
 pub mod resources;
 pub mod service;
 pub mod session_client;
 pub mod settings;
 mod turn;
 
-pub use config::{LlmConfig, RuntimeConfig};
+pub use config::{BillingConfig, LlmConfig, ModelPrice, RuntimeConfig};
 pub use grpc::grpc_server;
+pub use metering::Metering;
 pub use resources::ResourceClient;
 pub use service::AgentPool;
 pub use session_client::SessionClient;

@@ -13,11 +13,13 @@ use avm_proto::session::v1 as pb;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, instrument};
 
 use crate::config::RuntimeConfig;
 use crate::context::{history_to_llm, parse_content, push_message};
 use crate::hub::{EventContext, Hubs, SessionHub, Subscription};
 use crate::llm::{LlmMessage, LlmRole};
+use crate::metering::Metering;
 use crate::resources::{AgentPlan, ResourceClient};
 use crate::session_client::{ImageInfo, SessionClient};
 use crate::settings::LlmSettings;
@@ -114,6 +116,8 @@ pub(crate) struct PoolInner {
     pub(crate) config: RuntimeConfig,
     /// The LLM settings of each tenant, from the config service.
     pub(crate) llm: LlmSettings,
+    /// Usage records and budget checks, with the observability service.
+    pub(crate) metering: Metering,
     pub(crate) sessions: SessionClient,
     pub(crate) resources: ResourceClient,
     /// The runtime's own credential, for work that outlives the caller's request.
@@ -136,6 +140,7 @@ impl AgentPool {
     pub fn new(
         config: RuntimeConfig,
         llm: LlmSettings,
+        metering: Metering,
         sessions: SessionClient,
         resources: ResourceClient,
         identity: ServiceIdentity,
@@ -145,6 +150,7 @@ impl AgentPool {
             inner: Arc::new(PoolInner {
                 config,
                 llm,
+                metering,
                 sessions,
                 resources,
                 identity,
@@ -164,6 +170,7 @@ impl AgentPool {
     }
 
     /// Starts the agent of an image, or returns the running one (`reused`).
+    #[instrument(name = "runtime.run_image", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn run_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(AgentInfo, bool), ApiError> {
         ctx.require(Scopes::WRITE)?;
         let (agent, reused) = self.ensure_agent(ctx, image_id).await?;
@@ -233,6 +240,7 @@ impl AgentPool {
             image,
         });
         self.agent_ids().insert(agent_id.clone(), key);
+        metrics::gauge!("avm_runtime_active_agents").increment(1.0);
         agent.emit(
             "agent_registered",
             &json!({
@@ -253,6 +261,7 @@ impl AgentPool {
     }
 
     /// Persists a user message and starts a turn; one turn at a time per agent.
+    #[instrument(name = "runtime.send_message", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn send_message(
         &self,
         ctx: &RequestContext,
@@ -291,14 +300,18 @@ impl AgentPool {
         };
         let events = agent.hub.subscribe(Some(cursor));
         tracing::info!(image_id = %agent.image.image_id, message_id = %user_message_id, "turn started");
-        tokio::spawn(turn::run(
-            Arc::clone(&self.inner),
-            Arc::clone(&agent),
-            ctx.clone(),
-            Arc::clone(&llm.provider),
-            request,
-            cancel,
-        ));
+        // The turn outlives this call; it stays in the request's trace.
+        tokio::spawn(
+            turn::run(
+                Arc::clone(&self.inner),
+                Arc::clone(&agent),
+                ctx.clone(),
+                llm,
+                request,
+                cancel,
+            )
+            .instrument(tracing::Span::current()),
+        );
         Ok(SendAccepted {
             agent: agent.info(),
             user_message_id,
@@ -371,6 +384,7 @@ impl AgentPool {
     }
 
     /// Interrupts the running turn; `false` when the agent was idle.
+    #[instrument(name = "runtime.interrupt_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn interrupt(&self, ctx: &RequestContext, target: &AgentTarget) -> Result<(AgentInfo, bool), ApiError> {
         ctx.require(Scopes::WRITE)?;
         let agent = self.find(ctx, target).await?;
@@ -386,6 +400,7 @@ impl AgentPool {
     }
 
     /// Returns one agent of the caller.
+    #[instrument(name = "runtime.get_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn get_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<AgentInfo, ApiError> {
         ctx.require(Scopes::READ)?;
         let target = AgentTarget::Agent(agent_id.to_owned());
@@ -393,6 +408,7 @@ impl AgentPool {
     }
 
     /// Lists the caller's agents, optionally of one container, oldest first.
+    #[instrument(name = "runtime.list_agents", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn list_agents(
         &self,
         ctx: &RequestContext,
@@ -429,6 +445,7 @@ impl AgentPool {
 
     /// Stops the agent of an image; `false` when none was running. An image
     /// that does not exist is NOT_FOUND.
+    #[instrument(name = "runtime.stop_image", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn stop_image(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, ApiError> {
         ctx.require(Scopes::WRITE)?;
         validate_id("IMAGE_NOT_FOUND", "image", image_id)?;
@@ -444,6 +461,7 @@ impl AgentPool {
     }
 
     /// Stops and forgets one agent.
+    #[instrument(name = "runtime.destroy_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn destroy_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<(), ApiError> {
         ctx.require(Scopes::WRITE)?;
         let target = AgentTarget::Agent(agent_id.to_owned());
@@ -453,6 +471,7 @@ impl AgentPool {
     }
 
     /// Stops every agent of a container; returns how many.
+    #[instrument(name = "runtime.destroy_all_agents", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn destroy_all(&self, ctx: &RequestContext, container_id: &str) -> Result<u32, ApiError> {
         ctx.require(Scopes::WRITE)?;
         self.authorize(ctx, container_id).await?;
@@ -488,6 +507,7 @@ impl AgentPool {
             }
         }
         self.agent_ids().remove(&agent.agent_id);
+        metrics::gauge!("avm_runtime_active_agents").decrement(1.0);
         agent.emit(
             "agent_unregistered",
             &json!({"containerId": agent.image.container_id, "agentId": agent.agent_id}),
@@ -496,6 +516,7 @@ impl AgentPool {
     }
 
     /// Subscribes to a session's events, replaying retained ones after `after_cursor`.
+    #[instrument(name = "runtime.subscribe_events", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn subscribe(
         &self,
         ctx: &RequestContext,
@@ -546,6 +567,7 @@ impl AgentPool {
     /// returns the reaper's task.
     pub fn spawn_background(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         self.inner.llm.spawn_watch(shutdown.clone());
+        self.inner.metering.spawn(shutdown.clone());
         let pool = self.clone();
         let config = &pool.inner.config;
         let period = (config.agent_idle_timeout.min(config.event_retention_period) / 2)
@@ -571,6 +593,12 @@ impl AgentPool {
                 cancel.cancel();
             }
         }
+    }
+
+    /// Waits, at most `limit`, until the usage of every finished call was
+    /// reported (at shutdown, before the services it reports to stop).
+    pub async fn flush_usage(&self, limit: Duration) -> bool {
+        self.inner.metering.flush(limit).await
     }
 
     /// Returns whether any turn is still running.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use avm_common::auth::ServiceIdentity;
 use avm_common::config::GrpcConfig;
-use avm_common::settings::{LLM_BASE_URL, LLM_PROVIDER};
+use avm_common::settings::{LLM_API_KEY, LLM_BASE_URL, LLM_PROVIDER};
 use avm_common::{ApiError, RequestContext};
 use avm_proto::config::v1 as pb;
 use avm_proto::config::v1::config_service_client::ConfigServiceClient;
@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::LlmConfig;
+use crate::config::{BillingConfig, LlmConfig};
 use crate::llm::{LlmProvider, build_provider};
 
 /// How long a turn waits for the first system configuration.
@@ -37,6 +37,10 @@ const MAX_CACHED_PROVIDERS: usize = 1_000;
 pub struct TenantLlm {
     pub config: LlmConfig,
     pub provider: Arc<dyn LlmProvider>,
+    /// Prices and markup.
+    pub billing: BillingConfig,
+    /// Whether the API key is the tenant's own (its calls are not billed).
+    pub own_key: bool,
 }
 
 type ProviderKey = (&'static str, Option<String>, Option<String>, Duration, Duration);
@@ -100,7 +104,7 @@ impl LlmSettings {
         }
         let system = self.system().await?;
         let epoch = self.inner.epoch.load(Ordering::SeqCst);
-        let service = self.inner.identity.context_for(&ctx.tenant_id, &ctx.request_id).await?;
+        let service = self.inner.identity.context_for(ctx).await?;
         let request = service.request(pb::GetConfigRequest::default());
         let entries = self
             .inner
@@ -113,9 +117,12 @@ impl LlmSettings {
         let mut tree = tree_of(&entries);
         // A tenant that chose another provider does not inherit the
         // deployment's API root, which belongs to the deployment's provider.
-        let provider_is_tenants = entries
-            .iter()
-            .any(|entry| entry.key == LLM_PROVIDER && entry.source == pb::Source::Tenant as i32);
+        let tenants = |key: &str| {
+            entries
+                .iter()
+                .any(|entry| entry.key == key && entry.source == pb::Source::Tenant as i32)
+        };
+        let provider_is_tenants = tenants(LLM_PROVIDER);
         if provider_is_tenants && tree.get(LLM_PROVIDER) != system.get(LLM_PROVIDER) {
             tree.insert(LLM_BASE_URL.to_owned(), Value::Null);
         }
@@ -123,6 +130,8 @@ impl LlmSettings {
         let tenant = Arc::new(TenantLlm {
             provider: self.provider(&config)?,
             config,
+            billing: BillingConfig::from_settings(&tree),
+            own_key: tenants(LLM_API_KEY),
         });
         let mut tenants = self.tenants();
         if self.inner.epoch.load(Ordering::SeqCst) == epoch {

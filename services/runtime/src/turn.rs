@@ -7,18 +7,22 @@
 //! `error_received → error_message → error_occurred`.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use avm_common::ids::new_id;
-use avm_common::{Code, RequestContext, wire};
+use avm_common::{ApiError, Code, RequestContext, wire};
+use avm_proto::observability::v1 as ob;
 use avm_proto::session::v1 as pb;
 use futures::StreamExt;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LlmConfig;
-use crate::llm::{LlmError, LlmErrorKind, LlmEvent, LlmMessage, LlmProvider, LlmRequest, StopReason};
+use crate::llm::{LlmContent, LlmError, LlmErrorKind, LlmEvent, LlmMessage, LlmProvider, LlmRequest, StopReason};
+use crate::metering::{Tokens, charge, estimate_tokens};
 use crate::resources::AgentPlan;
 use crate::service::{Agent, PoolInner};
+use crate::settings::TenantLlm;
 
 /// Returns the LLM request for the conversation so far: the tenant's
 /// settings, under what the agent's definition chose.
@@ -34,16 +38,51 @@ pub(crate) fn request(config: &LlmConfig, plan: &AgentPlan, messages: Vec<LlmMes
 enum Outcome {
     Completed(StopReason),
     Interrupted,
-    Failed(LlmError),
+    Failed(Failure),
 }
 
-/// The reply as it accumulates.
+/// Why a turn failed, as its error events say it.
+struct Failure {
+    reason: String,
+    message: String,
+    recoverable: bool,
+}
+
+impl From<LlmError> for Failure {
+    fn from(error: LlmError) -> Self {
+        Failure {
+            reason: error.kind.reason().to_owned(),
+            recoverable: error.kind.recoverable(),
+            message: error.message,
+        }
+    }
+}
+
+impl From<ApiError> for Failure {
+    fn from(error: ApiError) -> Self {
+        Failure {
+            recoverable: !matches!(error.code, Code::ResourceExhausted | Code::PermissionDenied),
+            reason: error.reason.into_owned(),
+            message: error.message,
+        }
+    }
+}
+
+/// The reply as it accumulates, and what the ledger needs of its call.
 struct Reply {
     message_id: String,
     model: String,
     text: String,
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
+    cache_read_tokens: Option<u64>,
+    cache_write_tokens: Option<u64>,
+    started_at_ms: i64,
+    started: Instant,
+    /// Milliseconds from the start to the first text delta.
+    first_token_ms: Option<i64>,
+    /// Whether the provider accepted the request (it may bill for it).
+    accepted: bool,
 }
 
 impl Reply {
@@ -60,7 +99,7 @@ pub(crate) async fn run(
     pool: Arc<PoolInner>,
     agent: Arc<Agent>,
     ctx: RequestContext,
-    provider: Arc<dyn LlmProvider>,
+    llm: Arc<TenantLlm>,
     request: LlmRequest,
     cancel: CancellationToken,
 ) {
@@ -70,9 +109,27 @@ pub(crate) async fn run(
         text: String::new(),
         input_tokens: None,
         output_tokens: None,
+        cache_read_tokens: None,
+        cache_write_tokens: None,
+        started_at_ms: avm_common::now_ms(),
+        started: Instant::now(),
+        first_token_ms: None,
+        accepted: false,
     };
-    let outcome = stream_reply(provider.as_ref(), &agent, request, &cancel, &mut reply).await;
-    report_usage(&pool, &ctx, &reply);
+    let in_flight = metrics::gauge!("avm_runtime_turns_in_flight");
+    in_flight.increment(1.0);
+    // Every LLM call is preceded by the budget check; a refused one is not made.
+    let outcome = match pool.metering.check_budget(&ctx).await {
+        Err(refused) => Outcome::Failed(Failure::from(refused)),
+        Ok(()) => {
+            let request_chars = request_chars(&request);
+            let outcome = stream_reply(llm.provider.as_ref(), &agent, request, &cancel, &mut reply).await;
+            let record = usage_record(&agent, &ctx, &llm, &reply, &outcome, request_chars);
+            pool.metering.record(record).await;
+            report_usage(&pool, &ctx, &reply);
+            outcome
+        }
+    };
     let session_id = agent.image.session_id.clone();
     match outcome {
         Outcome::Completed(stop) => {
@@ -100,7 +157,7 @@ pub(crate) async fn run(
             agent.finish_turn(Some(reply.text));
         }
         Outcome::Failed(error) => {
-            let reason = error.kind.reason();
+            let reason = error.reason.as_str();
             agent.emit(
                 "error_received",
                 &json!({"message": error.message, "errorCode": reason}),
@@ -119,12 +176,13 @@ pub(crate) async fn run(
             agent.emit("error_message", &wire::message_object(&message));
             agent.emit(
                 "error_occurred",
-                &json!({"code": reason, "message": error.message, "recoverable": error.kind.recoverable()}),
+                &json!({"code": reason, "message": error.message, "recoverable": error.recoverable}),
             );
             tracing::warn!(image_id = %agent.image.image_id, reason, "turn failed");
             agent.finish_turn(None);
         }
     }
+    in_flight.decrement(1.0);
 }
 
 async fn stream_reply(
@@ -139,9 +197,10 @@ async fn stream_reply(
         () = cancel.cancelled() => return Outcome::Interrupted,
         result = provider.stream(request) => match result {
             Ok(stream) => stream,
-            Err(error) => return Outcome::Failed(error),
+            Err(error) => return Outcome::Failed(error.into()),
         },
     };
+    reply.accepted = true;
     agent.emit(
         "message_start",
         &json!({"messageId": reply.message_id, "model": reply.model}),
@@ -158,6 +217,9 @@ async fn stream_reply(
             Some(Ok(LlmEvent::TextDelta(text))) => {
                 if text.is_empty() {
                     continue;
+                }
+                if reply.first_token_ms.is_none() {
+                    reply.first_token_ms = Some(elapsed_ms(reply.started));
                 }
                 agent.emit("text_delta", &json!({"text": text}));
                 agent.emit("conversation_responding", &json!({}));
@@ -176,15 +238,138 @@ async fn stream_reply(
                 reply.input_tokens = input_tokens.or(reply.input_tokens);
                 reply.output_tokens = output_tokens.or(reply.output_tokens);
             }
+            Some(Ok(LlmEvent::CacheUsage {
+                read_tokens,
+                write_tokens,
+            })) => {
+                reply.cache_read_tokens = read_tokens.or(reply.cache_read_tokens);
+                reply.cache_write_tokens = write_tokens.or(reply.cache_write_tokens);
+            }
             Some(Ok(LlmEvent::Stop { reason })) => return Outcome::Completed(reason),
-            Some(Err(error)) => return Outcome::Failed(error),
+            Some(Err(error)) => return Outcome::Failed(error.into()),
             None => {
-                return Outcome::Failed(LlmError::new(
-                    LlmErrorKind::BadResponse,
-                    "the LLM provider's stream ended before the reply was complete",
-                ));
+                return Outcome::Failed(
+                    LlmError::new(
+                        LlmErrorKind::BadResponse,
+                        "the LLM provider's stream ended before the reply was complete",
+                    )
+                    .into(),
+                );
             }
         }
+    }
+}
+
+/// Returns the milliseconds since `start`.
+fn elapsed_ms(start: Instant) -> i64 {
+    i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Returns the characters of text a request sends, for estimating its input.
+fn request_chars(request: &LlmRequest) -> usize {
+    let system = request.system.as_ref().map_or(0, String::len);
+    let messages: usize = request
+        .messages
+        .iter()
+        .flat_map(|message| message.content.iter())
+        .map(|part| match part {
+            LlmContent::Text(text) => text.len(),
+            LlmContent::Image { .. } | LlmContent::File { .. } => 0,
+        })
+        .sum();
+    system + messages
+}
+
+/// Returns the ledger record of the turn's LLM call.
+///
+/// The counts are the provider's own. Where a cut stream left one unknown it
+/// is estimated (a quarter of the characters) and the record says so: the
+/// input of a call the provider accepted but never counted, the output of a
+/// reply it streamed without a final count. A call the provider refused
+/// outright counts nothing.
+fn usage_record(
+    agent: &Agent,
+    ctx: &RequestContext,
+    llm: &TenantLlm,
+    reply: &Reply,
+    outcome: &Outcome,
+    request_chars: usize,
+) -> ob::UsageRecord {
+    let mut estimated = false;
+    let mut known_or_estimate = |known: Option<u64>, chars: usize| {
+        known.unwrap_or_else(|| {
+            if reply.accepted && chars > 0 {
+                estimated = true;
+                estimate_tokens(chars)
+            } else {
+                0
+            }
+        })
+    };
+    let tokens = Tokens {
+        input: known_or_estimate(reply.input_tokens, request_chars),
+        output: known_or_estimate(reply.output_tokens, reply.text.len()),
+        cache_read: reply.cache_read_tokens.unwrap_or(0),
+        cache_write: reply.cache_write_tokens.unwrap_or(0),
+    };
+    let charged = charge(
+        &llm.billing,
+        llm.config.provider_kind(),
+        &reply.model,
+        tokens,
+        llm.own_key,
+    );
+    if !charged.priced {
+        tracing::warn!(model = %reply.model, "no price for this model: its calls cost 0 (set billing.prices)");
+    }
+    let (status, error_code) = match outcome {
+        Outcome::Completed(_) => (ob::CallStatus::Completed, String::new()),
+        Outcome::Interrupted => (ob::CallStatus::Interrupted, String::new()),
+        Outcome::Failed(failure) => (ob::CallStatus::Failed, failure.reason.clone()),
+    };
+    let provider = llm.config.provider_kind().as_str();
+    let status_name = match status {
+        ob::CallStatus::Completed => "completed",
+        ob::CallStatus::Interrupted => "interrupted",
+        _ => "failed",
+    };
+    metrics::counter!("avm_runtime_llm_calls_total", "provider" => provider, "status" => status_name).increment(1);
+    for (kind, count) in [
+        ("input", tokens.input),
+        ("output", tokens.output),
+        ("cache_read", tokens.cache_read),
+        ("cache_write", tokens.cache_write),
+    ] {
+        metrics::counter!("avm_runtime_llm_tokens_total", "provider" => provider, "kind" => kind).increment(count);
+    }
+    if let Some(first) = reply.first_token_ms {
+        metrics::histogram!("avm_runtime_llm_first_token_seconds", "provider" => provider)
+            .record(first as f64 / 1000.0);
+    }
+    ob::UsageRecord {
+        call_id: reply.message_id.clone(),
+        tenant_id: ctx.tenant_id.clone(),
+        user_id: ctx.principal.user_id.clone(),
+        key_id: ctx.principal.key_id.clone().unwrap_or_default(),
+        container_id: agent.image.container_id.clone(),
+        image_id: agent.image.image_id.clone(),
+        agent_id: agent.agent_id.clone(),
+        provider: llm.config.provider_kind().as_str().to_owned(),
+        model: reply.model.clone(),
+        input_tokens: tokens.input,
+        output_tokens: tokens.output,
+        cache_read_tokens: tokens.cache_read,
+        cache_write_tokens: tokens.cache_write,
+        estimated,
+        status: status as i32,
+        error_code,
+        started_at_ms: reply.started_at_ms,
+        ended_at_ms: reply.started_at_ms + elapsed_ms(reply.started),
+        first_token_ms: reply.first_token_ms.unwrap_or(0),
+        cost_pico_usd: charged.cost_pico_usd,
+        billed_pico_usd: charged.billed_pico_usd,
+        priced: charged.priced,
+        own_key: llm.own_key,
     }
 }
 
@@ -215,7 +400,7 @@ fn assistant_message(agent: &Agent, reply: &Reply, stop: StopReason, interrupted
 async fn persist(pool: &PoolInner, ctx: &RequestContext, message: &pb::Message) {
     let mut backoff = std::time::Duration::from_millis(50);
     for attempt in 1..=5 {
-        let appended = match pool.identity.context_for(&ctx.tenant_id, &ctx.request_id).await {
+        let appended = match pool.identity.context_for(ctx).await {
             Ok(own) => pool.sessions.append(&own, message.clone()).await,
             Err(err) => Err(err),
         };
@@ -250,11 +435,11 @@ fn report_usage(pool: &Arc<PoolInner>, ctx: &RequestContext, reply: &Reply) {
         report_id: reply.message_id.clone(),
     };
     let pool = Arc::clone(pool);
-    let (tenant_id, request_id) = (ctx.tenant_id.clone(), ctx.request_id.clone());
+    let ctx = ctx.clone();
     tokio::spawn(async move {
         let mut backoff = std::time::Duration::from_millis(100);
         for attempt in 1..=5 {
-            let result = match pool.identity.context_for(&tenant_id, &request_id).await {
+            let result = match pool.identity.context_for(&ctx).await {
                 Ok(own) => pool
                     .identity
                     .client()

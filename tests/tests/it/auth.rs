@@ -3,7 +3,6 @@
 //! gateway replicas through Redis), token quotas, sharing, the CLI, `--dev`,
 //! and secrets kept out of the logs.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
@@ -15,62 +14,18 @@ use avm_tests::mock_llm::{MockBehavior, MockLlm};
 use avm_tests::ws_client::WsClient;
 use futures::future::join_all;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::both_modes;
-use crate::support::{cluster, conversation, send_and_finish};
+use crate::support::{cluster, conversation, send_and_finish, serve, stop};
 
 /// How long a test waits for something that should happen at once.
 const DEADLINE: Duration = Duration::from_secs(10);
-
-/// Starts `avm serve` on free ports and returns it with the stdout lines it
-/// printed up to its gateway URL, and that URL.
-async fn serve(
-    data_dir: &std::path::Path,
-    extra: &[&str],
-) -> anyhow::Result<(tokio::process::Child, Vec<String>, String)> {
-    let mut command = avm_command()?;
-    command
-        .args(["serve", "--port", "0", "--grpc-port", "0", "--data-dir"])
-        .arg(data_dir)
-        .args(extra)
-        .env("AVM_LOG_LEVEL", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut child = command.spawn()?;
-    let mut lines = BufReader::new(child.stdout.take().context("no stdout")?).lines();
-    let mut printed = Vec::new();
-    let url = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Some(line) = lines.next_line().await? {
-            printed.push(line.clone());
-            if let Some(url) = line.strip_prefix("listening: gateway ") {
-                return Ok::<_, anyhow::Error>(url.to_owned());
-            }
-        }
-        bail!("avm serve exited before listening: {printed:?}")
-    })
-    .await
-    .context("avm serve did not start")??;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok((child, printed, url))
-}
-
-async fn stop(mut child: tokio::process::Child) -> anyhow::Result<()> {
-    let pid = child.id().context("no pid")?;
-    tokio::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .await?;
-    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await??;
-    ensure!(status.success(), "avm serve exited with {status}");
-    Ok(())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_run_prints_an_admin_key_once() -> anyhow::Result<()> {
     let parent = tempfile::tempdir()?;
     let dir = parent.path().join("data");
-    let (child, printed, url) = serve(&dir, &[]).await?;
+    let (child, printed, url) = serve(&dir, &[], &[]).await?;
     let key_file = dir.join(avm::ADMIN_KEY_FILE);
     let saved = std::fs::read_to_string(&key_file)?.trim().to_owned();
     assert!(saved.starts_with("avm_"), "{saved}");
@@ -109,7 +64,7 @@ async fn the_first_run_prints_an_admin_key_once() -> anyhow::Result<()> {
     stop(child).await?;
 
     // The key is shown once: a restart prints none and keeps the same one working.
-    let (child, printed, url) = serve(&dir, &[]).await?;
+    let (child, printed, url) = serve(&dir, &[], &[]).await?;
     assert!(!printed.iter().any(|line| line.contains("avm_")), "{printed:?}");
     let whoami: Value = http_client(&saved)?
         .get(format!("{url}/v1/auth/whoami"))
@@ -125,7 +80,7 @@ async fn the_first_run_prints_an_admin_key_once() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_mode_lets_anonymous_requests_act_as_the_dev_tenant() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let (child, printed, url) = serve(dir.path(), &["--dev"]).await?;
+    let (child, printed, url) = serve(dir.path(), &["--dev"], &[]).await?;
     assert!(printed.iter().any(|line| line.contains("dev mode")), "{printed:?}");
     let http = reqwest::Client::new();
     let whoami: Value = http.get(format!("{url}/v1/auth/whoami")).send().await?.json().await?;

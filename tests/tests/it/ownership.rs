@@ -28,6 +28,8 @@ use avm_proto::auth::v1 as au;
 use avm_proto::auth::v1::auth_service_client::AuthServiceClient;
 use avm_proto::config::v1 as cf;
 use avm_proto::config::v1::config_service_client::ConfigServiceClient;
+use avm_proto::observability::v1 as ob;
+use avm_proto::observability::v1::observability_service_client::ObservabilityServiceClient;
 use avm_proto::resource::v1 as rs;
 use avm_proto::resource::v1::resource_service_client::ResourceServiceClient;
 use avm_proto::runtime::v1 as rt;
@@ -547,10 +549,14 @@ impl Op {
     /// (resources, configuration): only other tenants attack with it.
     fn tenant_wide(&self) -> bool {
         match self {
-            Op::Rest(_, path, _) => path.starts_with("/v1/resources") || path.starts_with("/v1/config"),
+            Op::Rest(_, path, _) => ["/v1/resources", "/v1/config", "/v1/usage", "/v1/logs", "/v1/metrics"]
+                .iter()
+                .any(|prefix| path.starts_with(prefix)),
             Op::Ws(_, data) => data.contains("{resource_uri}"),
             Op::Subscribe(_) => false,
-            Op::Grpc(method) => method.starts_with("resource.") || method.starts_with("config."),
+            Op::Grpc(method) => ["resource.", "config.", "observability."]
+                .iter()
+                .any(|prefix| method.starts_with(prefix)),
         }
     }
 }
@@ -631,6 +637,16 @@ const OPS: &[Op] = &[
     Op::Rest("GET", "/v1/config?tenantId={tenant}", ""),
     Op::Rest("GET", "/v1/config/llm.model?tenantId={tenant}", ""),
     Op::Rest("PUT", "/v1/config?tenantId={tenant}", r#"{"llm.model":"planted"}"#),
+    Op::Rest("GET", "/v1/usage?tenantId={tenant}", ""),
+    Op::Rest("GET", "/v1/usage/records?tenantId={tenant}", ""),
+    Op::Rest("GET", "/v1/usage/budgets?tenantId={tenant}", ""),
+    Op::Rest(
+        "PUT",
+        "/v1/usage/budgets",
+        r#"{"tenantId":"{tenant}","monthlyLimitUsd":"1"}"#,
+    ),
+    Op::Rest("GET", "/v1/metrics?tenantId={tenant}", ""),
+    Op::Rest("GET", "/v1/logs?tenantId={tenant}", ""),
     // WebSocket: every request type that takes an id (`gateway/src/ws.rs`), and `subscribe`.
     Op::Ws("container_get", r#"{"containerId":"{container}"}"#),
     Op::Ws(
@@ -708,6 +724,12 @@ const OPS: &[Op] = &[
     Op::Grpc("config.GetConfig"),
     Op::Grpc("config.UpdateConfig"),
     Op::Grpc("config.WatchConfig"),
+    Op::Grpc("observability.QueryUsage"),
+    Op::Grpc("observability.ListUsage"),
+    Op::Grpc("observability.GetUsageSummary"),
+    Op::Grpc("observability.SetBudget"),
+    Op::Grpc("observability.ListBudgets"),
+    Op::Grpc("observability.QueryLogs"),
 ];
 
 /// What an operation answered.
@@ -763,6 +785,7 @@ struct Channels {
     auth: Channel,
     resource: Channel,
     config: Channel,
+    observability: Channel,
 }
 
 impl Channels {
@@ -773,6 +796,7 @@ impl Channels {
             auth: channel(&cluster.auth_grpc).await?,
             resource: channel(&cluster.resource_grpc).await?,
             config: channel(&cluster.config_grpc).await?,
+            observability: channel(&cluster.observability_grpc).await?,
         })
     }
 }
@@ -871,7 +895,9 @@ impl<'a> Attacker<'a> {
         let mut runtime = RuntimeServiceClient::with_interceptor(self.channels.runtime.clone(), token.clone());
         let mut auth = AuthServiceClient::with_interceptor(self.channels.auth.clone(), token.clone());
         let mut resource = ResourceServiceClient::with_interceptor(self.channels.resource.clone(), token.clone());
-        let mut config = ConfigServiceClient::with_interceptor(self.channels.config.clone(), token);
+        let mut config = ConfigServiceClient::with_interceptor(self.channels.config.clone(), token.clone());
+        let mut observability =
+            ObservabilityServiceClient::with_interceptor(self.channels.observability.clone(), token);
         let resource_id = || ids.resource.clone();
         let tenant = || ids.tenant.clone();
         let user = || ids.user.clone();
@@ -1035,6 +1061,20 @@ impl<'a> Attacker<'a> {
                 }),
             stream "config.WatchConfig" =>
                 config.watch_config(cf::WatchConfigRequest { tenant_id: tenant(), all_tenants: false }),
+            unary "observability.QueryUsage" =>
+                observability.query_usage(ob::QueryUsageRequest { tenant_id: tenant(), ..Default::default() }),
+            unary "observability.ListUsage" =>
+                observability.list_usage(ob::ListUsageRequest { tenant_id: tenant(), ..Default::default() }),
+            unary "observability.GetUsageSummary" =>
+                observability.get_usage_summary(ob::GetUsageSummaryRequest { tenant_id: tenant(), ..Default::default() }),
+            unary "observability.SetBudget" =>
+                observability.set_budget(ob::SetBudgetRequest {
+                    tenant_id: tenant(), key_id: String::new(), monthly_limit_pico_usd: 1
+                }),
+            unary "observability.ListBudgets" =>
+                observability.list_budgets(ob::ListBudgetsRequest { tenant_id: tenant() }),
+            unary "observability.QueryLogs" =>
+                observability.query_logs(ob::QueryLogsRequest { tenant_id: tenant(), ..Default::default() }),
         })
     }
 }

@@ -165,3 +165,51 @@ pub async fn call_as(
     let body = serde_json::from_str(&text).with_context(|| format!("{method} {path} answered {status} {text}"))?;
     Ok((status, body))
 }
+
+/// Starts `avm serve` on free ports and returns it with the stdout lines it
+/// printed up to its gateway URL, and that URL.
+pub async fn serve(
+    data_dir: &std::path::Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<(tokio::process::Child, Vec<String>, String)> {
+    use anyhow::bail;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let mut command = avm_tests::cluster::avm_command()?;
+    command
+        .args(["serve", "--port", "0", "--grpc-port", "0", "--data-dir"])
+        .arg(data_dir)
+        .args(extra)
+        .env("AVM_LOG_LEVEL", "warn")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = command.spawn()?;
+    let mut lines = BufReader::new(child.stdout.take().context("no stdout")?).lines();
+    let mut printed = Vec::new();
+    let url = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await? {
+            printed.push(line.clone());
+            if let Some(url) = line.strip_prefix("listening: gateway ") {
+                return Ok::<_, anyhow::Error>(url.to_owned());
+            }
+        }
+        bail!("avm serve exited before listening: {printed:?}")
+    })
+    .await
+    .context("avm serve did not start")??;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((child, printed, url))
+}
+
+/// Stops a process with SIGTERM and checks it exited cleanly.
+pub async fn stop(mut child: tokio::process::Child) -> anyhow::Result<()> {
+    let pid = child.id().context("no pid")?;
+    tokio::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .await?;
+    let status = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait()).await??;
+    anyhow::ensure!(status.success(), "avm serve exited with {status}");
+    Ok(())
+}

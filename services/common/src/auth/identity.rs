@@ -59,11 +59,12 @@ impl ServiceIdentity {
         Ok(RequestContext::new(principal, Some(token), crate::ids::new_id("req")))
     }
 
-    /// Returns a context acting for `tenant_id`, keeping `request_id` for the logs.
-    pub async fn context_for(&self, tenant_id: &str, request_id: &str) -> Result<RequestContext, ApiError> {
+    /// Returns a context acting for `caller`'s tenant, in its request and
+    /// trace (for work done on a caller's behalf that must outlive its token).
+    pub async fn context_for(&self, caller: &RequestContext) -> Result<RequestContext, ApiError> {
         let (token, mut principal) = self.token().await?;
-        tenant_id.clone_into(&mut principal.tenant_id);
-        Ok(RequestContext::new(principal, Some(token), request_id.to_owned()))
+        caller.tenant_id.clone_into(&mut principal.tenant_id);
+        Ok(RequestContext::new(principal, Some(token), caller.request_id.clone()).with_trace(caller.trace))
     }
 
     /// Returns a valid token, exchanging the key again when a third of the

@@ -172,11 +172,8 @@ impl TokenVerifier {
         {
             tenant.clone_into(&mut principal.tenant_id);
         }
-        Ok(RequestContext::new(
-            principal,
-            Some(Arc::from(token)),
-            request_id_from(metadata),
-        ))
+        let trace = crate::trace::TraceParent::from_metadata(metadata).unwrap_or_else(crate::trace::TraceParent::root);
+        Ok(RequestContext::new(principal, Some(Arc::from(token)), request_id_from(metadata)).with_trace(trace))
     }
 
     /// Fails when the principal's key, user or tenant was revoked or deleted.

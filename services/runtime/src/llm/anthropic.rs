@@ -184,6 +184,19 @@ struct MessageStartBody {
 struct Usage {
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// Returns the cache counts as an event, when any is above zero.
+    fn cache_event(&self) -> Option<LlmEvent> {
+        let (read, write) = (self.cache_read_input_tokens, self.cache_creation_input_tokens);
+        (read.unwrap_or(0) > 0 || write.unwrap_or(0) > 0).then_some(LlmEvent::CacheUsage {
+            read_tokens: read,
+            write_tokens: write,
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -283,6 +296,7 @@ impl SseDecoder for MessagesDecoder {
                         model,
                         input_tokens: start.message.usage.input_tokens,
                     });
+                    out.extend(start.message.usage.cache_event());
                 }
             }
             "content_block_delta" => {
@@ -314,6 +328,7 @@ impl SseDecoder for MessagesDecoder {
                         input_tokens: usage.input_tokens,
                         output_tokens: usage.output_tokens,
                     });
+                    out.extend(usage.cache_event());
                 }
             }
             "message_stop" => {

@@ -65,6 +65,12 @@ pub enum LlmEvent {
         input_tokens: Option<u64>,
         output_tokens: Option<u64>,
     },
+    /// Prompt-cache token counts, when the provider reports any: tokens read
+    /// from the cache and written to it. Later reports supersede earlier ones.
+    CacheUsage {
+        read_tokens: Option<u64>,
+        write_tokens: Option<u64>,
+    },
     /// The reply is complete.
     Stop { reason: StopReason },
 }

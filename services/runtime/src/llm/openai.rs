@@ -235,8 +235,15 @@ struct ChoiceDelta {
 
 #[derive(Deserialize)]
 struct ChunkUsage {
+    /// Includes the cached tokens, unlike Anthropic's `input_tokens`.
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptTokensDetails {
+    cached_tokens: Option<u64>,
 }
 
 impl ChatDecoder {
@@ -318,6 +325,13 @@ impl SseDecoder for ChatDecoder {
                 input_tokens: usage.prompt_tokens,
                 output_tokens: usage.completion_tokens,
             });
+            let cached = usage.prompt_tokens_details.and_then(|details| details.cached_tokens);
+            if cached.unwrap_or(0) > 0 {
+                out.push_back(LlmEvent::CacheUsage {
+                    read_tokens: cached,
+                    write_tokens: None,
+                });
+            }
         }
         Ok(Progress::More)
     }

@@ -1,0 +1,109 @@
+//! Forwards the tenant log events this process queued (see
+//! [`crate::telemetry::take_log_events`]) to the observability service in
+//! batches, as the process's own service identity. Logs are best effort: a
+//! batch the service refuses twice is dropped with a warning, so an absent
+//! service never holds up or grows the process.
+
+use std::time::Duration;
+
+use avm_proto::observability::v1 as pb;
+use avm_proto::observability::v1::observability_service_client::ObservabilityServiceClient;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tracing::Level;
+
+use crate::auth::ServiceIdentity;
+use crate::telemetry::TenantLogEvent;
+
+/// Most events in one report.
+const BATCH: usize = 500;
+
+/// How long events wait for company before they are sent.
+const BATCH_DELAY: Duration = Duration::from_secs(1);
+
+/// Sends this process's tenant log events until `shutdown` (then the ones
+/// already queued); a finished task when another forwarder took the queue.
+pub fn spawn_forwarder(
+    channel: Channel,
+    identity: ServiceIdentity,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let Some(mut queue) = crate::telemetry::take_log_events() else {
+        return tokio::spawn(async {});
+    };
+    let client = ObservabilityServiceClient::new(channel);
+    tokio::spawn(async move {
+        let mut batch = Vec::new();
+        loop {
+            let stopping = tokio::select! {
+                () = shutdown.cancelled() => true,
+                event = queue.recv() => match event {
+                    Some(event) => { batch.push(event_pb(event)); false }
+                    None => true,
+                },
+            };
+            if !stopping {
+                let deadline = tokio::time::Instant::now() + BATCH_DELAY;
+                while batch.len() < BATCH {
+                    match tokio::time::timeout_at(deadline, queue.recv()).await {
+                        Ok(Some(event)) => batch.push(event_pb(event)),
+                        _ => break,
+                    }
+                }
+            } else {
+                while let Ok(event) = queue.try_recv() {
+                    batch.push(event_pb(event));
+                }
+            }
+            if !batch.is_empty() {
+                send(&client, &identity, std::mem::take(&mut batch)).await;
+            }
+            if stopping {
+                return;
+            }
+        }
+    })
+}
+
+async fn send(client: &ObservabilityServiceClient<Channel>, identity: &ServiceIdentity, events: Vec<pb::LogEvent>) {
+    for attempt in 1..=2 {
+        let result = async {
+            let ctx = identity.own_context().await?;
+            let request = ctx.request(pb::RecordLogsRequest { events: events.clone() });
+            client.clone().record_logs(request).await?;
+            Ok::<_, crate::ApiError>(())
+        }
+        .await;
+        match result {
+            Ok(()) => return,
+            Err(err) if attempt == 1 => {
+                tracing::debug!(reason = %err.reason, "log events not forwarded; retrying once");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(err) => {
+                tracing::warn!(events = events.len(), reason = %err.reason, "log events dropped");
+            }
+        }
+    }
+}
+
+fn event_pb(event: TenantLogEvent) -> pb::LogEvent {
+    let level = match event.level {
+        Level::TRACE => pb::Level::Trace,
+        Level::DEBUG => pb::Level::Debug,
+        Level::INFO => pb::Level::Info,
+        Level::WARN => pb::Level::Warn,
+        Level::ERROR => pb::Level::Error,
+    };
+    pb::LogEvent {
+        tenant_id: event.tenant_id,
+        at_ms: event.at_ms,
+        level: level as i32,
+        component: event.component.to_owned(),
+        target: event.target,
+        message: event.message,
+        fields_json: serde_json::to_string(&event.fields).unwrap_or_default(),
+        request_id: event.request_id,
+        trace_id: event.trace_id,
+    }
+}

@@ -1,0 +1,329 @@
+//! The ledger's write path and what budgets read of it.
+//!
+//! `RecordUsage` never waits for the database: accepted records go to a
+//! bounded pending buffer (deduplicated by call id) that a background writer
+//! inserts in batches, every `flush_interval` or as soon as `flush_batch`
+//! records wait. A failed write keeps its records for the next attempt, so
+//! an accepted record is never dropped; when the buffer is full the caller is
+//! told to retry (`USAGE_BACKLOG`).
+//!
+//! What a budget has spent this month is what the database holds, cached
+//! per tenant (and key) and month after its first load and kept current by
+//! the writer with the records it actually inserted, plus the records still
+//! buffered. A retried report of a call already written is counted while it
+//! waits (conservative) and dropped when its write finds the call stored.
+//!
+//! Flushes and cache loads take the same async gate, so a load never reads
+//! the database between a flush's commit and the moment the flush moves its
+//! records from "buffered" to "cached": each record is counted at least once
+//! at every instant, and exactly once outside that conservative window.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::LedgerSettings;
+use crate::error::ObservabilityError;
+use crate::record::UsageRecord;
+use crate::store::ObservabilityStore;
+
+/// Most records written in one transaction (in statements of at most 500 rows).
+const MAX_TRANSACTION_RECORDS: usize = 5_000;
+
+/// How long a cached month spend is trusted when other replicas write to the
+/// same database (their records reach this replica's cache only by reloading).
+const SHARED_SPEND_TTL: Duration = Duration::from_secs(1);
+
+/// How long a shutdown keeps retrying to write what is buffered.
+const SHUTDOWN_FLUSH_LIMIT: Duration = Duration::from_secs(10);
+
+/// The longest wait between attempts of a failing flush.
+const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Whose month spend: a tenant's (`key_id` `None`) or one of its keys'.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SpendKey {
+    pub(crate) tenant_id: String,
+    pub(crate) key_id: Option<String>,
+    /// `YYYY-MM` (UTC).
+    pub(crate) month: String,
+}
+
+impl SpendKey {
+    /// Returns the spends a record counts in: its tenant's and, when it was
+    /// made with an API key, the key's.
+    fn of(record: &UsageRecord) -> impl Iterator<Item = SpendKey> {
+        let month = record.month();
+        let tenant = SpendKey {
+            tenant_id: record.tenant_id.clone(),
+            key_id: None,
+            month: month.clone(),
+        };
+        let key = (!record.key_id.is_empty()).then(|| SpendKey {
+            tenant_id: record.tenant_id.clone(),
+            key_id: Some(record.key_id.clone()),
+            month,
+        });
+        std::iter::once(tenant).chain(key)
+    }
+}
+
+/// The billed amount of records not yet written.
+#[derive(Debug, Default)]
+struct Unflushed {
+    billed: i64,
+    records: usize,
+}
+
+/// A month spend as the database holds it.
+#[derive(Debug)]
+struct Flushed {
+    billed: i64,
+    loaded_at: Instant,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Accepted records waiting for the writer.
+    pending: Vec<UsageRecord>,
+    /// Call ids of the pending records and of those being written.
+    waiting: HashSet<String>,
+    /// Billed amounts of the pending records and of those being written.
+    unflushed: HashMap<SpendKey, Unflushed>,
+    /// Month spends loaded from the database, kept current by the writer.
+    flushed: HashMap<SpendKey, Flushed>,
+    /// After shutdown began, every report is written before it is answered.
+    write_through: bool,
+}
+
+impl State {
+    fn unflushed_billed(&self, key: &SpendKey) -> i64 {
+        self.unflushed.get(key).map_or(0, |unflushed| unflushed.billed)
+    }
+}
+
+/// The pending buffer, the month-spend cache and the writer.
+pub(crate) struct Ledger {
+    store: Arc<dyn ObservabilityStore>,
+    state: Mutex<State>,
+    /// Held by each flush from taking its batch to publishing it, and by each
+    /// spend load from reading the database to caching what it read.
+    gate: tokio::sync::Mutex<()>,
+    /// Wakes the writer when a batch is ready.
+    wake: Notify,
+    flush_interval: Duration,
+    flush_batch: usize,
+    max_pending: usize,
+    /// `None` when this replica is the only writer (its cache never goes stale).
+    spend_ttl: Option<Duration>,
+}
+
+impl Ledger {
+    /// Returns an empty ledger over `store`.
+    pub(crate) fn new(store: Arc<dyn ObservabilityStore>, settings: &LedgerSettings) -> Self {
+        let spend_ttl = store.event_transport().shares_events().then_some(SHARED_SPEND_TTL);
+        Self {
+            store,
+            state: Mutex::new(State::default()),
+            gate: tokio::sync::Mutex::new(()),
+            wake: Notify::new(),
+            flush_interval: settings.flush_interval,
+            flush_batch: settings.flush_batch.max(1),
+            max_pending: settings.max_pending_records,
+            spend_ttl,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent data: every
+        // critical section only moves whole records between collections.
+        self.state.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Buffers the records whose call ids are not already waiting (nor
+    /// repeated within `records`) and returns how many it took; refuses all
+    /// of them when they would overfill the buffer.
+    pub(crate) fn accept(&self, records: Vec<UsageRecord>) -> Result<usize, ObservabilityError> {
+        let mut state = self.state();
+        let mut seen = HashSet::new();
+        let fresh: Vec<UsageRecord> = records
+            .into_iter()
+            .filter(|record| !state.waiting.contains(&record.call_id) && seen.insert(record.call_id.clone()))
+            .collect();
+        if state.waiting.len() + fresh.len() > self.max_pending {
+            return Err(ObservabilityError::Backlog(state.waiting.len()));
+        }
+        let accepted = fresh.len();
+        for record in fresh {
+            for key in SpendKey::of(&record) {
+                let unflushed = state.unflushed.entry(key).or_default();
+                unflushed.billed += record.billed_pico_usd;
+                unflushed.records += 1;
+            }
+            state.waiting.insert(record.call_id.clone());
+            state.pending.push(record);
+        }
+        let ready = state.pending.len() >= self.flush_batch;
+        record_depth(&state);
+        drop(state);
+        if ready {
+            self.wake.notify_one();
+        }
+        Ok(accepted)
+    }
+
+    /// Returns whether reports must be written before they are answered
+    /// (shutdown began, so no writer will come back for them).
+    pub(crate) fn writes_through(&self) -> bool {
+        self.state().write_through
+    }
+
+    /// Writes every record accepted before the call; returns how many were
+    /// new to the database. On failure the unwritten records stay buffered.
+    pub(crate) async fn flush(&self) -> Result<usize, ObservabilityError> {
+        // Waiting for the gate also waits for a flush in progress, so what
+        // that flush took is written (or back in the buffer) when this starts.
+        let _gate = self.gate.lock().await;
+        let mut batch = std::mem::take(&mut self.state().pending);
+        let mut written = 0;
+        let mut start = 0;
+        while start < batch.len() {
+            let end = (start + MAX_TRANSACTION_RECORDS).min(batch.len());
+            match self.store.insert_usage(&batch[start..end], avm_common::now_ms()).await {
+                Ok(inserted) => {
+                    written += inserted.len();
+                    self.publish(&batch[start..end], &inserted);
+                    start = end;
+                }
+                Err(err) => {
+                    let unwritten = batch.split_off(start);
+                    let mut state = self.state();
+                    // Ahead of what arrived meanwhile, so the oldest go first.
+                    state.pending.splice(0..0, unwritten);
+                    metrics::counter!("avm_observability_usage_flush_failures_total").increment(1);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(written)
+    }
+
+    /// Moves written records out of the buffer, and the billed amount of
+    /// those the database did not hold yet into the loaded month spends.
+    fn publish(&self, written: &[UsageRecord], inserted: &HashSet<String>) {
+        let mut state = self.state();
+        for record in written {
+            state.waiting.remove(&record.call_id);
+            let new = inserted.contains(&record.call_id);
+            for key in SpendKey::of(record) {
+                if new && let Some(flushed) = state.flushed.get_mut(&key) {
+                    flushed.billed += record.billed_pico_usd;
+                }
+                if let Entry::Occupied(mut entry) = state.unflushed.entry(key) {
+                    let unflushed = entry.get_mut();
+                    unflushed.billed -= record.billed_pico_usd;
+                    unflushed.records = unflushed.records.saturating_sub(1);
+                    if unflushed.records == 0 {
+                        entry.remove();
+                    }
+                }
+            }
+        }
+        record_depth(&state);
+    }
+
+    /// Returns what `key` spent: the database's sum (cached) plus the
+    /// records still buffered.
+    pub(crate) async fn spent(&self, key: &SpendKey) -> Result<i64, ObservabilityError> {
+        if let Some(spent) = self.cached_spend(key) {
+            return Ok(spent);
+        }
+        let _gate = self.gate.lock().await;
+        // Another caller may have loaded it while this one waited.
+        if let Some(spent) = self.cached_spend(key) {
+            return Ok(spent);
+        }
+        let billed = self
+            .store
+            .month_spend(&key.tenant_id, key.key_id.as_deref(), &key.month)
+            .await?;
+        let mut state = self.state();
+        // Spends of past months are never asked about again.
+        state.flushed.retain(|cached, _| cached.month == key.month);
+        state.flushed.insert(
+            key.clone(),
+            Flushed {
+                billed,
+                loaded_at: Instant::now(),
+            },
+        );
+        Ok(billed + state.unflushed_billed(key))
+    }
+
+    fn cached_spend(&self, key: &SpendKey) -> Option<i64> {
+        let state = self.state();
+        let flushed = state.flushed.get(key)?;
+        let fresh = self.spend_ttl.is_none_or(|ttl| flushed.loaded_at.elapsed() < ttl);
+        fresh.then(|| flushed.billed + state.unflushed_billed(key))
+    }
+
+    /// Writes buffered records every `flush_interval` (sooner when a batch
+    /// is ready, later while writes fail) until `shutdown`, then writes what
+    /// is left, retrying for a while.
+    pub(crate) async fn run_writer(&self, shutdown: CancellationToken) {
+        let mut backoff: Option<Duration> = None;
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                () = self.wake.notified(), if backoff.is_none() => {}
+                () = tokio::time::sleep(backoff.unwrap_or(self.flush_interval)) => {}
+            }
+            match self.flush().await {
+                Ok(_) => backoff = None,
+                Err(err) => {
+                    let waiting = self.state().waiting.len();
+                    let next = backoff
+                        .map_or(self.flush_interval, |wait| wait * 2)
+                        .min(MAX_RETRY_BACKOFF);
+                    let retry_in_ms = u64::try_from(next.as_millis()).unwrap_or(u64::MAX);
+                    tracing::warn!(error = %err, records = waiting, retry_in_ms, "usage records not written; retrying");
+                    backoff = Some(next);
+                }
+            }
+        }
+        self.finish().await;
+    }
+
+    /// Writes what is buffered at shutdown; from now on each report is
+    /// written before it is answered, so none is accepted and then lost.
+    async fn finish(&self) {
+        self.state().write_through = true;
+        let deadline = Instant::now() + SHUTDOWN_FLUSH_LIMIT;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.flush().await {
+                Ok(_) => return,
+                Err(err) if Instant::now() + backoff < deadline => {
+                    tracing::warn!(error = %err, "usage records not written at shutdown; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(err) => {
+                    let waiting = self.state().waiting.len();
+                    tracing::error!(error = %err, records = waiting, "usage records lost at shutdown");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn record_depth(state: &State) {
+    metrics::gauge!("avm_observability_usage_pending_records").set(state.waiting.len() as f64);
+}

@@ -1,0 +1,33 @@
+//! The observability service: the usage ledger (one record per LLM call,
+//! with its tokens, provider cost and billed amount), monthly spend budgets
+//! and the recent log events of each tenant. Served as `avm.observability.v1`.
+//!
+//! ```text
+//! grpc.rs     proto ⇄ domain, metadata → RequestContext, error → Status
+//! service.rs  permissions, validation, queries, budgets, logs, watch
+//! ledger.rs   the pending buffer, its background writer, month spends
+//! record.rs   the domain types
+//! store.rs    the ObservabilityStore trait; store/{sqlite,postgres}.rs behind it
+//! ```
+
+mod config;
+mod error;
+mod grpc;
+mod ledger;
+mod record;
+mod service;
+mod store;
+
+pub use config::LedgerSettings;
+pub use error::ObservabilityError;
+pub use grpc::{ObservabilityGrpc, grpc_server};
+pub use record::{
+    Budget, BudgetCheck, BudgetUpdate, BudgetWatch, CallStatus, CallTiming, Dimension, Latency, Level, LogEvent,
+    LogFilter, LogQuery, PageKey, StoredBudget, UsageFilter, UsageGroup, UsagePage, UsageQuery, UsageRecord,
+    UsageReport, UsageSummary, UsageTotals, day_of,
+};
+pub use service::{
+    MAX_CALL_ID_BYTES, MAX_LOG_EVENTS_PER_REQUEST, MAX_LOG_FIELDS_BYTES, MAX_LOG_MESSAGE_BYTES,
+    MAX_RECORDS_PER_REQUEST, ObservabilityService,
+};
+pub use store::{ObservabilityStore, PostgresObservabilityStore, SqliteObservabilityStore, open_store};

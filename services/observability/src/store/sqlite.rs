@@ -1,0 +1,30 @@
+//! The SQLite store: one file in WAL mode, for one-process deployments.
+
+use avm_common::events::EventTransport;
+use sqlx::SqlitePool;
+use sqlx::migrate::Migrator;
+
+use crate::error::ObservabilityError;
+
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
+
+/// An `ObservabilityStore` in a SQLite database.
+#[derive(Clone, Debug)]
+pub struct SqliteObservabilityStore {
+    pool: SqlitePool,
+}
+
+impl SqliteObservabilityStore {
+    /// Returns a store on `pool` after bringing its schema up to date.
+    pub async fn new(pool: SqlitePool) -> Result<Self, ObservabilityError> {
+        MIGRATOR.run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    /// One process owns a SQLite file, so events stay in process.
+    fn event_transport_impl(&self) -> EventTransport {
+        EventTransport::InProcess
+    }
+}
+
+super::sql::impl_observability_store!(SqliteObservabilityStore, sqlx::Sqlite);
