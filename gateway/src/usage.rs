@@ -207,8 +207,9 @@ async fn usage(State(state): AppState, Ctx(ctx): Ctx, query: Result<Query<UsageQ
             })
             .collect();
         Ok(json!({
-            "from": from_ms,
-            "to": to_ms,
+            // Unbounded ends (nothing asked) are null.
+            "from": (from_ms > 0).then_some(from_ms),
+            "to": (to_ms > 0).then_some(to_ms),
             "groupBy": dimensions.iter().map(|(name, _)| *name).collect::<Vec<_>>(),
             "groups": groups,
             "totals": totals_json(&usage.totals.unwrap_or_default()),

@@ -573,10 +573,13 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
     let ledger = observability.spawn_background(servers.clone());
     let watch = peer.verifier.spawn_watch(peer.identity.clone(), servers.clone());
     let reaper = pool.spawn_background(servers.clone());
+    // Log events go to this process's own gRPC server: the forwarder stops
+    // (sending what it holds) before the servers do.
+    let forwarding = CancellationToken::new();
     let logs = avm_common::tenant_logs::spawn_forwarder(
         channel(&grpc_url, &config.grpc)?,
         peer.identity.clone(),
-        servers.clone(),
+        forwarding.clone(),
     );
     let mut authenticator = peer.authenticator(&config);
     if config.auth.dev {
@@ -617,10 +620,11 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
         result = wait_both(grpc_task, gateway_task) => return result,
     }
     wind_down(&pool, config.grpc.drain_timeout).await;
-    servers.cancel();
-    // The ledger writes what it still holds, and the last log events go out.
-    finish(ledger, config.grpc.drain_timeout).await;
+    forwarding.cancel();
     finish(logs, config.grpc.drain_timeout).await;
+    servers.cancel();
+    // The ledger writes what it still holds.
+    finish(ledger, config.grpc.drain_timeout).await;
     reaper.abort();
     watch.abort();
     background.abort();

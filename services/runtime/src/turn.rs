@@ -140,7 +140,12 @@ pub(crate) async fn run(
             persist(&pool, &ctx, &message).await;
             agent.emit("assistant_message", &wire::message_object(&message));
             agent.emit("conversation_end", &json!({"reason": "completed"}));
-            tracing::info!(image_id = %agent.image.image_id, output_tokens = ?reply.output_tokens, "turn completed");
+            tracing::info!(
+                image_id = %agent.image.image_id,
+                input_tokens = usage.input_tokens,
+                output_tokens = usage.output_tokens,
+                "turn completed"
+            );
             agent.finish_turn(Some(reply.text));
         }
         Outcome::Interrupted => {

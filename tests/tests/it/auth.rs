@@ -16,7 +16,7 @@ use futures::future::join_all;
 use serde_json::{Value, json};
 
 use crate::both_modes;
-use crate::support::{cluster, conversation, send_and_finish, serve, stop};
+use crate::support::{call_as, cluster, conversation, send_and_finish, serve, stop};
 
 /// How long a test waits for something that should happen at once.
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -534,7 +534,18 @@ async fn no_secret_reaches_the_logs_at_any_level() -> anyhow::Result<()> {
     let signing = cluster.signing_key().await?;
     drop(client);
 
-    let logs = cluster.logs();
+    // What the tenant reads of its logs (`/v1/logs`) once its turn is there.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+    let tenant_logs = loop {
+        let (status, body) = call_as(&cluster, &tenant.admin.key, "GET", "/v1/logs", None).await?;
+        assert_eq!(status, 200, "{body}");
+        if body.to_string().contains("turn completed") {
+            break body.to_string();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no turn in /v1/logs: {body}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let logs = format!("{}\n{tenant_logs}", cluster.logs());
     assert!(
         logs.lines().count() > 100,
         "trace logging must be on: {} lines",
