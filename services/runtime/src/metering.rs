@@ -26,8 +26,8 @@ use tonic::transport::Channel;
 
 use crate::config::{BillingConfig, ProviderKind};
 
-/// Records waiting to be sent; beyond it a record is logged and dropped
-/// (the observability service has been unreachable for a long while).
+/// Records waiting to be sent; beyond it a turn waits for room before it
+/// ends (the observability service has been unreachable for a long while).
 const QUEUE_CAPACITY: usize = 10_000;
 
 /// Most records in one report.
@@ -214,12 +214,31 @@ impl Metering {
         let depth = self.inner.pending.fetch_add(1, Ordering::SeqCst) + 1;
         metrics::gauge!("avm_runtime_usage_queue_depth").set(depth as f64);
         self.count_pending(&record.tenant_id, 1, true);
-        if let Err(err) = self.inner.queue.try_send(record) {
-            self.inner.pending.fetch_sub(1, Ordering::SeqCst);
-            let record = err.into_inner();
-            self.count_pending(&record.tenant_id, 1, false);
-            tracing::error!(call_id = %record.call_id, tenant_id = %record.tenant_id, "usage queue full; record dropped");
-        }
+        let unsent = match self.inner.queue.try_send(record) {
+            Ok(()) => return,
+            // A billing record is never dropped for want of room: the turn
+            // waits until the reporter catches up.
+            Err(mpsc::error::TrySendError::Full(record)) => {
+                tracing::warn!(
+                    capacity = QUEUE_CAPACITY,
+                    "usage queue full (is the observability service reachable?); the turn waits for room"
+                );
+                match self.inner.queue.send(record).await {
+                    Ok(()) => return,
+                    Err(closed) => closed.0,
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(record)) => record,
+        };
+        self.inner.pending.fetch_sub(1, Ordering::SeqCst);
+        self.count_pending(&unsent.tenant_id, 1, false);
+        tracing::error!(
+            call_id = %unsent.call_id,
+            tenant_id = %unsent.tenant_id,
+            input_tokens = unsent.input_tokens,
+            output_tokens = unsent.output_tokens,
+            "usage reporter stopped; record not sent"
+        );
     }
 
     /// Adds to (or takes from) a tenant's count of queued records.
