@@ -15,7 +15,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
 use axum::http::header::{AUTHORIZATION, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -88,7 +88,13 @@ async fn observe_request(mut request: axum::extract::Request, next: axum::middle
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
-    let method = request.method().as_str().to_owned();
+    // Only standard methods name themselves: a label a client can invent is unbounded.
+    let method = match *request.method() {
+        Method::GET | Method::POST | Method::PUT | Method::PATCH | Method::DELETE | Method::HEAD | Method::OPTIONS => {
+            request.method().as_str().to_owned()
+        }
+        _ => "other".to_owned(),
+    };
     let span = avm_common::telemetry::request_span("http", &format!("{method} {route}"), &trace);
     let started = std::time::Instant::now();
     let response = next.run(request).instrument(span).await;

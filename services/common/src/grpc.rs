@@ -140,6 +140,12 @@ async fn observe_call(request: axum::extract::Request, next: axum::middleware::N
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<i32>().ok())
         .map_or("OK", |code| grpc_code_name(tonic::Code::from(code)));
+    // A method nobody serves is not a label of its own (callers could make up any number).
+    let method = if code == "UNIMPLEMENTED" {
+        "other".to_owned()
+    } else {
+        method
+    };
     metrics::counter!(format!("avm_{component}_grpc_requests_total"), "method" => method.clone(), "code" => code)
         .increment(1);
     metrics::histogram!(format!("avm_{component}_grpc_request_duration_seconds"), "method" => method)
@@ -149,10 +155,13 @@ async fn observe_call(request: axum::extract::Request, next: axum::middleware::N
 
 /// Returns the component and method of an AgentVM call path
 /// (`/avm.session.v1.SessionService/CreateImage` → `session`, `CreateImage`).
+/// Paths of other components are not AgentVM calls here: a caller cannot
+/// invent metric names.
 fn avm_method(path: &str) -> Option<(&str, &str)> {
+    const COMPONENTS: [&str; 6] = ["auth", "session", "resource", "config", "observability", "runtime"];
     let (service, method) = path.strip_prefix("/avm.")?.split_once('/')?;
     let component = service.split('.').next()?;
-    Some((component, method))
+    COMPONENTS.contains(&component).then_some((component, method))
 }
 
 /// Returns a status code's name as Prometheus labels show it.
@@ -196,4 +205,29 @@ pub fn channel(addr: &str, config: &GrpcConfig) -> Result<Channel, ApiError> {
         .keep_alive_timeout(config.keepalive_timeout)
         .keep_alive_while_idle(true)
         .connect_lazy())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::avm_method;
+
+    #[test]
+    fn only_agentvm_components_name_metrics() {
+        assert_eq!(
+            avm_method("/avm.session.v1.SessionService/CreateImage"),
+            Some(("session", "CreateImage"))
+        );
+        assert_eq!(
+            avm_method("/avm.observability.v1.ObservabilityService/RecordUsage"),
+            Some(("observability", "RecordUsage"))
+        );
+        for made_up in [
+            "/avm.x9_evil.v1.S/M",
+            "/avm./M",
+            "/grpc.health.v1.Health/Check",
+            "/metrics",
+        ] {
+            assert_eq!(avm_method(made_up), None, "{made_up}");
+        }
+    }
 }
