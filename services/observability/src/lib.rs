@@ -24,7 +24,7 @@ pub use grpc::{ObservabilityGrpc, grpc_server};
 pub use record::{
     Budget, BudgetCheck, BudgetUpdate, BudgetWatch, CallStatus, CallTiming, Dimension, Latency, Level, LogEvent,
     LogFilter, LogQuery, PageKey, StoredBudget, UsageFilter, UsageGroup, UsagePage, UsageQuery, UsageRecord,
-    UsageReport, UsageSummary, UsageTotals, day_of,
+    UsageReport, UsageSummary, UsageTotals,
 };
 pub use service::{
     MAX_CALL_ID_BYTES, MAX_LOG_EVENTS_PER_REQUEST, MAX_LOG_FIELDS_BYTES, MAX_LOG_MESSAGE_BYTES,

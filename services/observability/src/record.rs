@@ -3,6 +3,8 @@
 
 use futures::stream::BoxStream;
 
+use avm_common::auth::day_of;
+
 use crate::error::ObservabilityError;
 
 /// How an LLM call ended.
@@ -83,24 +85,6 @@ impl UsageRecord {
     pub fn duration_ms(&self) -> i64 {
         self.ended_at_ms.saturating_sub(self.started_at_ms)
     }
-}
-
-/// Returns the calendar day (UTC) of a Unix time in milliseconds, `YYYY-MM-DD`.
-///
-/// The same civil-date arithmetic as [`avm_common::auth::month_of`] (after
-/// Howard Hinnant's `civil_from_days`), so a day always falls in its month.
-pub fn day_of(ms: i64) -> String {
-    let days = ms.div_euclid(86_400_000);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
 }
 
 /// Something usage can be grouped by.
@@ -372,20 +356,6 @@ pub struct LogFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn days_fall_in_their_months() {
-        assert_eq!(day_of(0), "1970-01-01");
-        assert_eq!(day_of(951_782_400_000), "2000-02-29");
-        assert_eq!(day_of(1_798_761_599_999), "2026-12-31");
-        assert_eq!(day_of(1_798_761_600_000), "2027-01-01");
-        assert_eq!(day_of(-1), "1969-12-31");
-        let mut ms = -10 * 86_400_000;
-        while ms < 4_000_000_000_000 {
-            assert!(day_of(ms).starts_with(&avm_common::auth::month_of(ms)), "{ms}");
-            ms += 86_400_000 * 7 + 3_600_000 * 5 + 17;
-        }
-    }
 
     #[test]
     fn levels_order_by_severity() {

@@ -381,21 +381,6 @@ macro_rules! impl_observability_store {
     ($store:ty, $db:ty) => {
         impl $store {
             /// Binds the parameters of an assembled statement.
-            fn bind_args<'q, O>(
-                mut query: sqlx::query::QueryAs<'q, $db, O, <$db as sqlx::Database>::Arguments<'q>>,
-                args: &'q [super::sql::Arg],
-            ) -> sqlx::query::QueryAs<'q, $db, O, <$db as sqlx::Database>::Arguments<'q>> {
-                for arg in args {
-                    query = match arg {
-                        super::sql::Arg::Text(text) => query.bind(text.as_str()),
-                        super::sql::Arg::Int(value) => query.bind(*value),
-                        super::sql::Arg::Int32(value) => query.bind(*value),
-                    };
-                }
-                query
-            }
-
-            /// Binds the parameters of an assembled statement to a plain query.
             fn bind_query<'q>(
                 mut query: sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
                 args: &'q [super::sql::Arg],
@@ -501,16 +486,17 @@ macro_rules! impl_observability_store {
                 limit: u32,
             ) -> Result<Vec<$crate::record::CallTiming>, $crate::error::ObservabilityError> {
                 let statement = super::sql::call_timings(filter, limit);
-                let rows: Vec<(i64, i64)> = Self::bind_args(sqlx::query_as(&statement.sql), &statement.args)
+                let rows = Self::bind_query(sqlx::query(&statement.sql), &statement.args)
                     .fetch_all(&self.pool)
                     .await?;
-                Ok(rows
-                    .into_iter()
-                    .map(|(first_token_ms, duration_ms)| $crate::record::CallTiming {
-                        first_token_ms,
-                        duration_ms,
+                rows.iter()
+                    .map(|row| {
+                        Ok($crate::record::CallTiming {
+                            first_token_ms: sqlx::Row::try_get(row, "first_token_ms")?,
+                            duration_ms: sqlx::Row::try_get(row, "duration_ms")?,
+                        })
                     })
-                    .collect())
+                    .collect()
             }
 
             async fn month_spend(

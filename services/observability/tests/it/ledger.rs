@@ -4,9 +4,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use avm_common::Code;
+use avm_common::auth::day_of;
 use avm_common::testing::{admin_ctx, operator_ctx, service_ctx};
 use avm_observability::{
-    CallStatus, Dimension, LedgerSettings, ObservabilityService, UsageQuery, UsageRecord, UsageTotals, day_of,
+    CallStatus, Dimension, LedgerSettings, ObservabilityService, UsageQuery, UsageRecord, UsageTotals,
 };
 use tokio_util::sync::CancellationToken;
 
