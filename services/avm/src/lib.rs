@@ -490,6 +490,8 @@ fn forward_logs(
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     let Some(addr) = &config.peers.observability else {
         tracing::info!("AVM_OBSERVABILITY_ADDR is not set: this process's logs stay out of /v1/logs");
+        // Nobody will read the queue: closing it stops events being queued.
+        drop(avm_common::telemetry::take_log_events());
         return Ok(None);
     };
     forward_logs_to(addr, config, identity, shutdown).map(Some)

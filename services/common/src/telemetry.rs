@@ -211,7 +211,8 @@ where
 {
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let metadata = event.metadata();
-        if *metadata.level() > Level::INFO {
+        // Closed: this process forwards no logs, so none are assembled.
+        if *metadata.level() > Level::INFO || self.queue.is_closed() {
             return;
         }
         let facts = event_facts(event, &ctx);
@@ -231,9 +232,9 @@ where
                 other => (name, other.to_string()),
             })
             .collect();
-        // A full queue (nobody forwarding, or the service away) drops the
-        // event: logs must never hold up or grow the process.
-        let _ = self.queue.try_send(TenantLogEvent {
+        // A full queue (the service away or slow) drops the event, counted:
+        // logs must never hold up or grow the process.
+        let sent = self.queue.try_send(TenantLogEvent {
             tenant_id,
             at_ms: crate::now_ms(),
             level: *metadata.level(),
@@ -244,7 +245,15 @@ where
             request_id: facts.request_id.unwrap_or_default(),
             trace_id: facts.trace_id.unwrap_or_default(),
         });
+        if let Err(mpsc::error::TrySendError::Full(_)) = sent {
+            log_events_dropped(1);
+        }
     }
+}
+
+/// Counts tenant log events that never reached the observability service.
+pub(crate) fn log_events_dropped(count: usize) {
+    metrics::counter!("avm_log_events_dropped_total").increment(count as u64);
 }
 
 static LOG_EVENTS: Mutex<Option<mpsc::Receiver<TenantLogEvent>>> = Mutex::new(None);
@@ -293,6 +302,7 @@ pub fn init(config: &LogConfig, component: &'static str) -> Telemetry {
     };
     metrics();
     let (queue, receiver) = mpsc::channel(LOG_QUEUE);
+    let depth = queue.downgrade();
     let tracer = otlp_tracer(component);
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let fmt = if json {
@@ -321,6 +331,11 @@ pub fn init(config: &LogConfig, component: &'static str) -> Telemetry {
     // Err only means a subscriber is installed already, which is fine.
     if installed {
         *LOG_EVENTS.lock().unwrap_or_else(|poison| poison.into_inner()) = Some(receiver);
+        on_scrape(move || {
+            let queued = depth.upgrade().map_or(0, |queue| LOG_QUEUE - queue.capacity());
+            metrics::gauge!("avm_log_queue_depth").set(queued as f64);
+            log_events_dropped(0);
+        });
         let _ = EXPORTING.set(tracer.is_some());
         if tracer.is_some() {
             tracing::info!(component, "exporting traces over otlp");

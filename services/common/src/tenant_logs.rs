@@ -82,6 +82,7 @@ async fn send(client: &ObservabilityServiceClient<Channel>, identity: &ServiceId
             }
             Err(err) => {
                 tracing::warn!(events = events.len(), reason = %err.reason, "log events dropped");
+                crate::telemetry::log_events_dropped(events.len());
             }
         }
     }

@@ -203,13 +203,14 @@ crate::both_modes!(every_process_answers_prometheus_metrics, prometheus);
 
 async fn prometheus(mode: Mode) -> anyhow::Result<()> {
     let mock = MockLlm::start(MockBehavior::default()).await?;
-    let cluster = Cluster::start(
-        mode,
-        Options::with_llm(Llm::Anthropic {
+    // Each process's own metrics, so a one-process cluster runs as `avm serve`.
+    let options = Options {
+        serve_process: true,
+        ..Options::with_llm(Llm::Anthropic {
             base_url: mock.anthropic_base_url(),
-        }),
-    )
-    .await?;
+        })
+    };
+    let cluster = Cluster::start(mode, options).await?;
     let mut client = WsClient::connect(&cluster.ws_url()).await?;
     let chat = conversation(&mut client, "default", json!({})).await?;
     assert_text_turn(&send_and_finish(&mut client, &chat.image_id, json!("count me")).await?);
@@ -263,6 +264,8 @@ async fn prometheus(mode: Mode) -> anyhow::Result<()> {
         "avm_runtime_active_agents",
         "avm_observability_grpc_requests_total",
         "avm_db_pool_connections",
+        "avm_log_queue_depth",
+        "avm_log_events_dropped_total",
     ] {
         ensure!(everything.contains(series), "no {series} in {everything:?}");
     }
