@@ -96,10 +96,10 @@ pub fn charge(billing: &BillingConfig, provider: ProviderKind, model: &str, toke
     }
 }
 
-/// Returns a rough token count of `text` (a quarter of its characters,
-/// rounded up), for calls the provider never counted.
-pub fn estimate_tokens(text_chars: usize) -> u64 {
-    u64::try_from(text_chars.div_ceil(4)).unwrap_or(u64::MAX)
+/// Returns a rough token count of text `text_bytes` long in UTF-8 (a
+/// quarter of its bytes, rounded up), for calls the provider never counted.
+pub fn estimate_tokens(text_bytes: usize) -> u64 {
+    u64::try_from(text_bytes.div_ceil(4)).unwrap_or(u64::MAX)
 }
 
 struct Inner {

@@ -270,7 +270,7 @@ fn elapsed_ms(start: Instant) -> i64 {
     i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Returns the characters of text a request sends, for estimating its input.
+/// Returns the UTF-8 bytes of text a request sends, for estimating its input.
 fn request_chars(request: &LlmRequest) -> usize {
     let system = request.system.as_ref().map_or(0, String::len);
     let messages: usize = request
@@ -288,7 +288,7 @@ fn request_chars(request: &LlmRequest) -> usize {
 /// Returns the ledger record of the turn's LLM call.
 ///
 /// The counts are the provider's own. Where a cut stream left one unknown it
-/// is estimated (a quarter of the characters) and the record says so: the
+/// is estimated (a quarter of the text's UTF-8 bytes) and the record says so: the
 /// input of a call the provider accepted but never counted, the output of a
 /// reply it streamed without a final count. A call the provider refused
 /// outright counts nothing.
