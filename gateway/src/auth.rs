@@ -82,11 +82,6 @@ impl Authenticator {
         &self.verifier
     }
 
-    /// Returns a client of the auth service.
-    pub fn client(&self) -> AuthServiceClient<Channel> {
-        self.client.clone()
-    }
-
     /// Authenticates an optional credential; none is UNAUTHENTICATED unless
     /// anonymous access is on.
     pub async fn authenticate(&self, credential: Option<&str>) -> Result<Caller, ApiError> {

@@ -1,65 +1,36 @@
 //! The AgentVM gateway: the public HTTP + WebSocket edge, translating to the
 //! services' gRPC APIs. It owns nothing persistent and opens no database.
+//!
+//! ```text
+//! router.rs   every route and /ws, each layer with its why
+//! http.rs     request id, caller context, typed bodies and queries, errors
+//! api/        the operations, once: typed requests and responses, the call
+//! rest/       thin axum handlers over api/, with their OpenAPI operations
+//! ws/         the socket loop and the AgentX adapter over api/
+//! frames.rs   the protocol's event, response and error envelopes
+//! openapi.rs  the OpenAPI 3.1 document's fixed parts
+//! peers.rs    the services the gateway fronts
+//! state.rs    what every handler shares; server.rs: serving it
+//! auth.rs     who is calling; limits.rs: requests per minute
+//! ```
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
-
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-
-pub mod admin;
+pub mod api;
 pub mod auth;
-pub mod backends;
 pub mod config;
+pub mod frames;
+pub mod http;
 pub mod limits;
-pub mod resources;
+pub mod openapi;
+pub mod peers;
 pub mod rest;
-pub mod settings;
-pub mod usage;
-pub mod wire;
+pub mod router;
+mod server;
+mod state;
 pub mod ws;
 
 pub use auth::Authenticator;
-pub use backends::{Backends, PeerChannels};
 pub use config::GatewayConfig;
 pub use limits::RateLimiter;
-
-/// What every request handler of the gateway shares.
-pub struct GatewayState {
-    pub config: GatewayConfig,
-    pub backends: Backends,
-    /// Who is calling.
-    pub auth: Authenticator,
-    /// Requests per minute per tenant and key.
-    pub limiter: RateLimiter,
-    /// Open WebSocket connections.
-    pub connections: AtomicUsize,
-    /// Cancelled at shutdown; open WebSockets close with 1001.
-    pub shutdown: CancellationToken,
-}
-
-/// Serves the gateway on `listener` until `shutdown`, then lets in-flight
-/// HTTP requests finish.
-pub async fn serve(
-    listener: TcpListener,
-    config: GatewayConfig,
-    backends: Backends,
-    auth: Authenticator,
-    limiter: RateLimiter,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    // Metrics recorded before the recorder exists are lost: install it now.
-    avm_common::telemetry::metrics();
-    let state = Arc::new(GatewayState {
-        config,
-        backends,
-        auth,
-        limiter,
-        connections: AtomicUsize::new(0),
-        shutdown: shutdown.clone(),
-    });
-    let app = rest::router(state);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-}
+pub use peers::{PeerChannels, Peers};
+pub use server::serve;
+pub use state::GatewayState;

@@ -202,6 +202,10 @@ impl MockLlm {
             .with_state(shared.clone());
         let shutdown = shared.shutdown.clone();
         let server = tokio::spawn(async move {
+            // Deltas go out at once, as a real provider's do (no delayed-ACK wait).
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let serve = axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned());
             if let Err(err) = serve.await {
                 tracing::warn!(error = %err, "mock llm server failed");

@@ -31,7 +31,8 @@ pub struct WsClient {
 impl WsClient {
     /// Connects to a `ws://…/ws` URL.
     pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        let (socket, _) = tokio_tungstenite::connect_async(url)
+        // Nagle off, as every socket on the path: requests go out at once.
+        let (socket, _) = tokio_tungstenite::connect_async_with_config(url, None, true)
             .await
             .with_context(|| format!("connect {url}"))?;
         Ok(Self {

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use avm_common::auth::{AuthConfig, Claims, Limits, Principal, Role, SERVICE_USER, Scopes, TokenVerifier, month_of};
+use avm_common::auth::{AuthConfig, Claims, Limits, Principal, Role, SERVICE_USER, Scopes, TokenVerifier};
+use avm_common::calendar::month_of;
 use avm_common::ids::new_id;
 use avm_common::{ApiError, RequestContext, now_ms};
 use futures::StreamExt;

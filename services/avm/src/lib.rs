@@ -88,6 +88,8 @@ enum Command {
     Keys(cli::Keys),
     /// Show who the credential in use is.
     Whoami(cli::ClientArgs),
+    /// Print the OpenAPI 3.1 document of the REST API (as `GET /v1/openapi.json` serves it).
+    Openapi,
 }
 
 #[derive(Debug, clap::Args)]
@@ -128,6 +130,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Users(command) => return cli::users(command, &config).await,
         Command::Keys(command) => return cli::keys(command, &config).await,
         Command::Whoami(client) => return cli::whoami(&client, &config).await,
+        Command::Openapi => {
+            println!("{}", avm_gateway::router::openapi().to_pretty_json()?);
+            return Ok(());
+        }
         _ => {}
     }
     let telemetry = avm_common::telemetry::init(&config.log, component_name(&cli.command));
@@ -144,7 +150,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Resource(_) => run_resource(config, shutdown).await,
         Command::Config(_) => run_config(config, shutdown).await,
         Command::Observability(_) => run_observability(config, shutdown).await,
-        Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) => Ok(()),
+        Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) | Command::Openapi => Ok(()),
     };
     // Spans still buffered go out now; the exporter blocks on the runtime.
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
@@ -162,7 +168,7 @@ fn component_name(command: &Command) -> &'static str {
         Command::Resource(_) => "resource",
         Command::Config(_) => "config",
         Command::Observability(_) => "observability",
-        Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) => "cli",
+        Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) | Command::Openapi => "cli",
     }
 }
 
@@ -194,7 +200,7 @@ fn load_config(cli: &Cli) -> anyhow::Result<AvmConfig> {
         | Command::Observability(args) => {
             insert(&mut server, "listen", args.listen.clone().map(Value::from));
         }
-        Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) => {}
+        Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) | Command::Openapi => {}
     }
     if !server.is_empty() {
         flags.insert("server".to_owned(), Value::Object(server));
@@ -598,11 +604,11 @@ pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: Cance
         config: local.clone(),
         observability: local,
     };
-    let backends = avm_gateway::Backends::new(peers, &config.grpc);
+    let gateway_peers = avm_gateway::Peers::new(peers, &config.grpc);
     let gateway_task = tokio::spawn(avm_gateway::serve(
         listeners.gateway,
         config.gateway.clone(),
-        backends,
+        gateway_peers,
         authenticator,
         rate_limiter(&config).await?,
         servers.clone(),
@@ -854,7 +860,7 @@ async fn run_gateway(config: AvmConfig, shutdown: CancellationToken) -> anyhow::
             &config.grpc,
         )?,
     };
-    let backends = avm_gateway::Backends::new(peers, &config.grpc);
+    let gateway_peers = avm_gateway::Peers::new(peers, &config.grpc);
     let watch = peer.verifier.spawn_watch(peer.identity.clone(), shutdown.clone());
     let logs = forward_logs(&config, &peer.identity, &shutdown)?;
     println!("listening: gateway {}", local_url(&listener)?);
@@ -862,7 +868,7 @@ async fn run_gateway(config: AvmConfig, shutdown: CancellationToken) -> anyhow::
     avm_gateway::serve(
         listener,
         config.gateway.clone(),
-        backends,
+        gateway_peers,
         peer.authenticator(&config),
         rate_limiter(&config).await?,
         shutdown,

@@ -3,6 +3,7 @@
 //! context, ids and database pools.
 
 pub mod auth;
+pub mod calendar;
 pub mod config;
 pub mod context;
 pub mod db;

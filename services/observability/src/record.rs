@@ -3,7 +3,7 @@
 
 use futures::stream::BoxStream;
 
-use avm_common::auth::day_of;
+use avm_common::calendar::day_of;
 
 use crate::error::ObservabilityError;
 
@@ -73,7 +73,7 @@ impl UsageRecord {
     /// Returns the UTC calendar month of the call's start, `YYYY-MM`: the
     /// month whose budget it counts against.
     pub fn month(&self) -> String {
-        avm_common::auth::month_of(self.started_at_ms)
+        avm_common::calendar::month_of(self.started_at_ms)
     }
 
     /// Returns the UTC day of the call's start, `YYYY-MM-DD`.

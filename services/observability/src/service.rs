@@ -15,7 +15,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use avm_common::auth::{Role, Scopes, month_of};
+use avm_common::auth::{Role, Scopes};
+use avm_common::calendar::month_of;
 use avm_common::events::EventBus;
 use avm_common::{ApiError, Code, RequestContext};
 use base64::Engine;

@@ -13,6 +13,7 @@ mod isolation;
 mod lifecycle;
 mod llm_drivers;
 mod metering;
+mod openapi;
 mod ownership;
 mod postgres;
 mod providers;

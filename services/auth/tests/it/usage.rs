@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use avm_auth::{ApiKeySpec, AuthEventKind, QuotaState, TenantUpdate, UsageReport, WatchItem};
-use avm_common::auth::{Limits, month_of};
+use avm_common::auth::Limits;
+use avm_common::calendar::month_of;
 use futures::StreamExt;
 
 use crate::support::{Harness, SERVICE_KEY, reason};

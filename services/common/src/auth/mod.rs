@@ -303,35 +303,6 @@ impl Claims {
     }
 }
 
-/// Returns the calendar month (UTC) of a Unix time in milliseconds, as `YYYY-MM`.
-pub fn month_of(ms: i64) -> String {
-    let (year, month, _) = civil_date(ms);
-    format!("{year:04}-{month:02}")
-}
-
-/// Returns the calendar day (UTC) of a Unix time in milliseconds, as
-/// `YYYY-MM-DD`; it always falls in the month [`month_of`] gives.
-pub fn day_of(ms: i64) -> String {
-    let (year, month, day) = civil_date(ms);
-    format!("{year:04}-{month:02}-{day:02}")
-}
-
-/// Returns the UTC (year, month, day) of a Unix time in milliseconds, after
-/// Howard Hinnant's `civil_from_days`.
-fn civil_date(ms: i64) -> (i64, i64, i64) {
-    let days = ms.div_euclid(86_400_000);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
 /// The error of a token that cannot be trusted, for whatever reason: the
 /// reason is logged, never told to the caller.
 pub fn invalid_token() -> ApiError {
@@ -487,28 +458,6 @@ mod tests {
         claims.scp = vec!["read".into(), "write".into(), "admin".into()];
         let principal = claims.principal().ok();
         assert_eq!(principal.map(|p| p.scopes), Some(Scopes::READ.union(Scopes::WRITE)));
-    }
-
-    #[test]
-    fn months_are_utc_calendar_months() {
-        assert_eq!(month_of(0), "1970-01");
-        assert_eq!(month_of(951_782_400_000), "2000-02"); // 2000-02-29
-        assert_eq!(month_of(1_798_761_599_999), "2026-12"); // 2026-12-31T23:59:59.999
-        assert_eq!(month_of(1_798_761_600_000), "2027-01");
-    }
-
-    #[test]
-    fn days_fall_in_their_months() {
-        assert_eq!(day_of(0), "1970-01-01");
-        assert_eq!(day_of(951_782_400_000), "2000-02-29");
-        assert_eq!(day_of(1_798_761_599_999), "2026-12-31");
-        assert_eq!(day_of(1_798_761_600_000), "2027-01-01");
-        assert_eq!(day_of(-1), "1969-12-31");
-        let mut ms = -10 * 86_400_000;
-        while ms < 4_000_000_000_000 {
-            assert!(day_of(ms).starts_with(&month_of(ms)), "{ms}");
-            ms += 86_400_000 * 7 + 3_600_000 * 5 + 17;
-        }
     }
 
     #[test]

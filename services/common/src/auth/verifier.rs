@@ -197,7 +197,7 @@ impl TokenVerifier {
 
     /// Returns whether the principal's tenant or key used up this month's tokens.
     pub fn quota_exhausted(&self, principal: &Principal) -> bool {
-        let month = super::month_of(crate::now_ms());
+        let month = crate::calendar::month_of(crate::now_ms());
         let state = self.state();
         let tenant = (principal.tenant_id.clone(), None);
         let key = principal

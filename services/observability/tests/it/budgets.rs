@@ -149,9 +149,9 @@ async fn a_new_month_starts_at_zero(h: Harness) {
     let runtime = service_ctx(A);
     // Calls that started last month count against last month's budget only.
     let now = avm_common::now_ms();
-    let last_month = avm_common::auth::month_of(now);
+    let last_month = avm_common::calendar::month_of(now);
     let mut started_at_ms = now - 28 * 86_400_000;
-    while avm_common::auth::month_of(started_at_ms) == last_month {
+    while avm_common::calendar::month_of(started_at_ms) == last_month {
         started_at_ms -= 86_400_000;
     }
     let old = UsageRecord {

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use avm_common::Code;
-use avm_common::auth::day_of;
+use avm_common::calendar::day_of;
 use avm_common::testing::{admin_ctx, operator_ctx, service_ctx};
 use avm_observability::{
     CallStatus, Dimension, LedgerSettings, ObservabilityService, UsageQuery, UsageRecord, UsageTotals,
@@ -121,7 +121,7 @@ async fn group_totals_equal_the_records(h: Harness) {
             Dimension::Key => record.key_id.clone(),
             Dimension::Model => record.model.clone(),
             Dimension::Day => day_of(record.started_at_ms),
-            Dimension::Month => avm_common::auth::month_of(record.started_at_ms),
+            Dimension::Month => avm_common::calendar::month_of(record.started_at_ms),
             Dimension::Status => record.status.as_str().to_owned(),
             Dimension::User => record.user_id.clone(),
         }

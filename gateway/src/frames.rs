@@ -1,4 +1,5 @@
-//! Envelopes of the public protocol: events, responses and system errors.
+//! Envelopes of the public protocol: events (for WebSocket frames and SSE
+//! data alike), `<x>_response` frames and system errors.
 
 use avm_common::ApiError;
 use avm_proto::runtime::v1 as rt;

@@ -1,104 +1,30 @@
-//! `GET /ws`: the AgentX-compatible WebSocket protocol (PROTOCOL.md).
+//! One WebSocket connection: the loop that owns its socket.
 //!
 //! One task per connection owns the socket. Frames are read in order;
 //! requests run concurrently (bounded) and answer when done; each subscribed
-//! session is a gRPC event stream merged into the loop. While a
+//! session is an event stream of the runtime merged into the loop. While a
 //! `message_send_request` is pending, its conversation's events are held so
 //! the response goes out before the turn's first stream event.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use avm_common::{ApiError, Code, RequestContext};
 use avm_proto::runtime::v1 as rt;
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade, close_code};
-use axum::extract::{Query, State};
-use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, close_code};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
-use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_stream::StreamMap;
 use tracing::Instrument;
 
-use crate::GatewayState;
+use super::dispatch;
+use crate::api::images::{self, EventStream};
 use crate::auth::Caller;
-use crate::backends::{Backends, ImageConfig, agent_json};
-use crate::wire::{error_response_frame, event_frame, response_frame, system_error_frame};
-
-/// Query parameters of the upgrade request.
-#[derive(Debug, Default, Deserialize)]
-pub struct WsQuery {
-    /// `1`/`true` wraps every frame for acknowledged delivery (`__msgId`/`__ack`).
-    #[serde(default)]
-    ack: Option<String>,
-    /// The credential (API key or access token), for clients that cannot set headers.
-    #[serde(default)]
-    token: Option<String>,
-}
-
-/// Upgrades to a WebSocket with small buffers (an idle connection stays a few KiB).
-///
-/// A credential in `?token=` or `Authorization` is checked before the upgrade
-/// (401 with a JSON error when refused); without one, the first frame must
-/// be an `auth` event.
-pub async fn upgrade(
-    State(state): State<Arc<GatewayState>>,
-    Query(query): Query<WsQuery>,
-    headers: HeaderMap,
-    ws: WebSocketUpgrade,
-) -> Response {
-    let config = &state.config;
-    let request_id = avm_common::ids::new_id("req");
-    let credential = match (query.token.as_deref(), crate::rest::bearer_credential(&headers)) {
-        (Some(token), _) => Some(token.to_owned()),
-        (None, Ok(header)) => header.map(str::to_owned),
-        (None, Err(err)) => return crate::rest::error_response(&err, &request_id),
-    };
-    let caller = match &credential {
-        Some(credential) => match state.auth.authenticate(Some(credential)).await {
-            Ok(caller) => Some(caller),
-            Err(err) => return crate::rest::error_response(&err, &request_id),
-        },
-        // Anonymous access (`--dev`) needs no credential at all.
-        None => state.auth.authenticate(None).await.ok(),
-    };
-    if state.connections.load(Ordering::Relaxed) >= config.max_connections {
-        let err = ApiError::new(
-            Code::ResourceExhausted,
-            "TOO_MANY_CONNECTIONS",
-            "the gateway is at its connection limit",
-        );
-        return crate::rest::error_response(&err, &avm_common::ids::new_id("req"));
-    }
-    // Frames up to the transport limit are read whole, so even a frame that
-    // ends the connection is answered with a clean 1009 close; only beyond it
-    // does the transport give up mid-frame.
-    let transport_limit = config.max_frame_bytes.saturating_mul(16);
-    let ack = matches!(query.ack.as_deref(), Some("1" | "true"));
-    ws.read_buffer_size(1024)
-        .write_buffer_size(0)
-        .max_write_buffer_size(transport_limit.max(64 * 1024))
-        .max_message_size(transport_limit)
-        .max_frame_size(transport_limit)
-        .on_upgrade(move |socket| async move {
-            state.connections.fetch_add(1, Ordering::Relaxed);
-            metrics::gauge!("avm_gateway_websocket_connections").increment(1.0);
-            Connection::new(Arc::clone(&state), ack, credential, caller)
-                .run(socket)
-                .await;
-            state.connections.fetch_sub(1, Ordering::Relaxed);
-            metrics::gauge!("avm_gateway_websocket_connections").decrement(1.0);
-        })
-        .into_response()
-}
-
-type EventStream = Pin<Box<dyn futures::Stream<Item = Result<rt::SubscribeEventsResponse, tonic::Status>> + Send>>;
+use crate::frames::{error_response_frame, event_frame, response_frame, system_error_frame};
+use crate::state::GatewayState;
 
 /// What a finished background request hands back to the connection loop.
 enum Completion {
@@ -138,7 +64,7 @@ struct Parked {
     frame: String,
 }
 
-struct Connection {
+pub(super) struct Connection {
     state: Arc<GatewayState>,
     id: String,
     /// What the client authenticated with; re-checked on every request, so
@@ -162,7 +88,7 @@ struct Connection {
 }
 
 impl Connection {
-    fn new(state: Arc<GatewayState>, ack: bool, credential: Option<String>, caller: Option<Caller>) -> Self {
+    pub(super) fn new(state: Arc<GatewayState>, ack: bool, credential: Option<String>, caller: Option<Caller>) -> Self {
         let id = avm_common::ids::new_id("conn");
         Self {
             credential: credential.map(Arc::from),
@@ -182,7 +108,7 @@ impl Connection {
         }
     }
 
-    async fn run(mut self, mut socket: WebSocket) {
+    pub(super) async fn run(mut self, mut socket: WebSocket) {
         let shutdown = self.state.shutdown.clone();
         let config = self.state.config.clone();
         let mut requests: FuturesUnordered<BoxFuture<'static, Completion>> = FuturesUnordered::new();
@@ -400,9 +326,10 @@ impl Connection {
             Ok(ctx) => ctx,
             Err(err) => return self.refused(socket, None, &err).await,
         };
-        match Box::pin(self.state.backends.subscribe(&ctx, session_id, after)).await {
+        let subscribed = images::subscribe(&self.state.peers, &ctx, session_id.to_owned(), after);
+        match Box::pin(subscribed).await {
             Ok(stream) => {
-                subscriptions.insert(session_id.to_owned(), Box::pin(stream));
+                subscriptions.insert(session_id.to_owned(), stream);
                 Ok(())
             }
             Err(err) => self.send(socket, system_error_frame(&err, None)).await,
@@ -500,7 +427,7 @@ impl Connection {
             Err(err) => return self.refused(socket, Some((&name, &request_id)), &err).await,
         };
         if let Err(wait) = self.state.limiter.check(&ctx.principal).await {
-            let err = crate::rest::rate_limit_error(wait);
+            let err = crate::http::rate_limit_error(wait);
             let mut frame: Value =
                 serde_json::from_str(&error_response_frame(&name, &request_id, &err)).unwrap_or_default();
             frame["data"]["retryAfter"] = json!(crate::limits::retry_after_secs(wait));
@@ -510,7 +437,7 @@ impl Connection {
             let err = crate::auth::quota_exceeded();
             return self.send(socket, error_response_frame(&name, &request_id, &err)).await;
         }
-        let backends = self.state.backends.clone();
+        let peers = self.state.peers.clone();
         metrics::counter!("avm_gateway_websocket_requests_total").increment(1);
         let span = avm_common::telemetry::request_span("ws", &format!("{name}_request"), &ctx.trace);
         span.in_scope(|| avm_common::telemetry::record_caller(&ctx));
@@ -523,10 +450,17 @@ impl Connection {
             self.held.entry(key.clone()).or_default();
             requests.push(Box::pin(
                 async move {
-                    match message_send(&backends, &ctx, &data).await {
-                        Ok((accepted, reply)) => Completion::Sent {
+                    // The turn's events reach subscribers through their
+                    // subscriptions; this call's own stream is dropped, and
+                    // the turn goes on without it.
+                    let sent = match dispatch::decode_message_send(data) {
+                        Ok(request) => dispatch::message_send(&peers, &ctx, request).await,
+                        Err(err) => Err(err),
+                    };
+                    match sent {
+                        Ok((accepted, reply, _events)) => Completion::Sent {
                             key,
-                            session_id: accepted.agent.map(|agent| agent.session_id),
+                            session_id: Some(accepted.session_id),
                             cursor: accepted.cursor.parse().ok(),
                             frame: response_frame(&name, &request_id, reply),
                         },
@@ -543,7 +477,7 @@ impl Connection {
         } else {
             requests.push(Box::pin(
                 async move {
-                    let frame = match handle(&backends, &ctx, &name, &data).await {
+                    let frame = match dispatch::dispatch(&peers, &ctx, &name, data).await {
                         Ok(reply) => response_frame(&name, &request_id, reply),
                         Err(err) => error_response_frame(&name, &request_id, &err),
                     };
@@ -604,14 +538,12 @@ impl Connection {
     async fn on_event(
         &mut self,
         session_id: &str,
-        item: Result<rt::SubscribeEventsResponse, tonic::Status>,
+        item: Result<rt::Event, ApiError>,
         socket: &mut WebSocket,
     ) -> Result<(), Exit> {
         let event = match item {
-            Ok(rt::SubscribeEventsResponse { event: Some(event) }) => event,
-            Ok(_) => return Ok(()),
-            Err(status) => {
-                let err = ApiError::from_status(&status);
+            Ok(event) => event,
+            Err(err) => {
                 tracing::debug!(conn_id = %self.id, session_id, reason = %err.reason, "subscription ended");
                 let frame = system_error_frame(&err, None);
                 return self.send(socket, frame).await;
@@ -649,191 +581,5 @@ impl Connection {
             return self.release(socket, &key, Some(parked.cursor), parked.frame).await;
         }
         Ok(())
-    }
-}
-
-/// Runs a `message_send_request`; returns the acceptance cursor and the response data.
-async fn message_send(
-    backends: &Backends,
-    ctx: &RequestContext,
-    data: &Value,
-) -> Result<(rt::SendMessageAccepted, Value), ApiError> {
-    let image_id = match (opt_str(data, "imageId")?, opt_str(data, "agentId")?) {
-        (Some(image_id), _) => image_id,
-        (None, Some(agent_id)) => backends.get_agent(ctx, &agent_id).await?.image_id,
-        (None, None) => return Err(ApiError::invalid("MISSING_FIELD", "imageId (or agentId) is required")),
-    };
-    let content = content_field(data)?;
-    // The turn's events reach subscribers through their subscriptions; the
-    // stream of this call is dropped, and the turn goes on without it.
-    let (accepted, _events) = backends.send_message(ctx, &image_id, content).await?;
-    let agent_id = accepted
-        .agent
-        .as_ref()
-        .map(|agent| agent.agent_id.clone())
-        .unwrap_or_default();
-    Ok((accepted, json!({"imageId": image_id, "agentId": agent_id})))
-}
-
-/// Answers every request type except `message_send`.
-async fn handle(backends: &Backends, ctx: &RequestContext, name: &str, data: &Value) -> Result<Value, ApiError> {
-    match name {
-        "container_create" => {
-            let container_id = req_str(data, "containerId")?;
-            backends.create_container(ctx, &container_id).await?;
-            Ok(json!({"containerId": container_id}))
-        }
-        "container_get" => {
-            let container_id = req_str(data, "containerId")?;
-            match backends.get_container(ctx, &container_id).await {
-                Ok(_) => Ok(json!({"containerId": container_id, "exists": true})),
-                Err(err) if err.code == Code::NotFound => Ok(json!({"exists": false})),
-                Err(err) => Err(err),
-            }
-        }
-        "container_list" => {
-            let containers = backends.list_containers(ctx).await?;
-            let ids: Vec<Value> = containers.into_iter().map(|c| c["containerId"].clone()).collect();
-            Ok(json!({"containerIds": ids}))
-        }
-        "image_create" => {
-            let container_id = req_str(data, "containerId")?;
-            let config = image_config(data.get("config"))?;
-            let (record, session_id) = backends.create_image(ctx, &container_id, config).await?;
-            Ok(json!({"record": record, "__subscriptions": [session_id]}))
-        }
-        "image_get" => {
-            let image_id = req_str(data, "imageId")?;
-            match backends.get_image(ctx, &image_id).await {
-                Ok((record, session_id)) => Ok(json!({"record": record, "__subscriptions": [session_id]})),
-                Err(err) if err.code == Code::NotFound => Ok(json!({"record": null})),
-                Err(err) => Err(err),
-            }
-        }
-        "image_list" => {
-            let container_id = opt_str(data, "containerId")?;
-            let images = backends.list_images(ctx, container_id.as_deref()).await?;
-            let (records, sessions): (Vec<Value>, Vec<String>) = images.into_iter().unzip();
-            Ok(json!({"records": records, "__subscriptions": sessions}))
-        }
-        "image_update" => {
-            let image_id = req_str(data, "imageId")?;
-            let updates = data.get("updates").unwrap_or(&Value::Null);
-            if !updates.is_object() {
-                return Err(ApiError::invalid("MISSING_FIELD", "updates must be an object"));
-            }
-            let record = backends
-                .update_image(
-                    ctx,
-                    &image_id,
-                    opt_str(updates, "name")?,
-                    opt_str(updates, "description")?,
-                )
-                .await?;
-            Ok(json!({"record": record}))
-        }
-        "image_delete" => {
-            let image_id = req_str(data, "imageId")?;
-            backends.delete_image(ctx, &image_id).await?;
-            Ok(json!({"imageId": image_id}))
-        }
-        "image_run" => {
-            let image_id = req_str(data, "imageId")?;
-            let (agent, reused) = backends.run_image(ctx, &image_id).await?;
-            Ok(json!({"imageId": image_id, "agentId": agent.agent_id, "reused": reused}))
-        }
-        "image_stop" => {
-            let image_id = req_str(data, "imageId")?;
-            backends.stop_image(ctx, &image_id).await?;
-            Ok(json!({"imageId": image_id}))
-        }
-        "image_messages" => {
-            let image_id = req_str(data, "imageId")?;
-            let messages = backends.messages(ctx, &image_id).await?;
-            Ok(json!({"imageId": image_id, "messages": messages}))
-        }
-        "agent_interrupt" => {
-            let target = match (opt_str(data, "imageId")?, opt_str(data, "agentId")?) {
-                (Some(image_id), _) => rt::interrupt_agent_request::Target::ImageId(image_id),
-                (None, Some(agent_id)) => rt::interrupt_agent_request::Target::AgentId(agent_id),
-                (None, None) => return Err(ApiError::invalid("MISSING_FIELD", "imageId or agentId is required")),
-            };
-            let (agent, interrupted) = backends.interrupt(ctx, target).await?;
-            Ok(json!({"imageId": agent.image_id, "agentId": agent.agent_id, "interrupted": interrupted}))
-        }
-        "agent_get" => {
-            let agent_id = req_str(data, "agentId")?;
-            Ok(match backends.agent_exists(ctx, &agent_id).await? {
-                Some(agent) => json!({"agentId": agent.agent_id, "containerId": agent.container_id, "exists": true}),
-                None => json!({"exists": false}),
-            })
-        }
-        "agent_list" => {
-            let container_id = req_str(data, "containerId")?;
-            let agents = backends.list_agents(ctx, Some(&container_id)).await?;
-            let agents: Vec<Value> = agents.iter().map(agent_json).collect();
-            Ok(json!({"agents": agents}))
-        }
-        "agent_destroy" => {
-            let agent_id = req_str(data, "agentId")?;
-            let success = match backends.destroy_agent(ctx, &agent_id).await {
-                Ok(()) => true,
-                Err(err) if err.code == Code::NotFound => false,
-                Err(err) => return Err(err),
-            };
-            Ok(json!({"agentId": agent_id, "success": success}))
-        }
-        "agent_destroy_all" => {
-            let container_id = req_str(data, "containerId")?;
-            backends.destroy_all_agents(ctx, &container_id).await?;
-            Ok(json!({"containerId": container_id}))
-        }
-        _ => Err(ApiError::invalid(
-            "UNKNOWN_REQUEST",
-            format!("unknown request type {name}_request"),
-        )),
-    }
-}
-
-/// Reads image settings from a `config` object.
-pub(crate) fn image_config(config: Option<&Value>) -> Result<ImageConfig, ApiError> {
-    let config = match config {
-        None | Some(Value::Null) => return Ok(ImageConfig::default()),
-        Some(config @ Value::Object(_)) => config,
-        Some(_) => return Err(ApiError::invalid("INVALID_FIELD", "config must be an object")),
-    };
-    Ok(ImageConfig {
-        name: opt_str(config, "name")?,
-        description: opt_str(config, "description")?,
-        system_prompt: opt_str(config, "systemPrompt")?,
-        mcp_servers: config.get("mcpServers").cloned(),
-        agent: opt_str(config, "agent")?,
-        variables: config.get("variables").cloned(),
-    })
-}
-
-/// Reads the `content` of a message: a string or a list of parts (the runtime validates the parts).
-pub(crate) fn content_field(data: &Value) -> Result<&Value, ApiError> {
-    match data.get("content") {
-        Some(content @ (Value::String(_) | Value::Array(_))) => Ok(content),
-        Some(_) => Err(ApiError::invalid(
-            "INVALID_CONTENT",
-            "content must be a string or a list of parts",
-        )),
-        None => Err(ApiError::invalid("MISSING_FIELD", "content is required")),
-    }
-}
-
-/// Reads a required string field.
-pub(crate) fn req_str(data: &Value, field: &str) -> Result<String, ApiError> {
-    opt_str(data, field)?.ok_or_else(|| ApiError::invalid("MISSING_FIELD", format!("{field} is required")))
-}
-
-/// Reads an optional string field; any other type is an error.
-pub(crate) fn opt_str(data: &Value, field: &str) -> Result<Option<String>, ApiError> {
-    match data.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(value)) => Ok(Some(value.clone())),
-        Some(_) => Err(ApiError::invalid("INVALID_FIELD", format!("{field} must be a string"))),
     }
 }

@@ -1,0 +1,141 @@
+//! Agents: the running, in-memory instances of images.
+
+use std::collections::HashMap;
+
+use avm_common::{ApiError, Code, RequestContext};
+use avm_proto::runtime::v1 as rt;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::missing;
+use crate::peers::Peers;
+
+/// A running agent.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Agent {
+    pub agent_id: String,
+    pub container_id: String,
+    pub image_id: String,
+    pub session_id: String,
+    /// `running` while it answers a message, else `idle`.
+    pub state: AgentState,
+    /// Unix milliseconds.
+    pub started_at: i64,
+}
+
+/// Whether an agent is answering a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentState {
+    Idle,
+    Running,
+}
+
+impl From<rt::Agent> for Agent {
+    fn from(agent: rt::Agent) -> Self {
+        Self {
+            state: if agent.state == rt::AgentState::Running as i32 {
+                AgentState::Running
+            } else {
+                AgentState::Idle
+            },
+            agent_id: agent.agent_id,
+            container_id: agent.container_id,
+            image_id: agent.image_id,
+            session_id: agent.session_id,
+            started_at: agent.started_at_ms,
+        }
+    }
+}
+
+/// Running agents.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentList {
+    pub agents: Vec<Agent>,
+}
+
+/// Which agents to list.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct AgentFilter {
+    /// Only the agents of this container.
+    pub container_id: Option<String>,
+}
+
+/// What destroying an agent answers.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentDestroyed {
+    pub agent_id: String,
+    pub destroyed: bool,
+}
+
+/// Lists the caller's running agents, oldest first.
+pub async fn list(peers: &Peers, ctx: &RequestContext, filter: AgentFilter) -> Result<AgentList, ApiError> {
+    let request = ctx.request(rt::ListAgentsRequest {
+        container_id: filter.container_id,
+    });
+    let agents = peers.runtime.clone().list_agents(request).await?.into_inner().agents;
+    Ok(AgentList {
+        agents: agents.into_iter().map(Agent::from).collect(),
+    })
+}
+
+/// Returns the running agent of each image, by image id.
+pub(crate) async fn by_image(
+    peers: &Peers,
+    ctx: &RequestContext,
+    container_id: Option<&str>,
+) -> Result<HashMap<String, String>, ApiError> {
+    let filter = AgentFilter {
+        container_id: container_id.map(str::to_owned),
+    };
+    let agents = list(peers, ctx, filter).await?.agents;
+    Ok(agents
+        .into_iter()
+        .map(|agent| (agent.image_id, agent.agent_id))
+        .collect())
+}
+
+/// Returns one running agent.
+pub async fn get(peers: &Peers, ctx: &RequestContext, agent_id: String) -> Result<Agent, ApiError> {
+    let request = ctx.request(rt::GetAgentRequest { agent_id });
+    let agent = peers.runtime.clone().get_agent(request).await?.into_inner().agent;
+    Ok(agent.ok_or_else(|| missing("agent"))?.into())
+}
+
+/// Returns one running agent, or `None` when there is none (other failures are errors).
+pub async fn find(peers: &Peers, ctx: &RequestContext, agent_id: String) -> Result<Option<Agent>, ApiError> {
+    match get(peers, ctx, agent_id).await {
+        Ok(agent) => Ok(Some(agent)),
+        Err(err) if err.code == Code::NotFound => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// Stops and forgets an agent.
+pub async fn destroy(peers: &Peers, ctx: &RequestContext, agent_id: String) -> Result<AgentDestroyed, ApiError> {
+    let request = ctx.request(rt::DestroyAgentRequest {
+        agent_id: agent_id.clone(),
+    });
+    peers.runtime.clone().destroy_agent(request).await?;
+    Ok(AgentDestroyed {
+        agent_id,
+        destroyed: true,
+    })
+}
+
+/// Stops every agent of a container; returns how many.
+pub async fn destroy_all(peers: &Peers, ctx: &RequestContext, container_id: String) -> Result<u32, ApiError> {
+    super::containers::get(peers, ctx, container_id.clone()).await?;
+    let request = ctx.request(rt::DestroyAllAgentsRequest { container_id });
+    Ok(peers
+        .runtime
+        .clone()
+        .destroy_all_agents(request)
+        .await?
+        .into_inner()
+        .destroyed)
+}

@@ -1,0 +1,193 @@
+//! Containers: a tenant's isolation units, their ids chosen by the client,
+//! and the users they are shared with.
+
+use avm_common::{ApiError, RequestContext};
+use avm_proto::runtime::v1 as rt;
+use avm_proto::session::v1 as ss;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::missing;
+use crate::peers::Peers;
+
+/// Names a container (`POST /v1/containers`, `container_create_request`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerRef {
+    /// Chosen by the client: 1 to 128 letters, digits and `. _ : @ -`.
+    pub container_id: String,
+}
+
+/// A container.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Container {
+    pub container_id: String,
+    /// The user who created it.
+    pub owner_id: String,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+impl From<ss::Container> for Container {
+    fn from(container: ss::Container) -> Self {
+        Self {
+            container_id: container.container_id,
+            owner_id: container.owner_user_id,
+            created_at: container.created_at_ms,
+        }
+    }
+}
+
+/// The caller's containers.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ContainerList {
+    pub containers: Vec<Container>,
+}
+
+/// What deleting a container answers.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerDeleted {
+    pub container_id: String,
+    pub deleted: bool,
+}
+
+/// Names the user to share a container with.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShareRequest {
+    pub user_id: String,
+}
+
+/// Whether a container is shared with a user, after a change.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShareState {
+    pub container_id: String,
+    pub user_id: String,
+    pub shared: bool,
+}
+
+/// A user a container is shared with.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Share {
+    pub user_id: String,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+/// The users a container is shared with.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShareList {
+    pub container_id: String,
+    pub shares: Vec<Share>,
+}
+
+/// Creates a container, or returns the existing one; `true` when it is new.
+pub async fn create(peers: &Peers, ctx: &RequestContext, request: ContainerRef) -> Result<(Container, bool), ApiError> {
+    let request = ctx.request(ss::CreateContainerRequest {
+        container_id: request.container_id,
+    });
+    let response = peers.session.clone().create_container(request).await?.into_inner();
+    let container = response.container.ok_or_else(|| missing("container"))?;
+    Ok((container.into(), response.created))
+}
+
+/// Returns a container.
+pub async fn get(peers: &Peers, ctx: &RequestContext, container_id: String) -> Result<Container, ApiError> {
+    let request = ctx.request(ss::GetContainerRequest { container_id });
+    let response = peers.session.clone().get_container(request).await?.into_inner();
+    Ok(response.container.ok_or_else(|| missing("container"))?.into())
+}
+
+/// Lists the caller's containers, oldest first.
+pub async fn list(peers: &Peers, ctx: &RequestContext) -> Result<ContainerList, ApiError> {
+    let request = ctx.request(ss::ListContainersRequest {});
+    let response = peers.session.clone().list_containers(request).await?.into_inner();
+    Ok(ContainerList {
+        containers: response.containers.into_iter().map(Container::from).collect(),
+    })
+}
+
+/// Stops a container's agents and deletes it with everything inside.
+pub async fn delete(peers: &Peers, ctx: &RequestContext, container_id: String) -> Result<ContainerDeleted, ApiError> {
+    // Existence first, so a missing container is NOT_FOUND before anything is touched.
+    get(peers, ctx, container_id.clone()).await?;
+    let request = ctx.request(rt::DestroyAllAgentsRequest {
+        container_id: container_id.clone(),
+    });
+    peers.runtime.clone().destroy_all_agents(request).await?;
+    let request = ctx.request(ss::DeleteContainerRequest {
+        container_id: container_id.clone(),
+    });
+    peers.session.clone().delete_container(request).await?;
+    Ok(ContainerDeleted {
+        container_id,
+        deleted: true,
+    })
+}
+
+/// Shares a container with a user of the caller's tenant.
+pub async fn share(
+    peers: &Peers,
+    ctx: &RequestContext,
+    container_id: String,
+    request: ShareRequest,
+) -> Result<ShareState, ApiError> {
+    let call = ctx.request(ss::ShareContainerRequest {
+        container_id: container_id.clone(),
+        user_id: request.user_id.clone(),
+    });
+    peers.session.clone().share_container(call).await?;
+    Ok(ShareState {
+        container_id,
+        user_id: request.user_id,
+        shared: true,
+    })
+}
+
+/// Stops sharing a container with a user.
+pub async fn unshare(
+    peers: &Peers,
+    ctx: &RequestContext,
+    container_id: String,
+    user_id: String,
+) -> Result<ShareState, ApiError> {
+    let call = ctx.request(ss::UnshareContainerRequest {
+        container_id: container_id.clone(),
+        user_id: user_id.clone(),
+    });
+    peers.session.clone().unshare_container(call).await?;
+    Ok(ShareState {
+        container_id,
+        user_id,
+        shared: false,
+    })
+}
+
+/// Lists the users a container is shared with.
+pub async fn shares(peers: &Peers, ctx: &RequestContext, container_id: String) -> Result<ShareList, ApiError> {
+    let call = ctx.request(ss::ListContainerSharesRequest {
+        container_id: container_id.clone(),
+    });
+    let shares = peers
+        .session
+        .clone()
+        .list_container_shares(call)
+        .await?
+        .into_inner()
+        .shares;
+    Ok(ShareList {
+        container_id,
+        shares: shares
+            .into_iter()
+            .map(|share| Share {
+                user_id: share.user_id,
+                created_at: share.created_at_ms,
+            })
+            .collect(),
+    })
+}

@@ -1,0 +1,472 @@
+//! Images (conversations) and what happens in them: create, read, change,
+//! delete, run and stop their agent, send a message, interrupt, read the
+//! history and follow the events.
+
+use std::pin::Pin;
+
+use avm_common::{ApiError, RequestContext};
+use avm_proto::runtime::v1 as rt;
+use avm_proto::session::v1 as ss;
+use futures::Stream;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+use super::{missing, reasoned};
+use crate::peers::Peers;
+
+/// What a system prompt or agent that names a resource starts with.
+const RESOURCE_URI_PREFIX: &str = "resource://";
+
+/// Settings of a new image (the body of `POST /v1/containers/{id}/images`,
+/// the `config` of `image_create_request`).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", default, expecting = "an object")]
+pub struct ImageConfig {
+    /// Defaults to "New Conversation".
+    pub name: Option<String>,
+    pub description: Option<String>,
+    /// Text, or a `resource://prompts/…` URI rendered with `variables`.
+    pub system_prompt: Option<String>,
+    /// MCP servers by name: `{command, args?, env?}`, `{type:"sse", url, headers?}`
+    /// or `{type:"http", url, headers?}`.
+    #[schema(value_type = Option<Object>)]
+    pub mcp_servers: Option<Value>,
+    /// A `resource://agents/…` definition to run.
+    pub agent: Option<String>,
+    /// Values of the prompt's variables, strings by name.
+    #[schema(value_type = Option<Object>)]
+    pub variables: Option<Value>,
+}
+
+/// The changes to an image; absent fields stay as they are.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(default, expecting = "an object")]
+pub struct ImageUpdate {
+    pub name: Option<String>,
+    /// An empty description clears it.
+    pub description: Option<String>,
+}
+
+/// An image as the protocol's `record` shows it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageRecord {
+    pub image_id: String,
+    pub container_id: String,
+    /// The image's one session; subscribe to it for the image's events.
+    pub session_id: String,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub mcp_servers: Option<Map<String, Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub variables: Option<Map<String, Value>>,
+    /// Unix milliseconds.
+    pub created_at: i64,
+    /// Unix milliseconds.
+    pub updated_at: i64,
+    /// Whether an agent of the image is running.
+    pub online: bool,
+    /// The running agent, when online.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+}
+
+impl ImageRecord {
+    fn new(image: ss::Image, agent_id: Option<String>) -> Self {
+        Self {
+            online: agent_id.is_some(),
+            agent_id,
+            mcp_servers: non_empty_object(&image.mcp_servers_json),
+            variables: non_empty_object(&image.variables_json),
+            image_id: image.image_id,
+            container_id: image.container_id,
+            session_id: image.session_id,
+            name: image.name,
+            description: image.description,
+            system_prompt: image.system_prompt,
+            agent: image.agent,
+            created_at: image.created_at_ms,
+            updated_at: image.updated_at_ms,
+        }
+    }
+}
+
+/// Returns a stored JSON object, unless it is empty or not an object.
+fn non_empty_object(json: &str) -> Option<Map<String, Value>> {
+    match serde_json::from_str(json) {
+        Ok(Value::Object(map)) if !map.is_empty() => Some(map),
+        _ => None,
+    }
+}
+
+/// Images of a container, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ImageList {
+    pub images: Vec<ImageRecord>,
+}
+
+/// What deleting an image answers.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageDeleted {
+    pub image_id: String,
+    pub deleted: bool,
+}
+
+/// The agent an image runs, once started.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageRun {
+    pub image_id: String,
+    pub agent_id: String,
+    /// Whether the agent was already running.
+    pub reused: bool,
+}
+
+/// Whether stopping an image stopped a running agent.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageStopped {
+    pub image_id: String,
+    pub stopped: bool,
+}
+
+/// An image's history, in stored order.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageList {
+    pub image_id: String,
+    /// Message objects as PROTOCOL.md describes them (user, assistant,
+    /// tool-call, tool-result and error messages).
+    #[schema(value_type = Vec<Object>)]
+    pub messages: Vec<Value>,
+}
+
+/// What an interrupt found.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Interrupted {
+    pub image_id: String,
+    pub agent_id: String,
+    /// Whether a turn was running (and is now interrupted).
+    pub interrupted: bool,
+}
+
+/// One part of a message: text, an image or a file (base64).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum ContentPart {
+    Text {
+        text: String,
+    },
+    Image {
+        data: String,
+        #[serde(rename = "mediaType")]
+        media_type: String,
+    },
+    File {
+        data: String,
+        #[serde(rename = "mediaType")]
+        media_type: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        filename: Option<String>,
+    },
+}
+
+/// A message's content: text, or a list of parts.
+///
+/// Only the shape is checked here; what makes content acceptable (not empty,
+/// within size, parts complete) is the runtime's rule, the same for every caller.
+#[derive(Debug, Clone, ToSchema)]
+#[schema(value_type = Object)]
+pub struct MessageContent(pub Value);
+
+impl<'de> Deserialize<'de> for MessageContent {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match Value::deserialize(deserializer)? {
+            value @ (Value::String(_) | Value::Array(_)) => Ok(MessageContent(value)),
+            _ => Err(reasoned(
+                "INVALID_CONTENT",
+                "content must be a string or a list of parts",
+            )),
+        }
+    }
+}
+
+/// A user message for an image.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct NewMessage {
+    /// A string, or a list of parts (`{type:"text",text}`,
+    /// `{type:"image",data,mediaType}`, `{type:"file",data,mediaType,filename?}`).
+    #[schema(value_type = ContentSchema)]
+    pub content: MessageContent,
+}
+
+/// The shape of message content, for the API document.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub enum ContentSchema {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// What a sent message answers before its turn's events.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageAccepted {
+    pub image_id: String,
+    pub agent_id: String,
+    pub user_message_id: String,
+    /// The cursor of the last event before the turn's.
+    pub cursor: String,
+    /// The session whose events the turn is.
+    #[serde(skip)]
+    pub session_id: String,
+}
+
+/// A session's events, as the runtime streams them.
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<rt::Event, ApiError>> + Send>>;
+
+/// Creates an image (and its session) in a container.
+pub async fn create(
+    peers: &Peers,
+    ctx: &RequestContext,
+    container_id: String,
+    config: ImageConfig,
+) -> Result<ImageRecord, ApiError> {
+    let mcp_servers_json = config.mcp_servers.map(|v| v.to_string()).unwrap_or_default();
+    let variables_json = match config.variables {
+        None => String::new(),
+        Some(variables @ Value::Object(_)) => variables.to_string(),
+        Some(_) => return Err(ApiError::invalid("INVALID_VARIABLES", "variables must be an object")),
+    };
+    // Resource references are checked now, rendered as the agent will
+    // render them, so a typo or a missing variable fails here rather than
+    // when the agent first starts.
+    let prompt_uri = config
+        .system_prompt
+        .as_deref()
+        .filter(|prompt| prompt.starts_with(RESOURCE_URI_PREFIX));
+    for uri in [config.agent.as_deref(), prompt_uri].into_iter().flatten() {
+        super::resources::check_reference(peers, ctx, uri, &variables_json).await?;
+    }
+    let request = ctx.request(ss::CreateImageRequest {
+        container_id,
+        name: config.name,
+        description: config.description,
+        system_prompt: config.system_prompt,
+        mcp_servers_json,
+        agent: config.agent,
+        variables_json,
+    });
+    let image = peers.session.clone().create_image(request).await?.into_inner().image;
+    Ok(ImageRecord::new(image.ok_or_else(|| missing("image"))?, None))
+}
+
+/// Returns an image with its online state.
+pub async fn get(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<ImageRecord, ApiError> {
+    let image = image(peers, ctx, image_id).await?;
+    let agents = super::agents::by_image(peers, ctx, Some(&image.container_id)).await?;
+    let agent_id = agents.get(&image.image_id).cloned();
+    Ok(ImageRecord::new(image, agent_id))
+}
+
+async fn image(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<ss::Image, ApiError> {
+    let request = ctx.request(ss::GetImageRequest { image_id });
+    let image = peers.session.clone().get_image(request).await?.into_inner().image;
+    image.ok_or_else(|| missing("image"))
+}
+
+/// Lists images newest first, of one container or of all the caller's.
+pub async fn list(peers: &Peers, ctx: &RequestContext, container_id: Option<String>) -> Result<ImageList, ApiError> {
+    if let Some(id) = &container_id {
+        super::containers::get(peers, ctx, id.clone()).await?;
+    }
+    let agents = super::agents::by_image(peers, ctx, container_id.as_deref()).await?;
+    let request = ctx.request(ss::ListImagesRequest { container_id });
+    let images = peers.session.clone().list_images(request).await?.into_inner().images;
+    Ok(ImageList {
+        images: images
+            .into_iter()
+            .map(|image| {
+                let agent_id = agents.get(&image.image_id).cloned();
+                ImageRecord::new(image, agent_id)
+            })
+            .collect(),
+    })
+}
+
+/// Changes an image's name or description.
+pub async fn update(
+    peers: &Peers,
+    ctx: &RequestContext,
+    image_id: String,
+    update: ImageUpdate,
+) -> Result<ImageRecord, ApiError> {
+    let request = ctx.request(ss::UpdateImageRequest {
+        image_id: image_id.clone(),
+        name: update.name,
+        description: update.description,
+    });
+    peers.session.clone().update_image(request).await?;
+    get(peers, ctx, image_id).await
+}
+
+/// Stops an image's agent and deletes the image with its session and messages.
+pub async fn delete(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<ImageDeleted, ApiError> {
+    let request = ctx.request(rt::StopImageRequest {
+        image_id: image_id.clone(),
+    });
+    peers.runtime.clone().stop_image(request).await?;
+    let request = ctx.request(ss::DeleteImageRequest {
+        image_id: image_id.clone(),
+    });
+    peers.session.clone().delete_image(request).await?;
+    Ok(ImageDeleted {
+        image_id,
+        deleted: true,
+    })
+}
+
+/// Starts an image's agent, or finds the running one.
+pub async fn run(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<ImageRun, ApiError> {
+    let request = ctx.request(rt::RunImageRequest {
+        image_id: image_id.clone(),
+    });
+    let response = peers.runtime.clone().run_image(request).await?.into_inner();
+    let agent = response.agent.ok_or_else(|| missing("agent"))?;
+    Ok(ImageRun {
+        image_id,
+        agent_id: agent.agent_id,
+        reused: response.reused,
+    })
+}
+
+/// Stops an image's agent; `stopped` is false when none was running.
+pub async fn stop(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<ImageStopped, ApiError> {
+    let request = ctx.request(rt::StopImageRequest {
+        image_id: image_id.clone(),
+    });
+    let stopped = peers.runtime.clone().stop_image(request).await?.into_inner().stopped;
+    Ok(ImageStopped { image_id, stopped })
+}
+
+/// Returns an image's messages, in stored order.
+pub async fn messages(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<MessageList, ApiError> {
+    let session_id = image(peers, ctx, image_id.clone()).await?.session_id;
+    let request = ctx.request(ss::ListMessagesRequest { session_id });
+    let messages = peers
+        .session
+        .clone()
+        .list_messages(request)
+        .await?
+        .into_inner()
+        .messages;
+    Ok(MessageList {
+        image_id,
+        messages: messages.iter().map(avm_common::wire::message_object).collect(),
+    })
+}
+
+/// Sends a user message: returns its acceptance and the turn's events.
+pub async fn send(
+    peers: &Peers,
+    ctx: &RequestContext,
+    image_id: String,
+    message: NewMessage,
+) -> Result<(MessageAccepted, EventStream), ApiError> {
+    let request = ctx.request(rt::SendMessageRequest {
+        image_id: image_id.clone(),
+        content_json: message.content.0.to_string(),
+    });
+    let mut stream = peers.runtime.clone().send_message(request).await?.into_inner();
+    let accepted = match stream.message().await? {
+        Some(rt::SendMessageResponse {
+            kind: Some(rt::send_message_response::Kind::Accepted(accepted)),
+        }) => accepted,
+        _ => return Err(ApiError::internal("runtime did not accept the message")),
+    };
+    let agent = accepted.agent.ok_or_else(|| missing("agent"))?;
+    let events = futures::StreamExt::filter_map(stream, |item| async move {
+        match item {
+            Ok(rt::SendMessageResponse {
+                kind: Some(rt::send_message_response::Kind::Event(event)),
+            }) => Some(Ok(event)),
+            Ok(_) => None,
+            Err(status) => Some(Err(ApiError::from_status(&status))),
+        }
+    });
+    let accepted = MessageAccepted {
+        image_id,
+        agent_id: agent.agent_id,
+        user_message_id: accepted.user_message_id,
+        cursor: accepted.cursor,
+        session_id: agent.session_id,
+    };
+    Ok((accepted, Box::pin(events)))
+}
+
+/// Names an agent by its image or its own id.
+#[derive(Debug, Clone)]
+pub enum AgentTarget {
+    Image(String),
+    Agent(String),
+}
+
+/// Interrupts the running turn of an agent.
+pub async fn interrupt(peers: &Peers, ctx: &RequestContext, target: AgentTarget) -> Result<Interrupted, ApiError> {
+    let target = match target {
+        AgentTarget::Image(id) => rt::interrupt_agent_request::Target::ImageId(id),
+        AgentTarget::Agent(id) => rt::interrupt_agent_request::Target::AgentId(id),
+    };
+    let request = ctx.request(rt::InterruptAgentRequest { target: Some(target) });
+    let response = peers.runtime.clone().interrupt_agent(request).await?.into_inner();
+    let agent = response.agent.ok_or_else(|| missing("agent"))?;
+    Ok(Interrupted {
+        image_id: agent.image_id,
+        agent_id: agent.agent_id,
+        interrupted: response.interrupted,
+    })
+}
+
+/// Follows a session's events after an optional cursor, then live.
+pub async fn subscribe(
+    peers: &Peers,
+    ctx: &RequestContext,
+    session_id: String,
+    after_cursor: Option<String>,
+) -> Result<EventStream, ApiError> {
+    let request = ctx.request(rt::SubscribeEventsRequest {
+        session_id,
+        after_cursor,
+    });
+    let stream = peers.runtime.clone().subscribe_events(request).await?.into_inner();
+    let events = futures::StreamExt::filter_map(stream, |item| async move {
+        match item {
+            Ok(rt::SubscribeEventsResponse { event: Some(event) }) => Some(Ok(event)),
+            Ok(_) => None,
+            Err(status) => Some(Err(ApiError::from_status(&status))),
+        }
+    });
+    Ok(Box::pin(events))
+}
+
+/// Follows an image's events after an optional cursor, then live.
+pub async fn events(
+    peers: &Peers,
+    ctx: &RequestContext,
+    image_id: String,
+    after_cursor: Option<String>,
+) -> Result<EventStream, ApiError> {
+    let session_id = image(peers, ctx, image_id).await?.session_id;
+    subscribe(peers, ctx, session_id, after_cursor).await
+}

@@ -1,0 +1,237 @@
+//! HTTP plumbing of the REST surface and the WebSocket upgrade: the request
+//! id, the caller's context, typed bodies and queries, and every error as
+//! the API's error document `{"error":{"code","message","requestId"}}`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use avm_common::auth::parse_bearer;
+use avm_common::trace::TraceParent;
+use avm_common::{ApiError, Code, RequestContext};
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header::{AUTHORIZATION, RETRY_AFTER, WWW_AUTHENTICATE};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use crate::state::GatewayState;
+
+/// The error document every failed REST call answers with.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDocument {
+    pub error: ErrorBody,
+}
+
+/// What went wrong, in the shared vocabulary.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ErrorBody {
+    /// A stable reason, e.g. `IMAGE_NOT_FOUND`.
+    pub code: String,
+    /// For people; may change.
+    pub message: String,
+    /// The request's id (the caller's `x-request-id`, or one made for it).
+    pub request_id: String,
+}
+
+/// The request id of an HTTP call: the caller's `x-request-id` or one made
+/// once per request (by the router's first layer) and kept in its extensions.
+#[derive(Clone, Debug)]
+pub struct RequestId(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for RequestId {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(request_id_of(parts))
+    }
+}
+
+fn request_id_of(parts: &Parts) -> RequestId {
+    parts
+        .extensions
+        .get::<RequestId>()
+        .cloned()
+        .unwrap_or_else(|| RequestId(request_id_from_headers(&parts.headers)))
+}
+
+/// Returns the caller's `x-request-id` when it is usable, else a new id.
+pub fn request_id_from_headers(headers: &HeaderMap) -> String {
+    headers
+        .get(avm_common::context::REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map_or_else(|| avm_common::ids::new_id("req"), str::to_owned)
+}
+
+/// Returns the credential of `Authorization: Bearer <credential>`; a header
+/// of any other form is an invalid credential, not a missing one.
+pub fn bearer_credential(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    match headers.get(AUTHORIZATION) {
+        None => Ok(None),
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(parse_bearer)
+            .map(Some)
+            .ok_or_else(avm_common::auth::invalid_token),
+    }
+}
+
+/// The context of an authenticated HTTP call that is within its rate limit.
+pub struct Ctx(pub RequestContext);
+
+impl FromRequestParts<Arc<GatewayState>> for Ctx {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<GatewayState>) -> Result<Self, Self::Rejection> {
+        let RequestId(request_id) = request_id_of(parts);
+        let credential = bearer_credential(&parts.headers).map_err(|err| error_response(&err, &request_id))?;
+        let caller = state
+            .auth
+            .authenticate(credential)
+            .await
+            .map_err(|err| error_response(&err, &request_id))?;
+        if let Err(wait) = state.limiter.check(&caller.principal).await {
+            return Err(rate_limited(wait, &request_id));
+        }
+        let trace = parts
+            .extensions
+            .get::<TraceParent>()
+            .copied()
+            .unwrap_or_else(TraceParent::root);
+        let ctx = caller.context(request_id).with_trace(trace);
+        avm_common::telemetry::record_caller(&ctx);
+        Ok(Ctx(ctx))
+    }
+}
+
+/// A JSON object body decoded into its typed form; an empty body is `{}`.
+pub struct Body<T>(pub T);
+
+impl<T, S> FromRequest<S> for Body<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let request_id = request
+            .extensions()
+            .get::<RequestId>()
+            .map_or_else(|| request_id_from_headers(request.headers()), |id| id.0.clone());
+        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
+            let err = match rejection.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => ApiError::invalid("REQUEST_TOO_LARGE", "request body is too large"),
+                _ => ApiError::invalid("INVALID_BODY", "cannot read request body"),
+            };
+            error_response(&err, &request_id)
+        })?;
+        json_object(&bytes)
+            .and_then(crate::api::decode)
+            .map(Body)
+            .map_err(|err| error_response(&err, &request_id))
+    }
+}
+
+/// Parses a JSON object; empty input is an empty object.
+pub fn json_object(bytes: &[u8]) -> Result<Value, ApiError> {
+    if bytes.is_empty() {
+        return Ok(Value::Object(serde_json::Map::new()));
+    }
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(value @ Value::Object(_)) => Ok(value),
+        _ => Err(ApiError::invalid("INVALID_JSON", "request body must be a JSON object")),
+    }
+}
+
+/// A query string decoded into its typed form (`INVALID_QUERY` otherwise).
+pub struct Query<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for Query<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(query)) => Ok(Query(query)),
+            Err(err) => {
+                let RequestId(request_id) = request_id_of(parts);
+                let err = ApiError::invalid("INVALID_QUERY", format!("invalid query: {err}"));
+                Err(error_response(&err, &request_id))
+            }
+        }
+    }
+}
+
+/// Renders an operation's result: `status` with the JSON body, or the error document.
+pub fn reply<T: Serialize>(ctx: &RequestContext, status: StatusCode, result: Result<T, ApiError>) -> Response {
+    match result {
+        Ok(body) => with_request_id((status, axum::Json(body)).into_response(), &ctx.request_id),
+        Err(err) => error_response(&err, &ctx.request_id),
+    }
+}
+
+/// Renders an operation's result as 200 with the JSON body, or the error document.
+pub fn ok<T: Serialize>(ctx: &RequestContext, result: Result<T, ApiError>) -> Response {
+    reply(ctx, StatusCode::OK, result)
+}
+
+/// Renders an error as the error document, with the vocabulary's status.
+pub fn error_response(err: &ApiError, request_id: &str) -> Response {
+    let body = ErrorDocument {
+        error: ErrorBody {
+            code: err.reason.clone().into_owned(),
+            message: err.message.clone(),
+            request_id: request_id.to_owned(),
+        },
+    };
+    let mut response = with_request_id((err.code.http_status(), axum::Json(body)).into_response(), request_id);
+    if err.code == Code::Unauthenticated {
+        response
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+/// Adds the `x-request-id` header.
+pub fn with_request_id(mut response: Response, request_id: &str) -> Response {
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        response
+            .headers_mut()
+            .insert(avm_common::context::REQUEST_ID_HEADER, value);
+    }
+    response
+}
+
+/// Returns the error of a request over its rate limit.
+pub fn rate_limit_error(wait: Duration) -> ApiError {
+    ApiError::new(
+        Code::ResourceExhausted,
+        "RATE_LIMITED",
+        format!(
+            "too many requests; retry in {} s",
+            crate::limits::retry_after_secs(wait)
+        ),
+    )
+}
+
+/// Renders a 429 with `Retry-After`.
+fn rate_limited(wait: Duration, request_id: &str) -> Response {
+    let mut response = error_response(&rate_limit_error(wait), request_id);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(crate::limits::retry_after_secs(wait)));
+    response
+}

@@ -1,0 +1,48 @@
+//! Serving the gateway: its state, router and listener, until shutdown.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::Authenticator;
+use crate::config::GatewayConfig;
+use crate::limits::RateLimiter;
+use crate::peers::Peers;
+use crate::router;
+use crate::state::GatewayState;
+
+/// Serves the gateway on `listener` until `shutdown`, then lets in-flight
+/// HTTP requests finish.
+pub async fn serve(
+    listener: TcpListener,
+    config: GatewayConfig,
+    peers: Peers,
+    auth: Authenticator,
+    limiter: RateLimiter,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    // Metrics recorded before the recorder exists are lost: install it now.
+    avm_common::telemetry::metrics();
+    let state = Arc::new(GatewayState {
+        config,
+        peers,
+        auth,
+        limiter,
+        connections: AtomicUsize::new(0),
+        shutdown: shutdown.clone(),
+        openapi: router::openapi_json(),
+    });
+    let app = router::router(state);
+    // Nagle's algorithm would hold a small frame (a token's delta) until the
+    // peer's delayed ACK, about 40 ms: every accepted socket sends at once.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %err, "cannot set TCP_NODELAY");
+        }
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}

@@ -1,0 +1,323 @@
+//! The AgentX adapter: a `<x>_request` is decoded into the operation's typed
+//! request, the operation in `api/` is called, and its result is shaped as
+//! AgentX 1.9 answers it. What differs from REST is all here: the request
+//! names and data shapes, `exists: false` (or `record: null`) where REST
+//! answers NOT_FOUND, `success: false` for an agent already gone, and
+//! `__subscriptions` naming the sessions the client should subscribe to.
+
+use avm_common::{ApiError, Code, RequestContext};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::api::agents::{self, Agent};
+use crate::api::containers::{self, ContainerRef};
+use crate::api::decode;
+use crate::api::images::EventStream;
+use crate::api::images::{self, AgentTarget, ImageConfig, ImageRecord, ImageUpdate, MessageAccepted, MessageContent};
+use crate::peers::Peers;
+
+/// Names an image.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ImageRef {
+    image_id: String,
+}
+
+/// Names an agent.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AgentRef {
+    agent_id: String,
+}
+
+/// Names an agent by its image or its own id (the image wins).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TargetRef {
+    image_id: Option<String>,
+    agent_id: Option<String>,
+}
+
+impl TargetRef {
+    fn target(self, what: &str) -> Result<AgentTarget, ApiError> {
+        match (self.image_id, self.agent_id) {
+            (Some(image_id), _) => Ok(AgentTarget::Image(image_id)),
+            (None, Some(agent_id)) => Ok(AgentTarget::Agent(agent_id)),
+            (None, None) => Err(ApiError::invalid("MISSING_FIELD", format!("{what} is required"))),
+        }
+    }
+}
+
+/// `image_create_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ImageCreate {
+    container_id: String,
+    #[serde(default)]
+    config: Option<ImageConfig>,
+}
+
+/// `image_list_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ImageFilter {
+    container_id: Option<String>,
+}
+
+/// `image_update_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ImageChange {
+    image_id: String,
+    updates: ImageUpdate,
+}
+
+/// `message_send_request` data: the image (or, as AgentX once did, its agent) and the content.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageSend {
+    image_id: Option<String>,
+    agent_id: Option<String>,
+    content: MessageContent,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerCreated {
+    container_id: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerFound {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    container_id: Option<String>,
+    exists: bool,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerIds {
+    container_ids: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct OneRecord {
+    record: Option<ImageRecord>,
+    #[serde(rename = "__subscriptions", skip_serializing_if = "Option::is_none")]
+    subscriptions: Option<Vec<String>>,
+}
+
+impl OneRecord {
+    fn subscribed(record: ImageRecord) -> Self {
+        let session = record.session_id.clone();
+        Self {
+            record: Some(record),
+            subscriptions: Some(vec![session]),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Records {
+    records: Vec<ImageRecord>,
+    #[serde(rename = "__subscriptions")]
+    subscriptions: Vec<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ImageDone {
+    image_id: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AgentFound {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    container_id: Option<String>,
+    exists: bool,
+}
+
+#[derive(Serialize)]
+struct Agents {
+    agents: Vec<Agent>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AgentDestroyed {
+    agent_id: String,
+    success: bool,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerDone {
+    container_id: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageSent {
+    image_id: String,
+    agent_id: String,
+}
+
+/// Answers every request type but `message_send` (see [`message_send`]) with
+/// its response data.
+pub async fn dispatch(peers: &Peers, ctx: &RequestContext, name: &str, data: Value) -> Result<Value, ApiError> {
+    match name {
+        "container_create" => {
+            let (container, _) = containers::create(peers, ctx, decode(data)?).await?;
+            answer(ContainerCreated {
+                container_id: container.container_id,
+            })
+        }
+        "container_get" => {
+            let ContainerRef { container_id } = decode(data)?;
+            let found = absent_is_none(containers::get(peers, ctx, container_id).await)?;
+            answer(ContainerFound {
+                exists: found.is_some(),
+                container_id: found.map(|container| container.container_id),
+            })
+        }
+        "container_list" => {
+            let list = containers::list(peers, ctx).await?;
+            answer(ContainerIds {
+                container_ids: list.containers.into_iter().map(|c| c.container_id).collect(),
+            })
+        }
+        "image_create" => {
+            let ImageCreate { container_id, config } = decode(data)?;
+            let record = images::create(peers, ctx, container_id, config.unwrap_or_default()).await?;
+            answer(OneRecord::subscribed(record))
+        }
+        "image_get" => {
+            let ImageRef { image_id } = decode(data)?;
+            match absent_is_none(images::get(peers, ctx, image_id).await)? {
+                Some(record) => answer(OneRecord::subscribed(record)),
+                None => answer(OneRecord {
+                    record: None,
+                    subscriptions: None,
+                }),
+            }
+        }
+        "image_list" => {
+            let ImageFilter { container_id } = decode(data)?;
+            let records = images::list(peers, ctx, container_id).await?.images;
+            answer(Records {
+                subscriptions: records.iter().map(|record| record.session_id.clone()).collect(),
+                records,
+            })
+        }
+        "image_update" => {
+            let ImageChange { image_id, updates } = decode(data)?;
+            let record = images::update(peers, ctx, image_id, updates).await?;
+            answer(OneRecord {
+                record: Some(record),
+                subscriptions: None,
+            })
+        }
+        "image_delete" => {
+            let ImageRef { image_id } = decode(data)?;
+            let deleted = images::delete(peers, ctx, image_id).await?;
+            answer(ImageDone {
+                image_id: deleted.image_id,
+            })
+        }
+        "image_run" => {
+            let ImageRef { image_id } = decode(data)?;
+            answer(images::run(peers, ctx, image_id).await?)
+        }
+        "image_stop" => {
+            let ImageRef { image_id } = decode(data)?;
+            let stopped = images::stop(peers, ctx, image_id).await?;
+            answer(ImageDone {
+                image_id: stopped.image_id,
+            })
+        }
+        "image_messages" => {
+            let ImageRef { image_id } = decode(data)?;
+            answer(images::messages(peers, ctx, image_id).await?)
+        }
+        "agent_interrupt" => {
+            let target = decode::<TargetRef>(data)?.target("imageId or agentId")?;
+            answer(images::interrupt(peers, ctx, target).await?)
+        }
+        "agent_get" => {
+            let AgentRef { agent_id } = decode(data)?;
+            let found = agents::find(peers, ctx, agent_id).await?;
+            answer(AgentFound {
+                exists: found.is_some(),
+                container_id: found.as_ref().map(|agent| agent.container_id.clone()),
+                agent_id: found.map(|agent| agent.agent_id),
+            })
+        }
+        "agent_list" => {
+            let ContainerRef { container_id } = decode(data)?;
+            let filter = agents::AgentFilter {
+                container_id: Some(container_id),
+            };
+            answer(Agents {
+                agents: agents::list(peers, ctx, filter).await?.agents,
+            })
+        }
+        "agent_destroy" => {
+            let AgentRef { agent_id } = decode(data)?;
+            let success = absent_is_none(agents::destroy(peers, ctx, agent_id.clone()).await)?.is_some();
+            answer(AgentDestroyed { agent_id, success })
+        }
+        "agent_destroy_all" => {
+            let ContainerRef { container_id } = decode(data)?;
+            agents::destroy_all(peers, ctx, container_id.clone()).await?;
+            answer(ContainerDone { container_id })
+        }
+        _ => Err(ApiError::invalid(
+            "UNKNOWN_REQUEST",
+            format!("unknown request type {name}_request"),
+        )),
+    }
+}
+
+/// Runs a `message_send_request`: the acceptance, its response data and the turn's events.
+pub async fn message_send(
+    peers: &Peers,
+    ctx: &RequestContext,
+    request: MessageSend,
+) -> Result<(MessageAccepted, Value, EventStream), ApiError> {
+    let image_id = match (request.image_id, request.agent_id) {
+        (Some(image_id), _) => image_id,
+        (None, Some(agent_id)) => agents::get(peers, ctx, agent_id).await?.image_id,
+        (None, None) => return Err(ApiError::invalid("MISSING_FIELD", "imageId (or agentId) is required")),
+    };
+    let message = images::NewMessage {
+        content: request.content,
+    };
+    let (accepted, events) = images::send(peers, ctx, image_id, message).await?;
+    let data = answer(MessageSent {
+        image_id: accepted.image_id.clone(),
+        agent_id: accepted.agent_id.clone(),
+    })?;
+    Ok((accepted, data, events))
+}
+
+/// Decodes a `message_send_request`'s data.
+pub fn decode_message_send(data: Value) -> Result<MessageSend, ApiError> {
+    decode(data)
+}
+
+fn answer<T: Serialize>(data: T) -> Result<Value, ApiError> {
+    serde_json::to_value(data).map_err(ApiError::internal)
+}
+
+/// AgentX answers a lookup of something missing with a negative answer, not an error.
+fn absent_is_none<T>(result: Result<T, ApiError>) -> Result<Option<T>, ApiError> {
+    match result {
+        Ok(found) => Ok(Some(found)),
+        Err(err) if err.code == Code::NotFound => Ok(None),
+        Err(err) => Err(err),
+    }
+}
