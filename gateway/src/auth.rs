@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 use avm_common::auth::{API_KEY_PREFIX, Limits, MAX_TOKEN_BYTES, Principal, Role, Scopes, TokenVerifier};
 use avm_common::{ApiError, Code, RequestContext};
 use avm_proto::auth::v1 as pb;
-use avm_proto::auth::v1::auth_service_client::AuthServiceClient;
+use avm_proto::auth::v1::AuthServiceHandle;
 use sha2::{Digest, Sha256};
-use tonic::transport::Channel;
 
 /// How long a cached exchange is trusted while the auth event stream is down.
 const UNWATCHED_TTL: Duration = Duration::from_secs(1);
@@ -49,7 +48,7 @@ struct Cached {
 #[derive(Clone)]
 pub struct Authenticator {
     verifier: TokenVerifier,
-    client: AuthServiceClient<Channel>,
+    auth: AuthServiceHandle,
     /// Exchanges by SHA-256 of the credential, so the map never holds one.
     cache: Arc<Mutex<HashMap<[u8; 32], Cached>>>,
     /// Whether external (OIDC) tokens may be exchanged.
@@ -59,12 +58,11 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
-    /// Returns an authenticator verifying with `verifier` and exchanging at the
-    /// auth service behind `channel`.
-    pub fn new(verifier: TokenVerifier, channel: Channel, external: bool) -> Self {
+    /// Returns an authenticator verifying with `verifier` and exchanging at `auth`.
+    pub fn new(verifier: TokenVerifier, auth: AuthServiceHandle, external: bool) -> Self {
         Self {
             verifier,
-            client: AuthServiceClient::new(channel),
+            auth,
             cache: Arc::new(Mutex::new(HashMap::new())),
             external,
             anonymous: None,
@@ -126,17 +124,17 @@ impl Authenticator {
         }
         let (token, expires_at_ms, caller) = match kind {
             Exchange::ApiKey => {
-                let request = pb::ExchangeApiKeyRequest {
+                let request = tonic::Request::new(pb::ExchangeApiKeyRequest {
                     api_key: credential.to_owned(),
-                };
-                let response = self.client.clone().exchange_api_key(request).await?.into_inner();
+                });
+                let response = self.auth.exchange_api_key(request).await?.into_inner();
                 (response.access_token, response.expires_at_ms, response.caller)
             }
             Exchange::External => {
-                let request = pb::ExchangeExternalTokenRequest {
+                let request = tonic::Request::new(pb::ExchangeExternalTokenRequest {
                     subject_token: credential.to_owned(),
-                };
-                let response = self.client.clone().exchange_external_token(request).await?.into_inner();
+                });
+                let response = self.auth.exchange_external_token(request).await?.into_inner();
                 (response.access_token, response.expires_at_ms, response.caller)
             }
         };

@@ -1,12 +1,45 @@
-//! AgentVM's gRPC contracts: generated message types, clients and servers.
+//! AgentVM's gRPC contracts: generated message types, clients and servers,
+//! and for each service its two peers behind the service's own trait —
+//! `<Service>Remote`, a gRPC client, and `<Service>Local`, the service's
+//! adapter in this process — so a caller holds a `<Service>Handle` and never
+//! knows which (Quickwit's local-or-remote client).
 
 #![allow(missing_docs, clippy::all)]
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// A stream of a server-streaming RPC, as every peer returns it.
+pub type BoxStream<T> = Pin<Box<dyn tonic::codegen::tokio_stream::Stream<Item = Result<T, tonic::Status>> + Send>>;
+
+/// Watches the calls a `<Service>Local` makes in process, as the gRPC server
+/// watches the calls it serves (a span in the caller's trace, metrics).
+pub trait Observe: Send + Sync + 'static {
+    /// What a call carries from its start to its end.
+    type Call: Send;
+
+    /// Starts observing a call of `component`'s `method` with the request's metadata.
+    fn begin(
+        &self,
+        component: &'static str,
+        method: &'static str,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Self::Call;
+
+    /// Runs the call, observed.
+    fn run<T: Send>(
+        &self,
+        call: Self::Call,
+        future: impl Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send,
+    ) -> impl Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send;
+}
 
 /// Auth service contracts (`avm.auth.v1`).
 pub mod auth {
     /// Version 1.
     pub mod v1 {
         tonic::include_proto!("avm.auth.v1");
+        include!(concat!(env!("OUT_DIR"), "/avm.auth.v1.peers.rs"));
     }
 }
 
@@ -15,6 +48,7 @@ pub mod session {
     /// Version 1.
     pub mod v1 {
         tonic::include_proto!("avm.session.v1");
+        include!(concat!(env!("OUT_DIR"), "/avm.session.v1.peers.rs"));
     }
 }
 
@@ -23,6 +57,7 @@ pub mod runtime {
     /// Version 1.
     pub mod v1 {
         tonic::include_proto!("avm.runtime.v1");
+        include!(concat!(env!("OUT_DIR"), "/avm.runtime.v1.peers.rs"));
     }
 }
 
@@ -31,6 +66,7 @@ pub mod resource {
     /// Version 1.
     pub mod v1 {
         tonic::include_proto!("avm.resource.v1");
+        include!(concat!(env!("OUT_DIR"), "/avm.resource.v1.peers.rs"));
     }
 }
 
@@ -39,6 +75,7 @@ pub mod config {
     /// Version 1.
     pub mod v1 {
         tonic::include_proto!("avm.config.v1");
+        include!(concat!(env!("OUT_DIR"), "/avm.config.v1.peers.rs"));
     }
 }
 
@@ -47,6 +84,7 @@ pub mod observability {
     /// Version 1.
     pub mod v1 {
         tonic::include_proto!("avm.observability.v1");
+        include!(concat!(env!("OUT_DIR"), "/avm.observability.v1.peers.rs"));
     }
 }
 

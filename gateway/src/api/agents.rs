@@ -77,7 +77,7 @@ pub async fn list(peers: &Peers, ctx: &RequestContext, filter: AgentFilter) -> R
     let request = ctx.request(rt::ListAgentsRequest {
         container_id: filter.container_id,
     });
-    let agents = peers.runtime.clone().list_agents(request).await?.into_inner().agents;
+    let agents = peers.runtime.list_agents(request).await?.into_inner().agents;
     Ok(AgentList {
         agents: agents.into_iter().map(Agent::from).collect(),
     })
@@ -102,7 +102,7 @@ pub(crate) async fn by_image(
 /// Returns one running agent.
 pub async fn get(peers: &Peers, ctx: &RequestContext, agent_id: String) -> Result<Agent, ApiError> {
     let request = ctx.request(rt::GetAgentRequest { agent_id });
-    let agent = peers.runtime.clone().get_agent(request).await?.into_inner().agent;
+    let agent = peers.runtime.get_agent(request).await?.into_inner().agent;
     Ok(agent.ok_or_else(|| missing("agent"))?.into())
 }
 
@@ -120,7 +120,7 @@ pub async fn destroy(peers: &Peers, ctx: &RequestContext, agent_id: String) -> R
     let request = ctx.request(rt::DestroyAgentRequest {
         agent_id: agent_id.clone(),
     });
-    peers.runtime.clone().destroy_agent(request).await?;
+    peers.runtime.destroy_agent(request).await?;
     Ok(AgentDestroyed {
         agent_id,
         destroyed: true,
@@ -131,11 +131,5 @@ pub async fn destroy(peers: &Peers, ctx: &RequestContext, agent_id: String) -> R
 pub async fn destroy_all(peers: &Peers, ctx: &RequestContext, container_id: String) -> Result<u32, ApiError> {
     super::containers::get(peers, ctx, container_id.clone()).await?;
     let request = ctx.request(rt::DestroyAllAgentsRequest { container_id });
-    Ok(peers
-        .runtime
-        .clone()
-        .destroy_all_agents(request)
-        .await?
-        .into_inner()
-        .destroyed)
+    Ok(peers.runtime.destroy_all_agents(request).await?.into_inner().destroyed)
 }

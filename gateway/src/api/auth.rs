@@ -347,7 +347,7 @@ pub async fn create_tenant(peers: &Peers, ctx: &RequestContext, request: NewTena
         limits: request.limits.map(pb::Limits::from),
         admin_name: request.admin_name.unwrap_or_default(),
     };
-    let created = peers.auth.clone().create_tenant(ctx.request(call)).await?.into_inner();
+    let created = peers.auth.create_tenant(ctx.request(call)).await?.into_inner();
     Ok(TenantCreated {
         tenant: created.tenant.map(Tenant::from),
         admin: created.admin.map(User::from),
@@ -359,7 +359,7 @@ pub async fn create_tenant(peers: &Peers, ctx: &RequestContext, request: NewTena
 /// Lists the tenants.
 pub async fn list_tenants(peers: &Peers, ctx: &RequestContext) -> Result<TenantList, ApiError> {
     let call = ctx.request(pb::ListTenantsRequest {});
-    let tenants = peers.auth.clone().list_tenants(call).await?.into_inner().tenants;
+    let tenants = peers.auth.list_tenants(call).await?.into_inner().tenants;
     Ok(TenantList {
         tenants: tenants.into_iter().map(Tenant::from).collect(),
     })
@@ -368,7 +368,7 @@ pub async fn list_tenants(peers: &Peers, ctx: &RequestContext) -> Result<TenantL
 /// Returns a tenant.
 pub async fn get_tenant(peers: &Peers, ctx: &RequestContext, tenant_id: String) -> Result<Option<Tenant>, ApiError> {
     let call = ctx.request(pb::GetTenantRequest { tenant_id });
-    let tenant = peers.auth.clone().get_tenant(call).await?.into_inner().tenant;
+    let tenant = peers.auth.get_tenant(call).await?.into_inner().tenant;
     Ok(tenant.map(Tenant::from))
 }
 
@@ -384,13 +384,7 @@ pub async fn update_tenant(
         name: update.name,
         limits: update.limits.map(pb::Limits::from),
     };
-    let tenant = peers
-        .auth
-        .clone()
-        .update_tenant(ctx.request(call))
-        .await?
-        .into_inner()
-        .tenant;
+    let tenant = peers.auth.update_tenant(ctx.request(call)).await?.into_inner().tenant;
     Ok(tenant.map(Tenant::from))
 }
 
@@ -399,7 +393,7 @@ pub async fn delete_tenant(peers: &Peers, ctx: &RequestContext, tenant_id: Strin
     let call = ctx.request(pb::DeleteTenantRequest {
         tenant_id: tenant_id.clone(),
     });
-    peers.auth.clone().delete_tenant(call).await?;
+    peers.auth.delete_tenant(call).await?;
     Ok(TenantDeleted {
         tenant_id,
         deleted: true,
@@ -422,20 +416,14 @@ pub async fn create_user(
         name: request.name,
         role: role as i32,
     };
-    let user = peers
-        .auth
-        .clone()
-        .create_user(ctx.request(call))
-        .await?
-        .into_inner()
-        .user;
+    let user = peers.auth.create_user(ctx.request(call)).await?.into_inner().user;
     Ok(user.map(User::from))
 }
 
 /// Lists a tenant's users.
 pub async fn list_users(peers: &Peers, ctx: &RequestContext, tenant_id: String) -> Result<UserList, ApiError> {
     let call = ctx.request(pb::ListUsersRequest { tenant_id });
-    let users = peers.auth.clone().list_users(call).await?.into_inner().users;
+    let users = peers.auth.list_users(call).await?.into_inner().users;
     Ok(UserList {
         users: users.into_iter().map(User::from).collect(),
     })
@@ -451,7 +439,7 @@ pub async fn get_user(
     let call = ctx.request(pb::GetUserRequest {
         user_id: user_id.clone(),
     });
-    match peers.auth.clone().get_user(call).await?.into_inner().user {
+    match peers.auth.get_user(call).await?.into_inner().user {
         Some(user) if user.tenant_id == tenant_id => Ok(user.into()),
         _ => Err(ApiError::not_found(
             "USER_NOT_FOUND",
@@ -471,7 +459,7 @@ pub async fn delete_user(
     let call = ctx.request(pb::DeleteUserRequest {
         user_id: user_id.clone(),
     });
-    peers.auth.clone().delete_user(call).await?;
+    peers.auth.delete_user(call).await?;
     Ok(UserDeleted { user_id, deleted: true })
 }
 
@@ -507,7 +495,7 @@ pub async fn create_key(peers: &Peers, ctx: &RequestContext, request: NewKey) ->
         expires_at_ms,
         limits: request.limits.map(pb::Limits::from),
     };
-    let created = peers.auth.clone().create_api_key(ctx.request(call)).await?.into_inner();
+    let created = peers.auth.create_api_key(ctx.request(call)).await?.into_inner();
     Ok(KeyCreated {
         key: created.api_key.map(ApiKey::from),
         secret: created.secret,
@@ -519,7 +507,7 @@ pub async fn list_keys(peers: &Peers, ctx: &RequestContext, filter: KeyFilter) -
     let call = ctx.request(pb::ListApiKeysRequest {
         user_id: filter.user_id,
     });
-    let keys = peers.auth.clone().list_api_keys(call).await?.into_inner().api_keys;
+    let keys = peers.auth.list_api_keys(call).await?.into_inner().api_keys;
     Ok(KeyList {
         keys: keys.into_iter().map(ApiKey::from).collect(),
     })
@@ -528,14 +516,14 @@ pub async fn list_keys(peers: &Peers, ctx: &RequestContext, filter: KeyFilter) -
 /// Returns an API key.
 pub async fn get_key(peers: &Peers, ctx: &RequestContext, key_id: String) -> Result<Option<ApiKey>, ApiError> {
     let call = ctx.request(pb::GetApiKeyRequest { key_id });
-    let key = peers.auth.clone().get_api_key(call).await?.into_inner().api_key;
+    let key = peers.auth.get_api_key(call).await?.into_inner().api_key;
     Ok(key.map(ApiKey::from))
 }
 
 /// Revokes an API key; every service refuses it within a second.
 pub async fn revoke_key(peers: &Peers, ctx: &RequestContext, key_id: String) -> Result<Option<ApiKey>, ApiError> {
     let call = ctx.request(pb::RevokeApiKeyRequest { key_id });
-    let key = peers.auth.clone().revoke_api_key(call).await?.into_inner().api_key;
+    let key = peers.auth.revoke_api_key(call).await?.into_inner().api_key;
     Ok(key.map(ApiKey::from))
 }
 
@@ -548,8 +536,8 @@ pub async fn exchange_token(
     let (expires_at_ms, access_token) = match (request.api_key, request.subject_token) {
         (Some(api_key), None) => exchange_key(peers, api_key).await?,
         (None, Some(subject_token)) => {
-            let call = pb::ExchangeExternalTokenRequest { subject_token };
-            let response = peers.auth.clone().exchange_external_token(call).await?.into_inner();
+            let call = tonic::Request::new(pb::ExchangeExternalTokenRequest { subject_token });
+            let response = peers.auth.exchange_external_token(call).await?.into_inner();
             (response.expires_at_ms, response.access_token)
         }
         (None, None) => match header_key {
@@ -572,14 +560,18 @@ pub async fn exchange_token(
 }
 
 async fn exchange_key(peers: &Peers, api_key: String) -> Result<(i64, String), ApiError> {
-    let call = pb::ExchangeApiKeyRequest { api_key };
-    let response = peers.auth.clone().exchange_api_key(call).await?.into_inner();
+    let call = tonic::Request::new(pb::ExchangeApiKeyRequest { api_key });
+    let response = peers.auth.exchange_api_key(call).await?.into_inner();
     Ok((response.expires_at_ms, response.access_token))
 }
 
 /// Returns the keys access tokens are verified with (a JWKS).
 pub async fn jwks(peers: &Peers) -> Result<Value, ApiError> {
-    let response = peers.auth.clone().get_jwks(pb::GetJwksRequest {}).await?.into_inner();
+    let response = peers
+        .auth
+        .get_jwks(tonic::Request::new(pb::GetJwksRequest {}))
+        .await?
+        .into_inner();
     serde_json::from_str(&response.jwks_json)
         .map_err(|err| ApiError::internal(format!("auth service sent an unreadable jwks: {err}")))
 }
@@ -604,6 +596,6 @@ pub fn whoami(ctx: &RequestContext) -> Caller {
 /// Starts signing new tokens with a new key (operators).
 pub async fn rotate_signing_key(peers: &Peers, ctx: &RequestContext) -> Result<Rotated, ApiError> {
     let call = ctx.request(pb::RotateSigningKeyRequest {});
-    let kid = peers.auth.clone().rotate_signing_key(call).await?.into_inner().kid;
+    let kid = peers.auth.rotate_signing_key(call).await?.into_inner().kid;
     Ok(Rotated { kid })
 }

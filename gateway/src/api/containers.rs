@@ -91,7 +91,7 @@ pub async fn create(peers: &Peers, ctx: &RequestContext, request: ContainerRef) 
     let request = ctx.request(ss::CreateContainerRequest {
         container_id: request.container_id,
     });
-    let response = peers.session.clone().create_container(request).await?.into_inner();
+    let response = peers.session.create_container(request).await?.into_inner();
     let container = response.container.ok_or_else(|| missing("container"))?;
     Ok((container.into(), response.created))
 }
@@ -99,14 +99,14 @@ pub async fn create(peers: &Peers, ctx: &RequestContext, request: ContainerRef) 
 /// Returns a container.
 pub async fn get(peers: &Peers, ctx: &RequestContext, container_id: String) -> Result<Container, ApiError> {
     let request = ctx.request(ss::GetContainerRequest { container_id });
-    let response = peers.session.clone().get_container(request).await?.into_inner();
+    let response = peers.session.get_container(request).await?.into_inner();
     Ok(response.container.ok_or_else(|| missing("container"))?.into())
 }
 
 /// Lists the caller's containers, oldest first.
 pub async fn list(peers: &Peers, ctx: &RequestContext) -> Result<ContainerList, ApiError> {
     let request = ctx.request(ss::ListContainersRequest {});
-    let response = peers.session.clone().list_containers(request).await?.into_inner();
+    let response = peers.session.list_containers(request).await?.into_inner();
     Ok(ContainerList {
         containers: response.containers.into_iter().map(Container::from).collect(),
     })
@@ -119,11 +119,11 @@ pub async fn delete(peers: &Peers, ctx: &RequestContext, container_id: String) -
     let request = ctx.request(rt::DestroyAllAgentsRequest {
         container_id: container_id.clone(),
     });
-    peers.runtime.clone().destroy_all_agents(request).await?;
+    peers.runtime.destroy_all_agents(request).await?;
     let request = ctx.request(ss::DeleteContainerRequest {
         container_id: container_id.clone(),
     });
-    peers.session.clone().delete_container(request).await?;
+    peers.session.delete_container(request).await?;
     Ok(ContainerDeleted {
         container_id,
         deleted: true,
@@ -141,7 +141,7 @@ pub async fn share(
         container_id: container_id.clone(),
         user_id: request.user_id.clone(),
     });
-    peers.session.clone().share_container(call).await?;
+    peers.session.share_container(call).await?;
     Ok(ShareState {
         container_id,
         user_id: request.user_id,
@@ -160,7 +160,7 @@ pub async fn unshare(
         container_id: container_id.clone(),
         user_id: user_id.clone(),
     });
-    peers.session.clone().unshare_container(call).await?;
+    peers.session.unshare_container(call).await?;
     Ok(ShareState {
         container_id,
         user_id,
@@ -173,13 +173,7 @@ pub async fn shares(peers: &Peers, ctx: &RequestContext, container_id: String) -
     let call = ctx.request(ss::ListContainerSharesRequest {
         container_id: container_id.clone(),
     });
-    let shares = peers
-        .session
-        .clone()
-        .list_container_shares(call)
-        .await?
-        .into_inner()
-        .shares;
+    let shares = peers.session.list_container_shares(call).await?.into_inner().shares;
     Ok(ShareList {
         container_id,
         shares: shares

@@ -268,7 +268,7 @@ pub async fn create(
         agent: config.agent,
         variables_json,
     });
-    let image = peers.session.clone().create_image(request).await?.into_inner().image;
+    let image = peers.session.create_image(request).await?.into_inner().image;
     Ok(ImageRecord::new(image.ok_or_else(|| missing("image"))?, None))
 }
 
@@ -282,7 +282,7 @@ pub async fn get(peers: &Peers, ctx: &RequestContext, image_id: String) -> Resul
 
 async fn image(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<ss::Image, ApiError> {
     let request = ctx.request(ss::GetImageRequest { image_id });
-    let image = peers.session.clone().get_image(request).await?.into_inner().image;
+    let image = peers.session.get_image(request).await?.into_inner().image;
     image.ok_or_else(|| missing("image"))
 }
 
@@ -293,7 +293,7 @@ pub async fn list(peers: &Peers, ctx: &RequestContext, container_id: Option<Stri
     }
     let agents = super::agents::by_image(peers, ctx, container_id.as_deref()).await?;
     let request = ctx.request(ss::ListImagesRequest { container_id });
-    let images = peers.session.clone().list_images(request).await?.into_inner().images;
+    let images = peers.session.list_images(request).await?.into_inner().images;
     Ok(ImageList {
         images: images
             .into_iter()
@@ -317,7 +317,7 @@ pub async fn update(
         name: update.name,
         description: update.description,
     });
-    peers.session.clone().update_image(request).await?;
+    peers.session.update_image(request).await?;
     get(peers, ctx, image_id).await
 }
 
@@ -326,11 +326,11 @@ pub async fn delete(peers: &Peers, ctx: &RequestContext, image_id: String) -> Re
     let request = ctx.request(rt::StopImageRequest {
         image_id: image_id.clone(),
     });
-    peers.runtime.clone().stop_image(request).await?;
+    peers.runtime.stop_image(request).await?;
     let request = ctx.request(ss::DeleteImageRequest {
         image_id: image_id.clone(),
     });
-    peers.session.clone().delete_image(request).await?;
+    peers.session.delete_image(request).await?;
     Ok(ImageDeleted {
         image_id,
         deleted: true,
@@ -342,7 +342,7 @@ pub async fn run(peers: &Peers, ctx: &RequestContext, image_id: String) -> Resul
     let request = ctx.request(rt::RunImageRequest {
         image_id: image_id.clone(),
     });
-    let response = peers.runtime.clone().run_image(request).await?.into_inner();
+    let response = peers.runtime.run_image(request).await?.into_inner();
     let agent = response.agent.ok_or_else(|| missing("agent"))?;
     Ok(ImageRun {
         image_id,
@@ -356,7 +356,7 @@ pub async fn stop(peers: &Peers, ctx: &RequestContext, image_id: String) -> Resu
     let request = ctx.request(rt::StopImageRequest {
         image_id: image_id.clone(),
     });
-    let stopped = peers.runtime.clone().stop_image(request).await?.into_inner().stopped;
+    let stopped = peers.runtime.stop_image(request).await?.into_inner().stopped;
     Ok(ImageStopped { image_id, stopped })
 }
 
@@ -364,13 +364,7 @@ pub async fn stop(peers: &Peers, ctx: &RequestContext, image_id: String) -> Resu
 pub async fn messages(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<MessageList, ApiError> {
     let session_id = image(peers, ctx, image_id.clone()).await?.session_id;
     let request = ctx.request(ss::ListMessagesRequest { session_id });
-    let messages = peers
-        .session
-        .clone()
-        .list_messages(request)
-        .await?
-        .into_inner()
-        .messages;
+    let messages = peers.session.list_messages(request).await?.into_inner().messages;
     Ok(MessageList {
         image_id,
         messages: messages.iter().map(avm_common::wire::message_object).collect(),
@@ -388,8 +382,8 @@ pub async fn send(
         image_id: image_id.clone(),
         content_json: message.content.0.to_string(),
     });
-    let mut stream = peers.runtime.clone().send_message(request).await?.into_inner();
-    let accepted = match stream.message().await? {
+    let mut stream = peers.runtime.send_message(request).await?.into_inner();
+    let accepted = match futures::StreamExt::next(&mut stream).await.transpose()? {
         Some(rt::SendMessageResponse {
             kind: Some(rt::send_message_response::Kind::Accepted(accepted)),
         }) => accepted,
@@ -429,7 +423,7 @@ pub async fn interrupt(peers: &Peers, ctx: &RequestContext, target: AgentTarget)
         AgentTarget::Agent(id) => rt::interrupt_agent_request::Target::AgentId(id),
     };
     let request = ctx.request(rt::InterruptAgentRequest { target: Some(target) });
-    let response = peers.runtime.clone().interrupt_agent(request).await?.into_inner();
+    let response = peers.runtime.interrupt_agent(request).await?.into_inner();
     let agent = response.agent.ok_or_else(|| missing("agent"))?;
     Ok(Interrupted {
         image_id: agent.image_id,
@@ -449,7 +443,7 @@ pub async fn subscribe(
         session_id,
         after_cursor,
     });
-    let stream = peers.runtime.clone().subscribe_events(request).await?.into_inner();
+    let stream = peers.runtime.subscribe_events(request).await?.into_inner();
     let events = futures::StreamExt::filter_map(stream, |item| async move {
         match item {
             Ok(rt::SubscribeEventsResponse { event: Some(event) }) => Some(Ok(event)),

@@ -327,12 +327,7 @@ pub async fn register(
         dependencies: request.dependencies.unwrap_or_default(),
         public: request.public.unwrap_or(false),
     };
-    let created = peers
-        .resource
-        .clone()
-        .register_resource(ctx.request(call))
-        .await?
-        .into_inner();
+    let created = peers.resource.register_resource(ctx.request(call)).await?.into_inner();
     let mut answer = with_version(ctx, created.resource, created.version);
     answer.created = Some(created.created);
     Ok(answer)
@@ -354,12 +349,7 @@ pub async fn list(peers: &Peers, ctx: &RequestContext, filter: ResourceFilter) -
         page_size: filter.page_size.unwrap_or_default(),
         page_token: filter.page_token.unwrap_or_default(),
     };
-    let page = peers
-        .resource
-        .clone()
-        .list_resources(ctx.request(call))
-        .await?
-        .into_inner();
+    let page = peers.resource.list_resources(ctx.request(call)).await?.into_inner();
     Ok(ResourcePage {
         resources: page.resources.into_iter().map(|r| resource(ctx, r)).collect(),
         next_page_token: Some(page.next_page_token).filter(|token| !token.is_empty()),
@@ -377,12 +367,7 @@ pub async fn get(
         resource_id,
         version: query.version.unwrap_or_default(),
     };
-    let found = peers
-        .resource
-        .clone()
-        .get_resource(ctx.request(call))
-        .await?
-        .into_inner();
+    let found = peers.resource.get_resource(ctx.request(call)).await?.into_inner();
     Ok(with_version(ctx, found.resource, found.version))
 }
 
@@ -402,12 +387,7 @@ pub async fn publish(
         replace_tags: request.tags.is_some(),
         tags: request.tags.unwrap_or_default(),
     };
-    let published = peers
-        .resource
-        .clone()
-        .publish_version(ctx.request(call))
-        .await?
-        .into_inner();
+    let published = peers.resource.publish_version(ctx.request(call)).await?.into_inner();
     Ok(with_version(ctx, published.resource, published.version))
 }
 
@@ -423,12 +403,7 @@ pub async fn delete(
         version: query.version.unwrap_or_default(),
         force: query.force.unwrap_or(false),
     };
-    let deleted = peers
-        .resource
-        .clone()
-        .delete_resource(ctx.request(call))
-        .await?
-        .into_inner();
+    let deleted = peers.resource.delete_resource(ctx.request(call)).await?.into_inner();
     Ok(ResourceDeleted {
         resource_id,
         deleted_versions: deleted.deleted_versions,
@@ -460,12 +435,7 @@ async fn resolve(
     variables_json: String,
 ) -> Result<Resolved, ApiError> {
     let call = pb::ResolveResourceRequest { uri, variables_json };
-    let resolved = peers
-        .resource
-        .clone()
-        .resolve_resource(ctx.request(call))
-        .await?
-        .into_inner();
+    let resolved = peers.resource.resolve_resource(ctx.request(call)).await?.into_inner();
     let root = resolved.root.ok_or_else(|| missing("resolved resource"))?;
     Ok(Resolved {
         uri: root.uri.clone(),
@@ -496,6 +466,6 @@ pub async fn check_reference(
         uri: uri.to_owned(),
         variables_json: render_with.to_owned(),
     };
-    peers.resource.clone().resolve_resource(ctx.request(call)).await?;
+    peers.resource.resolve_resource(ctx.request(call)).await?;
     Ok(())
 }

@@ -131,7 +131,7 @@ async fn fetch(
         system_only: scope.system(ctx)?,
         key,
     };
-    Ok(peers.config.clone().get_config(ctx.request(call)).await?.into_inner())
+    Ok(peers.config.get_config(ctx.request(call)).await?.into_inner())
 }
 
 /// Returns the effective configuration.
@@ -175,12 +175,7 @@ pub async fn update(
         tenant_id: scope.tenant_id.unwrap_or_default(),
         values: flat,
     };
-    let updated = peers
-        .config
-        .clone()
-        .update_config(ctx.request(call))
-        .await?
-        .into_inner();
+    let updated = peers.config.update_config(ctx.request(call)).await?.into_inner();
     Ok(Config::new(updated.revision, &updated.entries))
 }
 

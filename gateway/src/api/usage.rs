@@ -395,12 +395,7 @@ pub async fn usage(peers: &Peers, ctx: &RequestContext, query: UsageQuery) -> Re
         model: query.model.unwrap_or_default(),
         user_id: query.user_id.unwrap_or_default(),
     };
-    let usage = peers
-        .observability
-        .clone()
-        .query_usage(ctx.request(call))
-        .await?
-        .into_inner();
+    let usage = peers.observability.query_usage(ctx.request(call)).await?.into_inner();
     let groups = usage
         .groups
         .into_iter()
@@ -436,12 +431,7 @@ pub async fn records(peers: &Peers, ctx: &RequestContext, query: UsageQuery) -> 
         page_size: query.page_size.unwrap_or_default(),
         page_token: query.page_token.unwrap_or_default(),
     };
-    let page = peers
-        .observability
-        .clone()
-        .list_usage(ctx.request(call))
-        .await?
-        .into_inner();
+    let page = peers.observability.list_usage(ctx.request(call)).await?.into_inner();
     Ok(RecordPage {
         records: page.records.into_iter().map(UsageRecord::from).collect(),
         next_page_token: Some(page.next_page_token).filter(|token| !token.is_empty()),
@@ -455,7 +445,6 @@ pub async fn budgets(peers: &Peers, ctx: &RequestContext, query: UsageQuery) -> 
     };
     let budgets = peers
         .observability
-        .clone()
         .list_budgets(ctx.request(call))
         .await?
         .into_inner()
@@ -472,12 +461,7 @@ pub async fn set_budget(peers: &Peers, ctx: &RequestContext, request: NewBudget)
         key_id: request.key_id.unwrap_or_default(),
         monthly_limit_pico_usd: request.monthly_limit_usd,
     };
-    let set = peers
-        .observability
-        .clone()
-        .set_budget(ctx.request(call))
-        .await?
-        .into_inner();
+    let set = peers.observability.set_budget(ctx.request(call)).await?.into_inner();
     Ok(match set.budget {
         Some(budget) => BudgetSet::Set(budget.into()),
         None => BudgetSet::Removed { removed: true },
@@ -508,7 +492,6 @@ pub async fn summary(peers: &Peers, ctx: &RequestContext, query: SummaryQuery) -
     };
     let summary = peers
         .observability
-        .clone()
         .get_usage_summary(ctx.request(call))
         .await?
         .into_inner();
@@ -543,7 +526,7 @@ pub async fn summary(peers: &Peers, ctx: &RequestContext, query: SummaryQuery) -
 /// Returns the caller's running agents, and the containers they run in.
 async fn live_counts(peers: &Peers, ctx: &RequestContext) -> Result<(usize, usize), ApiError> {
     let call = ctx.request(rt::ListAgentsRequest { container_id: None });
-    let agents = peers.runtime.clone().list_agents(call).await?.into_inner().agents;
+    let agents = peers.runtime.list_agents(call).await?.into_inner().agents;
     // Containers are rows; those with a running agent are the active ones.
     let containers: HashSet<&str> = agents.iter().map(|agent| agent.container_id.as_str()).collect();
     Ok((agents.len(), containers.len()))
@@ -568,7 +551,6 @@ pub async fn logs(peers: &Peers, ctx: &RequestContext, query: LogsQuery) -> Resu
     };
     let events = peers
         .observability
-        .clone()
         .query_logs(ctx.request(call))
         .await?
         .into_inner()

@@ -2,13 +2,11 @@
 
 use std::pin::Pin;
 
-use avm_common::RequestContext;
-use avm_common::auth::{Limits, Principal, Role};
+use avm_common::auth::{Authenticated, Limits, Principal, Role, caller};
 use avm_common::config::GrpcConfig;
 use avm_proto::auth::v1 as pb;
 use avm_proto::auth::v1::auth_service_server::{AuthService as AuthApi, AuthServiceServer};
 use futures::{Stream, StreamExt};
-use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::error::AuthError;
@@ -20,10 +18,12 @@ use crate::service::AuthService;
 
 /// Returns the `avm.auth.v1.AuthService` server over `service`, with the
 /// configured message-size limits.
-pub fn grpc_server(service: AuthService, config: &GrpcConfig) -> AuthServiceServer<AuthGrpc> {
-    AuthServiceServer::new(AuthGrpc { service })
+pub fn grpc_server(service: AuthService, config: &GrpcConfig) -> Authenticated<AuthServiceServer<AuthGrpc>> {
+    let verifier = service.verifier();
+    let server = AuthServiceServer::new(AuthGrpc::new(service))
         .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    Authenticated::new(server, verifier)
 }
 
 /// Serves `AuthService` over gRPC.
@@ -33,9 +33,10 @@ pub struct AuthGrpc {
 }
 
 impl AuthGrpc {
-    /// Returns the verified caller of a request.
-    async fn context(&self, metadata: &MetadataMap) -> Result<RequestContext, Status> {
-        Ok(self.service.verifier().context(metadata).await?)
+    /// Returns the adapter over `service`: what the gRPC server serves, and
+    /// what `avm serve` calls in process.
+    pub fn new(service: AuthService) -> Self {
+        Self { service }
     }
 }
 
@@ -49,7 +50,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::CreateTenantRequest>,
     ) -> Result<Response<pb::CreateTenantResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         let created = self
             .service
@@ -67,7 +68,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::GetTenantRequest>,
     ) -> Result<Response<pb::GetTenantResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let tenant = self.service.get_tenant(&ctx, &request.get_ref().tenant_id).await?;
         Ok(Response::new(pb::GetTenantResponse {
             tenant: Some(tenant_pb(tenant)),
@@ -78,7 +79,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::ListTenantsRequest>,
     ) -> Result<Response<pb::ListTenantsResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let tenants = self.service.list_tenants(&ctx).await?;
         Ok(Response::new(pb::ListTenantsResponse {
             tenants: tenants.into_iter().map(tenant_pb).collect(),
@@ -89,7 +90,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::UpdateTenantRequest>,
     ) -> Result<Response<pb::UpdateTenantResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         let update = TenantUpdate {
             name: request.name,
@@ -105,7 +106,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::DeleteTenantRequest>,
     ) -> Result<Response<pb::DeleteTenantResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         self.service.delete_tenant(&ctx, &request.get_ref().tenant_id).await?;
         Ok(Response::new(pb::DeleteTenantResponse {}))
     }
@@ -114,7 +115,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::CreateUserRequest>,
     ) -> Result<Response<pb::CreateUserResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         // A user is a member unless said otherwise: the least privilege.
         let role = match pb::Role::try_from(request.role) {
@@ -134,7 +135,7 @@ impl AuthApi for AuthGrpc {
     }
 
     async fn get_user(&self, request: Request<pb::GetUserRequest>) -> Result<Response<pb::GetUserResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let user = self.service.get_user(&ctx, &request.get_ref().user_id).await?;
         Ok(Response::new(pb::GetUserResponse {
             user: Some(user_pb(user)),
@@ -145,7 +146,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::ListUsersRequest>,
     ) -> Result<Response<pb::ListUsersResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let users = self.service.list_users(&ctx, &request.get_ref().tenant_id).await?;
         Ok(Response::new(pb::ListUsersResponse {
             users: users.into_iter().map(user_pb).collect(),
@@ -156,7 +157,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::DeleteUserRequest>,
     ) -> Result<Response<pb::DeleteUserResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         self.service.delete_user(&ctx, &request.get_ref().user_id).await?;
         Ok(Response::new(pb::DeleteUserResponse {}))
     }
@@ -165,7 +166,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::CreateApiKeyRequest>,
     ) -> Result<Response<pb::CreateApiKeyResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         let spec = ApiKeySpec {
             user_id: Some(request.user_id).filter(|id| !id.is_empty()),
@@ -185,7 +186,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::GetApiKeyRequest>,
     ) -> Result<Response<pb::GetApiKeyResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let key = self.service.get_api_key(&ctx, &request.get_ref().key_id).await?;
         Ok(Response::new(pb::GetApiKeyResponse {
             api_key: Some(key_pb(key)),
@@ -196,7 +197,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::ListApiKeysRequest>,
     ) -> Result<Response<pb::ListApiKeysResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let keys = self
             .service
             .list_api_keys(&ctx, request.get_ref().user_id.as_deref())
@@ -210,7 +211,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::RevokeApiKeyRequest>,
     ) -> Result<Response<pb::RevokeApiKeyResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let key = self.service.revoke_api_key(&ctx, &request.get_ref().key_id).await?;
         Ok(Response::new(pb::RevokeApiKeyResponse {
             api_key: Some(key_pb(key)),
@@ -255,7 +256,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::RotateSigningKeyRequest>,
     ) -> Result<Response<pb::RotateSigningKeyResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let kid = self.service.rotate_signing_key(&ctx).await?;
         Ok(Response::new(pb::RotateSigningKeyResponse { kid }))
     }
@@ -264,7 +265,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::GetCallerRequest>,
     ) -> Result<Response<pb::GetCallerResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let principal = self.service.caller(&ctx).await?;
         Ok(Response::new(pb::GetCallerResponse {
             caller: Some(caller_pb(principal)),
@@ -275,7 +276,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::RecordUsageRequest>,
     ) -> Result<Response<pb::RecordUsageResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         let report = UsageReport {
             tenant_id: request.tenant_id,
@@ -291,7 +292,7 @@ impl AuthApi for AuthGrpc {
     }
 
     async fn get_usage(&self, request: Request<pb::GetUsageRequest>) -> Result<Response<pb::GetUsageResponse>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let usage = self.service.usage(&ctx, &request.get_ref().tenant_id).await?;
         Ok(Response::new(pb::GetUsageResponse {
             month: usage.month,
@@ -304,7 +305,7 @@ impl AuthApi for AuthGrpc {
         &self,
         request: Request<pb::WatchAuthEventsRequest>,
     ) -> Result<Response<Self::WatchAuthEventsStream>, Status> {
-        let ctx = self.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let events = self.service.watch_events(&ctx).await?;
         // Every stream ends with a typed status: the error item is the last one.
         let stream = events.map(|item| match item {

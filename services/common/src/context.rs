@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::metadata::MetadataValue;
 
 use crate::ApiError;
 use crate::auth::{ON_BEHALF_OF_HEADER, Principal, Role, Scopes};
@@ -68,9 +68,12 @@ impl RequestContext {
         self.principal.require(scope)
     }
 
-    /// Returns a gRPC request carrying this context in its metadata.
+    /// Returns a gRPC request carrying this context: in its metadata for a
+    /// call to another process, and as itself in its extensions for a call
+    /// in this process (which then needs no verification).
     pub fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
+        request.extensions_mut().insert(self.clone());
         let metadata = request.metadata_mut();
         if let Ok(value) = MetadataValue::try_from(self.request_id.as_str()) {
             metadata.insert(REQUEST_ID_HEADER, value);
@@ -92,9 +95,9 @@ impl RequestContext {
     }
 }
 
-/// Returns the caller's request id from gRPC metadata, or a new one.
-pub fn request_id_from(metadata: &MetadataMap) -> String {
-    metadata
+/// Returns the caller's request id (`x-request-id`) when it is usable, or a new one.
+pub fn request_id_from_headers(headers: &http::HeaderMap) -> String {
+    headers
         .get(REQUEST_ID_HEADER)
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))

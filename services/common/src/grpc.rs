@@ -2,7 +2,10 @@
 //! health, reflection, message-size limits, keepalive, request timeout and a
 //! bounded graceful drain.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
+use std::future::Future;
+use std::sync::OnceLock;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -127,38 +130,133 @@ async fn observe_call(request: axum::extract::Request, next: axum::middleware::N
         .and_then(|value| value.to_str().ok())
         .and_then(crate::trace::TraceParent::parse)
         .unwrap_or_else(crate::trace::TraceParent::root);
-    let span = crate::telemetry::request_span("grpc", &format!("{component}.{method}"), &trace);
-    let in_flight = metrics::gauge!(format!("avm_{component}_grpc_in_flight"));
-    in_flight.increment(1.0);
-    let started = std::time::Instant::now();
+    let call = CallMetrics::start(&component, method.into(), &trace);
+    let span = call.span.clone();
     let response = next.run(request).instrument(span).await;
-    in_flight.decrement(1.0);
     // Errors come as trailers-only responses, with the status in the headers.
     let code = response
         .headers()
         .get("grpc-status")
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<i32>().ok())
-        .map_or("OK", |code| grpc_code_name(tonic::Code::from(code)));
-    // A method nobody serves is not a label of its own (callers could make up any number).
-    let method = if code == "UNIMPLEMENTED" {
-        "other".to_owned()
-    } else {
-        method
-    };
-    metrics::counter!(format!("avm_{component}_grpc_requests_total"), "method" => method.clone(), "code" => code)
-        .increment(1);
-    metrics::histogram!(format!("avm_{component}_grpc_request_duration_seconds"), "method" => method)
-        .record(started.elapsed().as_secs_f64());
+        .map_or(tonic::Code::Ok, tonic::Code::from);
+    call.finish(code);
     response
 }
+
+/// The span and metrics of one call, served over gRPC or made in process.
+pub struct CallMetrics {
+    span: tracing::Span,
+    started: std::time::Instant,
+    names: &'static MetricNames,
+    method: Cow<'static, str>,
+}
+
+/// The metric names of one component, made once.
+pub struct MetricNames {
+    requests: String,
+    duration: String,
+    in_flight: String,
+}
+
+impl CallMetrics {
+    /// Starts observing a call of `component`'s `method` in `trace`.
+    pub fn start(component: &str, method: Cow<'static, str>, trace: &crate::trace::TraceParent) -> Self {
+        let names = metric_names(component);
+        let span = crate::telemetry::request_span("grpc", &format!("{component}.{method}"), trace);
+        metrics::gauge!(names.in_flight.as_str()).increment(1.0);
+        Self {
+            span,
+            started: std::time::Instant::now(),
+            names,
+            method,
+        }
+    }
+
+    /// Records the call's end with its status code.
+    pub fn finish(self, code: tonic::Code) {
+        let names = self.names;
+        metrics::gauge!(names.in_flight.as_str()).decrement(1.0);
+        // A method nobody serves is not a label of its own (callers could make up any number).
+        let method = if code == tonic::Code::Unimplemented {
+            Cow::Borrowed("other")
+        } else {
+            self.method
+        };
+        let code = grpc_code_name(code);
+        metrics::counter!(names.requests.as_str(), "method" => method.clone(), "code" => code).increment(1);
+        metrics::histogram!(names.duration.as_str(), "method" => method).record(self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// Returns the metric names of a component (one of [`COMPONENTS`]).
+fn metric_names(component: &str) -> &'static MetricNames {
+    static NAMES: OnceLock<Vec<(&'static str, MetricNames)>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        COMPONENTS
+            .iter()
+            .map(|component| {
+                (
+                    *component,
+                    MetricNames {
+                        requests: format!("avm_{component}_grpc_requests_total"),
+                        duration: format!("avm_{component}_grpc_request_duration_seconds"),
+                        in_flight: format!("avm_{component}_grpc_in_flight"),
+                    },
+                )
+            })
+            .collect()
+    });
+    names
+        .iter()
+        .find(|(known, _)| *known == component)
+        .or_else(|| names.first())
+        .map(|(_, names)| names)
+        .unwrap_or_else(|| unreachable!("COMPONENTS is not empty"))
+}
+
+/// Observes the calls components make to each other inside one process (see
+/// `avm_proto::Observe`): the same span and metrics as the call would have
+/// had over gRPC, so operators see one process as they see the mesh.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LocalCalls;
+
+impl avm_proto::Observe for LocalCalls {
+    type Call = CallMetrics;
+
+    fn begin(
+        &self,
+        component: &'static str,
+        method: &'static str,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> CallMetrics {
+        let trace = crate::trace::TraceParent::from_metadata(metadata).unwrap_or_else(crate::trace::TraceParent::root);
+        CallMetrics::start(component, Cow::Borrowed(method), &trace)
+    }
+
+    fn run<T: Send>(
+        &self,
+        call: CallMetrics,
+        future: impl Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send,
+    ) -> impl Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send {
+        use tracing::Instrument;
+        let span = call.span.clone();
+        async move {
+            let result = future.instrument(span).await;
+            call.finish(result.as_ref().map_or_else(tonic::Status::code, |_| tonic::Code::Ok));
+            result
+        }
+    }
+}
+
+/// The components whose calls are counted.
+const COMPONENTS: [&str; 6] = ["auth", "session", "resource", "config", "observability", "runtime"];
 
 /// Returns the component and method of an AgentVM call path
 /// (`/avm.session.v1.SessionService/CreateImage` → `session`, `CreateImage`).
 /// Paths of other components are not AgentVM calls here: a caller cannot
 /// invent metric names.
 fn avm_method(path: &str) -> Option<(&str, &str)> {
-    const COMPONENTS: [&str; 6] = ["auth", "session", "resource", "config", "observability", "runtime"];
     let (service, method) = path.strip_prefix("/avm.")?.split_once('/')?;
     let component = service.split('.').next()?;
     COMPONENTS.contains(&component).then_some((component, method))

@@ -11,11 +11,11 @@ pub mod error;
 pub mod events;
 pub mod grpc;
 pub mod ids;
+pub mod lifecycle;
 pub mod money;
 pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
-pub mod tenant_logs;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod trace;

@@ -252,7 +252,7 @@ where
 }
 
 /// Counts tenant log events that never reached the observability service.
-pub(crate) fn log_events_dropped(count: usize) {
+pub fn log_events_dropped(count: usize) {
     metrics::counter!("avm_log_events_dropped_total").increment(count as u64);
 }
 

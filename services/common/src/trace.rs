@@ -48,7 +48,15 @@ impl TraceParent {
         Some(TraceParent { trace_id, span_id })
     }
 
-    /// Returns the trace context of gRPC metadata, if it carries a valid one.
+    /// Returns the trace context of HTTP (or gRPC) headers, if they carry a valid one.
+    pub fn from_headers(headers: &http::HeaderMap) -> Option<TraceParent> {
+        headers
+            .get(TRACEPARENT)
+            .and_then(|value| value.to_str().ok())
+            .and_then(TraceParent::parse)
+    }
+
+    /// Returns the trace context of gRPC metadata, when valid.
     pub fn from_metadata(metadata: &MetadataMap) -> Option<TraceParent> {
         metadata
             .get(TRACEPARENT)

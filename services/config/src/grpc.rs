@@ -1,6 +1,6 @@
 //! The gRPC adapter: proto ⇄ domain, metadata → `RequestContext`, error → `Status`.
 
-use avm_common::auth::TokenVerifier;
+use avm_common::auth::{Authenticated, TokenVerifier, caller};
 use avm_common::config::GrpcConfig;
 use avm_proto::config::v1 as pb;
 use avm_proto::config::v1::config_service_server::{ConfigService as ConfigApi, ConfigServiceServer};
@@ -17,17 +17,25 @@ pub fn grpc_server(
     service: ConfigService,
     verifier: TokenVerifier,
     config: &GrpcConfig,
-) -> ConfigServiceServer<ConfigGrpc> {
-    ConfigServiceServer::new(ConfigGrpc { service, verifier })
+) -> Authenticated<ConfigServiceServer<ConfigGrpc>> {
+    let server = ConfigServiceServer::new(ConfigGrpc::new(service))
         .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    Authenticated::new(server, verifier)
 }
 
 /// Serves `ConfigService` over gRPC.
 #[derive(Clone)]
 pub struct ConfigGrpc {
     service: ConfigService,
-    verifier: TokenVerifier,
+}
+
+impl ConfigGrpc {
+    /// Returns the adapter over `service`: what the gRPC server serves, and
+    /// what `avm serve` calls in process.
+    pub fn new(service: ConfigService) -> Self {
+        Self { service }
+    }
 }
 
 #[tonic::async_trait]
@@ -36,7 +44,7 @@ impl ConfigApi for ConfigGrpc {
         &self,
         request: Request<pb::GetConfigRequest>,
     ) -> Result<Response<pb::GetConfigResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.get_ref();
         let snapshot = self
             .service
@@ -52,7 +60,7 @@ impl ConfigApi for ConfigGrpc {
         &self,
         request: Request<pb::UpdateConfigRequest>,
     ) -> Result<Response<pb::UpdateConfigResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         let scope = match pb::Scope::try_from(request.scope) {
             Ok(pb::Scope::System) => UpdateScope::System,
@@ -80,7 +88,7 @@ impl ConfigApi for ConfigGrpc {
         &self,
         request: Request<pb::WatchConfigRequest>,
     ) -> Result<Response<Self::WatchConfigStream>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.get_ref();
         let updates = self
             .service

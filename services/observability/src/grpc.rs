@@ -1,7 +1,7 @@
 //! The gRPC adapter: proto ⇄ domain, metadata → `RequestContext`, error → `Status`.
 
 use avm_common::ApiError;
-use avm_common::auth::TokenVerifier;
+use avm_common::auth::{Authenticated, TokenVerifier, caller};
 use avm_common::config::GrpcConfig;
 use avm_proto::observability::v1 as pb;
 use avm_proto::observability::v1::observability_service_server::{
@@ -23,17 +23,25 @@ pub fn grpc_server(
     service: ObservabilityService,
     verifier: TokenVerifier,
     config: &GrpcConfig,
-) -> ObservabilityServiceServer<ObservabilityGrpc> {
-    ObservabilityServiceServer::new(ObservabilityGrpc { service, verifier })
+) -> Authenticated<ObservabilityServiceServer<ObservabilityGrpc>> {
+    let server = ObservabilityServiceServer::new(ObservabilityGrpc::new(service))
         .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    Authenticated::new(server, verifier)
 }
 
 /// Serves `ObservabilityService` over gRPC.
 #[derive(Clone)]
 pub struct ObservabilityGrpc {
     service: ObservabilityService,
-    verifier: TokenVerifier,
+}
+
+impl ObservabilityGrpc {
+    /// Returns the adapter over `service`: what the gRPC server serves, and
+    /// what `avm serve` calls in process.
+    pub fn new(service: ObservabilityService) -> Self {
+        Self { service }
+    }
 }
 
 #[tonic::async_trait]
@@ -42,7 +50,7 @@ impl ObservabilityApi for ObservabilityGrpc {
         &self,
         request: Request<pb::RecordUsageRequest>,
     ) -> Result<Response<pb::RecordUsageResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         // Only components report usage: refuse others before looking at the records.
         ctx.principal.require_service()?;
         let records = request
@@ -60,7 +68,7 @@ impl ObservabilityApi for ObservabilityGrpc {
         &self,
         request: Request<pb::QueryUsageRequest>,
     ) -> Result<Response<pb::QueryUsageResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         let group_by = request
             .group_by
@@ -94,7 +102,7 @@ impl ObservabilityApi for ObservabilityGrpc {
         &self,
         request: Request<pb::ListUsageRequest>,
     ) -> Result<Response<pb::ListUsageResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         let query = UsageQuery {
             tenant_id: request.tenant_id,
@@ -119,7 +127,7 @@ impl ObservabilityApi for ObservabilityGrpc {
         &self,
         request: Request<pb::GetUsageSummaryRequest>,
     ) -> Result<Response<pb::GetUsageSummaryResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.get_ref();
         let summary = self
             .service
@@ -141,7 +149,7 @@ impl ObservabilityApi for ObservabilityGrpc {
         &self,
         request: Request<pb::SetBudgetRequest>,
     ) -> Result<Response<pb::SetBudgetResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.get_ref();
         let budget = self
             .service
@@ -161,7 +169,7 @@ impl ObservabilityApi for ObservabilityGrpc {
         &self,
         request: Request<pb::ListBudgetsRequest>,
     ) -> Result<Response<pb::ListBudgetsResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let budgets = self.service.list_budgets(&ctx, &request.get_ref().tenant_id).await?;
         Ok(Response::new(pb::ListBudgetsResponse {
             budgets: budgets.into_iter().map(budget_pb).collect(),
@@ -172,7 +180,7 @@ impl ObservabilityApi for ObservabilityGrpc {
         &self,
         request: Request<pb::CheckBudgetRequest>,
     ) -> Result<Response<pb::CheckBudgetResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.get_ref();
         let check = self
             .service
@@ -190,7 +198,7 @@ impl ObservabilityApi for ObservabilityGrpc {
         &self,
         request: Request<pb::WatchBudgetsRequest>,
     ) -> Result<Response<Self::WatchBudgetsStream>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let updates = self.service.watch_budgets(&ctx).await?;
         let stream = updates.map(|update| match update {
             Ok(update) => Ok(pb::WatchBudgetsResponse {
@@ -207,7 +215,7 @@ impl ObservabilityApi for ObservabilityGrpc {
         &self,
         request: Request<pb::RecordLogsRequest>,
     ) -> Result<Response<pb::RecordLogsResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         ctx.principal.require_service()?;
         let events = request
             .into_inner()
@@ -224,7 +232,7 @@ impl ObservabilityApi for ObservabilityGrpc {
         &self,
         request: Request<pb::QueryLogsRequest>,
     ) -> Result<Response<pb::QueryLogsResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         let min_level = match pb::Level::try_from(request.min_level) {
             Ok(pb::Level::Unspecified) => None,

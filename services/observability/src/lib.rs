@@ -7,11 +7,13 @@
 //! service.rs  permissions, validation, queries, budgets, logs, watch
 //! ledger.rs   the pending buffer, its background writer, month spends
 //! record.rs   the domain types
+//! forwarder.rs every process's tenant log events, sent to this service
 //! store.rs    the ObservabilityStore trait; store/{sqlite,postgres}.rs behind it
 //! ```
 
 mod config;
 mod error;
+mod forwarder;
 mod grpc;
 mod ledger;
 mod record;
@@ -20,6 +22,7 @@ mod store;
 
 pub use config::LedgerSettings;
 pub use error::ObservabilityError;
+pub use forwarder::spawn_log_forwarder;
 pub use grpc::{ObservabilityGrpc, grpc_server};
 pub use record::{
     Budget, BudgetCheck, BudgetUpdate, BudgetWatch, CallStatus, CallTiming, Dimension, Latency, Level, LogEvent,

@@ -1,6 +1,6 @@
 //! The gRPC adapter: proto ⇄ domain, metadata → `RequestContext`, error → `Status`.
 
-use avm_common::auth::TokenVerifier;
+use avm_common::auth::{Authenticated, TokenVerifier, caller};
 use avm_common::config::GrpcConfig;
 use avm_proto::resource::v1 as pb;
 use avm_proto::resource::v1::resource_service_server::{ResourceService as ResourceApi, ResourceServiceServer};
@@ -19,17 +19,25 @@ pub fn grpc_server(
     service: ResourceService,
     verifier: TokenVerifier,
     config: &GrpcConfig,
-) -> ResourceServiceServer<ResourceGrpc> {
-    ResourceServiceServer::new(ResourceGrpc { service, verifier })
+) -> Authenticated<ResourceServiceServer<ResourceGrpc>> {
+    let server = ResourceServiceServer::new(ResourceGrpc::new(service))
         .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    Authenticated::new(server, verifier)
 }
 
 /// Serves `ResourceService` over gRPC.
 #[derive(Clone)]
 pub struct ResourceGrpc {
     service: ResourceService,
-    verifier: TokenVerifier,
+}
+
+impl ResourceGrpc {
+    /// Returns the adapter over `service`: what the gRPC server serves, and
+    /// what `avm serve` calls in process.
+    pub fn new(service: ResourceService) -> Self {
+        Self { service }
+    }
 }
 
 #[tonic::async_trait]
@@ -38,7 +46,7 @@ impl ResourceApi for ResourceGrpc {
         &self,
         request: Request<pb::RegisterResourceRequest>,
     ) -> Result<Response<pb::RegisterResourceResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         let new = NewResource {
             kind: required_kind(request.kind)?,
@@ -64,7 +72,7 @@ impl ResourceApi for ResourceGrpc {
         &self,
         request: Request<pb::PublishVersionRequest>,
     ) -> Result<Response<pb::PublishVersionResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         // Tags change when asked to (`replace_tags`, which may clear them) or when some are sent.
         let tags = (request.replace_tags || !request.tags.is_empty()).then_some(request.tags);
@@ -87,7 +95,7 @@ impl ResourceApi for ResourceGrpc {
         &self,
         request: Request<pb::GetResourceRequest>,
     ) -> Result<Response<pb::GetResourceResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.get_ref();
         let detail = self.service.get(&ctx, &request.resource_id, &request.version).await?;
         let mut resource = resource_pb(detail.resource);
@@ -102,7 +110,7 @@ impl ResourceApi for ResourceGrpc {
         &self,
         request: Request<pb::ListResourcesRequest>,
     ) -> Result<Response<pb::ListResourcesResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         let query = ListQuery {
             kind: optional_kind(request.kind)?,
@@ -123,7 +131,7 @@ impl ResourceApi for ResourceGrpc {
         &self,
         request: Request<pb::DeleteResourceRequest>,
     ) -> Result<Response<pb::DeleteResourceResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.get_ref();
         let deleted = self
             .service
@@ -139,7 +147,7 @@ impl ResourceApi for ResourceGrpc {
         &self,
         request: Request<pb::ResolveResourceRequest>,
     ) -> Result<Response<pb::ResolveResourceResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.get_ref();
         let resolution = self
             .service

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use avm_common::ApiError;
-use avm_common::auth::TokenVerifier;
+use avm_common::auth::{Authenticated, TokenVerifier, caller};
 use avm_common::config::GrpcConfig;
 use avm_proto::runtime::v1 as pb;
 use avm_proto::runtime::v1::runtime_service_server::{RuntimeService, RuntimeServiceServer};
@@ -17,16 +17,28 @@ use crate::service::{AgentInfo, AgentPool, AgentTarget};
 
 /// Returns the runtime's gRPC server with the shared message-size limits;
 /// every call's caller is verified from its bearer token.
-pub fn grpc_server(pool: AgentPool, verifier: TokenVerifier, config: &GrpcConfig) -> RuntimeServiceServer<RuntimeGrpc> {
-    RuntimeServiceServer::new(RuntimeGrpc { pool, verifier })
+pub fn grpc_server(
+    pool: AgentPool,
+    verifier: TokenVerifier,
+    config: &GrpcConfig,
+) -> Authenticated<RuntimeServiceServer<RuntimeGrpc>> {
+    let server = RuntimeServiceServer::new(RuntimeGrpc::new(pool))
         .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    Authenticated::new(server, verifier)
 }
 
 /// Serves `avm.runtime.v1.RuntimeService` from an [`AgentPool`].
 pub struct RuntimeGrpc {
     pool: AgentPool,
-    verifier: TokenVerifier,
+}
+
+impl RuntimeGrpc {
+    /// Returns the adapter over `pool`: what the gRPC server serves, and what
+    /// `avm serve` calls in process.
+    pub fn new(pool: AgentPool) -> Self {
+        Self { pool }
+    }
 }
 
 type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -109,7 +121,7 @@ impl RuntimeService for RuntimeGrpc {
     type SubscribeEventsStream = EventStream<pb::SubscribeEventsResponse>;
 
     async fn run_image(&self, request: Request<pb::RunImageRequest>) -> Result<Response<pb::RunImageResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let (agent, reused) = self.pool.run_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::RunImageResponse {
             agent: Some(agent_pb(agent)),
@@ -121,7 +133,7 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::StopImageRequest>,
     ) -> Result<Response<pb::StopImageResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let stopped = self.pool.stop_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::StopImageResponse { stopped }))
     }
@@ -130,7 +142,7 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<Self::SendMessageStream>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let message = request.into_inner();
         let accepted = self
             .pool
@@ -156,7 +168,7 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::InterruptAgentRequest>,
     ) -> Result<Response<pb::InterruptAgentResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let target = match request.into_inner().target {
             Some(pb::interrupt_agent_request::Target::ImageId(id)) => AgentTarget::Image(id),
             Some(pb::interrupt_agent_request::Target::AgentId(id)) => AgentTarget::Agent(id),
@@ -170,7 +182,7 @@ impl RuntimeService for RuntimeGrpc {
     }
 
     async fn get_agent(&self, request: Request<pb::GetAgentRequest>) -> Result<Response<pb::GetAgentResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let agent = self.pool.get_agent(&ctx, &request.get_ref().agent_id).await?;
         Ok(Response::new(pb::GetAgentResponse {
             agent: Some(agent_pb(agent)),
@@ -181,7 +193,7 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let agents = self
             .pool
             .list_agents(&ctx, request.get_ref().container_id.as_deref())
@@ -195,7 +207,7 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::DestroyAgentRequest>,
     ) -> Result<Response<pb::DestroyAgentResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         self.pool.destroy_agent(&ctx, &request.get_ref().agent_id).await?;
         Ok(Response::new(pb::DestroyAgentResponse { destroyed: true }))
     }
@@ -204,7 +216,7 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::DestroyAllAgentsRequest>,
     ) -> Result<Response<pb::DestroyAllAgentsResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let destroyed = self.pool.destroy_all(&ctx, &request.get_ref().container_id).await?;
         Ok(Response::new(pb::DestroyAllAgentsResponse { destroyed }))
     }
@@ -213,7 +225,7 @@ impl RuntimeService for RuntimeGrpc {
         &self,
         request: Request<pb::SubscribeEventsRequest>,
     ) -> Result<Response<Self::SubscribeEventsStream>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let message = request.into_inner();
         let subscription = self
             .pool

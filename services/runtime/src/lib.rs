@@ -13,7 +13,7 @@ pub mod settings;
 mod turn;
 
 pub use config::{BillingConfig, LlmConfig, ModelPrice, RuntimeConfig};
-pub use grpc::grpc_server;
+pub use grpc::{RuntimeGrpc, grpc_server};
 pub use metering::Metering;
 pub use resources::ResourceClient;
 pub use service::AgentPool;

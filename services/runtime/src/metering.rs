@@ -16,13 +16,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use avm_common::auth::ServiceIdentity;
-use avm_common::config::GrpcConfig;
 use avm_common::{ApiError, Code, RequestContext};
 use avm_proto::observability::v1 as pb;
-use avm_proto::observability::v1::observability_service_client::ObservabilityServiceClient;
+use avm_proto::observability::v1::ObservabilityServiceHandle;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 use crate::config::{BillingConfig, ProviderKind};
 
@@ -103,7 +101,7 @@ pub fn estimate_tokens(text_bytes: usize) -> u64 {
 }
 
 struct Inner {
-    client: ObservabilityServiceClient<Channel>,
+    observability: ObservabilityServiceHandle,
     identity: ServiceIdentity,
     queue: mpsc::Sender<pb::UsageRecord>,
     receiver: Mutex<Option<mpsc::Receiver<pb::UsageRecord>>>,
@@ -125,15 +123,12 @@ pub struct Metering {
 }
 
 impl Metering {
-    /// Returns a reporter to the observability service behind `channel`.
-    pub fn new(channel: Channel, identity: ServiceIdentity, config: &GrpcConfig) -> Self {
-        let client = ObservabilityServiceClient::new(channel)
-            .max_decoding_message_size(config.max_message_bytes)
-            .max_encoding_message_size(config.max_message_bytes);
+    /// Returns a reporter to the observability service.
+    pub fn new(observability: ObservabilityServiceHandle, identity: ServiceIdentity) -> Self {
         let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
         Self {
             inner: Arc::new(Inner {
-                client,
+                observability,
                 identity,
                 queue,
                 receiver: Mutex::new(Some(receiver)),
@@ -168,7 +163,7 @@ impl Metering {
                 tenant_id: ctx.tenant_id.clone(),
                 key_id: key_id.to_owned(),
             });
-            Ok::<_, ApiError>(self.inner.client.clone().check_budget(request).await?.into_inner())
+            Ok::<_, ApiError>(self.inner.observability.check_budget(request).await?.into_inner())
         }
         .await;
         match answer {
@@ -279,7 +274,7 @@ impl Metering {
     async fn send(&self, records: Vec<pb::UsageRecord>) -> Result<(), ApiError> {
         let ctx = self.inner.identity.own_context().await?;
         let request = ctx.request(pb::RecordUsageRequest { records });
-        self.inner.client.clone().record_usage(request).await?;
+        self.inner.observability.record_usage(request).await?;
         Ok(())
     }
 
@@ -384,8 +379,8 @@ impl Metering {
     async fn watch_budgets(&self) -> Result<(), ApiError> {
         let ctx = self.inner.identity.own_context().await?;
         let request = ctx.request(pb::WatchBudgetsRequest {});
-        let mut stream = self.inner.client.clone().watch_budgets(request).await?.into_inner();
-        while let Some(update) = stream.message().await? {
+        let mut stream = self.inner.observability.watch_budgets(request).await?.into_inner();
+        while let Some(update) = futures::StreamExt::next(&mut stream).await.transpose()? {
             let mut capped = self.inner.capped.write().unwrap_or_else(|poison| poison.into_inner());
             if update.snapshot {
                 capped.clear();

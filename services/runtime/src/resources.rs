@@ -1,12 +1,10 @@
 //! The runtime's view of the resource service: what an image's
 //! `resource://` references resolve to when its agent starts.
 
-use avm_common::config::GrpcConfig;
 use avm_common::{ApiError, RequestContext};
 use avm_proto::resource::v1 as pb;
-use avm_proto::resource::v1::resource_service_client::ResourceServiceClient;
+use avm_proto::resource::v1::ResourceServiceHandle;
 use serde_json::Value;
-use tonic::transport::Channel;
 
 use crate::session_client::ImageInfo;
 
@@ -26,18 +24,15 @@ pub struct AgentPlan {
     pub resources: Vec<String>,
 }
 
-/// A gRPC client of the resource service.
+/// The resource service, as the runtime uses it.
 #[derive(Clone)]
 pub struct ResourceClient {
-    inner: ResourceServiceClient<Channel>,
+    inner: ResourceServiceHandle,
 }
 
 impl ResourceClient {
-    /// Wraps a channel to the resource service.
-    pub fn new(channel: Channel, config: &GrpcConfig) -> Self {
-        let inner = ResourceServiceClient::new(channel)
-            .max_decoding_message_size(config.max_message_bytes)
-            .max_encoding_message_size(config.max_message_bytes);
+    /// Wraps the resource service (in process or remote).
+    pub fn new(inner: ResourceServiceHandle) -> Self {
         Self { inner }
     }
 
@@ -77,7 +72,7 @@ impl ResourceClient {
             uri: uri.to_owned(),
             variables_json: variables_json.to_owned(),
         });
-        let response = self.inner.clone().resolve_resource(request).await?.into_inner();
+        let response = self.inner.resolve_resource(request).await?.into_inner();
         let root = response
             .root
             .ok_or_else(|| ApiError::internal("the resource service resolved nothing"))?;

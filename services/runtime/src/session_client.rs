@@ -1,10 +1,8 @@
 //! The runtime's view of the session service: images, history and appends.
 
-use avm_common::config::GrpcConfig;
 use avm_common::{ApiError, RequestContext};
 use avm_proto::session::v1 as pb;
-use avm_proto::session::v1::session_service_client::SessionServiceClient;
-use tonic::transport::Channel;
+use avm_proto::session::v1::SessionServiceHandle;
 
 /// What the runtime needs to know about an image.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,18 +32,15 @@ impl From<pb::Image> for ImageInfo {
     }
 }
 
-/// A gRPC client of the session service.
+/// The session service, as the runtime uses it.
 #[derive(Clone)]
 pub struct SessionClient {
-    inner: SessionServiceClient<Channel>,
+    inner: SessionServiceHandle,
 }
 
 impl SessionClient {
-    /// Wraps a channel to the session service.
-    pub fn new(channel: Channel, config: &GrpcConfig) -> Self {
-        let inner = SessionServiceClient::new(channel)
-            .max_decoding_message_size(config.max_message_bytes)
-            .max_encoding_message_size(config.max_message_bytes);
+    /// Wraps the session service (in process or remote).
+    pub fn new(inner: SessionServiceHandle) -> Self {
         Self { inner }
     }
 
@@ -54,7 +49,7 @@ impl SessionClient {
         let request = ctx.request(pb::GetImageRequest {
             image_id: image_id.to_owned(),
         });
-        let response = self.inner.clone().get_image(request).await?.into_inner();
+        let response = self.inner.get_image(request).await?.into_inner();
         response
             .image
             .map(ImageInfo::from)
@@ -66,14 +61,14 @@ impl SessionClient {
         let request = ctx.request(pb::GetContainerRequest {
             container_id: container_id.to_owned(),
         });
-        self.inner.clone().get_container(request).await?;
+        self.inner.get_container(request).await?;
         Ok(())
     }
 
     /// Returns the ids of the containers the caller may see.
     pub async fn visible_containers(&self, ctx: &RequestContext) -> Result<Vec<String>, ApiError> {
         let request = ctx.request(pb::ListContainersRequest {});
-        let response = self.inner.clone().list_containers(request).await?.into_inner();
+        let response = self.inner.list_containers(request).await?.into_inner();
         Ok(response.containers.into_iter().map(|c| c.container_id).collect())
     }
 
@@ -82,7 +77,7 @@ impl SessionClient {
         let request = ctx.request(pb::GetSessionRequest {
             session_id: session_id.to_owned(),
         });
-        let response = self.inner.clone().get_session(request).await?.into_inner();
+        let response = self.inner.get_session(request).await?.into_inner();
         response
             .image
             .map(ImageInfo::from)
@@ -94,7 +89,7 @@ impl SessionClient {
         let request = ctx.request(pb::ListMessagesRequest {
             session_id: session_id.to_owned(),
         });
-        Ok(self.inner.clone().list_messages(request).await?.into_inner().messages)
+        Ok(self.inner.list_messages(request).await?.into_inner().messages)
     }
 
     /// Appends a message and returns it as stored.
@@ -103,7 +98,7 @@ impl SessionClient {
             session_id: message.session_id.clone(),
             message: Some(message),
         });
-        let response = self.inner.clone().append_message(request).await?.into_inner();
+        let response = self.inner.append_message(request).await?.into_inner();
         response
             .message
             .ok_or_else(|| ApiError::internal("session service returned no message"))

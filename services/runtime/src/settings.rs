@@ -11,11 +11,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use avm_common::auth::ServiceIdentity;
-use avm_common::config::GrpcConfig;
 use avm_common::settings::{LLM_API_KEY, LLM_BASE_URL, LLM_PROVIDER};
 use avm_common::{ApiError, RequestContext};
 use avm_proto::config::v1 as pb;
-use avm_proto::config::v1::config_service_client::ConfigServiceClient;
+use avm_proto::config::v1::ConfigServiceHandle;
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -46,7 +45,7 @@ pub struct TenantLlm {
 type ProviderKey = (&'static str, Option<String>, Option<String>, Duration, Duration);
 
 struct Inner {
-    client: ConfigServiceClient<tonic::transport::Channel>,
+    config: ConfigServiceHandle,
     identity: ServiceIdentity,
     /// The system layers (defaults, deployment, system overrides), revealed.
     system: watch::Sender<Option<Arc<Map<String, Value>>>>,
@@ -63,15 +62,12 @@ pub struct LlmSettings {
 }
 
 impl LlmSettings {
-    /// Returns settings read from the config service behind `channel`.
-    pub fn new(channel: tonic::transport::Channel, identity: ServiceIdentity, config: &GrpcConfig) -> Self {
-        let client = ConfigServiceClient::new(channel)
-            .max_decoding_message_size(config.max_message_bytes)
-            .max_encoding_message_size(config.max_message_bytes);
+    /// Returns settings read from the config service.
+    pub fn new(config: ConfigServiceHandle, identity: ServiceIdentity) -> Self {
         let (system, _) = watch::channel(None);
         Self {
             inner: Arc::new(Inner {
-                client,
+                config,
                 identity,
                 system,
                 tenants: Mutex::new(HashMap::new()),
@@ -106,14 +102,7 @@ impl LlmSettings {
         let epoch = self.inner.epoch.load(Ordering::SeqCst);
         let service = self.inner.identity.context_for(ctx).await?;
         let request = service.request(pb::GetConfigRequest::default());
-        let entries = self
-            .inner
-            .client
-            .clone()
-            .get_config(request)
-            .await?
-            .into_inner()
-            .entries;
+        let entries = self.inner.config.get_config(request).await?.into_inner().entries;
         let mut tree = tree_of(&entries);
         // A tenant that chose another provider does not inherit the
         // deployment's API root, which belongs to the deployment's provider.
@@ -209,8 +198,8 @@ impl LlmSettings {
             tenant_id: String::new(),
             all_tenants: true,
         });
-        let mut stream = self.inner.client.clone().watch_config(request).await?.into_inner();
-        while let Some(update) = stream.message().await? {
+        let mut stream = self.inner.config.watch_config(request).await?.into_inner();
+        while let Some(update) = futures::StreamExt::next(&mut stream).await.transpose()? {
             if update.changed_tenant_id.is_empty() {
                 let tree = tree_of(&update.entries);
                 let model = tree.get(avm_common::settings::LLM_MODEL).cloned().unwrap_or_default();

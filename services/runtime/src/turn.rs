@@ -447,7 +447,7 @@ fn report_usage(pool: &Arc<PoolInner>, ctx: &RequestContext, reply: &Reply) {
             let result = match pool.identity.context_for(&ctx).await {
                 Ok(own) => pool
                     .identity
-                    .client()
+                    .auth()
                     .record_usage(own.request(report.clone()))
                     .await
                     .map_err(avm_common::ApiError::from),

@@ -1,6 +1,6 @@
 //! The gRPC adapter: proto ⇄ domain, metadata → `RequestContext`, error → `Status`.
 
-use avm_common::auth::TokenVerifier;
+use avm_common::auth::{Authenticated, TokenVerifier, caller};
 use avm_common::config::GrpcConfig;
 use avm_proto::session::v1 as pb;
 use avm_proto::session::v1::session_service_server::{SessionService as SessionApi, SessionServiceServer};
@@ -19,17 +19,25 @@ pub fn grpc_server(
     service: SessionService,
     verifier: TokenVerifier,
     config: &GrpcConfig,
-) -> SessionServiceServer<SessionGrpc> {
-    SessionServiceServer::new(SessionGrpc { service, verifier })
+) -> Authenticated<SessionServiceServer<SessionGrpc>> {
+    let server = SessionServiceServer::new(SessionGrpc::new(service))
         .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    Authenticated::new(server, verifier)
 }
 
 /// Serves `SessionService` over gRPC.
 #[derive(Clone)]
 pub struct SessionGrpc {
     service: SessionService,
-    verifier: TokenVerifier,
+}
+
+impl SessionGrpc {
+    /// Returns the adapter over `service`: what the gRPC server serves, and
+    /// what `avm serve` calls in process.
+    pub fn new(service: SessionService) -> Self {
+        Self { service }
+    }
 }
 
 #[tonic::async_trait]
@@ -38,7 +46,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::CreateContainerRequest>,
     ) -> Result<Response<pb::CreateContainerResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let (container, created) = self
             .service
             .create_container(&ctx, &request.get_ref().container_id)
@@ -53,7 +61,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::GetContainerRequest>,
     ) -> Result<Response<pb::GetContainerResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let container = self
             .service
             .get_container(&ctx, &request.get_ref().container_id)
@@ -67,7 +75,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::ListContainersRequest>,
     ) -> Result<Response<pb::ListContainersResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let containers = self.service.list_containers(&ctx).await?;
         Ok(Response::new(pb::ListContainersResponse {
             containers: containers.into_iter().map(container_pb).collect(),
@@ -78,7 +86,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::DeleteContainerRequest>,
     ) -> Result<Response<pb::DeleteContainerResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let deleted_image_ids = self
             .service
             .delete_container(&ctx, &request.get_ref().container_id)
@@ -90,7 +98,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::ShareContainerRequest>,
     ) -> Result<Response<pb::ShareContainerResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.get_ref();
         self.service
             .share_container(&ctx, &request.container_id, &request.user_id)
@@ -102,7 +110,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::UnshareContainerRequest>,
     ) -> Result<Response<pb::UnshareContainerResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.get_ref();
         self.service
             .unshare_container(&ctx, &request.container_id, &request.user_id)
@@ -114,7 +122,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::ListContainerSharesRequest>,
     ) -> Result<Response<pb::ListContainerSharesResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let shares = self.service.list_shares(&ctx, &request.get_ref().container_id).await?;
         Ok(Response::new(pb::ListContainerSharesResponse {
             shares: shares
@@ -131,7 +139,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::CreateImageRequest>,
     ) -> Result<Response<pb::CreateImageResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         let new = NewImage {
             container_id: request.container_id,
@@ -152,7 +160,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::GetSessionResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let image = self.service.get_session(&ctx, &request.get_ref().session_id).await?;
         Ok(Response::new(pb::GetSessionResponse {
             image: Some(image_pb(image)),
@@ -160,7 +168,7 @@ impl SessionApi for SessionGrpc {
     }
 
     async fn get_image(&self, request: Request<pb::GetImageRequest>) -> Result<Response<pb::GetImageResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let image = self.service.get_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::GetImageResponse {
             image: Some(image_pb(image)),
@@ -171,7 +179,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::ListImagesRequest>,
     ) -> Result<Response<pb::ListImagesResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let images = self
             .service
             .list_images(&ctx, request.get_ref().container_id.as_deref())
@@ -185,7 +193,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::UpdateImageRequest>,
     ) -> Result<Response<pb::UpdateImageResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         let update = ImageUpdate {
             name: request.name,
@@ -201,7 +209,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::DeleteImageRequest>,
     ) -> Result<Response<pb::DeleteImageResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         self.service.delete_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::DeleteImageResponse {}))
     }
@@ -210,7 +218,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::AppendMessageRequest>,
     ) -> Result<Response<pb::AppendMessageResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let request = request.into_inner();
         let message = request
             .message
@@ -241,7 +249,7 @@ impl SessionApi for SessionGrpc {
         &self,
         request: Request<pb::ListMessagesRequest>,
     ) -> Result<Response<pb::ListMessagesResponse>, Status> {
-        let ctx = self.verifier.context(request.metadata()).await?;
+        let ctx = caller(&request)?;
         let messages = self.service.list_messages(&ctx, &request.get_ref().session_id).await?;
         Ok(Response::new(pb::ListMessagesResponse {
             messages: messages.into_iter().map(message_pb).collect(),

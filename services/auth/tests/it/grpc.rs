@@ -1,8 +1,9 @@
 //! The gRPC adapter over a real listener and the generated client.
 
-use avm_common::auth::{GrpcKeySource, TokenVerifier};
+use avm_common::auth::{AuthKeySource, TokenVerifier};
 use avm_common::{ApiError, Code};
 use avm_proto::auth::v1 as pb;
+use avm_proto::auth::v1::AuthServiceRemote;
 
 use crate::support::{Harness, assert_same_answer, config};
 
@@ -27,7 +28,12 @@ async fn grpc_round_trip_with_bearer_tokens_and_typed_errors() {
         (pb::Role::Admin as i32, true, Some(h.admin.key_id.as_str()))
     );
     assert!(exchanged.expires_at_ms > avm_common::now_ms());
-    let verifier = TokenVerifier::new(&config(), std::sync::Arc::new(GrpcKeySource::new(h.channel())));
+    let verifier = TokenVerifier::new(
+        &config(),
+        std::sync::Arc::new(AuthKeySource::new(
+            AuthServiceRemote::new(h.channel(), usize::MAX).handle(),
+        )),
+    );
     let op = verifier.verify(&exchanged.access_token).await.unwrap();
     let op = avm_common::RequestContext::new(op, Some(exchanged.access_token.as_str().into()), "req_grpc".into());
 

@@ -143,7 +143,9 @@ async fn rotation_keeps_old_tokens_valid_and_signs_new_ones_with_the_new_key() {
     // A verifier that never saw either key fetches them from the JWKS.
     let fresh = avm_common::auth::TokenVerifier::new(
         &config(),
-        std::sync::Arc::new(avm_common::auth::GrpcKeySource::new(h.channel())),
+        std::sync::Arc::new(avm_common::auth::AuthKeySource::new(
+            avm_proto::auth::v1::AuthServiceRemote::new(h.channel(), usize::MAX).handle(),
+        )),
     );
     assert_eq!(fresh.verify(&before.token).await.unwrap().role, Role::Admin);
     assert_eq!(fresh.verify(&after.token).await.unwrap().role, Role::Admin);

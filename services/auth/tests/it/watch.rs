@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use avm_auth::{ApiKeySpec, AuthEventKind, AuthService, TenantUpdate, WatchItem, open_store};
-use avm_common::auth::{GrpcKeySource, Role, ServiceIdentity, TokenVerifier};
-use avm_common::config::GrpcConfig;
+use avm_common::auth::{AuthKeySource, Role, ServiceIdentity, TokenVerifier};
 use avm_common::{ApiError, Code};
 use avm_proto::auth::v1 as pb;
+use avm_proto::auth::v1::AuthServiceRemote;
 use avm_proto::auth::v1::auth_event::Kind;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -28,8 +28,13 @@ async fn a_revoked_key_is_refused_by_a_verifier_following_the_events() {
     // A component's verifier, as every service runs it: keys over GetJwks,
     // events over WatchAuthEvents with the deployment's service key.
     let channel = h.channel();
-    let verifier = TokenVerifier::new(&config(), Arc::new(GrpcKeySource::new(channel.clone())));
-    let identity = ServiceIdentity::new(SERVICE_KEY, channel, &GrpcConfig::default());
+    let verifier = TokenVerifier::new(
+        &config(),
+        Arc::new(AuthKeySource::new(
+            AuthServiceRemote::new(channel.clone(), usize::MAX).handle(),
+        )),
+    );
+    let identity = ServiceIdentity::new(SERVICE_KEY, AuthServiceRemote::new(channel, usize::MAX).handle());
     let stop = CancellationToken::new();
     let watching = verifier.spawn_watch(identity, stop.clone());
     eventually(STEP, "the verifier to go live", || async {

@@ -7,12 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use avm_proto::auth::v1 as pb;
-use avm_proto::auth::v1::auth_service_client::AuthServiceClient;
-use tonic::transport::Channel;
+use avm_proto::auth::v1::AuthServiceHandle;
 
 use super::{Limits, Principal, Role, SERVICE_USER, Scopes};
 use crate::ApiError;
-use crate::config::GrpcConfig;
 use crate::context::RequestContext;
 
 struct Cached {
@@ -23,7 +21,7 @@ struct Cached {
 
 struct Inner {
     key: String,
-    client: AuthServiceClient<Channel>,
+    auth: AuthServiceHandle,
     cached: tokio::sync::Mutex<Option<Cached>>,
 }
 
@@ -34,23 +32,20 @@ pub struct ServiceIdentity {
 }
 
 impl ServiceIdentity {
-    /// Returns an identity that exchanges `service_key` at the auth service behind `channel`.
-    pub fn new(service_key: &str, channel: Channel, config: &GrpcConfig) -> Self {
-        let client = AuthServiceClient::new(channel)
-            .max_decoding_message_size(config.max_message_bytes)
-            .max_encoding_message_size(config.max_message_bytes);
+    /// Returns an identity that exchanges `service_key` at `auth`.
+    pub fn new(service_key: &str, auth: AuthServiceHandle) -> Self {
         Self {
             inner: Arc::new(Inner {
                 key: service_key.to_owned(),
-                client,
+                auth,
                 cached: tokio::sync::Mutex::new(None),
             }),
         }
     }
 
-    /// Returns a client of the auth service.
-    pub fn client(&self) -> AuthServiceClient<Channel> {
-        self.inner.client.clone()
+    /// Returns the auth service.
+    pub fn auth(&self) -> &AuthServiceHandle {
+        &self.inner.auth
     }
 
     /// Returns a context acting as the service itself.
@@ -76,13 +71,12 @@ impl ServiceIdentity {
         {
             return Ok((Arc::clone(&current.token), current.principal.clone()));
         }
-        let request = pb::ExchangeApiKeyRequest {
+        let request = tonic::Request::new(pb::ExchangeApiKeyRequest {
             api_key: self.inner.key.clone(),
-        };
+        });
         let response = self
             .inner
-            .client
-            .clone()
+            .auth
             .exchange_api_key(request)
             .await
             .map_err(|status| {

@@ -11,12 +11,14 @@ use crate::ApiError;
 use crate::config::Secret;
 
 mod identity;
+mod layer;
 mod signing;
 mod verifier;
 
 pub use identity::ServiceIdentity;
+pub use layer::{Authenticated, caller};
 pub use signing::{SigningKey, StaticKeySource};
-pub use verifier::{GrpcKeySource, KeySource, TokenVerifier, parse_bearer};
+pub use verifier::{AuthKeySource, KeySource, TokenVerifier, parse_bearer};
 
 /// The audience of every access token AgentVM issues.
 pub const AUDIENCE: &str = "agentvm";

@@ -10,17 +10,16 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use avm_proto::auth::v1 as pb;
-use avm_proto::auth::v1::auth_service_client::AuthServiceClient;
+use avm_proto::auth::v1::AuthServiceHandle;
+use http::HeaderMap;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{DecodingKey, Validation};
 use tokio_util::sync::CancellationToken;
-use tonic::metadata::MetadataMap;
-use tonic::transport::Channel;
 
 use super::{ALGORITHM, AUDIENCE, AuthConfig, Claims, MAX_TOKEN_BYTES, ON_BEHALF_OF_HEADER, Principal, Role};
 use super::{ServiceIdentity, invalid_token, missing_credentials};
-use crate::context::{RequestContext, request_id_from};
+use crate::context::{RequestContext, request_id_from_headers};
 use crate::{ApiError, Code};
 
 /// Shortest time between two fetches of the verification keys, so tokens
@@ -35,23 +34,21 @@ pub trait KeySource: Send + Sync + 'static {
 }
 
 /// Reads the keys from the auth service's `GetJwks`.
-pub struct GrpcKeySource {
-    client: AuthServiceClient<Channel>,
+pub struct AuthKeySource {
+    auth: AuthServiceHandle,
 }
 
-impl GrpcKeySource {
-    /// Returns a source reading from the auth service behind `channel`.
-    pub fn new(channel: Channel) -> Self {
-        Self {
-            client: AuthServiceClient::new(channel),
-        }
+impl AuthKeySource {
+    /// Returns a source reading from `auth`.
+    pub fn new(auth: AuthServiceHandle) -> Self {
+        Self { auth }
     }
 }
 
 #[async_trait]
-impl KeySource for GrpcKeySource {
+impl KeySource for AuthKeySource {
     async fn jwks(&self) -> Result<JwkSet, ApiError> {
-        let response = self.client.clone().get_jwks(pb::GetJwksRequest {}).await?;
+        let response = self.auth.get_jwks(tonic::Request::new(pb::GetJwksRequest {})).await?;
         serde_json::from_str(&response.into_inner().jwks_json)
             .map_err(|err| ApiError::internal(format!("auth service sent an unreadable jwks: {err}")))
     }
@@ -157,23 +154,24 @@ impl TokenVerifier {
         Ok(principal)
     }
 
-    /// Reads the caller of a gRPC request from its `authorization` metadata.
+    /// Reads the caller of a gRPC call from its `authorization` header
+    /// (see [`super::Authenticated`], which asks this once per call).
     ///
     /// A service principal acts for the tenant named in `x-avm-tenant-id`; the
     /// header means nothing coming from anyone else.
-    pub async fn context(&self, metadata: &MetadataMap) -> Result<RequestContext, ApiError> {
-        let token = bearer(metadata)?;
+    pub async fn context_of(&self, headers: &HeaderMap) -> Result<RequestContext, ApiError> {
+        let token = bearer(headers)?;
         let mut principal = self.verify(token).await?;
         if principal.role == Role::Service
-            && let Some(tenant) = metadata
+            && let Some(tenant) = headers
                 .get(ON_BEHALF_OF_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .filter(|v| !v.is_empty() && v.len() <= 128)
         {
             tenant.clone_into(&mut principal.tenant_id);
         }
-        let trace = crate::trace::TraceParent::from_metadata(metadata).unwrap_or_else(crate::trace::TraceParent::root);
-        Ok(RequestContext::new(principal, Some(Arc::from(token)), request_id_from(metadata)).with_trace(trace))
+        let trace = crate::trace::TraceParent::from_headers(headers).unwrap_or_else(crate::trace::TraceParent::root);
+        Ok(RequestContext::new(principal, Some(Arc::from(token)), request_id_from_headers(headers)).with_trace(trace))
     }
 
     /// Fails when the principal's key, user or tenant was revoked or deleted.
@@ -299,11 +297,11 @@ impl TokenVerifier {
     async fn watch_once(&self, identity: &ServiceIdentity) -> Result<(), ApiError> {
         let ctx = identity.own_context().await?;
         let mut stream = identity
-            .client()
+            .auth()
             .watch_auth_events(ctx.request(pb::WatchAuthEventsRequest {}))
             .await?
             .into_inner();
-        while let Some(item) = stream.message().await? {
+        while let Some(item) = futures::StreamExt::next(&mut stream).await.transpose()? {
             if let Some(event) = &item.event {
                 self.apply(event);
             }
@@ -387,10 +385,10 @@ fn rejected(why: &'static str, err: &jsonwebtoken::errors::Error) -> ApiError {
     invalid_token()
 }
 
-/// Returns the bearer token of gRPC metadata.
-pub(crate) fn bearer(metadata: &MetadataMap) -> Result<&str, ApiError> {
-    let value = metadata
-        .get("authorization")
+/// Returns the bearer token of a call's headers.
+fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let value = headers
+        .get(http::header::AUTHORIZATION)
         .ok_or_else(missing_credentials)?
         .to_str()
         .map_err(|_| invalid_token())?;

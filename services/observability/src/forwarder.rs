@@ -1,19 +1,17 @@
-//! Forwards the tenant log events this process queued (see
-//! [`crate::telemetry::take_log_events`]) to the observability service in
+//! Forwards the tenant log events a process queued (see
+//! [`avm_common::telemetry::take_log_events`]) to the observability service in
 //! batches, as the process's own service identity. Logs are best effort: a
 //! batch the service refuses twice is dropped with a warning, so an absent
 //! service never holds up or grows the process.
 
 use std::time::Duration;
 
+use avm_common::auth::ServiceIdentity;
+use avm_common::telemetry::TenantLogEvent;
 use avm_proto::observability::v1 as pb;
-use avm_proto::observability::v1::observability_service_client::ObservabilityServiceClient;
+use avm_proto::observability::v1::ObservabilityServiceHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 use tracing::Level;
-
-use crate::auth::ServiceIdentity;
-use crate::telemetry::TenantLogEvent;
 
 /// Most events in one report.
 const BATCH: usize = 500;
@@ -23,15 +21,14 @@ const BATCH_DELAY: Duration = Duration::from_secs(1);
 
 /// Sends this process's tenant log events until `shutdown` (then the ones
 /// already queued); a finished task when another forwarder took the queue.
-pub fn spawn_forwarder(
-    channel: Channel,
+pub fn spawn_log_forwarder(
+    observability: ObservabilityServiceHandle,
     identity: ServiceIdentity,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    let Some(mut queue) = crate::telemetry::take_log_events() else {
+    let Some(mut queue) = avm_common::telemetry::take_log_events() else {
         return tokio::spawn(async {});
     };
-    let client = ObservabilityServiceClient::new(channel);
     tokio::spawn(async move {
         let mut batch = Vec::new();
         loop {
@@ -56,7 +53,7 @@ pub fn spawn_forwarder(
                 }
             }
             if !batch.is_empty() {
-                send(&client, &identity, std::mem::take(&mut batch)).await;
+                send(&observability, &identity, std::mem::take(&mut batch)).await;
             }
             if stopping {
                 return;
@@ -65,13 +62,13 @@ pub fn spawn_forwarder(
     })
 }
 
-async fn send(client: &ObservabilityServiceClient<Channel>, identity: &ServiceIdentity, events: Vec<pb::LogEvent>) {
+async fn send(observability: &ObservabilityServiceHandle, identity: &ServiceIdentity, events: Vec<pb::LogEvent>) {
     for attempt in 1..=2 {
         let result = async {
             let ctx = identity.own_context().await?;
             let request = ctx.request(pb::RecordLogsRequest { events: events.clone() });
-            client.clone().record_logs(request).await?;
-            Ok::<_, crate::ApiError>(())
+            observability.record_logs(request).await?;
+            Ok::<_, avm_common::ApiError>(())
         }
         .await;
         match result {
@@ -82,7 +79,7 @@ async fn send(client: &ObservabilityServiceClient<Channel>, identity: &ServiceId
             }
             Err(err) => {
                 tracing::warn!(events = events.len(), reason = %err.reason, "log events dropped");
-                crate::telemetry::log_events_dropped(events.len());
+                avm_common::telemetry::log_events_dropped(events.len());
             }
         }
     }

@@ -1,0 +1,536 @@
+//! The roles of the binary. Each is built as an [`App`] — listeners bound
+//! first, its services opened, its servers and background work added — and
+//! run by the one lifecycle of `avm-common`.
+//!
+//! `avm serve` composes the services' own objects in this process: every
+//! call between components is a method call on the service's gRPC adapter
+//! (`<Service>Local`), with no encoding, no network hop and no token
+//! verification. `avm <component>` reaches its peers over gRPC
+//! (`<Service>Remote`) at the addresses of `AVM_*_ADDR`. Both implement the
+//! same trait, so every component's code is the same in both.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use avm_common::auth::{AuthKeySource, ServiceIdentity, TokenVerifier};
+use avm_common::config::Secret;
+use avm_common::grpc::{GrpcServer, LocalCalls, channel};
+use avm_common::lifecycle::App;
+use avm_proto::auth::v1::{AuthServiceHandle, AuthServiceLocal, AuthServiceRemote};
+use avm_proto::config::v1::{ConfigServiceHandle, ConfigServiceLocal, ConfigServiceRemote};
+use avm_proto::observability::v1::{ObservabilityServiceHandle, ObservabilityServiceLocal, ObservabilityServiceRemote};
+use avm_proto::resource::v1::{ResourceServiceHandle, ResourceServiceLocal, ResourceServiceRemote};
+use avm_proto::runtime::v1::RuntimeServiceLocal;
+use avm_proto::session::v1::{SessionServiceHandle, SessionServiceLocal, SessionServiceRemote};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::AvmConfig;
+use crate::storage::{
+    open_auth, open_config, open_observability, open_resources, open_session, random_key, redact_url, store_url,
+};
+
+/// What one `avm` process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Every component in one process.
+    Serve,
+    Gateway,
+    Auth,
+    Session,
+    Resource,
+    Config,
+    Observability,
+    Runtime,
+}
+
+impl Role {
+    /// Returns the name the process goes by in logs, metrics and traces.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Serve => "serve",
+            Role::Gateway => "gateway",
+            Role::Auth => "auth",
+            Role::Session => "session",
+            Role::Resource => "resource",
+            Role::Config => "config",
+            Role::Observability => "observability",
+            Role::Runtime => "runtime",
+        }
+    }
+
+    /// Builds the role and runs it until `shutdown`.
+    pub async fn run(self, config: AvmConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let app = match self {
+            Role::Serve => {
+                let listeners = ServeListeners::bind(&config).await?;
+                serve_app(config, listeners).await?
+            }
+            Role::Gateway => gateway_app(config).await?,
+            Role::Auth => auth_app(config).await?,
+            Role::Session | Role::Resource | Role::Config | Role::Observability => {
+                store_service_app(self, config).await?
+            }
+            Role::Runtime => runtime_app(config).await?,
+        };
+        app.run(shutdown).await.map_err(|err| anyhow::anyhow!(err))
+    }
+}
+
+/// Runs every component in one process until `shutdown`.
+pub async fn serve(config: AvmConfig, listeners: ServeListeners, shutdown: CancellationToken) -> anyhow::Result<()> {
+    serve_app(config, listeners)
+        .await?
+        .run(shutdown)
+        .await
+        .map_err(|err| anyhow::anyhow!(err))
+}
+
+/// The two listeners of `avm serve`, bound before anything else starts so a
+/// port conflict fails at once.
+pub struct ServeListeners {
+    pub gateway: TcpListener,
+    pub grpc: TcpListener,
+}
+
+impl ServeListeners {
+    /// Binds the gateway and gRPC ports of the configuration.
+    pub async fn bind(config: &AvmConfig) -> anyhow::Result<Self> {
+        let host = &config.server.host;
+        if config.auth.dev {
+            refuse_public_bind(host)?;
+        }
+        let gateway = bind(&format_addr(host, config.server.port)).await?;
+        let grpc = bind(&format_addr(host, config.server.grpc_port)).await?;
+        Ok(Self { gateway, grpc })
+    }
+}
+
+fn format_addr(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))
+}
+
+/// Binds a single component's listener (`--listen`, else host and `default_port`).
+async fn bind_component(config: &AvmConfig, default_port: u16) -> anyhow::Result<TcpListener> {
+    let addr = config
+        .server
+        .listen
+        .clone()
+        .unwrap_or_else(|| format_addr(&config.server.host, default_port));
+    bind(&addr).await
+}
+
+/// Refuses to expose a server that lets anonymous requests in (`--dev`)
+/// beyond this machine.
+fn refuse_public_bind(host: &str) -> anyhow::Result<()> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if !loopback {
+        bail!(
+            "refusing to listen on {host} with --dev: anonymous access is for this machine only. \
+             Bind to 127.0.0.1, or drop --dev (auth.dev) and authenticate with API keys."
+        );
+    }
+    Ok(())
+}
+
+fn local_url(listener: &TcpListener) -> anyhow::Result<String> {
+    let addr: SocketAddr = listener.local_addr()?;
+    Ok(format!("http://{addr}"))
+}
+
+/// Returns the address of a peer, or says which variable names it.
+fn peer_addr(addr: &Option<String>, variable: &str) -> anyhow::Result<String> {
+    addr.clone()
+        .with_context(|| format!("{variable} is required (e.g. {variable}=http://127.0.0.1:7000)"))
+}
+
+/// Returns the service key of this deployment.
+fn service_key(config: &AvmConfig) -> anyhow::Result<String> {
+    Ok(config.auth.require_service_key()?.to_owned())
+}
+
+/// How a process takes part in authentication: the auth service (here or
+/// there), its own credential, and a verifier following revocations.
+struct Credentials {
+    auth: AuthServiceHandle,
+    identity: ServiceIdentity,
+    verifier: TokenVerifier,
+}
+
+impl Credentials {
+    /// Returns the credentials of a process whose auth service is `auth`;
+    /// the verifier follows auth events until the background stops.
+    fn new(config: &AvmConfig, service_key: &str, auth: AuthServiceHandle, app: &mut App) -> Self {
+        let identity = ServiceIdentity::new(service_key, auth.clone());
+        let verifier = TokenVerifier::new(&config.auth, Arc::new(AuthKeySource::new(auth.clone())));
+        app.background(verifier.spawn_watch(identity.clone(), app.background_stop()));
+        Self {
+            auth,
+            identity,
+            verifier,
+        }
+    }
+
+    /// Returns the credentials of a component whose auth service is at `AVM_AUTH_ADDR`.
+    fn remote(config: &AvmConfig, app: &mut App) -> anyhow::Result<Self> {
+        let addr = peer_addr(&config.peers.auth, "AVM_AUTH_ADDR")?;
+        let auth = AuthServiceRemote::new(channel(&addr, &config.grpc)?, config.grpc.max_message_bytes).handle();
+        Ok(Self::new(config, &service_key(config)?, auth, app))
+    }
+
+    /// Returns the gateway's authenticator.
+    fn authenticator(&self, config: &AvmConfig) -> avm_gateway::Authenticator {
+        avm_gateway::Authenticator::new(self.verifier.clone(), self.auth.clone(), config.auth.oidc.is_some())
+    }
+}
+
+/// Returns the client of a peer at the address a variable names.
+fn remote<T>(
+    config: &AvmConfig,
+    addr: &Option<String>,
+    variable: &str,
+    client: impl FnOnce(tonic::transport::Channel, usize) -> T,
+) -> anyhow::Result<T> {
+    let addr = peer_addr(addr, variable)?;
+    Ok(client(channel(&addr, &config.grpc)?, config.grpc.max_message_bytes))
+}
+
+/// Sends this process's tenant log events to `observability` (flushed before
+/// the servers stop), or, without one, stops queueing them.
+fn forward_logs(app: &mut App, observability: Option<ObservabilityServiceHandle>, identity: &ServiceIdentity) {
+    let Some(observability) = observability else {
+        tracing::info!("AVM_OBSERVABILITY_ADDR is not set: this process's logs stay out of /v1/logs");
+        // Nobody will read the queue: closing it stops events being queued.
+        drop(avm_common::telemetry::take_log_events());
+        return;
+    };
+    let stop = CancellationToken::new();
+    let task = avm_observability::spawn_log_forwarder(observability, identity.clone(), stop.clone());
+    app.flush_before_servers("log forwarder", stop, task);
+}
+
+/// Returns the observability service at `AVM_OBSERVABILITY_ADDR`, when one is named.
+fn remote_observability(config: &AvmConfig) -> anyhow::Result<Option<ObservabilityServiceHandle>> {
+    match &config.peers.observability {
+        None => Ok(None),
+        Some(addr) => Ok(Some(
+            ObservabilityServiceRemote::new(channel(addr, &config.grpc)?, config.grpc.max_message_bytes).handle(),
+        )),
+    }
+}
+
+/// Returns the gateway's rate limiter: shared through Redis when configured.
+async fn rate_limiter(config: &AvmConfig) -> anyhow::Result<avm_gateway::RateLimiter> {
+    match config.redis.url.as_ref().and_then(Secret::expose) {
+        Some(url) => {
+            let limiter = avm_gateway::RateLimiter::shared(url, &config.redis.key_prefix).await?;
+            tracing::info!("rate limits shared through redis");
+            Ok(limiter)
+        }
+        None => Ok(avm_gateway::RateLimiter::new()),
+    }
+}
+
+/// The agent pool of a runtime over its peers.
+struct RuntimePeers {
+    session: SessionServiceHandle,
+    resource: ResourceServiceHandle,
+    config: ConfigServiceHandle,
+    observability: ObservabilityServiceHandle,
+}
+
+impl RuntimePeers {
+    fn pool(self, config: &AvmConfig, identity: &ServiceIdentity) -> avm_runtime::AgentPool {
+        avm_runtime::AgentPool::new(
+            config.runtime.clone(),
+            avm_runtime::LlmSettings::new(self.config, identity.clone()),
+            avm_runtime::Metering::new(self.observability, identity.clone()),
+            avm_runtime::SessionClient::new(self.session),
+            avm_runtime::ResourceClient::new(self.resource),
+            identity.clone(),
+        )
+    }
+}
+
+/// Runs the agent pool's background work, and at shutdown interrupts running
+/// turns so their partial replies are stored and sends the usage of every
+/// call, before the services it reports to stop.
+fn run_pool(app: &mut App, pool: &avm_runtime::AgentPool, drain_timeout: std::time::Duration) {
+    app.background(pool.spawn_background(app.background_stop()));
+    let pool = pool.clone();
+    app.on_drain(move || async move {
+        pool.interrupt_all();
+        let deadline = tokio::time::Instant::now() + drain_timeout;
+        while pool.any_running() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        pool.flush_usage(drain_timeout).await;
+    });
+}
+
+/// Every component in one process, composed of the services' own objects.
+async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Result<App> {
+    let grpc_url = local_url(&listeners.grpc)?;
+    let gateway_url = local_url(&listeners.gateway)?;
+    let drain = config.grpc.drain_timeout;
+    let mut app = App::new("serve", drain);
+    // One process: the components share a service key made for this run,
+    // unless the configuration names one.
+    let mut auth_config = config.auth.clone();
+    if !auth_config.service_key.is_set() {
+        auth_config.service_key = Secret::new(random_key());
+    }
+    let key = auth_config.require_service_key()?.to_owned();
+    let auth = open_auth(&config, auth_config).await?;
+    let sessions = open_session(&config).await?;
+    let settings = open_config(&config, true).await?;
+    let resources = open_resources(&config).await?;
+    let observability = open_observability(&config).await?;
+
+    // Each service's gRPC adapter, called in process by the others.
+    let auth_handle = AuthServiceLocal::new(avm_auth::AuthGrpc::new(auth.clone()), LocalCalls).handle();
+    let session_handle = SessionServiceLocal::new(avm_session::SessionGrpc::new(sessions.clone()), LocalCalls).handle();
+    let resource_handle =
+        ResourceServiceLocal::new(avm_resource::ResourceGrpc::new(resources.clone()), LocalCalls).handle();
+    let config_handle = ConfigServiceLocal::new(avm_config::ConfigGrpc::new(settings.clone()), LocalCalls).handle();
+    let observability_handle = ObservabilityServiceLocal::new(
+        avm_observability::ObservabilityGrpc::new(observability.clone()),
+        LocalCalls,
+    )
+    .handle();
+    let credentials = Credentials::new(&config, &key, auth_handle.clone(), &mut app);
+    let pool = RuntimePeers {
+        session: session_handle.clone(),
+        resource: resource_handle.clone(),
+        config: config_handle.clone(),
+        observability: observability_handle.clone(),
+    }
+    .pool(&config, &credentials.identity);
+    let runtime_handle = RuntimeServiceLocal::new(avm_runtime::RuntimeGrpc::new(pool.clone()), LocalCalls).handle();
+
+    app.background(auth.spawn_background(app.background_stop()));
+    app.background(settings.spawn_background(app.background_stop()));
+    // The ledger writes what it still holds once the servers stop.
+    app.flush_after_servers("usage ledger", observability.spawn_background(app.background_stop()));
+    run_pool(&mut app, &pool, drain);
+    forward_logs(&mut app, Some(observability_handle.clone()), &credentials.identity);
+
+    // The gRPC port serves every service to internal callers.
+    let verifier = &credentials.verifier;
+    let grpc = GrpcServer::new(&config.grpc)
+        .add_service(avm_auth::grpc_server(auth.clone(), &config.grpc))
+        .add_service(avm_session::grpc_server(sessions, verifier.clone(), &config.grpc))
+        .add_service(avm_resource::grpc_server(resources, verifier.clone(), &config.grpc))
+        .add_service(avm_config::grpc_server(settings, verifier.clone(), &config.grpc))
+        .add_service(avm_observability::grpc_server(
+            observability,
+            verifier.clone(),
+            &config.grpc,
+        ))
+        .add_service(avm_runtime::grpc_server(pool, verifier.clone(), &config.grpc));
+    app.serve("grpc server", grpc.serve(listeners.grpc, app.servers_stop()));
+
+    let mut authenticator = credentials.authenticator(&config);
+    if config.auth.dev {
+        authenticator = authenticator.with_anonymous(auth.dev_key().await?);
+        tracing::warn!("dev mode: requests without credentials act as the admin of the local `dev` tenant");
+        println!("dev mode: requests without credentials act as the admin of tenant `dev` (loopback only)");
+    }
+    let peers = avm_gateway::Peers::local(
+        auth_handle,
+        session_handle,
+        runtime_handle,
+        resource_handle,
+        config_handle,
+        observability_handle,
+    );
+    app.serve(
+        "gateway",
+        avm_gateway::serve(
+            listeners.gateway,
+            config.gateway.clone(),
+            peers,
+            authenticator,
+            rate_limiter(&config).await?,
+            app.servers_stop(),
+        ),
+    );
+    println!("listening: gateway {gateway_url}");
+    println!("listening: grpc {grpc_url}");
+    tracing::info!(
+        gateway = %gateway_url,
+        grpc = %grpc_url,
+        session_store = %redact_url(&store_url(&config, "session")?),
+        "agentvm ready"
+    );
+    Ok(app)
+}
+
+/// The auth service alone; it is its own peer for its service identity.
+async fn auth_app(config: AvmConfig) -> anyhow::Result<App> {
+    let listener = bind_component(&config, config.server.grpc_port).await?;
+    let key = service_key(&config)?;
+    let mut app = App::new("auth", config.grpc.drain_timeout);
+    let auth = open_auth(&config, config.auth.clone()).await?;
+    app.background(auth.spawn_background(app.background_stop()));
+    let own = AuthServiceLocal::new(avm_auth::AuthGrpc::new(auth.clone()), LocalCalls).handle();
+    let identity = ServiceIdentity::new(&key, own);
+    forward_logs(&mut app, remote_observability(&config)?, &identity);
+    let server = GrpcServer::new(&config.grpc).add_service(avm_auth::grpc_server(auth, &config.grpc));
+    let url = local_url(&listener)?;
+    app.serve("grpc server", server.serve(listener, app.servers_stop()));
+    println!("listening: grpc {url}");
+    tracing::info!(addr = %url, store = %redact_url(&store_url(&config, "auth")?), "auth service ready");
+    Ok(app)
+}
+
+/// One of the services that own a store: session, resource, config, observability.
+async fn store_service_app(role: Role, config: AvmConfig) -> anyhow::Result<App> {
+    let listener = bind_component(&config, config.server.grpc_port).await?;
+    let mut app = App::new(role.name(), config.grpc.drain_timeout);
+    let credentials = Credentials::remote(&config, &mut app)?;
+    let verifier = credentials.verifier.clone();
+    let server = GrpcServer::new(&config.grpc);
+    let (server, observability) = match role {
+        Role::Session => {
+            let sessions = open_session(&config).await?;
+            (
+                server.add_service(avm_session::grpc_server(sessions, verifier, &config.grpc)),
+                remote_observability(&config)?,
+            )
+        }
+        Role::Resource => {
+            let resources = open_resources(&config).await?;
+            (
+                server.add_service(avm_resource::grpc_server(resources, verifier, &config.grpc)),
+                remote_observability(&config)?,
+            )
+        }
+        Role::Config => {
+            let settings = open_config(&config, false).await?;
+            app.background(settings.spawn_background(app.background_stop()));
+            (
+                server.add_service(avm_config::grpc_server(settings, verifier, &config.grpc)),
+                remote_observability(&config)?,
+            )
+        }
+        Role::Observability => {
+            let observability = open_observability(&config).await?;
+            // The ledger writes what it still holds before the process ends.
+            app.flush_after_servers("usage ledger", observability.spawn_background(app.background_stop()));
+            // Its own log events go straight to itself.
+            let own = ObservabilityServiceLocal::new(
+                avm_observability::ObservabilityGrpc::new(observability.clone()),
+                LocalCalls,
+            )
+            .handle();
+            (
+                server.add_service(avm_observability::grpc_server(observability, verifier, &config.grpc)),
+                Some(own),
+            )
+        }
+        Role::Serve | Role::Gateway | Role::Auth | Role::Runtime => bail!("{} does not own a store", role.name()),
+    };
+    forward_logs(&mut app, observability, &credentials.identity);
+    let url = local_url(&listener)?;
+    app.serve("grpc server", server.serve(listener, app.servers_stop()));
+    println!("listening: grpc {url}");
+    let store = redact_url(&store_url(&config, role.name())?);
+    tracing::info!(addr = %url, %store, "{} service ready", role.name());
+    Ok(app)
+}
+
+/// The runtime alone, over its peers' gRPC.
+async fn runtime_app(config: AvmConfig) -> anyhow::Result<App> {
+    let listener = bind_component(&config, config.server.grpc_port).await?;
+    let mut app = App::new("runtime", config.grpc.drain_timeout);
+    let credentials = Credentials::remote(&config, &mut app)?;
+    if config.llm.settings_tree() != avm_runtime::LlmConfig::default().settings_tree() {
+        tracing::warn!(
+            "LLM settings in the runtime's own configuration are not used: the runtime reads them from the \
+             config service (set LLM_* on `avm config`, or PUT /v1/config)"
+        );
+    }
+    let peers = &config.peers;
+    let observability = remote(
+        &config,
+        &peers.observability,
+        "AVM_OBSERVABILITY_ADDR",
+        |channel, limit| ObservabilityServiceRemote::new(channel, limit).handle(),
+    )?;
+    let pool = RuntimePeers {
+        session: remote(&config, &peers.session, "AVM_SESSION_ADDR", |channel, limit| {
+            SessionServiceRemote::new(channel, limit).handle()
+        })?,
+        resource: remote(&config, &peers.resource, "AVM_RESOURCE_ADDR", |channel, limit| {
+            ResourceServiceRemote::new(channel, limit).handle()
+        })?,
+        config: remote(&config, &peers.config, "AVM_CONFIG_ADDR", |channel, limit| {
+            ConfigServiceRemote::new(channel, limit).handle()
+        })?,
+        observability: observability.clone(),
+    }
+    .pool(&config, &credentials.identity);
+    run_pool(&mut app, &pool, config.grpc.drain_timeout);
+    forward_logs(&mut app, Some(observability), &credentials.identity);
+    let server = GrpcServer::new(&config.grpc).add_service(avm_runtime::grpc_server(
+        pool,
+        credentials.verifier.clone(),
+        &config.grpc,
+    ));
+    let url = local_url(&listener)?;
+    app.serve("grpc server", server.serve(listener, app.servers_stop()));
+    println!("listening: grpc {url}");
+    tracing::info!(addr = %url, "runtime ready");
+    Ok(app)
+}
+
+/// The gateway alone, over its peers' gRPC.
+async fn gateway_app(config: AvmConfig) -> anyhow::Result<App> {
+    if config.auth.dev {
+        bail!("--dev (auth.dev) is for `avm serve` only");
+    }
+    let listener = bind_component(&config, config.server.port).await?;
+    let mut app = App::new("gateway", config.grpc.drain_timeout);
+    let credentials = Credentials::remote(&config, &mut app)?;
+    let addr = |addr: &Option<String>, variable: &str| -> anyhow::Result<tonic::transport::Channel> {
+        Ok(channel(&peer_addr(addr, variable)?, &config.grpc)?)
+    };
+    let peers = &config.peers;
+    let channels = avm_gateway::PeerChannels {
+        auth: addr(&peers.auth, "AVM_AUTH_ADDR")?,
+        session: addr(&peers.session, "AVM_SESSION_ADDR")?,
+        runtime: addr(&peers.runtime, "AVM_RUNTIME_ADDR")?,
+        resource: addr(&peers.resource, "AVM_RESOURCE_ADDR")?,
+        config: addr(&peers.config, "AVM_CONFIG_ADDR")?,
+        observability: addr(&peers.observability, "AVM_OBSERVABILITY_ADDR")?,
+    };
+    forward_logs(&mut app, remote_observability(&config)?, &credentials.identity);
+    let url = local_url(&listener)?;
+    app.serve(
+        "gateway",
+        avm_gateway::serve(
+            listener,
+            config.gateway.clone(),
+            avm_gateway::Peers::remote(channels, &config.grpc),
+            credentials.authenticator(&config),
+            rate_limiter(&config).await?,
+            app.servers_stop(),
+        ),
+    );
+    println!("listening: gateway {url}");
+    tracing::info!(addr = %url, "gateway ready");
+    Ok(app)
+}
