@@ -195,6 +195,8 @@ fn parse_targets(specs: &[String]) -> anyhow::Result<Vec<(String, PathBuf)>> {
 /// Starts `avm serve --dev` on free ports with the mock as its LLM.
 async fn start(label: &str, binary: &PathBuf, mock_url: &str) -> anyhow::Result<Target> {
     let data = tempfile::tempdir()?;
+    // As `avm` makes its own: readable only by the user (it holds keys).
+    std::fs::set_permissions(data.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     let mut command = Command::new(binary);
     for (key, _) in std::env::vars() {
         if key.starts_with("AVM_") || key.starts_with("LLM_") {

@@ -143,7 +143,7 @@ impl Drop for SchemaGuard {
             .iter()
             .map(|service| format!("{}_{service}", self.base))
             .collect();
-        avm_common::testing::drop_schemas(&self.url, &schemas);
+        avm_store::testing::drop_schemas(&self.url, &schemas);
     }
 }
 
@@ -269,7 +269,7 @@ impl Cluster {
                                ORDER BY created_at_ms DESC LIMIT 1";
         let (kid, der): (String, Vec<u8>) = match &self.options.database_url {
             Some(url) => {
-                let url = avm_common::db::service_url(url, "auth")?;
+                let url = avm_store::db::service_url(url, "auth")?;
                 let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await?;
                 sqlx::query_as(CURRENT).fetch_one(&mut connection).await?
             }

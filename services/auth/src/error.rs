@@ -1,6 +1,7 @@
 //! The auth service's one error type and its mapping onto the shared vocabulary.
 
 use avm_common::{ApiError, Code};
+use avm_store::StoreError;
 
 /// Everything that can go wrong in the auth service.
 #[derive(Debug, thiserror::Error)]
@@ -49,15 +50,9 @@ pub enum AuthError {
     /// Signing or key handling failed.
     #[error("signing failed: {0}")]
     Signing(#[from] jsonwebtoken::errors::Error),
-    /// The database failed.
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    /// The schema could not be brought up to date.
-    #[error("migration failed: {0}")]
-    Migration(#[from] sqlx::migrate::MigrateError),
-    /// A stored row could not be read back; the data is not what this code wrote.
-    #[error("corrupt stored data: {0}")]
-    Corrupt(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 impl AuthError {
@@ -97,8 +92,8 @@ impl From<AuthError> for ApiError {
             AuthError::EventsUnavailable => ApiError::unavailable("AUTH_EVENTS_UNAVAILABLE", err.to_string()),
             AuthError::Api(api) => api,
             // A saturated pool or a lost connection is worth retrying; say so without details.
-            AuthError::Database(db) => avm_common::db::database_error("auth", &db),
-            AuthError::Signing(_) | AuthError::Migration(_) | AuthError::Corrupt(_) => ApiError::internal(err),
+            AuthError::Store(err) => err.into_api("auth"),
+            AuthError::Signing(_) => ApiError::internal(err),
         }
     }
 }
@@ -106,5 +101,24 @@ impl From<AuthError> for ApiError {
 impl From<AuthError> for tonic::Status {
     fn from(err: AuthError) -> Self {
         ApiError::from(err).to_status()
+    }
+}
+
+impl From<sqlx::Error> for AuthError {
+    fn from(err: sqlx::Error) -> Self {
+        Self::Store(StoreError::Database(err))
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for AuthError {
+    fn from(err: sqlx::migrate::MigrateError) -> Self {
+        Self::Store(StoreError::Migration(err))
+    }
+}
+
+impl AuthError {
+    /// Returns the error of a stored row this code cannot read back.
+    pub(crate) fn corrupt(detail: impl Into<String>) -> Self {
+        Self::Store(StoreError::Corrupt(detail.into()))
     }
 }

@@ -25,7 +25,7 @@ use crate::record::{
 };
 use crate::signing::{CURRENT_KEY_REFRESH, SigningKeys, StoreKeySource};
 use crate::store::AuthStore;
-use avm_common::events::{EventBus, FeedError};
+use avm_store::events::{EventBus, FeedError};
 
 /// The tenant id inside service principals' tokens.
 pub const SERVICE_TENANT: &str = "system";
@@ -625,7 +625,7 @@ impl AuthService {
     /// Returns the JWKS document of the keys that verify live tokens.
     pub async fn jwks_json(&self) -> Result<String, AuthError> {
         let jwks = self.inner.signing.jwks().await?;
-        serde_json::to_string(&jwks).map_err(|err| AuthError::Corrupt(format!("jwks: {err}")))
+        serde_json::to_string(&jwks).map_err(|err| AuthError::corrupt(format!("jwks: {err}")))
     }
 
     /// Starts signing with a new key; returns its kid (operators only).

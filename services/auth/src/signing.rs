@@ -80,7 +80,7 @@ impl SigningKeys {
             .iter()
             .map(|json| serde_json::from_str::<Jwk>(json))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| AuthError::Corrupt(format!("stored public key: {err}")))?;
+            .map_err(|err| AuthError::corrupt(format!("stored public key: {err}")))?;
         Ok(JwkSet { keys })
     }
 
@@ -147,7 +147,7 @@ impl KeySource for StoreKeySource {
 pub(crate) fn generate(now_ms: i64) -> Result<SigningKeyRecord, AuthError> {
     let key = SigningKey::generate()?;
     let public_jwk =
-        serde_json::to_string(key.public_jwk()).map_err(|err| AuthError::Corrupt(format!("jwk: {err}")))?;
+        serde_json::to_string(key.public_jwk()).map_err(|err| AuthError::corrupt(format!("jwk: {err}")))?;
     Ok(SigningKeyRecord {
         kid: key.kid().to_owned(),
         private_key_der: key.pkcs8_der().to_vec(),

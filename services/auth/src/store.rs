@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use avm_common::ApiError;
-use avm_common::db::{self, DbPool};
-use avm_common::events::EventTransport;
+use avm_store::db::{self, DbPool};
+use avm_store::events::EventTransport;
 
 use crate::error::AuthError;
 use crate::record::{

@@ -50,3 +50,19 @@ impl AvmConfig {
         tree
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_of_the_deployment_layer_is_in_the_config_schema() {
+        let deployment = AvmConfig::default().deployment();
+        for (key, value) in &deployment.values {
+            let spec = avm_config::schema::spec(key).unwrap_or_else(|| panic!("{key} is not in the config schema"));
+            if !value.is_null() {
+                assert_eq!(spec.check(value).as_ref(), Ok(value), "{key}");
+            }
+        }
+    }
+}

@@ -8,6 +8,7 @@
 //! storage.rs  the data dir, each service's store, opening the services
 //! config.rs   the whole configuration document
 //! cli.rs      the client commands
+//! telemetry.rs the subscriber, and the OTLP exporter when configured
 //! ```
 
 use std::process::ExitCode;
@@ -19,6 +20,7 @@ mod command;
 pub mod config;
 mod roles;
 mod storage;
+mod telemetry;
 
 pub use command::Cli;
 pub use config::AvmConfig;
@@ -66,7 +68,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             _ => Ok(()),
         };
     };
-    let telemetry = avm_common::telemetry::init(&config.log, role.name());
+    let telemetry = telemetry::init(&config.log, role.name());
     let shutdown = avm_common::shutdown::on_signal();
     let result = role.run(config, shutdown).await;
     // Spans still buffered go out now; the exporter blocks on the runtime.

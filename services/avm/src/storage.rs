@@ -20,7 +20,7 @@ pub const CONFIG_KEY_FILE: &str = "config.key";
 /// configured database, or a SQLite file under the data dir.
 pub fn store_url(config: &AvmConfig, service: &str) -> anyhow::Result<String> {
     if let Some(url) = config.database.url.as_ref().and_then(|secret| secret.expose()) {
-        return Ok(avm_common::db::service_url(url, service)?);
+        return Ok(avm_store::db::service_url(url, service)?);
     }
     let dir = data_dir(config)?;
     Ok(format!("sqlite://{}", dir.join(format!("{service}.db")).display()))

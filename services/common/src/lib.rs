@@ -1,14 +1,13 @@
 //! Shared foundation of every AgentVM component: layered configuration,
-//! telemetry, the error vocabulary, gRPC server and channel builders, request
-//! context, ids and database pools.
+//! telemetry, the error vocabulary, gRPC server and channel builders, the
+//! token check, request context, ids and the process lifecycle. Databases
+//! are `avm-store`'s, for the services that store.
 
 pub mod auth;
 pub mod calendar;
 pub mod config;
 pub mod context;
-pub mod db;
 pub mod error;
-pub mod events;
 pub mod grpc;
 pub mod ids;
 pub mod lifecycle;

@@ -5,9 +5,9 @@
 //!   (taken from the enclosing spans), compact text on a terminal.
 //! - Tenant log events: info and above that belong to a tenant are queued for
 //!   the observability service (`/v1/logs`); see [`take_log_events`].
-//! - Traces: with `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans are exported over
-//!   OTLP (gRPC) and join the W3C trace of their request; unset, nothing is
-//!   built and spans cost what they cost before.
+//! - Traces: spans join the W3C trace of their request; the binary adds an
+//!   exporting layer when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (unset,
+//!   nothing is built and spans cost what they cost before).
 //! - Metrics: one Prometheus recorder per process, rendered by `/metrics`.
 
 use std::collections::BTreeMap;
@@ -15,8 +15,7 @@ use std::io::IsTerminal;
 use std::sync::{Mutex, OnceLock};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider};
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tracing::field::{Field, Visit};
@@ -271,27 +270,14 @@ pub fn exporting() -> bool {
     EXPORTING.get().copied().unwrap_or(false)
 }
 
-/// What `init` set up, to be shut down at exit (flushes pending spans).
-#[derive(Debug, Default)]
-pub struct Telemetry {
-    tracer: Option<SdkTracerProvider>,
-}
+/// A layer that exports spans (OpenTelemetry), made by the binary when a
+/// collector is configured; it sits right on the registry.
+pub type SpanExport = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
 
-impl Telemetry {
-    /// Exports the spans still buffered; call once at exit, off the async runtime's threads.
-    pub fn shutdown(self) {
-        if let Some(provider) = self.tracer
-            && let Err(err) = provider.shutdown()
-        {
-            eprintln!("warning: could not flush traces: {err}");
-        }
-    }
-}
-
-/// Installs the global subscriber for `component`; a second call (as in
-/// tests) keeps the first. Must run inside the process's Tokio runtime when
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` is set (the exporter sends on it).
-pub fn init(config: &LogConfig, component: &'static str) -> Telemetry {
+/// Installs the global subscriber for `component`, with `export` (spans to
+/// a collector) when given; returns whether it was installed (a second call,
+/// as in tests, keeps the first).
+pub fn init(config: &LogConfig, component: &'static str, export: Option<SpanExport>) -> bool {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
@@ -303,7 +289,7 @@ pub fn init(config: &LogConfig, component: &'static str) -> Telemetry {
     metrics();
     let (queue, receiver) = mpsc::channel(LOG_QUEUE);
     let depth = queue.downgrade();
-    let tracer = otlp_tracer(component);
+    let exporting = export.is_some();
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let fmt = if json {
         fmt.event_format(JsonLines).boxed()
@@ -316,16 +302,11 @@ pub fn init(config: &LogConfig, component: &'static str) -> Telemetry {
         .max_level_hint()
         .unwrap_or(LevelFilter::TRACE)
         .max(LevelFilter::INFO);
-    let otel = tracer.as_ref().map(|provider| {
-        tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer("agentvm"))
-            .with_filter(LevelFilter::INFO)
-    });
     let installed = tracing_subscriber::registry()
+        .with(export)
         .with(FactsLayer.with_filter(facts_level))
         .with(fmt.with_filter(filter))
         .with(TenantEvents { component, queue }.with_filter(LevelFilter::INFO))
-        .with(otel)
         .try_init()
         .is_ok();
     // Err only means a subscriber is installed already, which is fine.
@@ -336,71 +317,12 @@ pub fn init(config: &LogConfig, component: &'static str) -> Telemetry {
             metrics::gauge!("avm_log_queue_depth").set(queued as f64);
             log_events_dropped(0);
         });
-        let _ = EXPORTING.set(tracer.is_some());
-        if tracer.is_some() {
+        let _ = EXPORTING.set(exporting);
+        if exporting {
             tracing::info!(component, "exporting traces over otlp");
         }
     }
-    Telemetry {
-        tracer: tracer.filter(|_| installed),
-    }
-}
-
-/// Returns the span exporter when `OTEL_EXPORTER_OTLP_ENDPOINT` names a
-/// collector (the standard `OTEL_*` variables configure it further).
-fn otlp_tracer(component: &str) -> Option<SdkTracerProvider> {
-    std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .ok()
-        .filter(|url| !url.is_empty())?;
-    let handle = tokio::runtime::Handle::try_current().ok()?;
-    let exporter = match opentelemetry_otlp::SpanExporter::builder().with_tonic().build() {
-        Ok(exporter) => exporter,
-        Err(err) => {
-            eprintln!("warning: traces are not exported: {err}");
-            return None;
-        }
-    };
-    let resource = opentelemetry_sdk::Resource::builder()
-        .with_service_name(format!("avm-{component}"))
-        .build();
-    Some(
-        SdkTracerProvider::builder()
-            .with_batch_exporter(OnRuntime { exporter, handle })
-            .with_resource(resource)
-            .build(),
-    )
-}
-
-/// Runs an exporter's sends on the process's Tokio runtime: the batch
-/// processor exports from a thread of its own, where the gRPC client finds
-/// no reactor (open-telemetry/opentelemetry-rust#2673).
-#[derive(Debug)]
-struct OnRuntime<E> {
-    exporter: E,
-    handle: tokio::runtime::Handle,
-}
-
-impl<E: opentelemetry_sdk::trace::SpanExporter> opentelemetry_sdk::trace::SpanExporter for OnRuntime<E> {
-    fn export(
-        &self,
-        batch: Vec<opentelemetry_sdk::trace::SpanData>,
-    ) -> impl Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
-        // The runtime is multi-threaded: its drivers run on its workers, so
-        // blocking this (non-runtime) thread on it is sound.
-        std::future::ready(self.handle.block_on(self.exporter.export(batch)))
-    }
-
-    fn shutdown_with_timeout(&self, timeout: std::time::Duration) -> opentelemetry_sdk::error::OTelSdkResult {
-        self.exporter.shutdown_with_timeout(timeout)
-    }
-
-    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
-        self.exporter.force_flush()
-    }
-
-    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
-        self.exporter.set_resource(resource);
-    }
+    installed
 }
 
 /// Returns the trace context to send on a call made now: the current span's

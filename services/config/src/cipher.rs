@@ -54,7 +54,7 @@ impl SecretCipher {
         let sealed = self
             .cipher
             .encrypt(Nonce::from_slice(&nonce_bytes), payload)
-            .map_err(|_| ConfigError::Corrupt("cannot encrypt a secret".to_owned()))?;
+            .map_err(|_| ConfigError::corrupt("cannot encrypt a secret".to_owned()))?;
         let mut bytes = nonce_bytes.to_vec();
         bytes.extend_from_slice(&sealed);
         Ok(format!("{SEALED_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes)))

@@ -1,6 +1,7 @@
 //! The config service's one error type and its mapping onto the shared vocabulary.
 
 use avm_common::{ApiError, Code};
+use avm_store::StoreError;
 
 /// Everything that can go wrong in the config service.
 #[derive(Debug, thiserror::Error)]
@@ -24,15 +25,9 @@ pub enum ConfigError {
     /// An error already in the shared vocabulary (scope and role checks).
     #[error(transparent)]
     Api(#[from] ApiError),
-    /// The database failed.
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    /// The schema could not be brought up to date.
-    #[error("migration failed: {0}")]
-    Migration(#[from] sqlx::migrate::MigrateError),
-    /// A stored row could not be read back.
-    #[error("corrupt stored data: {0}")]
-    Corrupt(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 impl ConfigError {
@@ -45,11 +40,11 @@ impl ConfigError {
     }
 }
 
-impl From<avm_common::events::FeedError> for ConfigError {
-    fn from(err: avm_common::events::FeedError) -> Self {
+impl From<avm_store::events::FeedError> for ConfigError {
+    fn from(err: avm_store::events::FeedError) -> Self {
         match err {
-            avm_common::events::FeedError::Lagged => ConfigError::EventsLagged,
-            avm_common::events::FeedError::Unavailable => ConfigError::EventsUnavailable,
+            avm_store::events::FeedError::Lagged => ConfigError::EventsLagged,
+            avm_store::events::FeedError::Unavailable => ConfigError::EventsUnavailable,
         }
     }
 }
@@ -67,8 +62,7 @@ impl From<ConfigError> for ApiError {
                 ApiError::new(Code::ResourceExhausted, "CONFIG_EVENTS_LAGGED", err.to_string())
             }
             ConfigError::EventsUnavailable => ApiError::unavailable("CONFIG_EVENTS_UNAVAILABLE", err.to_string()),
-            ConfigError::Database(db) => avm_common::db::database_error("config", &db),
-            ConfigError::Migration(_) | ConfigError::Corrupt(_) => ApiError::internal(err),
+            ConfigError::Store(err) => err.into_api("config"),
         }
     }
 }
@@ -76,5 +70,24 @@ impl From<ConfigError> for ApiError {
 impl From<ConfigError> for tonic::Status {
     fn from(err: ConfigError) -> Self {
         ApiError::from(err).into()
+    }
+}
+
+impl From<sqlx::Error> for ConfigError {
+    fn from(err: sqlx::Error) -> Self {
+        Self::Store(StoreError::Database(err))
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for ConfigError {
+    fn from(err: sqlx::migrate::MigrateError) -> Self {
+        Self::Store(StoreError::Migration(err))
+    }
+}
+
+impl ConfigError {
+    /// Returns the error of a stored row this code cannot read back.
+    pub(crate) fn corrupt(detail: impl Into<String>) -> Self {
+        Self::Store(StoreError::Corrupt(detail.into()))
     }
 }

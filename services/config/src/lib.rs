@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! grpc.rs     proto ⇄ domain, metadata → RequestContext, error → Status
-//! service.rs  layering, validation (avm_common::settings), permissions, watch
+//! service.rs  layering, validation, permissions, watch
+//! schema.rs   every key of the tree: what it holds, who may change it, checks
 //! cipher.rs   sealing of stored secrets
 //! store.rs    the ConfigStore trait; store/{sqlite,postgres}.rs behind it
 //! ```
@@ -14,6 +15,7 @@ mod cipher;
 mod config;
 mod error;
 mod grpc;
+pub mod schema;
 mod service;
 mod store;
 

@@ -9,11 +9,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::schema::{self, KeySpec};
 use avm_common::RequestContext;
 use avm_common::auth::{Role, Scopes};
 use avm_common::config::REDACTED;
-use avm_common::events::EventBus;
-use avm_common::settings::{self, KeySpec};
+use avm_store::events::EventBus;
 use futures::stream::BoxStream;
 use futures::{StreamExt, future};
 use serde::{Deserialize, Serialize};
@@ -345,7 +345,7 @@ impl ConfigService {
         let store = &self.inner.store;
         let revision = store.revision().await?;
         let deployment = &self.inner.deployment;
-        let mut entries: Vec<EntryView> = settings::KEYS
+        let mut entries: Vec<EntryView> = schema::KEYS
             .iter()
             .map(|spec| {
                 let value = deployment.values.get(spec.key).cloned().unwrap_or(Value::Null);
@@ -392,23 +392,19 @@ impl ConfigService {
                 .open(&seal_context(scope, &stored.key), &stored.key, &stored.value)?,
             (false, _) => stored.value.clone(),
         };
-        serde_json::from_str(&json).map_err(|_| ConfigError::Corrupt(format!("stored value of {}", stored.key)))
+        serde_json::from_str(&json).map_err(|_| ConfigError::corrupt(format!("stored value of {}", stored.key)))
     }
 }
 
 /// Returns the spec of a key the tree has, or an error naming it.
 fn known(key: &str) -> Result<&'static KeySpec, ConfigError> {
-    settings::spec(key).ok_or_else(|| {
+    schema::spec(key).ok_or_else(|| {
         ConfigError::invalid(
             "UNKNOWN_CONFIG_KEY",
             format!(
                 "unknown key {}; known keys: {}",
                 printable(key),
-                settings::KEYS
-                    .iter()
-                    .map(|spec| spec.key)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                schema::KEYS.iter().map(|spec| spec.key).collect::<Vec<_>>().join(", ")
             ),
         )
     })

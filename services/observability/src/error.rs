@@ -1,6 +1,7 @@
 //! The observability service's one error type and its mapping onto the shared vocabulary.
 
 use avm_common::{ApiError, Code};
+use avm_store::StoreError;
 
 /// Everything that can go wrong in the observability service.
 #[derive(Debug, thiserror::Error)]
@@ -22,15 +23,9 @@ pub enum ObservabilityError {
     /// An error already in the shared vocabulary (scope and role checks).
     #[error(transparent)]
     Api(#[from] ApiError),
-    /// The database failed.
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    /// The schema could not be brought up to date.
-    #[error("migration failed: {0}")]
-    Migration(#[from] sqlx::migrate::MigrateError),
-    /// A stored row could not be read back.
-    #[error("corrupt stored data: {0}")]
-    Corrupt(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 impl ObservabilityError {
@@ -43,11 +38,11 @@ impl ObservabilityError {
     }
 }
 
-impl From<avm_common::events::FeedError> for ObservabilityError {
-    fn from(err: avm_common::events::FeedError) -> Self {
+impl From<avm_store::events::FeedError> for ObservabilityError {
+    fn from(err: avm_store::events::FeedError) -> Self {
         match err {
-            avm_common::events::FeedError::Lagged => ObservabilityError::EventsLagged,
-            avm_common::events::FeedError::Unavailable => ObservabilityError::EventsUnavailable,
+            avm_store::events::FeedError::Lagged => ObservabilityError::EventsLagged,
+            avm_store::events::FeedError::Unavailable => ObservabilityError::EventsUnavailable,
         }
     }
 }
@@ -64,8 +59,7 @@ impl From<ObservabilityError> for ApiError {
             ObservabilityError::EventsUnavailable => {
                 ApiError::unavailable("BUDGET_EVENTS_UNAVAILABLE", err.to_string())
             }
-            ObservabilityError::Database(db) => avm_common::db::database_error("observability", &db),
-            ObservabilityError::Migration(_) | ObservabilityError::Corrupt(_) => ApiError::internal(err),
+            ObservabilityError::Store(err) => err.into_api("observability"),
         }
     }
 }
@@ -73,5 +67,24 @@ impl From<ObservabilityError> for ApiError {
 impl From<ObservabilityError> for tonic::Status {
     fn from(err: ObservabilityError) -> Self {
         ApiError::from(err).into()
+    }
+}
+
+impl From<sqlx::Error> for ObservabilityError {
+    fn from(err: sqlx::Error) -> Self {
+        Self::Store(StoreError::Database(err))
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for ObservabilityError {
+    fn from(err: sqlx::migrate::MigrateError) -> Self {
+        Self::Store(StoreError::Migration(err))
+    }
+}
+
+impl ObservabilityError {
+    /// Returns the error of a stored row this code cannot read back.
+    pub(crate) fn corrupt(detail: impl Into<String>) -> Self {
+        Self::Store(StoreError::Corrupt(detail.into()))
     }
 }

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use avm_common::auth::{Role, Scopes};
 use avm_common::calendar::month_of;
-use avm_common::events::EventBus;
 use avm_common::{ApiError, Code, RequestContext};
+use avm_store::events::EventBus;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use futures::{StreamExt, future};
@@ -320,7 +320,7 @@ impl ObservabilityService {
                 Some("completed") => summary.completed += group.totals.calls,
                 Some("interrupted") => summary.interrupted += group.totals.calls,
                 Some("failed") => summary.failed += group.totals.calls,
-                other => return Err(ObservabilityError::Corrupt(format!("call status {other:?}"))),
+                other => return Err(ObservabilityError::corrupt(format!("call status {other:?}"))),
             }
         }
         let timings = store.call_timings(&filter, SUMMARY_SAMPLE).await?;

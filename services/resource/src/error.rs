@@ -1,6 +1,7 @@
 //! The resource service's one error type and its mapping onto the shared vocabulary.
 
 use avm_common::{ApiError, Code};
+use avm_store::StoreError;
 
 /// Everything that can go wrong in the resource service.
 #[derive(Debug, thiserror::Error)]
@@ -46,15 +47,9 @@ pub enum ResourceError {
     /// The caller is not allowed this operation (scope or role).
     #[error("{0}")]
     Denied(ApiError),
-    /// The database failed.
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    /// The schema could not be brought up to date.
-    #[error("migration failed: {0}")]
-    Migration(#[from] sqlx::migrate::MigrateError),
-    /// A stored row could not be read back; the data is not what this code wrote.
-    #[error("corrupt stored data: {0}")]
-    Corrupt(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 impl ResourceError {
@@ -85,14 +80,7 @@ impl From<ResourceError> for ApiError {
             ResourceError::DependencyCycle(_) => ApiError::precondition("DEPENDENCY_CYCLE", err.to_string()),
             ResourceError::InUse { .. } => ApiError::precondition("RESOURCE_IN_USE", err.to_string()),
             ResourceError::NotOwner(_) => ApiError::new(Code::PermissionDenied, "NOT_RESOURCE_OWNER", err.to_string()),
-            // A saturated pool or a lost connection is worth retrying; say so without details.
-            ResourceError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)) => {
-                tracing::error!(error = %err, "resource database unavailable");
-                ApiError::unavailable("DATABASE_UNAVAILABLE", "the resource database is unavailable")
-            }
-            ResourceError::Database(_) | ResourceError::Migration(_) | ResourceError::Corrupt(_) => {
-                ApiError::internal(err)
-            }
+            ResourceError::Store(err) => err.into_api("resource"),
         }
     }
 }
@@ -100,5 +88,24 @@ impl From<ResourceError> for ApiError {
 impl From<ResourceError> for tonic::Status {
     fn from(err: ResourceError) -> Self {
         ApiError::from(err).to_status()
+    }
+}
+
+impl From<sqlx::Error> for ResourceError {
+    fn from(err: sqlx::Error) -> Self {
+        Self::Store(StoreError::Database(err))
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for ResourceError {
+    fn from(err: sqlx::migrate::MigrateError) -> Self {
+        Self::Store(StoreError::Migration(err))
+    }
+}
+
+impl ResourceError {
+    /// Returns the error of a stored row this code cannot read back.
+    pub(crate) fn corrupt(detail: impl Into<String>) -> Self {
+        Self::Store(StoreError::Corrupt(detail.into()))
     }
 }

@@ -88,7 +88,7 @@ impl<'a> Resolver<'a> {
         if !self.versions.contains_key(resource_id) {
             let stored = self.store.version_numbers(self.tenant_id, resource_id).await?;
             let parsed = version::parse_stored(&stored)
-                .map_err(|bad| ResourceError::Corrupt(format!("resource {resource_id} has version {bad:?}")))?;
+                .map_err(|bad| ResourceError::corrupt(format!("resource {resource_id} has version {bad:?}")))?;
             self.versions.insert(resource_id.to_owned(), parsed);
         }
         Ok(self.versions.get(resource_id).map(Vec::as_slice).unwrap_or_default())

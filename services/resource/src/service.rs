@@ -197,7 +197,7 @@ impl ResourceService {
         let mut versions = Vec::new();
         for info in self.store.list_versions(&ctx.tenant_id, resource_id).await? {
             let parsed = Version::parse(&info.version).map_err(|_| {
-                ResourceError::Corrupt(format!("resource {resource_id} has version {:?}", info.version))
+                ResourceError::corrupt(format!("resource {resource_id} has version {:?}", info.version))
             })?;
             versions.push((parsed, info));
         }
@@ -462,7 +462,7 @@ async fn render(
     values: BTreeMap<String, String>,
 ) -> Result<Option<String>, ResourceError> {
     let corrupt =
-        |record: &VersionRecord, why: String| ResourceError::Corrupt(format!("content of {}: {why}", record.uri()));
+        |record: &VersionRecord, why: String| ResourceError::corrupt(format!("content of {}: {why}", record.uri()));
     let (prompt, values) = match root.kind {
         Kind::Prompt => (root, values),
         Kind::Agent => {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use avm_common::ApiError;
-use avm_common::db::{self, DbPool};
+use avm_store::db::{self, DbPool};
 
 use crate::error::ResourceError;
 use crate::record::{Deleted, Kind, ResourceRecord, ResourceUpdate, VersionInfo, VersionRecord};

@@ -1,6 +1,7 @@
 //! The session service's one error type and its mapping onto the shared vocabulary.
 
 use avm_common::{ApiError, Code};
+use avm_store::StoreError;
 
 /// Everything that can go wrong in the session service.
 #[derive(Debug, thiserror::Error)]
@@ -26,15 +27,9 @@ pub enum SessionError {
     /// The caller is not allowed this operation (scope or role).
     #[error("{0}")]
     Denied(ApiError),
-    /// The database failed.
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    /// The schema could not be brought up to date.
-    #[error("migration failed: {0}")]
-    Migration(#[from] sqlx::migrate::MigrateError),
-    /// A stored row could not be read back; the data is not what this code wrote.
-    #[error("corrupt stored data: {0}")]
-    Corrupt(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 impl SessionError {
@@ -61,9 +56,7 @@ impl From<SessionError> for ApiError {
             }
             SessionError::ImageNotFound(_) => ApiError::not_found("IMAGE_NOT_FOUND", err.to_string()),
             SessionError::SessionNotFound(_) => ApiError::not_found("SESSION_NOT_FOUND", err.to_string()),
-            // A saturated pool or a lost connection is worth retrying; say so without details.
-            SessionError::Database(db) => avm_common::db::database_error("session", &db),
-            SessionError::Migration(_) | SessionError::Corrupt(_) => ApiError::internal(err),
+            SessionError::Store(err) => err.into_api("session"),
         }
     }
 }
@@ -71,5 +64,24 @@ impl From<SessionError> for ApiError {
 impl From<SessionError> for tonic::Status {
     fn from(err: SessionError) -> Self {
         ApiError::from(err).to_status()
+    }
+}
+
+impl From<sqlx::Error> for SessionError {
+    fn from(err: sqlx::Error) -> Self {
+        Self::Store(StoreError::Database(err))
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for SessionError {
+    fn from(err: sqlx::migrate::MigrateError) -> Self {
+        Self::Store(StoreError::Migration(err))
+    }
+}
+
+impl SessionError {
+    /// Returns the error of a stored row this code cannot read back.
+    pub(crate) fn corrupt(detail: impl Into<String>) -> Self {
+        Self::Store(StoreError::Corrupt(detail.into()))
     }
 }

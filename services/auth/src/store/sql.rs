@@ -185,7 +185,7 @@ pub(super) const PUBLIC_KEYS: &str = "\
 
 /// Returns a stored count as a number of tokens or requests.
 fn unsigned<T: TryFrom<i64>>(value: i64, what: &str) -> Result<T, AuthError> {
-    T::try_from(value).map_err(|_| AuthError::Corrupt(format!("{what} is {value}")))
+    T::try_from(value).map_err(|_| AuthError::corrupt(format!("{what} is {value}")))
 }
 
 /// Returns a count as stored; counts past `i64::MAX` saturate.
@@ -230,7 +230,7 @@ where
     let role: String = row.try_get("role")?;
     let role = match Role::parse(&role) {
         Some(role @ (Role::Admin | Role::Member)) => role,
-        _ => return Err(AuthError::Corrupt(format!("user {user_id} has role {role:?}"))),
+        _ => return Err(AuthError::corrupt(format!("user {user_id} has role {role:?}"))),
     };
     Ok(UserRecord {
         tenant_id: row.try_get("tenant_id")?,
@@ -255,7 +255,7 @@ where
     let scopes: String = row.try_get("scopes")?;
     let names: Vec<&str> = scopes.split_whitespace().collect();
     let scopes =
-        Scopes::parse(&names).map_err(|_| AuthError::Corrupt(format!("api key {key_id} has scopes {scopes:?}")))?;
+        Scopes::parse(&names).map_err(|_| AuthError::corrupt(format!("api key {key_id} has scopes {scopes:?}")))?;
     let limits = Limits {
         requests_per_minute: unsigned(row.try_get("requests_per_minute")?, "requests_per_minute")?,
         tokens_per_month: unsigned(row.try_get("tokens_per_month")?, "tokens_per_month")?,
@@ -302,7 +302,7 @@ where
     i64: Decode<'r, R::Database> + Type<R::Database>,
 {
     let kind: String = row.try_get("kind")?;
-    let kind = TombstoneKind::parse(&kind).ok_or_else(|| AuthError::Corrupt(format!("tombstone kind {kind:?}")))?;
+    let kind = TombstoneKind::parse(&kind).ok_or_else(|| AuthError::corrupt(format!("tombstone kind {kind:?}")))?;
     Ok(Tombstone {
         kind,
         id: row.try_get("id")?,
@@ -325,7 +325,7 @@ pub(super) fn tokens(value: i64) -> Result<u64, AuthError> {
 pub(super) fn missing_parent(err: sqlx::Error, missing: impl FnOnce() -> AuthError) -> AuthError {
     match &err {
         sqlx::Error::Database(db) if db.is_foreign_key_violation() => missing(),
-        _ => AuthError::Database(err),
+        _ => AuthError::from(err),
     }
 }
 
@@ -684,7 +684,9 @@ macro_rules! impl_auth_store {
                 let missing = || $crate::error::AuthError::UserNotFound(key.key.user_id.clone());
                 let mut tx = self.pool.begin().await?;
                 let inserted = Self::insert_key(&mut tx, key).await.map_err(|err| match err {
-                    $crate::error::AuthError::Database(err) => $crate::store::sql::missing_parent(err, missing),
+                    $crate::error::AuthError::Store(avm_store::StoreError::Database(err)) => {
+                        $crate::store::sql::missing_parent(err, missing)
+                    }
                     other => other,
                 })?;
                 if inserted == 0 {
@@ -994,7 +996,7 @@ macro_rules! impl_auth_store {
                     .await?)
             }
 
-            fn event_transport(&self) -> avm_common::events::EventTransport {
+            fn event_transport(&self) -> avm_store::events::EventTransport {
                 self.event_transport_impl()
             }
         }

@@ -4,7 +4,7 @@ use sqlx::SqlitePool;
 use sqlx::migrate::Migrator;
 
 use crate::error::AuthError;
-use avm_common::events::EventTransport;
+use avm_store::events::EventTransport;
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -17,7 +17,7 @@ pub struct SqliteAuthStore {
 impl SqliteAuthStore {
     /// Returns a store on `pool` after bringing its schema up to date.
     ///
-    /// The pool must enforce foreign keys (as `avm_common::db::open_sqlite` does):
+    /// The pool must enforce foreign keys (as `avm_store::db::open_sqlite` does):
     /// deleting a user or tenant relies on `ON DELETE CASCADE`.
     pub async fn new(pool: SqlitePool) -> Result<Self, AuthError> {
         MIGRATOR.run(&pool).await?;

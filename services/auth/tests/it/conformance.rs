@@ -536,9 +536,7 @@ async fn events_travel_as_the_store_says(store: Arc<dyn AuthStore>) {
     use futures::StreamExt;
     let transport = store.event_transport();
     let shared = transport.shares_events();
-    let bus = Arc::new(avm_common::events::EventBus::<serde_json::Value>::new(
-        "test", transport,
-    ));
+    let bus = Arc::new(avm_store::events::EventBus::<serde_json::Value>::new("test", transport));
     let shutdown = tokio_util::sync::CancellationToken::new();
     let listener = Arc::clone(&bus).spawn_listener(shutdown.clone());
     bus.wait_live(std::time::Duration::from_secs(10))

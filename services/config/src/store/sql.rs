@@ -19,7 +19,7 @@ pub(super) const DELETE_OVERRIDE: &str = "DELETE FROM config_overrides WHERE sco
 
 /// Returns a revision as stored (never negative) as the counter it is.
 pub(super) fn revision(stored: i64) -> Result<u64, crate::error::ConfigError> {
-    u64::try_from(stored).map_err(|_| crate::error::ConfigError::Corrupt(format!("negative revision {stored}")))
+    u64::try_from(stored).map_err(|_| crate::error::ConfigError::corrupt(format!("negative revision {stored}")))
 }
 
 /// Implements `ConfigStore` for a struct with a `pool` field and an
@@ -90,7 +90,7 @@ macro_rules! impl_config_store {
                 super::sql::revision(revision)
             }
 
-            fn event_transport(&self) -> avm_common::events::EventTransport {
+            fn event_transport(&self) -> avm_store::events::EventTransport {
                 self.event_transport_impl()
             }
         }

@@ -1,6 +1,6 @@
 //! The SQLite store: one file in WAL mode, for one-process deployments.
 
-use avm_common::events::EventTransport;
+use avm_store::events::EventTransport;
 use sqlx::SqlitePool;
 use sqlx::migrate::Migrator;
 

@@ -25,7 +25,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name(super::Harness::on(avm_common::testing::TestDatabase::sqlite("config.db")).await).await;
+                    super::$name(super::Harness::on(avm_store::testing::TestDatabase::sqlite("config.db")).await).await;
                 }
             )*
         }
@@ -33,7 +33,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    let Some(db) = avm_common::testing::TestDatabase::postgres("avm_config_test").await else {
+                    let Some(db) = avm_store::testing::TestDatabase::postgres("avm_config_test").await else {
                         return;
                     };
                     super::$name(super::Harness::on(db).await).await;

@@ -2,11 +2,12 @@
 
 use avm_common::config::{GrpcConfig, REDACTED};
 use avm_common::settings::{LLM_API_KEY, LLM_MODEL};
-use avm_common::testing::{TestDatabase, TestKeys, admin_ctx, bearer, serve_grpc, service_ctx};
+use avm_common::testing::{TestKeys, admin_ctx, bearer, serve_grpc, service_ctx};
 use avm_common::{ApiError, Code};
 use avm_config::grpc_server;
 use avm_proto::config::v1 as pb;
 use avm_proto::config::v1::config_service_client::ConfigServiceClient;
+use avm_store::testing::TestDatabase;
 use tonic::transport::Server;
 
 use crate::support::{CANARY, Harness};

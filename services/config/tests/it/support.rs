@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use avm_common::ApiError;
 use avm_common::settings;
-use avm_common::testing::TestDatabase;
 use avm_config::{ConfigError, ConfigService, ConfigStore, Deployment, Snapshot, Source, open_store};
+use avm_store::testing::TestDatabase;
 use serde_json::{Map, Value, json};
 
 /// The key that seals secrets in these tests.

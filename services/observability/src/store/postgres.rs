@@ -1,7 +1,7 @@
 //! The Postgres store, for production; budget changes between replicas
 //! travel by `NOTIFY` / `LISTEN`.
 
-use avm_common::events::EventTransport;
+use avm_store::events::EventTransport;
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 

@@ -273,7 +273,7 @@ pub(super) fn stored_count(count: u64) -> Result<i64, ObservabilityError> {
 
 fn read_count(call_id: &str, what: &str, stored: i64) -> Result<u64, ObservabilityError> {
     u64::try_from(stored)
-        .map_err(|_| ObservabilityError::Corrupt(format!("usage record {call_id} has {what} {stored}")))
+        .map_err(|_| ObservabilityError::corrupt(format!("usage record {call_id} has {what} {stored}")))
 }
 
 /// Reads a row of `usage_columns!`.
@@ -288,7 +288,7 @@ where
     let call_id: String = row.try_get("call_id")?;
     let status: String = row.try_get("status")?;
     let status = CallStatus::parse(&status)
-        .ok_or_else(|| ObservabilityError::Corrupt(format!("usage record {call_id} has status {status:?}")))?;
+        .ok_or_else(|| ObservabilityError::corrupt(format!("usage record {call_id} has status {status:?}")))?;
     let count = |column: &'r str| -> Result<u64, ObservabilityError> {
         let stored: i64 = row.try_get(column)?;
         read_count(&call_id, column, stored)
@@ -334,7 +334,7 @@ where
     let sum = |offset: usize| row.try_get::<i64, usize>(keys + offset);
     let count = |offset: usize| -> Result<u64, ObservabilityError> {
         let stored = sum(offset)?;
-        u64::try_from(stored).map_err(|_| ObservabilityError::Corrupt(format!("negative usage sum {stored}")))
+        u64::try_from(stored).map_err(|_| ObservabilityError::corrupt(format!("negative usage sum {stored}")))
     };
     Ok(crate::record::UsageGroup {
         totals: crate::record::UsageTotals {
@@ -361,7 +361,7 @@ where
     i32: Decode<'r, R::Database> + Type<R::Database>,
 {
     let level: i32 = row.try_get("level")?;
-    let level = Level::from_i32(level).ok_or_else(|| ObservabilityError::Corrupt(format!("log level {level}")))?;
+    let level = Level::from_i32(level).ok_or_else(|| ObservabilityError::corrupt(format!("log level {level}")))?;
     Ok(LogEvent {
         tenant_id: row.try_get("tenant_id")?,
         at_ms: row.try_get("at_ms")?,
@@ -646,7 +646,7 @@ macro_rules! impl_observability_store {
                 Ok(old + excess)
             }
 
-            fn event_transport(&self) -> avm_common::events::EventTransport {
+            fn event_transport(&self) -> avm_store::events::EventTransport {
                 self.event_transport_impl()
             }
         }

@@ -257,7 +257,7 @@ async fn watchers_see_every_budget_then_each_change(h: Harness) {
 /// Postgres only: one process owns a SQLite file, so it has no other replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_written_by_another_replica_count() {
-    let Some(db) = avm_common::testing::TestDatabase::postgres("avm_obs_test").await else {
+    let Some(db) = avm_store::testing::TestDatabase::postgres("avm_obs_test").await else {
         return;
     };
     let h = Harness::on(db).await;

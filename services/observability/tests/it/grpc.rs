@@ -1,11 +1,12 @@
 //! The gRPC adapter over a real listener and the generated client.
 
 use avm_common::config::GrpcConfig;
-use avm_common::testing::{TestDatabase, TestKeys, admin_ctx, bearer, member_ctx, serve_grpc, service_ctx};
+use avm_common::testing::{TestKeys, admin_ctx, bearer, member_ctx, serve_grpc, service_ctx};
 use avm_common::{ApiError, Code};
 use avm_observability::grpc_server;
 use avm_proto::observability::v1 as pb;
 use avm_proto::observability::v1::observability_service_client::ObservabilityServiceClient;
+use avm_store::testing::TestDatabase;
 use tonic::transport::Server;
 
 use crate::support::{A, Harness};

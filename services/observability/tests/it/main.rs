@@ -12,7 +12,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    let db = avm_common::testing::TestDatabase::sqlite("observability.db");
+                    let db = avm_store::testing::TestDatabase::sqlite("observability.db");
                     super::$name(crate::support::Harness::on(db).await).await;
                 }
             )*
@@ -21,7 +21,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    let Some(db) = avm_common::testing::TestDatabase::postgres("avm_obs_test").await else {
+                    let Some(db) = avm_store::testing::TestDatabase::postgres("avm_obs_test").await else {
                         return;
                     };
                     super::$name(crate::support::Harness::on(db).await).await;

@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use avm_common::ApiError;
-use avm_common::events::EventTransport;
-use avm_common::testing::{TestDatabase, operator_ctx};
+use avm_common::testing::operator_ctx;
 use avm_observability::{
     BudgetUpdate, BudgetWatch, CallStatus, CallTiming, Dimension, LedgerSettings, LogEvent, LogFilter,
     ObservabilityError, ObservabilityService, ObservabilityStore, PageKey, StoredBudget, UsageFilter, UsageGroup,
     UsageQuery, UsageRecord, UsageTotals, open_store,
 };
+use avm_store::events::EventTransport;
+use avm_store::testing::TestDatabase;
 use futures::StreamExt;
 
 /// The operator tenant.
@@ -161,7 +162,7 @@ impl FlakyStore {
 impl ObservabilityStore for FlakyStore {
     async fn insert_usage(&self, records: &[UsageRecord], now_ms: i64) -> Result<HashSet<String>, ObservabilityError> {
         if self.failing.load(Ordering::SeqCst) {
-            return Err(ObservabilityError::Database(sqlx::Error::PoolTimedOut));
+            return Err(ObservabilityError::from(sqlx::Error::PoolTimedOut));
         }
         self.inner.insert_usage(records, now_ms).await
     }

@@ -167,13 +167,13 @@ pub(super) fn query_patterns(query: &str) -> (String, Option<String>) {
 
 /// Returns tags as stored.
 pub(super) fn encode_tags(tags: &[String]) -> Result<String, ResourceError> {
-    serde_json::to_string(tags).map_err(|err| ResourceError::Corrupt(format!("tags do not encode: {err}")))
+    serde_json::to_string(tags).map_err(|err| ResourceError::corrupt(format!("tags do not encode: {err}")))
 }
 
 /// Returns the latest of stored version strings, or `None` when there are none.
 pub(super) fn latest_of(resource_id: &str, versions: &[String]) -> Result<Option<String>, ResourceError> {
     let parsed = version::parse_stored(versions)
-        .map_err(|bad| ResourceError::Corrupt(format!("resource {resource_id} has version {bad:?}")))?;
+        .map_err(|bad| ResourceError::corrupt(format!("resource {resource_id} has version {bad:?}")))?;
     Ok(crate::version::VersionSpec::latest()
         .select(&parsed)
         .map(Version::to_string))
@@ -189,7 +189,7 @@ where
     i64: Decode<'r, R::Database> + Type<R::Database>,
 {
     let resource_id: String = row.try_get("resource_id")?;
-    let corrupt = |what: &str| ResourceError::Corrupt(format!("resource {resource_id} has {what}"));
+    let corrupt = |what: &str| ResourceError::corrupt(format!("resource {resource_id} has {what}"));
     let kind: &str = row.try_get("kind")?;
     let kind = Kind::parse(kind).ok_or_else(|| corrupt(&format!("kind {kind:?}")))?;
     let visibility: &str = row.try_get("visibility")?;
@@ -229,7 +229,7 @@ where
 /// Parses a stored dependency URI.
 pub(super) fn stored_uri(resource_id: &str, uri: &str) -> Result<ResourceUri, ResourceError> {
     ResourceUri::parse(uri)
-        .map_err(|why| ResourceError::Corrupt(format!("resource {resource_id} has dependency {uri:?}: {why}")))
+        .map_err(|why| ResourceError::corrupt(format!("resource {resource_id} has dependency {uri:?}: {why}")))
 }
 
 /// A `DEPENDENTS` row: (tenant_id, kind, name, version, uri).
@@ -263,7 +263,7 @@ pub(super) fn claiming_dependents(
             dependents.foreign += 1;
             continue;
         }
-        let kind = Kind::parse(&kind).ok_or_else(|| ResourceError::Corrupt(format!("resource kind {kind:?}")))?;
+        let kind = Kind::parse(&kind).ok_or_else(|| ResourceError::corrupt(format!("resource kind {kind:?}")))?;
         let dependent = ResourceUri::exact(kind, &name, &dependent_version).to_string();
         if !dependents.own.contains(&dependent) {
             dependents.own.push(dependent);
@@ -389,7 +389,7 @@ macro_rules! impl_resource_store {
                     return Ok(None);
                 };
                 let kind = $crate::record::Kind::parse(&kind).ok_or_else(|| {
-                    $crate::error::ResourceError::Corrupt(format!("resource {resource_id} has kind {kind:?}"))
+                    $crate::error::ResourceError::corrupt(format!("resource {resource_id} has kind {kind:?}"))
                 })?;
                 let dependencies = sqlx::query_scalar::<$db, String>(sql::VERSION_DEPENDENCIES)
                     .bind(&resource_id)
@@ -543,7 +543,7 @@ macro_rules! impl_resource_store {
                 use $crate::store::sql;
                 let resource_id = resource.resource_id.as_str();
                 let corrupt = |bad: String| {
-                    $crate::error::ResourceError::Corrupt(format!("resource {resource_id} has version {bad:?}"))
+                    $crate::error::ResourceError::corrupt(format!("resource {resource_id} has version {bad:?}"))
                 };
                 let mut tx = self.pool.begin().await?;
                 let touched = sqlx::query(sql::TOUCH_RESOURCE)

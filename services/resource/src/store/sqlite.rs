@@ -16,7 +16,7 @@ pub struct SqliteResourceStore {
 impl SqliteResourceStore {
     /// Returns a store on `pool` after bringing its schema up to date.
     ///
-    /// The pool must enforce foreign keys (as `avm_common::db::open_sqlite` does):
+    /// The pool must enforce foreign keys (as `avm_store::db::open_sqlite` does):
     /// deleting a resource or a version relies on `ON DELETE CASCADE`.
     pub async fn new(pool: SqlitePool) -> Result<Self, ResourceError> {
         MIGRATOR.run(&pool).await?;

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use avm_common::testing::TestDatabase;
 use avm_common::{ApiError, Code, RequestContext};
 use avm_resource::{
     Kind, NewResource, NewVersion, Published, ResourceError, ResourceService, ResourceStore, VersionRecord, open_store,
 };
+use avm_store::testing::TestDatabase;
 
 /// Expands each body, an `async fn(Arc<dyn ResourceStore>)` of the calling
 /// module, into `sqlite::<name>` and `postgres::<name>` tests.

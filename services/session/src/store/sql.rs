@@ -230,9 +230,9 @@ where
 {
     let message_id: String = row.try_get("message_id")?;
     let seq: i64 = row.try_get("seq")?;
-    let seq = u64::try_from(seq).map_err(|_| SessionError::Corrupt(format!("message {message_id} has seq {seq}")))?;
+    let seq = u64::try_from(seq).map_err(|_| SessionError::corrupt(format!("message {message_id} has seq {seq}")))?;
     let body: &str = row.try_get("body")?;
-    let body = decode_body(body).map_err(|err| SessionError::Corrupt(format!("message {message_id}: {err}")))?;
+    let body = decode_body(body).map_err(|err| SessionError::corrupt(format!("message {message_id}: {err}")))?;
     Ok(MessageRecord {
         message_id,
         session_id: row.try_get("session_id")?,
@@ -251,14 +251,14 @@ pub(super) fn missing_container(err: sqlx::Error, container_id: &str) -> Session
         sqlx::Error::Database(db) if db.is_foreign_key_violation() => {
             SessionError::ContainerNotFound(container_id.to_owned())
         }
-        _ => SessionError::Database(err),
+        _ => SessionError::from(err),
     }
 }
 
 /// Returns the stored form of a message body: its kind and its JSON text.
 pub(super) fn encode_body(body: &MessageBody) -> Result<(&'static str, String), SessionError> {
     let json =
-        serde_json::to_string(body).map_err(|err| SessionError::Corrupt(format!("cannot encode body: {err}")))?;
+        serde_json::to_string(body).map_err(|err| SessionError::corrupt(format!("cannot encode body: {err}")))?;
     Ok((body.kind(), json))
 }
 
@@ -634,7 +634,7 @@ macro_rules! impl_session_store {
                         message_id: message.message_id.clone(),
                         session_id: session_id.to_owned(),
                         seq: u64::try_from(seq).map_err(|_| {
-                            $crate::error::SessionError::Corrupt(format!("session {session_id} seq {seq}"))
+                            $crate::error::SessionError::corrupt(format!("session {session_id} seq {seq}"))
                         })?,
                         created_at_ms: message.created_at_ms,
                         body: message.body.clone(),

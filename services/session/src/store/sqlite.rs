@@ -16,7 +16,7 @@ pub struct SqliteSessionStore {
 impl SqliteSessionStore {
     /// Returns a store on `pool` after bringing its schema up to date.
     ///
-    /// The pool must enforce foreign keys (as `avm_common::db::open_sqlite` does):
+    /// The pool must enforce foreign keys (as `avm_store::db::open_sqlite` does):
     /// deleting an image or container relies on `ON DELETE CASCADE`.
     pub async fn new(pool: SqlitePool) -> Result<Self, SessionError> {
         MIGRATOR.run(&pool).await?;

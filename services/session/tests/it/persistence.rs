@@ -6,10 +6,10 @@ use crate::support::{ctx, user};
 
 #[tokio::test]
 async fn sqlite_data_survives_reopen() {
-    let db = avm_common::testing::TestDatabase::sqlite("session.db");
+    let db = avm_store::testing::TestDatabase::sqlite("session.db");
     let url = db.url.clone();
 
-    let pool = avm_common::db::open_sqlite(&url, None).await.unwrap();
+    let pool = avm_store::db::open_sqlite(&url, None).await.unwrap();
     let service = SessionService::new(std::sync::Arc::new(
         SqliteSessionStore::new(pool.clone()).await.unwrap(),
     ));

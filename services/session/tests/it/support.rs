@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use avm_common::ApiError;
-use avm_common::testing::TestDatabase;
 use avm_session::{MessageBody, NewMessage, SessionError, SessionStore, open_store};
+use avm_store::testing::TestDatabase;
 
 /// A store under test and the database it lives in (dropped with it).
 pub struct TestDb {

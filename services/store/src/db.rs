@@ -7,7 +7,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{PgPool, SqlitePool};
 
-use crate::ApiError;
+use avm_common::ApiError;
 
 /// A connected pool of either supported database.
 #[derive(Clone, Debug)]
@@ -33,7 +33,7 @@ pub async fn connect(url: &str, max_connections: Option<u32>) -> Result<DbPool, 
     };
     let name = pool_name(url);
     let observed = pool.clone();
-    crate::telemetry::on_scrape(move || {
+    avm_common::telemetry::on_scrape(move || {
         let (size, idle) = match &observed {
             DbPool::Sqlite(pool) => (pool.size(), pool.num_idle()),
             DbPool::Postgres(pool) => (pool.size(), pool.num_idle()),
