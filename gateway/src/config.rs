@@ -26,8 +26,6 @@ pub struct GatewayConfig {
     pub messages_per_second: u32,
     /// Open WebSocket connections this gateway accepts.
     pub max_connections: usize,
-    /// Events held for a connection while its `message_send` response is pending.
-    pub max_held_events: usize,
     /// Wrapped (acknowledged) frames a client may leave unacknowledged.
     pub max_unacked: usize,
     /// How long a WebSocket without a credential has to send its `auth` frame.
@@ -45,7 +43,6 @@ impl Default for GatewayConfig {
             max_subscriptions: 256,
             messages_per_second: 100,
             max_connections: 10_000,
-            max_held_events: 4096,
             max_unacked: 1024,
             auth_timeout: Duration::from_secs(10),
         }

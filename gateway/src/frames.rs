@@ -5,6 +5,11 @@ use avm_common::ApiError;
 use avm_proto::runtime::v1 as rt;
 use serde_json::{Value, json};
 
+/// The runtime's mark of where in a session's stream it accepted a message
+/// (with the request's id); turned into the sender's `message_send_response`
+/// and never relayed as an event.
+pub const MESSAGE_ACCEPTED: &str = "message_accepted";
+
 /// Returns the envelope's `source` and `category` for an event type.
 fn classify(kind: &str) -> (&'static str, &'static str) {
     match kind {

@@ -319,7 +319,8 @@ impl Cluster {
                     .context("serve did not stop")???;
             }
             Some(Running::Processes { mut children }) => {
-                // Gateway first, session last, as a rolling stop would.
+                // In the reverse order of their start (gateway first, auth last),
+                // as a rolling stop would.
                 while let Some(mut child) = children.pop() {
                     terminate(&mut child).await?;
                 }
@@ -492,13 +493,15 @@ impl Cluster {
         self.observability_grpc = observability;
         env.push(("AVM_OBSERVABILITY_ADDR".into(), self.observability_grpc.clone()));
 
-        let (child, session) = spawn_component("session", &env, logs.clone()).await?;
-        children.push(child);
-        self.session_grpc = session;
-
         let (child, resource) = spawn_component("resource", &env, logs.clone()).await?;
         children.push(child);
         self.resource_grpc = resource;
+        // The session service checks images' references with the resource service.
+        env.push(("AVM_RESOURCE_ADDR".into(), self.resource_grpc.clone()));
+
+        let (child, session) = spawn_component("session", &env, logs.clone()).await?;
+        children.push(child);
+        self.session_grpc = session;
 
         // The config service holds the deployment's LLM settings (its
         // environment is their layer); the runtime reads them from it.
@@ -511,7 +514,6 @@ impl Cluster {
 
         env.extend([
             ("AVM_SESSION_ADDR".into(), self.session_grpc.clone()),
-            ("AVM_RESOURCE_ADDR".into(), self.resource_grpc.clone()),
             ("AVM_CONFIG_ADDR".into(), self.config_grpc.clone()),
         ]);
         let (child, runtime) = spawn_component("runtime", &env, logs.clone()).await?;

@@ -1,7 +1,5 @@
 //! Agents: the running, in-memory instances of images.
 
-use std::collections::HashMap;
-
 use avm_common::{ApiError, Code, RequestContext};
 use avm_proto::runtime::v1 as rt;
 use serde::{Deserialize, Serialize};
@@ -81,22 +79,6 @@ pub async fn list(peers: &Peers, ctx: &RequestContext, filter: AgentFilter) -> R
     Ok(AgentList {
         agents: agents.into_iter().map(Agent::from).collect(),
     })
-}
-
-/// Returns the running agent of each image, by image id.
-pub(crate) async fn by_image(
-    peers: &Peers,
-    ctx: &RequestContext,
-    container_id: Option<&str>,
-) -> Result<HashMap<String, String>, ApiError> {
-    let filter = AgentFilter {
-        container_id: container_id.map(str::to_owned),
-    };
-    let agents = list(peers, ctx, filter).await?.agents;
-    Ok(agents
-        .into_iter()
-        .map(|agent| (agent.image_id, agent.agent_id))
-        .collect())
 }
 
 /// Returns one running agent.

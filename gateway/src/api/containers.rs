@@ -114,16 +114,10 @@ pub async fn list(peers: &Peers, ctx: &RequestContext) -> Result<ContainerList, 
 
 /// Stops a container's agents and deletes it with everything inside.
 pub async fn delete(peers: &Peers, ctx: &RequestContext, container_id: String) -> Result<ContainerDeleted, ApiError> {
-    // Existence first, so a missing container is NOT_FOUND before anything is touched.
-    get(peers, ctx, container_id.clone()).await?;
-    let request = ctx.request(rt::DestroyAllAgentsRequest {
+    let request = ctx.request(rt::DeleteContainerRequest {
         container_id: container_id.clone(),
     });
-    peers.runtime.destroy_all_agents(request).await?;
-    let request = ctx.request(ss::DeleteContainerRequest {
-        container_id: container_id.clone(),
-    });
-    peers.session.delete_container(request).await?;
+    peers.runtime.delete_container(request).await?;
     Ok(ContainerDeleted {
         container_id,
         deleted: true,

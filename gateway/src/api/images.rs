@@ -8,15 +8,13 @@ use avm_common::{ApiError, RequestContext};
 use avm_proto::runtime::v1 as rt;
 use avm_proto::session::v1 as ss;
 use futures::Stream;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use super::{missing, reasoned};
+use super::messages::{MessageContent, MessageObject};
+use super::missing;
 use crate::peers::Peers;
-
-/// What a system prompt or agent that names a resource starts with.
-const RESOURCE_URI_PREFIX: &str = "resource://";
 
 /// Settings of a new image (the body of `POST /v1/containers/{id}/images`,
 /// the `config` of `image_create_request`).
@@ -81,8 +79,10 @@ pub struct ImageRecord {
 }
 
 impl ImageRecord {
-    fn new(image: ss::Image, agent_id: Option<String>) -> Self {
-        Self {
+    fn new(view: rt::ImageView) -> Result<Self, ApiError> {
+        let image = view.image.ok_or_else(|| missing("image"))?;
+        let agent_id = view.agent.map(|agent| agent.agent_id);
+        Ok(Self {
             online: agent_id.is_some(),
             agent_id,
             mcp_servers: non_empty_object(&image.mcp_servers_json),
@@ -96,7 +96,7 @@ impl ImageRecord {
             agent: image.agent,
             created_at: image.created_at_ms,
             updated_at: image.updated_at_ms,
-        }
+        })
     }
 }
 
@@ -145,10 +145,8 @@ pub struct ImageStopped {
 #[serde(rename_all = "camelCase")]
 pub struct MessageList {
     pub image_id: String,
-    /// Message objects as PROTOCOL.md describes them (user, assistant,
-    /// tool-call, tool-result and error messages).
-    #[schema(value_type = Vec<Object>)]
-    pub messages: Vec<Value>,
+    /// User, assistant, tool-call, tool-result and error messages.
+    pub messages: Vec<MessageObject>,
 }
 
 /// What an interrupt found.
@@ -161,62 +159,12 @@ pub struct Interrupted {
     pub interrupted: bool,
 }
 
-/// One part of a message: text, an image or a file (base64).
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-#[serde(tag = "type", rename_all = "camelCase")]
-pub enum ContentPart {
-    Text {
-        text: String,
-    },
-    Image {
-        data: String,
-        #[serde(rename = "mediaType")]
-        media_type: String,
-    },
-    File {
-        data: String,
-        #[serde(rename = "mediaType")]
-        media_type: String,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        filename: Option<String>,
-    },
-}
-
-/// A message's content: text, or a list of parts.
-///
-/// Only the shape is checked here; what makes content acceptable (not empty,
-/// within size, parts complete) is the runtime's rule, the same for every caller.
-#[derive(Debug, Clone, ToSchema)]
-#[schema(value_type = Object)]
-pub struct MessageContent(pub Value);
-
-impl<'de> Deserialize<'de> for MessageContent {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        match Value::deserialize(deserializer)? {
-            value @ (Value::String(_) | Value::Array(_)) => Ok(MessageContent(value)),
-            _ => Err(reasoned(
-                "INVALID_CONTENT",
-                "content must be a string or a list of parts",
-            )),
-        }
-    }
-}
-
 /// A user message for an image.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct NewMessage {
     /// A string, or a list of parts (`{type:"text",text}`,
     /// `{type:"image",data,mediaType}`, `{type:"file",data,mediaType,filename?}`).
-    #[schema(value_type = ContentSchema)]
     pub content: MessageContent,
-}
-
-/// The shape of message content, for the API document.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub enum ContentSchema {
-    Text(String),
-    Parts(Vec<ContentPart>),
 }
 
 /// What a sent message answers before its turn's events.
@@ -236,72 +184,47 @@ pub struct MessageAccepted {
 /// A session's events, as the runtime streams them.
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<rt::Event, ApiError>> + Send>>;
 
-/// Creates an image (and its session) in a container.
+/// Creates an image (and its session) in a container; the session service
+/// checks its settings and that its `resource://` references resolve.
 pub async fn create(
     peers: &Peers,
     ctx: &RequestContext,
     container_id: String,
     config: ImageConfig,
 ) -> Result<ImageRecord, ApiError> {
-    let mcp_servers_json = config.mcp_servers.map(|v| v.to_string()).unwrap_or_default();
-    let variables_json = match config.variables {
-        None => String::new(),
-        Some(variables @ Value::Object(_)) => variables.to_string(),
-        Some(_) => return Err(ApiError::invalid("INVALID_VARIABLES", "variables must be an object")),
-    };
-    // Resource references are checked now, rendered as the agent will
-    // render them, so a typo or a missing variable fails here rather than
-    // when the agent first starts.
-    let prompt_uri = config
-        .system_prompt
-        .as_deref()
-        .filter(|prompt| prompt.starts_with(RESOURCE_URI_PREFIX));
-    for uri in [config.agent.as_deref(), prompt_uri].into_iter().flatten() {
-        super::resources::check_reference(peers, ctx, uri, &variables_json).await?;
-    }
+    let json = |value: Option<Value>| value.map(|value| value.to_string()).unwrap_or_default();
     let request = ctx.request(ss::CreateImageRequest {
         container_id,
         name: config.name,
         description: config.description,
         system_prompt: config.system_prompt,
-        mcp_servers_json,
+        mcp_servers_json: json(config.mcp_servers),
         agent: config.agent,
-        variables_json,
+        variables_json: json(config.variables),
     });
     let image = peers.session.create_image(request).await?.into_inner().image;
-    Ok(ImageRecord::new(image.ok_or_else(|| missing("image"))?, None))
+    ImageRecord::new(rt::ImageView { image, agent: None })
 }
 
-/// Returns an image with its online state.
+/// Returns an image, online when its agent runs.
 pub async fn get(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<ImageRecord, ApiError> {
-    let image = image(peers, ctx, image_id).await?;
-    let agents = super::agents::by_image(peers, ctx, Some(&image.container_id)).await?;
-    let agent_id = agents.get(&image.image_id).cloned();
-    Ok(ImageRecord::new(image, agent_id))
+    let request = ctx.request(rt::GetImageRequest { image_id });
+    let view = peers.runtime.get_image(request).await?.into_inner().image;
+    ImageRecord::new(view.ok_or_else(|| missing("image"))?)
 }
 
-async fn image(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<ss::Image, ApiError> {
+async fn session_of(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<String, ApiError> {
     let request = ctx.request(ss::GetImageRequest { image_id });
     let image = peers.session.get_image(request).await?.into_inner().image;
-    image.ok_or_else(|| missing("image"))
+    Ok(image.ok_or_else(|| missing("image"))?.session_id)
 }
 
 /// Lists images newest first, of one container or of all the caller's.
 pub async fn list(peers: &Peers, ctx: &RequestContext, container_id: Option<String>) -> Result<ImageList, ApiError> {
-    if let Some(id) = &container_id {
-        super::containers::get(peers, ctx, id.clone()).await?;
-    }
-    let agents = super::agents::by_image(peers, ctx, container_id.as_deref()).await?;
-    let request = ctx.request(ss::ListImagesRequest { container_id });
-    let images = peers.session.list_images(request).await?.into_inner().images;
+    let request = ctx.request(rt::ListImagesRequest { container_id });
+    let views = peers.runtime.list_images(request).await?.into_inner().images;
     Ok(ImageList {
-        images: images
-            .into_iter()
-            .map(|image| {
-                let agent_id = agents.get(&image.image_id).cloned();
-                ImageRecord::new(image, agent_id)
-            })
-            .collect(),
+        images: views.into_iter().map(ImageRecord::new).collect::<Result<_, _>>()?,
     })
 }
 
@@ -362,12 +285,12 @@ pub async fn stop(peers: &Peers, ctx: &RequestContext, image_id: String) -> Resu
 
 /// Returns an image's messages, in stored order.
 pub async fn messages(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<MessageList, ApiError> {
-    let session_id = image(peers, ctx, image_id.clone()).await?.session_id;
+    let session_id = session_of(peers, ctx, image_id.clone()).await?;
     let request = ctx.request(ss::ListMessagesRequest { session_id });
     let messages = peers.session.list_messages(request).await?.into_inner().messages;
     Ok(MessageList {
         image_id,
-        messages: messages.iter().map(avm_common::wire::message_object).collect(),
+        messages: messages.into_iter().filter_map(MessageObject::new).collect(),
     })
 }
 
@@ -378,9 +301,11 @@ pub async fn send(
     image_id: String,
     message: NewMessage,
 ) -> Result<(MessageAccepted, EventStream), ApiError> {
+    let (content, plain_text) = message.content.into_parts();
     let request = ctx.request(rt::SendMessageRequest {
         image_id: image_id.clone(),
-        content_json: message.content.0.to_string(),
+        content,
+        plain_text,
     });
     let mut stream = peers.runtime.send_message(request).await?.into_inner();
     let accepted = match futures::StreamExt::next(&mut stream).await.transpose()? {
@@ -461,6 +386,6 @@ pub async fn events(
     image_id: String,
     after_cursor: Option<String>,
 ) -> Result<EventStream, ApiError> {
-    let session_id = image(peers, ctx, image_id).await?.session_id;
+    let session_id = session_of(peers, ctx, image_id).await?;
     subscribe(peers, ctx, session_id, after_cursor).await
 }

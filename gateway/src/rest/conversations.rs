@@ -20,7 +20,7 @@ use crate::api::images::{
     self, AgentTarget, EventStream, ImageConfig, ImageDeleted, ImageList, ImageRecord, ImageRun, ImageStopped,
     ImageUpdate, Interrupted, MessageAccepted, MessageList, NewMessage,
 };
-use crate::frames::{event_frame, system_error_frame};
+use crate::frames::{MESSAGE_ACCEPTED, event_frame, system_error_frame};
 use crate::http::{Body, Ctx, Query, error_response, ok, reply, with_request_id};
 use crate::state::GatewayState;
 
@@ -214,14 +214,20 @@ pub async fn image_events(
 }
 
 /// Renders events as SSE: each with its type and `id: <cursor>`; a failure
-/// as a `system_error` event.
+/// as a `system_error` event. The runtime's `message_accepted` marks are the
+/// WebSocket's business (its `message_send_response`), not events to relay.
 fn sse_events(events: EventStream) -> impl Stream<Item = Event> + Send {
-    events.map(|item| match item {
-        Ok(event) => Event::default()
-            .id(event.cursor.clone())
-            .event(event.r#type.clone())
-            .data(event_frame(&event)),
-        Err(err) => sse_error(&err),
+    events.filter_map(|item| {
+        futures::future::ready(match item {
+            Ok(event) if event.r#type == MESSAGE_ACCEPTED => None,
+            Ok(event) => Some(
+                Event::default()
+                    .id(event.cursor.clone())
+                    .event(event.r#type.clone())
+                    .data(event_frame(&event)),
+            ),
+            Err(err) => Some(sse_error(&err)),
+        })
     })
 }
 

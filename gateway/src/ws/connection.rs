@@ -2,9 +2,13 @@
 //!
 //! One task per connection owns the socket. Frames are read in order;
 //! requests run concurrently (bounded) and answer when done; each subscribed
-//! session is an event stream of the runtime merged into the loop. While a
-//! `message_send_request` is pending, its conversation's events are held so
-//! the response goes out before the turn's first stream event.
+//! session is an event stream of the runtime merged into the loop.
+//!
+//! A `message_send_request` is answered where the runtime accepted it in
+//! its session's stream: the runtime publishes `message_accepted` (with the
+//! request's id) after `message_persisted` and before the turn's events, and
+//! this connection turns it into the `message_send_response`. Without a
+//! subscription to that session, the call's own result answers.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -23,19 +27,18 @@ use tracing::Instrument;
 use super::dispatch;
 use crate::api::images::{self, EventStream};
 use crate::auth::Caller;
-use crate::frames::{error_response_frame, event_frame, response_frame, system_error_frame};
+use crate::frames::{MESSAGE_ACCEPTED, error_response_frame, event_frame, response_frame, system_error_frame};
 use crate::state::GatewayState;
 
 /// What a finished background request hands back to the connection loop.
 enum Completion {
     /// A response frame to send.
     Reply(String),
-    /// A `message_send_request` ended; held events of `key` are released
-    /// around the response (those up to `cursor` first).
+    /// A `message_send_request` ended: `accepted` says where its session's
+    /// stream shows the acceptance (session and cursor), when it succeeded.
     Sent {
-        key: String,
-        session_id: Option<String>,
-        cursor: Option<u64>,
+        correlation: String,
+        accepted: Option<(String, u64)>,
         frame: String,
     },
 }
@@ -57,11 +60,15 @@ fn auth_close(err: &ApiError) -> Exit {
     )
 }
 
-/// A `message_send` response that waits until its session's stream has
-/// delivered the acceptance cursor (events travel on a separate gRPC stream).
-struct Parked {
-    cursor: u64,
-    frame: String,
+/// A `message_send_request` in flight, by the id of its request context
+/// (the `requestId` of its `message_accepted` event).
+struct PendingSend {
+    /// The request's name and the client's `requestId`, to answer with.
+    name: String,
+    request_id: Value,
+    /// The call's answer, once it came, waiting for the session's stream to
+    /// reach the acceptance (session, cursor).
+    parked: Option<(String, u64, String)>,
 }
 
 pub(super) struct Connection {
@@ -75,11 +82,8 @@ pub(super) struct Connection {
     ack: bool,
     next_msg: u64,
     unacked: HashSet<String>,
-    /// Events held per conversation (image or legacy agent id) during a pending send.
-    held: HashMap<String, Vec<rt::Event>>,
-    held_count: usize,
-    /// Responses waiting for their session's events up to the accepted cursor.
-    parked: HashMap<String, Parked>,
+    /// `message_send_request`s not answered yet.
+    pending: HashMap<String, PendingSend>,
     /// Highest cursor received per subscribed session.
     seen: HashMap<String, u64>,
     window_start: Instant,
@@ -98,9 +102,7 @@ impl Connection {
             ack,
             next_msg: 0,
             unacked: HashSet::new(),
-            held: HashMap::new(),
-            held_count: 0,
-            parked: HashMap::new(),
+            pending: HashMap::new(),
             seen: HashMap::new(),
             window_start: Instant::now(),
             window_frames: 0,
@@ -126,7 +128,7 @@ impl Connection {
                 }
                 frame = socket.recv() => self.on_frame(frame, &mut socket, &mut requests, &mut subscriptions).await,
                 Some(done) = requests.next() => {
-                    let subscribed = matches!(&done, Completion::Sent { session_id: Some(id), .. } if subscriptions.contains_key(id));
+                    let subscribed = matches!(&done, Completion::Sent { accepted: Some((id, _)), .. } if subscriptions.contains_key(id));
                     self.on_completion(done, subscribed, &mut socket).await
                 }
                 Some((session_id, item)) = subscriptions.next() => self.on_event(&session_id, item, &mut socket).await,
@@ -270,6 +272,7 @@ impl Connection {
                 if let Some(session_id) = value.get("sessionId").and_then(Value::as_str) {
                     subscriptions.remove(session_id);
                     self.seen.remove(session_id);
+                    return self.release_parked(socket, session_id, u64::MAX).await;
                 }
                 Ok(())
             }
@@ -442,12 +445,15 @@ impl Connection {
         let span = avm_common::telemetry::request_span("ws", &format!("{name}_request"), &ctx.trace);
         span.in_scope(|| avm_common::telemetry::record_caller(&ctx));
         if name == "message_send" {
-            let key = ["imageId", "agentId"]
-                .iter()
-                .find_map(|field| data.get(*field).and_then(Value::as_str))
-                .unwrap_or_default()
-                .to_owned();
-            self.held.entry(key.clone()).or_default();
+            let correlation = ctx.request_id.clone();
+            self.pending.insert(
+                correlation.clone(),
+                PendingSend {
+                    name: name.clone(),
+                    request_id: request_id.clone(),
+                    parked: None,
+                },
+            );
             requests.push(Box::pin(
                 async move {
                     // The turn's events reach subscribers through their
@@ -459,15 +465,13 @@ impl Connection {
                     };
                     match sent {
                         Ok((accepted, reply, _events)) => Completion::Sent {
-                            key,
-                            session_id: Some(accepted.session_id),
-                            cursor: accepted.cursor.parse().ok(),
+                            correlation,
+                            accepted: accepted.cursor.parse().ok().map(|cursor| (accepted.session_id, cursor)),
                             frame: response_frame(&name, &request_id, reply),
                         },
                         Err(err) => Completion::Sent {
-                            key,
-                            session_id: None,
-                            cursor: None,
+                            correlation,
+                            accepted: None,
                             frame: error_response_frame(&name, &request_id, &err),
                         },
                     }
@@ -490,49 +494,76 @@ impl Connection {
     }
 
     async fn on_completion(&mut self, done: Completion, subscribed: bool, socket: &mut WebSocket) -> Result<(), Exit> {
-        match done {
-            Completion::Reply(frame) => self.send(socket, frame).await,
+        let (correlation, accepted, frame) = match done {
+            Completion::Reply(frame) => return self.send(socket, frame).await,
             Completion::Sent {
-                key,
-                session_id,
-                cursor,
+                correlation,
+                accepted,
                 frame,
-            } => {
-                // Wait for the subscription to catch up with the acceptance, so
-                // the response follows `message_persisted` and precedes the turn.
-                if let (Some(session_id), Some(cursor)) = (session_id, cursor)
-                    && subscribed
-                    && self.seen.get(&session_id).is_none_or(|seen| *seen < cursor)
-                {
-                    self.parked.insert(key, Parked { cursor, frame });
-                    return Ok(());
-                }
-                self.release(socket, &key, cursor, frame).await
-            }
+            } => (correlation, accepted, frame),
+        };
+        // Answered already, where the stream showed the acceptance.
+        let Some(pending) = self.pending.get_mut(&correlation) else {
+            return Ok(());
+        };
+        // A subscriber's stream has not reached the acceptance yet: the
+        // answer waits for it (or for anything after it), so it goes out
+        // after `message_persisted` and before the turn's events.
+        if let Some((session_id, cursor)) = accepted
+            && subscribed
+            && self.seen.get(&session_id).is_none_or(|seen| *seen < cursor)
+        {
+            pending.parked = Some((session_id, cursor, frame));
+            return Ok(());
         }
+        self.pending.remove(&correlation);
+        self.send(socket, frame).await
     }
 
-    /// Sends a conversation's held events up to `cursor`, the response, then the rest.
-    async fn release(
-        &mut self,
-        socket: &mut WebSocket,
-        key: &str,
-        cursor: Option<u64>,
-        frame: String,
-    ) -> Result<(), Exit> {
-        let held = self.held.remove(key).unwrap_or_default();
-        self.held_count -= held.len();
-        let (before, after): (Vec<_>, Vec<_>) = held
-            .into_iter()
-            .partition(|event| cursor.is_some_and(|c| event.cursor.parse::<u64>().is_ok_and(|e| e <= c)));
-        for event in before {
-            self.send(socket, event_frame(&event)).await?;
-        }
-        self.send(socket, frame).await?;
-        for event in after {
-            self.send(socket, event_frame(&event)).await?;
+    /// Sends the parked answers of `session_id` whose acceptance the stream has passed (`seen`).
+    async fn release_parked(&mut self, socket: &mut WebSocket, session_id: &str, seen: u64) -> Result<(), Exit> {
+        let due: Vec<String> = self
+            .pending
+            .iter()
+            .filter(|(_, pending)| {
+                pending
+                    .parked
+                    .as_ref()
+                    .is_some_and(|(session, cursor, _)| session == session_id && *cursor <= seen)
+            })
+            .map(|(correlation, _)| correlation.clone())
+            .collect();
+        for correlation in due {
+            if let Some(PendingSend {
+                parked: Some((_, _, frame)),
+                ..
+            }) = self.pending.remove(&correlation)
+            {
+                self.send(socket, frame).await?;
+            }
         }
         Ok(())
+    }
+
+    /// Answers a `message_send_request` of this connection from its
+    /// `message_accepted` event; the event itself is never relayed.
+    async fn on_accepted(&mut self, event: &rt::Event, socket: &mut WebSocket) -> Result<(), Exit> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Accepted {
+            request_id: String,
+            image_id: String,
+            agent_id: String,
+        }
+        let Ok(accepted) = serde_json::from_str::<Accepted>(&event.data_json) else {
+            return Ok(());
+        };
+        let Some(pending) = self.pending.remove(&accepted.request_id) else {
+            return Ok(());
+        };
+        let data = json!({"imageId": accepted.image_id, "agentId": accepted.agent_id});
+        self.send(socket, response_frame(&pending.name, &pending.request_id, data))
+            .await
     }
 
     async fn on_event(
@@ -545,6 +576,8 @@ impl Connection {
             Ok(event) => event,
             Err(err) => {
                 tracing::debug!(conn_id = %self.id, session_id, reason = %err.reason, "subscription ended");
+                // Answers waiting for this stream wait no longer.
+                self.release_parked(socket, session_id, u64::MAX).await?;
                 let frame = system_error_frame(&err, None);
                 return self.send(socket, frame).await;
             }
@@ -558,28 +591,12 @@ impl Connection {
         let cursor = event.cursor.parse::<u64>().unwrap_or(0);
         let seen = self.seen.entry(session_id.to_owned()).or_default();
         *seen = (*seen).max(cursor);
-        let key = event.context.as_ref().and_then(|context| {
-            [&context.image_id, &context.agent_id]
-                .into_iter()
-                .find(|id| self.held.contains_key(id.as_str()))
-                .cloned()
-        });
-        let Some(key) = key else {
-            return self.send(socket, event_frame(&event)).await;
-        };
-        if self.held_count >= self.state.config.max_held_events {
-            return Err(Exit::Close(
-                close_code::POLICY,
-                "too many events held for a pending request".into(),
-            ));
+        if event.r#type == MESSAGE_ACCEPTED {
+            return self.on_accepted(&event, socket).await;
         }
-        self.held_count += 1;
-        self.held.entry(key.clone()).or_default().push(event);
-        if self.parked.get(&key).is_some_and(|parked| cursor >= parked.cursor)
-            && let Some(parked) = self.parked.remove(&key)
-        {
-            return self.release(socket, &key, Some(parked.cursor), parked.frame).await;
-        }
-        Ok(())
+        // A stream that began after the acceptance never shows it: an answer
+        // waiting for it goes out before the first event that follows it.
+        self.release_parked(socket, session_id, cursor).await?;
+        self.send(socket, event_frame(&event)).await
     }
 }

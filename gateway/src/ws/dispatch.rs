@@ -13,7 +13,8 @@ use crate::api::agents::{self, Agent};
 use crate::api::containers::{self, ContainerRef};
 use crate::api::decode;
 use crate::api::images::EventStream;
-use crate::api::images::{self, AgentTarget, ImageConfig, ImageRecord, ImageUpdate, MessageAccepted, MessageContent};
+use crate::api::images::{self, AgentTarget, ImageConfig, ImageRecord, ImageUpdate, MessageAccepted};
+use crate::api::messages::MessageContent;
 use crate::peers::Peers;
 
 /// Names an image.

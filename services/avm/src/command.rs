@@ -54,7 +54,8 @@ pub enum Command {
     Gateway(ComponentArgs),
     /// Run the auth service alone (storage from AVM_DATABASE_URL; needs AVM_AUTH_SERVICE_KEY).
     Auth(ComponentArgs),
-    /// Run the session service alone (storage from AVM_DATABASE_URL; needs AVM_AUTH_ADDR, AVM_AUTH_SERVICE_KEY).
+    /// Run the session service alone (storage from AVM_DATABASE_URL; needs AVM_AUTH_ADDR, AVM_RESOURCE_ADDR,
+    /// AVM_AUTH_SERVICE_KEY).
     Session(ComponentArgs),
     /// Run the runtime alone (needs AVM_AUTH_ADDR, AVM_SESSION_ADDR, AVM_RESOURCE_ADDR, AVM_CONFIG_ADDR,
     /// AVM_OBSERVABILITY_ADDR, AVM_AUTH_SERVICE_KEY).

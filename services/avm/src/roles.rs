@@ -243,6 +243,20 @@ async fn rate_limiter(config: &AvmConfig) -> anyhow::Result<avm_gateway::RateLim
     }
 }
 
+/// Counts the calls the ledger writes against the auth service's token
+/// quotas, until the background stops (after the ledger's last write).
+fn count_quotas(
+    app: &mut App,
+    observability: &avm_observability::ObservabilityService,
+    auth: AuthServiceHandle,
+    identity: &ServiceIdentity,
+) {
+    let stop = CancellationToken::new();
+    let (quotas, task) = avm_observability::AuthQuotas::spawn(auth, identity.clone(), stop.clone());
+    observability.count_quotas_with(quotas);
+    app.flush_after_servers_on("quota reports", stop, task);
+}
+
 /// The agent pool of a runtime over its peers.
 struct RuntimePeers {
     session: SessionServiceHandle,
@@ -253,12 +267,13 @@ struct RuntimePeers {
 
 impl RuntimePeers {
     fn pool(self, config: &AvmConfig, identity: &ServiceIdentity) -> avm_runtime::AgentPool {
+        use avm_runtime::peers::{Configs, Resources, Sessions, Usages};
         avm_runtime::AgentPool::new(
             config.runtime.clone(),
-            avm_runtime::LlmSettings::new(self.config, identity.clone()),
-            avm_runtime::Metering::new(self.observability, identity.clone()),
-            avm_runtime::SessionClient::new(self.session),
-            avm_runtime::ResourceClient::new(self.resource),
+            avm_runtime::LlmSettings::new(Configs::new(self.config), identity.clone()),
+            avm_runtime::Metering::new(Usages::new(self.observability), identity.clone()),
+            Sessions::new(self.session),
+            Resources::new(self.resource),
             identity.clone(),
         )
     }
@@ -294,16 +309,18 @@ async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Resu
     }
     let key = auth_config.require_service_key()?.to_owned();
     let auth = open_auth(&config, auth_config).await?;
-    let sessions = open_session(&config).await?;
     let settings = open_config(&config, true).await?;
     let resources = open_resources(&config).await?;
     let observability = open_observability(&config).await?;
 
     // Each service's gRPC adapter, called in process by the others.
     let auth_handle = AuthServiceLocal::new(avm_auth::AuthGrpc::new(auth.clone()), LocalCalls).handle();
-    let session_handle = SessionServiceLocal::new(avm_session::SessionGrpc::new(sessions.clone()), LocalCalls).handle();
     let resource_handle =
         ResourceServiceLocal::new(avm_resource::ResourceGrpc::new(resources.clone()), LocalCalls).handle();
+    let sessions = open_session(&config)
+        .await?
+        .with_references(avm_session::References::new(resource_handle.clone()));
+    let session_handle = SessionServiceLocal::new(avm_session::SessionGrpc::new(sessions.clone()), LocalCalls).handle();
     let config_handle = ConfigServiceLocal::new(avm_config::ConfigGrpc::new(settings.clone()), LocalCalls).handle();
     let observability_handle = ObservabilityServiceLocal::new(
         avm_observability::ObservabilityGrpc::new(observability.clone()),
@@ -322,8 +339,11 @@ async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Resu
 
     app.background(auth.spawn_background(app.background_stop()));
     app.background(settings.spawn_background(app.background_stop()));
-    // The ledger writes what it still holds once the servers stop.
+    app.background(sessions.spawn_background(app.background_stop()));
+    // The ledger writes what it still holds once the servers stop, and the
+    // calls it writes count against token quotas after it.
     app.flush_after_servers("usage ledger", observability.spawn_background(app.background_stop()));
+    count_quotas(&mut app, &observability, auth_handle.clone(), &credentials.identity);
     run_pool(&mut app, &pool, drain);
     forward_logs(&mut app, Some(observability_handle.clone()), &credentials.identity);
 
@@ -405,7 +425,16 @@ async fn store_service_app(role: Role, config: AvmConfig) -> anyhow::Result<App>
     let server = GrpcServer::new(&config.grpc);
     let (server, observability) = match role {
         Role::Session => {
-            let sessions = open_session(&config).await?;
+            let resources = remote(
+                &config,
+                &config.peers.resource,
+                "AVM_RESOURCE_ADDR",
+                |channel, limit| ResourceServiceRemote::new(channel, limit).handle(),
+            )?;
+            let sessions = open_session(&config)
+                .await?
+                .with_references(avm_session::References::new(resources));
+            app.background(sessions.spawn_background(app.background_stop()));
             (
                 server.add_service(avm_session::grpc_server(sessions, verifier, &config.grpc)),
                 remote_observability(&config)?,
@@ -428,8 +457,15 @@ async fn store_service_app(role: Role, config: AvmConfig) -> anyhow::Result<App>
         }
         Role::Observability => {
             let observability = open_observability(&config).await?;
-            // The ledger writes what it still holds before the process ends.
+            // The ledger writes what it still holds before the process ends,
+            // and the calls it writes count against token quotas after it.
             app.flush_after_servers("usage ledger", observability.spawn_background(app.background_stop()));
+            count_quotas(
+                &mut app,
+                &observability,
+                credentials.auth.clone(),
+                &credentials.identity,
+            );
             // Its own log events go straight to itself.
             let own = ObservabilityServiceLocal::new(
                 avm_observability::ObservabilityGrpc::new(observability.clone()),

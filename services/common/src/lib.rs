@@ -18,7 +18,6 @@ pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod trace;
-pub mod wire;
 
 pub use context::RequestContext;
 pub use error::{ApiError, Code};

@@ -105,6 +105,13 @@ impl App {
         });
     }
 
+    /// Adds a task that finishes its work when its own `stop` is cancelled,
+    /// after the servers and the tasks added before it (one that drains what
+    /// those produce last).
+    pub fn flush_after_servers_on(&mut self, what: &'static str, stop: CancellationToken, task: JoinHandle<()>) {
+        self.after_servers.push(Flushing { what, stop, task });
+    }
+
     /// Adds a task that is simply aborted at the end.
     pub fn background(&mut self, task: JoinHandle<()>) {
         self.aborted.push(task);

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::LedgerSettings;
 use crate::error::ObservabilityError;
+use crate::quotas::QuotaSink;
 use crate::record::UsageRecord;
 use crate::store::ObservabilityStore;
 
@@ -121,6 +122,8 @@ pub(crate) struct Ledger {
     max_pending: usize,
     /// `None` when this replica is the only writer (its cache never goes stale).
     spend_ttl: Option<Duration>,
+    /// Where calls new to the ledger go to count against token quotas.
+    quotas: std::sync::OnceLock<Arc<dyn QuotaSink>>,
 }
 
 impl Ledger {
@@ -136,6 +139,14 @@ impl Ledger {
             flush_batch: settings.flush_batch.max(1),
             max_pending: settings.max_pending_records,
             spend_ttl,
+            quotas: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Sends the calls new to the ledger to `quotas` from now on (once).
+    pub(crate) fn count_quotas_with(&self, quotas: Arc<dyn QuotaSink>) {
+        if self.quotas.set(quotas).is_err() {
+            tracing::warn!("quota counting was set up twice; keeping the first");
         }
     }
 
@@ -198,6 +209,14 @@ impl Ledger {
                 Ok(inserted) => {
                     written += inserted.len();
                     self.publish(&batch[start..end], &inserted);
+                    if let Some(quotas) = self.quotas.get() {
+                        let new: Vec<UsageRecord> = batch[start..end]
+                            .iter()
+                            .filter(|record| inserted.contains(&record.call_id))
+                            .cloned()
+                            .collect();
+                        quotas.counted(&new);
+                    }
                     start = end;
                 }
                 Err(err) => {

@@ -6,6 +6,7 @@
 //! grpc.rs     proto ⇄ domain, metadata → RequestContext, error → Status
 //! service.rs  permissions, validation, queries, budgets, logs, watch
 //! ledger.rs   the pending buffer, its background writer, month spends
+//! quotas.rs   token quotas derived from the ledger, counted at the auth service
 //! record.rs   the domain types
 //! forwarder.rs every process's tenant log events, sent to this service
 //! store.rs    the ObservabilityStore trait; store/{sqlite,postgres}.rs behind it
@@ -16,6 +17,7 @@ mod error;
 mod forwarder;
 mod grpc;
 mod ledger;
+mod quotas;
 mod record;
 mod service;
 mod store;
@@ -24,6 +26,7 @@ pub use config::LedgerSettings;
 pub use error::ObservabilityError;
 pub use forwarder::spawn_log_forwarder;
 pub use grpc::{ObservabilityGrpc, grpc_server};
+pub use quotas::{AuthQuotas, QuotaSink};
 pub use record::{
     Budget, BudgetCheck, BudgetUpdate, BudgetWatch, CallStatus, CallTiming, Dimension, Latency, Level, LogEvent,
     LogFilter, LogQuery, PageKey, StoredBudget, UsageFilter, UsageGroup, UsagePage, UsageQuery, UsageRecord,

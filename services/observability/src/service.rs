@@ -29,6 +29,7 @@ use tracing::instrument;
 use crate::config::LedgerSettings;
 use crate::error::ObservabilityError;
 use crate::ledger::{Ledger, SpendKey};
+use crate::quotas::QuotaSink;
 use crate::record::{
     Budget, BudgetCheck, BudgetUpdate, BudgetWatch, CallTiming, Dimension, Latency, Level, LogEvent, LogFilter,
     LogQuery, PageKey, StoredBudget, UsageFilter, UsagePage, UsageQuery, UsageRecord, UsageReport, UsageSummary,
@@ -118,6 +119,11 @@ impl ObservabilityService {
                 events,
             }),
         }
+    }
+
+    /// Counts every call new to the ledger against token quotas with `quotas`.
+    pub fn count_quotas_with(&self, quotas: Arc<dyn QuotaSink>) {
+        self.inner.ledger.count_quotas_with(quotas);
     }
 
     /// Runs the ledger writer, the log pruner and the cross-replica budget

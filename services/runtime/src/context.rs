@@ -1,61 +1,15 @@
-//! Building the LLM's view of a conversation from stored messages and user content.
+//! The conversation an agent holds: its history as the LLM reads it, shared
+//! with each turn's request rather than copied into it.
 
-use avm_common::ApiError;
-use avm_proto::session::v1 as pb;
-use serde_json::Value;
+use std::sync::Arc;
 
 use crate::llm::{LlmContent, LlmMessage, LlmRole};
+use crate::message::{Message, MessageBody};
 
-/// Largest accepted user content, in bytes of JSON.
-pub const MAX_CONTENT_BYTES: usize = 8 * 1024 * 1024;
-
-/// Parses and validates user content: a non-empty string or a list of parts
-/// (`text`, `image`, `file`) as PROTOCOL.md describes.
-pub fn parse_content(content_json: &str) -> Result<Vec<LlmContent>, ApiError> {
-    if content_json.len() > MAX_CONTENT_BYTES {
-        return Err(ApiError::invalid("CONTENT_TOO_LARGE", "message content exceeds 8 MiB"));
-    }
-    let value: Value = serde_json::from_str(content_json)
-        .map_err(|_| ApiError::invalid("INVALID_CONTENT", "content must be a string or a list of parts"))?;
-    let parts = match value {
-        Value::String(text) => vec![LlmContent::Text(text)],
-        Value::Array(parts) => parts.iter().map(parse_part).collect::<Result<Vec<_>, _>>()?,
-        _ => {
-            return Err(ApiError::invalid(
-                "INVALID_CONTENT",
-                "content must be a string or a list of parts",
-            ));
-        }
-    };
-    let empty = parts
-        .iter()
-        .all(|part| matches!(part, LlmContent::Text(text) if text.trim().is_empty()));
-    if empty {
-        return Err(ApiError::invalid("EMPTY_CONTENT", "message content is empty"));
-    }
-    Ok(parts)
-}
-
-fn parse_part(part: &Value) -> Result<LlmContent, ApiError> {
-    let field = |name: &str| part.get(name).and_then(Value::as_str).map(str::to_owned);
-    let invalid = |what: &str| ApiError::invalid("INVALID_CONTENT", format!("content part {what}"));
-    match part.get("type").and_then(Value::as_str) {
-        Some("text") => field("text")
-            .map(LlmContent::Text)
-            .ok_or_else(|| invalid("of type text needs a string `text`")),
-        Some("image") => Ok(LlmContent::Image {
-            media_type: field("mediaType").ok_or_else(|| invalid("of type image needs `mediaType`"))?,
-            data: field("data").ok_or_else(|| invalid("of type image needs base64 `data`"))?,
-        }),
-        Some("file") => Ok(LlmContent::File {
-            media_type: field("mediaType").ok_or_else(|| invalid("of type file needs `mediaType`"))?,
-            data: field("data").ok_or_else(|| invalid("of type file needs base64 `data`"))?,
-            filename: field("filename"),
-        }),
-        Some(other) => Err(invalid(&format!("has unknown type {other:?}"))),
-        None => Err(invalid("needs a `type`")),
-    }
-}
+/// The messages an LLM request carries; a turn holds the same allocation as
+/// its agent, and the agent copies it only to append while a turn still
+/// holds it (a copy-on-write of the vector, never of the messages' text).
+pub type History = Arc<Vec<LlmMessage>>;
 
 /// Turns stored history into alternating LLM messages.
 ///
@@ -63,22 +17,19 @@ fn parse_part(part: &Value) -> Result<LlmContent, ApiError> {
 /// (an interrupt before any text) are skipped; consecutive messages of one
 /// role (a user message whose turn failed, then another) are merged, because
 /// providers expect roles to alternate.
-pub fn history_to_llm(history: &[pb::Message]) -> Vec<LlmMessage> {
+pub fn history_to_llm(history: &[Message]) -> History {
     let mut messages: Vec<LlmMessage> = Vec::with_capacity(history.len());
     for message in history {
         let (role, content) = match &message.body {
-            Some(pb::message::Body::User(user)) => match parse_content(&user.content_json) {
-                Ok(content) => (LlmRole::User, content),
-                Err(_) => continue,
-            },
-            Some(pb::message::Body::Assistant(assistant)) if !assistant.text.is_empty() => {
-                (LlmRole::Assistant, vec![LlmContent::Text(assistant.text.clone())])
+            MessageBody::User(content) => (LlmRole::User, content.to_llm()),
+            MessageBody::Assistant(reply) if !reply.text.is_empty() => {
+                (LlmRole::Assistant, vec![LlmContent::Text(reply.text.clone())])
             }
             _ => continue,
         };
         push_message(&mut messages, role, content);
     }
-    messages
+    Arc::new(messages)
 }
 
 /// Appends to the conversation, merging into the last message when roles repeat.
@@ -89,59 +40,60 @@ pub fn push_message(messages: &mut Vec<LlmMessage>, role: LlmRole, content: Vec<
     }
 }
 
+/// Appends to a shared history: in place when no turn holds it any more.
+pub fn append(history: &mut History, role: LlmRole, content: Vec<LlmContent>) {
+    push_message(Arc::make_mut(history), role, content);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::{Content, Part, Reply};
 
-    fn user(text: &str) -> pb::Message {
-        pb::Message {
-            body: Some(pb::message::Body::User(pb::UserMessage {
-                content_json: Value::String(text.into()).to_string(),
-            })),
-            ..pb::Message::default()
+    fn message(body: MessageBody) -> Message {
+        Message {
+            message_id: String::new(),
+            session_id: String::new(),
+            created_at_ms: 0,
+            body,
         }
     }
 
-    fn assistant(text: &str) -> pb::Message {
-        pb::Message {
-            body: Some(pb::message::Body::Assistant(pb::AssistantMessage {
-                text: text.into(),
-                ..Default::default()
-            })),
-            ..pb::Message::default()
-        }
+    fn user(text: &str) -> Message {
+        message(MessageBody::User(Content {
+            parts: vec![Part::Text(text.into())],
+            plain_text: true,
+        }))
     }
 
-    #[test]
-    fn content_accepts_strings_and_parts_and_rejects_the_rest() {
-        assert_eq!(parse_content(r#""hi""#).ok(), Some(vec![LlmContent::Text("hi".into())]));
-        let parts = r#"[{"type":"text","text":"look"},{"type":"image","data":"AAA=","mediaType":"image/png"}]"#;
-        assert_eq!(parse_content(parts).map(|p| p.len()).ok(), Some(2));
-        for bad in [
-            "42",
-            "{}",
-            r#"[{"type":"video"}]"#,
-            r#""   ""#,
-            "not json",
-            r#"[{"text":"x"}]"#,
-        ] {
-            assert!(parse_content(bad).is_err(), "{bad} accepted");
-        }
+    fn assistant(text: &str) -> Message {
+        message(MessageBody::Assistant(Reply {
+            text: text.into(),
+            ..Reply::default()
+        }))
     }
 
     #[test]
     fn history_alternates_and_skips_errors_and_empty_replies() {
-        let error = pb::Message {
-            body: Some(pb::message::Body::Error(pb::ErrorMessage {
-                text: "boom".into(),
-                error_code: "X".into(),
-            })),
-            ..pb::Message::default()
-        };
+        let error = message(MessageBody::Error {
+            text: "boom".into(),
+            error_code: "X".into(),
+        });
         let history = [user("a"), error, user("b"), assistant(""), assistant("c"), user("d")];
         let messages = history_to_llm(&history);
         let roles: Vec<_> = messages.iter().map(|m| m.role).collect();
         assert_eq!(roles, [LlmRole::User, LlmRole::Assistant, LlmRole::User]);
         assert_eq!(messages[0].content.len(), 2);
+    }
+
+    #[test]
+    fn appending_copies_only_while_a_turn_holds_the_history() {
+        let mut history = history_to_llm(&[user("a")]);
+        let before = Arc::as_ptr(&history);
+        append(&mut history, LlmRole::Assistant, vec![LlmContent::Text("b".into())]);
+        assert_eq!(Arc::as_ptr(&history), before, "nobody else held it: appended in place");
+        let turn = Arc::clone(&history);
+        append(&mut history, LlmRole::User, vec![LlmContent::Text("c".into())]);
+        assert_eq!((turn.len(), history.len()), (2, 3), "the turn keeps what it was given");
     }
 }

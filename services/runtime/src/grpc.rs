@@ -1,10 +1,10 @@
-//! The gRPC adapter of the runtime: proto ⇄ domain, metadata → context.
+//! The gRPC adapter of the runtime: proto ⇄ domain, the caller's context,
+//! errors → status. With `peers/`, the only place that sees protos.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use avm_common::ApiError;
 use avm_common::auth::{Authenticated, TokenVerifier, caller};
 use avm_common::config::GrpcConfig;
 use avm_proto::runtime::v1 as pb;
@@ -12,8 +12,11 @@ use avm_proto::runtime::v1::runtime_service_server::{RuntimeService, RuntimeServ
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::agent::AgentInfo;
+use crate::error::{AgentTarget, RuntimeError};
 use crate::hub::{SessionEvent, Subscription};
-use crate::service::{AgentInfo, AgentPool, AgentTarget};
+use crate::peers::content;
+use crate::pool::{AgentPool, ImageView};
 
 /// Returns the runtime's gRPC server with the shared message-size limits;
 /// every call's caller is verified from its bearer token.
@@ -58,8 +61,15 @@ fn agent_pb(agent: AgentInfo) -> pb::Agent {
     }
 }
 
+fn image_pb(view: ImageView) -> pb::ImageView {
+    pb::ImageView {
+        image: Some(view.image.into()),
+        agent: view.agent.map(agent_pb),
+    }
+}
+
 /// Converts a hub event to its wire form.
-pub fn event_pb(event: &SessionEvent) -> pb::Event {
+fn event_pb(event: &SessionEvent) -> pb::Event {
     pb::Event {
         r#type: event.kind.to_owned(),
         cursor: event.cursor.to_string(),
@@ -98,12 +108,8 @@ fn event_stream(
                     None => match live.recv().await {
                         Some(event) => event,
                         None if overflowed.load(Ordering::Acquire) => {
-                            let err = ApiError::new(
-                                avm_common::Code::ResourceExhausted,
-                                "SUBSCRIBER_TOO_SLOW",
-                                "the subscriber fell too far behind the event stream; resubscribe with the last cursor",
-                            );
-                            return Some((Err(err.to_status()), (replay, live, true)));
+                            let status = Status::from(RuntimeError::SubscriberTooSlow);
+                            return Some((Err(status), (replay, live, true)));
                         }
                         None => return None,
                     },
@@ -119,6 +125,49 @@ fn event_stream(
 impl RuntimeService for RuntimeGrpc {
     type SendMessageStream = EventStream<pb::SendMessageResponse>;
     type SubscribeEventsStream = EventStream<pb::SubscribeEventsResponse>;
+
+    async fn get_image(&self, request: Request<pb::GetImageRequest>) -> Result<Response<pb::GetImageResponse>, Status> {
+        let ctx = caller(&request)?;
+        let view = self.pool.get_image(&ctx, &request.get_ref().image_id).await?;
+        Ok(Response::new(pb::GetImageResponse {
+            image: Some(image_pb(view)),
+        }))
+    }
+
+    async fn list_images(
+        &self,
+        request: Request<pb::ListImagesRequest>,
+    ) -> Result<Response<pb::ListImagesResponse>, Status> {
+        let ctx = caller(&request)?;
+        let views = self
+            .pool
+            .list_images(&ctx, request.get_ref().container_id.as_deref())
+            .await?;
+        Ok(Response::new(pb::ListImagesResponse {
+            images: views.into_iter().map(image_pb).collect(),
+        }))
+    }
+
+    async fn delete_image(
+        &self,
+        request: Request<pb::DeleteImageRequest>,
+    ) -> Result<Response<pb::DeleteImageResponse>, Status> {
+        let ctx = caller(&request)?;
+        let stopped = self.pool.delete_image(&ctx, &request.get_ref().image_id).await?;
+        Ok(Response::new(pb::DeleteImageResponse { stopped }))
+    }
+
+    async fn delete_container(
+        &self,
+        request: Request<pb::DeleteContainerRequest>,
+    ) -> Result<Response<pb::DeleteContainerResponse>, Status> {
+        let ctx = caller(&request)?;
+        let deleted_image_ids = self
+            .pool
+            .delete_container(&ctx, &request.get_ref().container_id)
+            .await?;
+        Ok(Response::new(pb::DeleteContainerResponse { deleted_image_ids }))
+    }
 
     async fn run_image(&self, request: Request<pb::RunImageRequest>) -> Result<Response<pb::RunImageResponse>, Status> {
         let ctx = caller(&request)?;
@@ -144,10 +193,8 @@ impl RuntimeService for RuntimeGrpc {
     ) -> Result<Response<Self::SendMessageStream>, Status> {
         let ctx = caller(&request)?;
         let message = request.into_inner();
-        let accepted = self
-            .pool
-            .send_message(&ctx, &message.image_id, &message.content_json)
-            .await?;
+        let content = content(message.content, message.plain_text);
+        let accepted = self.pool.send_message(&ctx, &message.image_id, content).await?;
         let first = pb::SendMessageResponse {
             kind: Some(pb::send_message_response::Kind::Accepted(pb::SendMessageAccepted {
                 agent: Some(agent_pb(accepted.agent)),
@@ -172,7 +219,7 @@ impl RuntimeService for RuntimeGrpc {
         let target = match request.into_inner().target {
             Some(pb::interrupt_agent_request::Target::ImageId(id)) => AgentTarget::Image(id),
             Some(pb::interrupt_agent_request::Target::AgentId(id)) => AgentTarget::Agent(id),
-            None => return Err(ApiError::invalid("MISSING_ID", "image_id or agent_id is required").into()),
+            None => return Err(RuntimeError::invalid("MISSING_ID", "image_id or agent_id is required").into()),
         };
         let (agent, interrupted) = self.pool.interrupt(&ctx, &target).await?;
         Ok(Response::new(pb::InterruptAgentResponse {

@@ -1,21 +1,40 @@
 //! The AgentVM runtime: the agent pool, LLM drivers and session event streams.
+//!
+//! ```text
+//! grpc.rs      proto ⇄ domain: the RuntimeService adapter
+//! peers/       the services it calls, each a client speaking domain types
+//! pool.rs      the agents of this process: start, find, stop, reap, cascades
+//! agent.rs     one agent: its conversation, one turn at a time
+//! turn.rs      one turn: the LLM call streamed as events, then stored, metered
+//! context.rs   the history as the LLM reads it, shared with each turn
+//! message.rs   what users send (and its rules) and what agents answer
+//! plan.rs      an image's resource:// references, resolved at start
+//! hub.rs       each session's events: cursors, retention, subscribers
+//! settings.rs  each tenant's LLM settings, followed live
+//! metering.rs  prices, the usage queue, budget checks
+//! llm/         the provider drivers
+//! error.rs     the runtime's errors; config.rs: its settings
+//! ```
 
+mod agent;
 pub mod config;
 mod context;
-pub mod grpc;
+mod error;
+mod grpc;
 pub mod hub;
 pub mod llm;
+mod message;
 pub mod metering;
-pub mod resources;
-pub mod service;
-pub mod session_client;
+pub mod peers;
+mod plan;
+mod pool;
 pub mod settings;
 mod turn;
 
+pub use agent::AgentInfo;
 pub use config::{BillingConfig, LlmConfig, ModelPrice, RuntimeConfig};
+pub use error::{AgentTarget, RuntimeError};
 pub use grpc::{RuntimeGrpc, grpc_server};
 pub use metering::Metering;
-pub use resources::ResourceClient;
-pub use service::AgentPool;
-pub use session_client::SessionClient;
+pub use pool::AgentPool;
 pub use settings::LlmSettings;

@@ -17,12 +17,13 @@ use std::time::Duration;
 
 use avm_common::auth::ServiceIdentity;
 use avm_common::{ApiError, Code, RequestContext};
-use avm_proto::observability::v1 as pb;
-use avm_proto::observability::v1::ObservabilityServiceHandle;
+use futures::StreamExt;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{BillingConfig, ProviderKind};
+use crate::error::RuntimeError;
+use crate::peers::{BudgetAnswer, UsageRecord, Usages};
 
 /// Records waiting to be sent; beyond it a turn waits for room before it
 /// ends (the observability service has been unreachable for a long while).
@@ -101,10 +102,10 @@ pub fn estimate_tokens(text_bytes: usize) -> u64 {
 }
 
 struct Inner {
-    observability: ObservabilityServiceHandle,
+    usages: Usages,
     identity: ServiceIdentity,
-    queue: mpsc::Sender<pb::UsageRecord>,
-    receiver: Mutex<Option<mpsc::Receiver<pb::UsageRecord>>>,
+    queue: mpsc::Sender<UsageRecord>,
+    receiver: Mutex<Option<mpsc::Receiver<UsageRecord>>>,
     /// Records accepted and not yet confirmed by the observability service.
     pending: AtomicUsize,
     /// The same, by tenant: a budget check waits for its tenant's.
@@ -124,11 +125,11 @@ pub struct Metering {
 
 impl Metering {
     /// Returns a reporter to the observability service.
-    pub fn new(observability: ObservabilityServiceHandle, identity: ServiceIdentity) -> Self {
+    pub fn new(usages: Usages, identity: ServiceIdentity) -> Self {
         let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
         Self {
             inner: Arc::new(Inner {
-                observability,
+                usages,
                 identity,
                 queue,
                 receiver: Mutex::new(Some(receiver)),
@@ -149,7 +150,7 @@ impl Metering {
 
     /// Fails with BUDGET_EXCEEDED when the caller's tenant or key spent its
     /// monthly budget; tenants without one are not asked about.
-    pub async fn check_budget(&self, ctx: &RequestContext) -> Result<(), ApiError> {
+    pub async fn check_budget(&self, ctx: &RequestContext) -> Result<(), RuntimeError> {
         let key_id = ctx.principal.key_id.as_deref().unwrap_or_default();
         let known = self.inner.budgets_known.load(Ordering::Acquire);
         if known && !self.capped(&ctx.tenant_id, key_id) {
@@ -159,18 +160,16 @@ impl Metering {
         self.wait_sent(&ctx.tenant_id, BUDGET_FLUSH).await;
         let answer = async {
             let own = self.inner.identity.context_for(ctx).await?;
-            let request = own.request(pb::CheckBudgetRequest {
-                tenant_id: ctx.tenant_id.clone(),
-                key_id: key_id.to_owned(),
-            });
-            Ok::<_, ApiError>(self.inner.observability.check_budget(request).await?.into_inner())
+            self.inner.usages.check_budget(&own, &ctx.tenant_id, key_id).await
         }
         .await;
         match answer {
-            Ok(answer) if answer.allowed => Ok(()),
-            Ok(answer) => {
-                let budget = answer.exhausted.unwrap_or_default();
-                let whose = if budget.key_id.is_empty() {
+            Ok(BudgetAnswer::Allowed) => Ok(()),
+            Ok(BudgetAnswer::Exhausted {
+                key_id,
+                monthly_limit_pico_usd,
+            }) => {
+                let whose = if key_id.is_empty() {
                     "the tenant's"
                 } else {
                     "this API key's"
@@ -180,30 +179,32 @@ impl Metering {
                     "BUDGET_EXCEEDED",
                     format!(
                         "{whose} monthly budget of {} USD is spent; no further LLM call is made this month",
-                        avm_common::money::format_usd(budget.monthly_limit_pico_usd)
+                        avm_common::money::format_usd(monthly_limit_pico_usd)
                     ),
-                ))
+                )
+                .into())
             }
             // Unknown budgets while the service is away: let the call go,
             // rather than stop every tenant for the sake of a few.
             Err(err) if !known => {
-                tracing::warn!(reason = %err.reason, "cannot check budgets; allowing the call");
+                tracing::warn!(error = %err, "cannot check budgets; allowing the call");
                 Ok(())
             }
             Err(err) => {
-                tracing::warn!(reason = %err.reason, "cannot check a budget; refusing the call");
+                tracing::warn!(error = %err, "cannot check a budget; refusing the call");
                 Err(ApiError::unavailable(
                     "BUDGET_UNAVAILABLE",
                     "the budget of this tenant cannot be checked right now; try again shortly",
-                ))
+                )
+                .into())
             }
         }
     }
 
     /// Reports one call: at once when its tenant or key has a budget (so
     /// the next check counts it), else through the batching queue.
-    pub async fn record(&self, record: pb::UsageRecord) {
-        if self.capped(&record.tenant_id, &record.key_id) && self.send(vec![record.clone()]).await.is_ok() {
+    pub async fn record(&self, record: UsageRecord) {
+        if self.capped(&record.tenant_id, &record.key_id) && self.send(std::slice::from_ref(&record)).await.is_ok() {
             return;
         }
         let depth = self.inner.pending.fetch_add(1, Ordering::SeqCst) + 1;
@@ -271,11 +272,9 @@ impl Metering {
         }
     }
 
-    async fn send(&self, records: Vec<pb::UsageRecord>) -> Result<(), ApiError> {
+    async fn send(&self, records: &[UsageRecord]) -> Result<(), RuntimeError> {
         let ctx = self.inner.identity.own_context().await?;
-        let request = ctx.request(pb::RecordUsageRequest { records });
-        self.inner.observability.record_usage(request).await?;
-        Ok(())
+        self.inner.usages.record(&ctx, records).await
     }
 
     /// Waits until every queued record was sent, for at most `limit`.
@@ -312,8 +311,8 @@ impl Metering {
         })
     }
 
-    async fn send_queued(&self, mut receiver: mpsc::Receiver<pb::UsageRecord>, shutdown: CancellationToken) {
-        let mut batch: Vec<pb::UsageRecord> = Vec::new();
+    async fn send_queued(&self, mut receiver: mpsc::Receiver<UsageRecord>, shutdown: CancellationToken) {
+        let mut batch: Vec<UsageRecord> = Vec::new();
         let mut backoff = Duration::from_millis(100);
         loop {
             if batch.is_empty() {
@@ -333,7 +332,7 @@ impl Metering {
                     }
                 }
             }
-            match self.send(batch.clone()).await {
+            match self.send(&batch).await {
                 Ok(()) => {
                     let left = self.inner.pending.fetch_sub(batch.len(), Ordering::SeqCst) - batch.len();
                     metrics::gauge!("avm_runtime_usage_queue_depth").set(left as f64);
@@ -345,7 +344,7 @@ impl Metering {
                     backoff = Duration::from_millis(100);
                 }
                 Err(err) => {
-                    tracing::warn!(records = batch.len(), reason = %err.reason, error = %err.message, "usage report failed; retrying");
+                    tracing::warn!(records = batch.len(), error = %err, "usage report failed; retrying");
                     tokio::select! {
                         () = shutdown.cancelled() => return,
                         () = tokio::time::sleep(backoff) => {}
@@ -366,7 +365,7 @@ impl Metering {
             };
             self.inner.budgets_known.store(false, Ordering::Release);
             if let Err(err) = result {
-                tracing::warn!(reason = %err.reason, error = %err.message, "budget watch ended; reconnecting");
+                tracing::warn!(error = %err, "budget watch ended; reconnecting");
             }
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -376,17 +375,15 @@ impl Metering {
         }
     }
 
-    async fn watch_budgets(&self) -> Result<(), ApiError> {
+    async fn watch_budgets(&self) -> Result<(), RuntimeError> {
         let ctx = self.inner.identity.own_context().await?;
-        let request = ctx.request(pb::WatchBudgetsRequest {});
-        let mut stream = self.inner.observability.watch_budgets(request).await?.into_inner();
-        while let Some(update) = futures::StreamExt::next(&mut stream).await.transpose()? {
+        let mut stream = self.inner.usages.watch_budgets(&ctx).await?;
+        while let Some(update) = stream.next().await.transpose()? {
             let mut capped = self.inner.capped.write().unwrap_or_else(|poison| poison.into_inner());
             if update.snapshot {
                 capped.clear();
             }
-            for budget in update.budgets {
-                let pair = (budget.tenant_id, budget.key_id);
+            for pair in update.budgets {
                 if update.removed {
                     capped.remove(&pair);
                 } else {
@@ -396,10 +393,7 @@ impl Metering {
             drop(capped);
             self.inner.budgets_known.store(true, Ordering::Release);
         }
-        Err(ApiError::unavailable(
-            "BUDGET_WATCH_ENDED",
-            "the observability service ended the watch",
-        ))
+        Err(ApiError::unavailable("BUDGET_WATCH_ENDED", "the observability service ended the watch").into())
     }
 }
 

@@ -10,17 +10,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use avm_common::RequestContext;
 use avm_common::auth::ServiceIdentity;
 use avm_common::settings::{LLM_API_KEY, LLM_BASE_URL, LLM_PROVIDER};
-use avm_common::{ApiError, RequestContext};
-use avm_proto::config::v1 as pb;
-use avm_proto::config::v1::ConfigServiceHandle;
+use futures::StreamExt;
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{BillingConfig, LlmConfig};
+use crate::error::RuntimeError;
 use crate::llm::{LlmProvider, build_provider};
+use crate::peers::{ConfigSource, ConfigUpdate, Configs};
 
 /// How long a turn waits for the first system configuration.
 const FIRST_SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -45,7 +46,7 @@ pub struct TenantLlm {
 type ProviderKey = (&'static str, Option<String>, Option<String>, Duration, Duration);
 
 struct Inner {
-    config: ConfigServiceHandle,
+    config: Configs,
     identity: ServiceIdentity,
     /// The system layers (defaults, deployment, system overrides), revealed.
     system: watch::Sender<Option<Arc<Map<String, Value>>>>,
@@ -63,7 +64,7 @@ pub struct LlmSettings {
 
 impl LlmSettings {
     /// Returns settings read from the config service.
-    pub fn new(config: ConfigServiceHandle, identity: ServiceIdentity) -> Self {
+    pub fn new(config: Configs, identity: ServiceIdentity) -> Self {
         let (system, _) = watch::channel(None);
         Self {
             inner: Arc::new(Inner {
@@ -94,22 +95,24 @@ impl LlmSettings {
     }
 
     /// Returns what the caller's tenant runs with now.
-    pub async fn for_tenant(&self, ctx: &RequestContext) -> Result<Arc<TenantLlm>, ApiError> {
+    pub async fn for_tenant(&self, ctx: &RequestContext) -> Result<Arc<TenantLlm>, RuntimeError> {
         if let Some(known) = self.tenants().get(&ctx.tenant_id) {
             return Ok(Arc::clone(known));
         }
         let system = self.system().await?;
         let epoch = self.inner.epoch.load(Ordering::SeqCst);
         let service = self.inner.identity.context_for(ctx).await?;
-        let request = service.request(pb::GetConfigRequest::default());
-        let entries = self.inner.config.get_config(request).await?.into_inner().entries;
-        let mut tree = tree_of(&entries);
+        let entries = self.inner.config.effective(&service).await?;
+        let mut tree: Map<String, Value> = entries
+            .iter()
+            .map(|entry| (entry.key.clone(), entry.value.clone()))
+            .collect();
         // A tenant that chose another provider does not inherit the
         // deployment's API root, which belongs to the deployment's provider.
         let tenants = |key: &str| {
             entries
                 .iter()
-                .any(|entry| entry.key == key && entry.source == pb::Source::Tenant as i32)
+                .any(|entry| entry.key == key && entry.source == ConfigSource::Tenant)
         };
         let provider_is_tenants = tenants(LLM_PROVIDER);
         if provider_is_tenants && tree.get(LLM_PROVIDER) != system.get(LLM_PROVIDER) {
@@ -133,19 +136,16 @@ impl LlmSettings {
     }
 
     /// Returns the system layers, waiting briefly for the first snapshot.
-    async fn system(&self) -> Result<Arc<Map<String, Value>>, ApiError> {
+    async fn system(&self) -> Result<Arc<Map<String, Value>>, RuntimeError> {
         let mut system = self.inner.system.subscribe();
         match tokio::time::timeout(FIRST_SNAPSHOT_TIMEOUT, system.wait_for(Option::is_some)).await {
             Ok(Ok(tree)) => Ok(tree.as_ref().map(Arc::clone).unwrap_or_default()),
-            _ => Err(ApiError::unavailable(
-                "CONFIG_UNAVAILABLE",
-                "the runtime has not loaded its configuration yet (is the config service reachable?)",
-            )),
+            _ => Err(RuntimeError::ConfigUnavailable),
         }
     }
 
     /// Returns the provider client for `config`, sharing one per distinct setup.
-    fn provider(&self, config: &LlmConfig) -> Result<Arc<dyn LlmProvider>, ApiError> {
+    fn provider(&self, config: &LlmConfig) -> Result<Arc<dyn LlmProvider>, RuntimeError> {
         let key: ProviderKey = (
             config.provider_kind().as_str(),
             config.base_url.clone(),
@@ -157,9 +157,7 @@ impl LlmSettings {
         if let Some(provider) = providers.get(&key) {
             return Ok(Arc::clone(provider));
         }
-        let provider = build_provider(config).map_err(|err| {
-            ApiError::precondition("LLM_MISCONFIGURED", format!("the LLM settings cannot be used: {err}"))
-        })?;
+        let provider = build_provider(config).map_err(|err| RuntimeError::LlmMisconfigured(err.to_string()))?;
         if providers.len() >= MAX_CACHED_PROVIDERS {
             providers.clear();
         }
@@ -180,7 +178,7 @@ impl LlmSettings {
                 // Whatever changed while disconnected is unknown: start over.
                 settings.invalidate(None);
                 if let Err(err) = result {
-                    tracing::warn!(reason = %err.reason, error = %err.message, "config watch ended; reconnecting");
+                    tracing::warn!(error = %err, "config watch ended; reconnecting");
                 }
                 tokio::select! {
                     () = shutdown.cancelled() => break,
@@ -192,41 +190,31 @@ impl LlmSettings {
     }
 
     /// Applies one watch until it ends.
-    async fn follow(&self, backoff: &mut Duration) -> Result<(), ApiError> {
+    async fn follow(&self, backoff: &mut Duration) -> Result<(), RuntimeError> {
         let ctx = self.inner.identity.own_context().await?;
-        let request = ctx.request(pb::WatchConfigRequest {
-            tenant_id: String::new(),
-            all_tenants: true,
-        });
-        let mut stream = self.inner.config.watch_config(request).await?.into_inner();
-        while let Some(update) = futures::StreamExt::next(&mut stream).await.transpose()? {
-            if update.changed_tenant_id.is_empty() {
-                let tree = tree_of(&update.entries);
-                let model = tree.get(avm_common::settings::LLM_MODEL).cloned().unwrap_or_default();
-                tracing::info!(revision = update.revision, snapshot = update.snapshot, %model, "llm settings loaded");
-                self.inner.system.send_replace(Some(Arc::new(tree)));
-                self.invalidate(None);
-                *backoff = Duration::from_millis(100);
-            } else {
-                tracing::debug!(tenant_id = %update.changed_tenant_id, revision = update.revision, "tenant settings changed");
-                self.invalidate(Some(&update.changed_tenant_id));
+        let mut stream = self.inner.config.watch(&ctx).await?;
+        while let Some(update) = stream.next().await.transpose()? {
+            match update {
+                ConfigUpdate::System {
+                    revision,
+                    snapshot,
+                    tree,
+                } => {
+                    let model = tree.get(avm_common::settings::LLM_MODEL).cloned().unwrap_or_default();
+                    tracing::info!(revision, snapshot, %model, "llm settings loaded");
+                    self.inner.system.send_replace(Some(Arc::new(tree)));
+                    self.invalidate(None);
+                    *backoff = Duration::from_millis(100);
+                }
+                ConfigUpdate::TenantChanged { revision, tenant_id } => {
+                    tracing::debug!(%tenant_id, revision, "tenant settings changed");
+                    self.invalidate(Some(&tenant_id));
+                }
             }
         }
-        Err(ApiError::unavailable(
+        Err(RuntimeError::Api(avm_common::ApiError::unavailable(
             "CONFIG_WATCH_ENDED",
             "the config service ended the watch",
-        ))
+        )))
     }
-}
-
-/// Returns the values of config entries as a flat tree.
-fn tree_of(entries: &[pb::Entry]) -> Map<String, Value> {
-    entries
-        .iter()
-        .filter_map(|entry| {
-            serde_json::from_str(&entry.value_json)
-                .ok()
-                .map(|value| (entry.key.clone(), value))
-        })
-        .collect()
 }

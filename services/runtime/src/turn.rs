@@ -9,24 +9,37 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use avm_common::auth::ServiceIdentity;
 use avm_common::ids::new_id;
-use avm_common::{ApiError, Code, RequestContext, wire};
-use avm_proto::observability::v1 as ob;
-use avm_proto::session::v1 as pb;
+use avm_common::{Code, RequestContext};
 use futures::StreamExt;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::agent::Agent;
 use crate::config::LlmConfig;
-use crate::llm::{LlmContent, LlmError, LlmErrorKind, LlmEvent, LlmMessage, LlmProvider, LlmRequest, StopReason};
-use crate::metering::{Tokens, charge, estimate_tokens};
-use crate::resources::AgentPlan;
-use crate::service::{Agent, PoolInner};
+use crate::context::History;
+use crate::error::RuntimeError;
+use crate::llm::{LlmContent, LlmError, LlmErrorKind, LlmEvent, LlmProvider, LlmRequest, StopReason};
+use crate::message::{self, Message, MessageBody};
+use crate::metering::{Metering, Tokens, charge, estimate_tokens};
+use crate::peers::{CallStatus, Sessions, UsageRecord};
+use crate::plan::AgentPlan;
 use crate::settings::TenantLlm;
+
+/// What a turn needs of the world: where messages are stored, where usage
+/// is reported, and the runtime's own credential (a reply is stored whether
+/// or not its caller's token outlives the turn).
+#[derive(Clone)]
+pub(crate) struct TurnPorts {
+    pub(crate) sessions: Sessions,
+    pub(crate) metering: Metering,
+    pub(crate) identity: ServiceIdentity,
+}
 
 /// Returns the LLM request for the conversation so far: the tenant's
 /// settings, under what the agent's definition chose.
-pub(crate) fn request(config: &LlmConfig, plan: &AgentPlan, messages: Vec<LlmMessage>) -> LlmRequest {
+pub(crate) fn request(config: &LlmConfig, plan: &AgentPlan, messages: History) -> LlmRequest {
     LlmRequest {
         model: plan.model.clone().unwrap_or_else(|| config.model.clone()),
         system: plan.system_prompt.clone(),
@@ -58,10 +71,12 @@ impl From<LlmError> for Failure {
     }
 }
 
-impl From<ApiError> for Failure {
-    fn from(error: ApiError) -> Self {
+impl From<RuntimeError> for Failure {
+    fn from(error: RuntimeError) -> Self {
+        let recoverable = error.recoverable();
+        let error = avm_common::ApiError::from(error);
         Failure {
-            recoverable: !matches!(error.code, Code::ResourceExhausted | Code::PermissionDenied),
+            recoverable,
             reason: error.reason.into_owned(),
             message: error.message,
         }
@@ -86,8 +101,8 @@ struct Reply {
 }
 
 impl Reply {
-    fn usage(&self) -> Option<pb::Usage> {
-        (self.input_tokens.is_some() || self.output_tokens.is_some()).then(|| pb::Usage {
+    fn usage(&self) -> Option<message::Usage> {
+        (self.input_tokens.is_some() || self.output_tokens.is_some()).then(|| message::Usage {
             input_tokens: self.input_tokens.unwrap_or(0),
             output_tokens: self.output_tokens.unwrap_or(0),
         })
@@ -96,7 +111,7 @@ impl Reply {
 
 /// Runs one turn to its end, whoever is listening.
 pub(crate) async fn run(
-    pool: Arc<PoolInner>,
+    ports: TurnPorts,
     agent: Arc<Agent>,
     ctx: RequestContext,
     llm: Arc<TenantLlm>,
@@ -119,14 +134,14 @@ pub(crate) async fn run(
     let in_flight = metrics::gauge!("avm_runtime_turns_in_flight");
     in_flight.increment(1.0);
     // Every LLM call is preceded by the budget check; a refused one is not made.
-    let outcome = match pool.metering.check_budget(&ctx).await {
+    let outcome = match ports.metering.check_budget(&ctx).await {
         Err(refused) => Outcome::Failed(Failure::from(refused)),
         Ok(()) => {
             let request_chars = request_chars(&request);
             let outcome = stream_reply(llm.provider.as_ref(), &agent, request, &cancel, &mut reply).await;
+            // One record per call: the ledger, from which the token quota is derived too.
             let record = usage_record(&agent, &ctx, &llm, &reply, &outcome, request_chars);
-            pool.metering.record(record).await;
-            report_usage(&pool, &ctx, &reply);
+            ports.metering.record(record).await;
             outcome
         }
     };
@@ -134,11 +149,11 @@ pub(crate) async fn run(
     match outcome {
         Outcome::Completed(stop) => {
             let usage = reply.usage().unwrap_or_default();
-            agent.emit("message_delta", &json!({"usage": wire::usage_object(&usage)}));
+            agent.emit("message_delta", &json!({"usage": usage.object()}));
             agent.emit("message_stop", &json!({"stopReason": stop.as_str()}));
             let message = assistant_message(&agent, &reply, stop, false);
-            persist(&pool, &ctx, &message).await;
-            agent.emit("assistant_message", &wire::message_object(&message));
+            persist(&ports, &ctx, &message).await;
+            agent.emit("assistant_message", &message.object());
             agent.emit("conversation_end", &json!({"reason": "completed"}));
             tracing::info!(
                 image_id = %agent.image.image_id,
@@ -155,8 +170,8 @@ pub(crate) async fn run(
             );
             agent.emit("message_stop", &json!({"stopReason": StopReason::EndTurn.as_str()}));
             let message = assistant_message(&agent, &reply, StopReason::EndTurn, true);
-            persist(&pool, &ctx, &message).await;
-            agent.emit("assistant_message", &wire::message_object(&message));
+            persist(&ports, &ctx, &message).await;
+            agent.emit("assistant_message", &message.object());
             agent.emit("conversation_end", &json!({"reason": "interrupted"}));
             tracing::info!(image_id = %agent.image.image_id, chars = reply.text.len(), "turn interrupted");
             agent.finish_turn(Some(reply.text));
@@ -167,18 +182,17 @@ pub(crate) async fn run(
                 "error_received",
                 &json!({"message": error.message, "errorCode": reason}),
             );
-            let message = pb::Message {
+            let message = Message {
                 message_id: new_id("msg"),
                 session_id,
                 created_at_ms: avm_common::now_ms(),
-                seq: 0,
-                body: Some(pb::message::Body::Error(pb::ErrorMessage {
+                body: MessageBody::Error {
                     text: error.message.clone(),
                     error_code: reason.to_owned(),
-                })),
+                },
             };
-            persist(&pool, &ctx, &message).await;
-            agent.emit("error_message", &wire::message_object(&message));
+            persist(&ports, &ctx, &message).await;
+            agent.emit("error_message", &message.object());
             agent.emit(
                 "error_occurred",
                 &json!({"code": reason, "message": error.message, "recoverable": error.recoverable}),
@@ -299,7 +313,7 @@ fn usage_record(
     reply: &Reply,
     outcome: &Outcome,
     request_chars: usize,
-) -> ob::UsageRecord {
+) -> UsageRecord {
     let mut estimated = false;
     let mut known_or_estimate = |known: Option<u64>, chars: usize| {
         known.unwrap_or_else(|| {
@@ -328,17 +342,12 @@ fn usage_record(
         tracing::warn!(model = %reply.model, "no price for this model: its calls cost 0 (set billing.prices)");
     }
     let (status, error_code) = match outcome {
-        Outcome::Completed(_) => (ob::CallStatus::Completed, String::new()),
-        Outcome::Interrupted => (ob::CallStatus::Interrupted, String::new()),
-        Outcome::Failed(failure) => (ob::CallStatus::Failed, failure.reason.clone()),
+        Outcome::Completed(_) => (CallStatus::Completed, String::new()),
+        Outcome::Interrupted => (CallStatus::Interrupted, String::new()),
+        Outcome::Failed(failure) => (CallStatus::Failed, failure.reason.clone()),
     };
     let provider = llm.config.provider_kind().as_str();
-    let status_name = match status {
-        ob::CallStatus::Completed => "completed",
-        ob::CallStatus::Interrupted => "interrupted",
-        _ => "failed",
-    };
-    metrics::counter!("avm_runtime_llm_calls_total", "provider" => provider, "status" => status_name).increment(1);
+    metrics::counter!("avm_runtime_llm_calls_total", "provider" => provider, "status" => status.as_str()).increment(1);
     for (kind, count) in [
         ("input", tokens.input),
         ("output", tokens.output),
@@ -351,7 +360,7 @@ fn usage_record(
         metrics::histogram!("avm_runtime_llm_first_token_seconds", "provider" => provider)
             .record(first as f64 / 1000.0);
     }
-    ob::UsageRecord {
+    UsageRecord {
         call_id: reply.message_id.clone(),
         tenant_id: ctx.tenant_id.clone(),
         user_id: ctx.principal.user_id.clone(),
@@ -366,7 +375,7 @@ fn usage_record(
         cache_read_tokens: tokens.cache_read,
         cache_write_tokens: tokens.cache_write,
         estimated,
-        status: status as i32,
+        status,
         error_code,
         started_at_ms: reply.started_at_ms,
         ended_at_ms: reply.started_at_ms + elapsed_ms(reply.started),
@@ -378,20 +387,19 @@ fn usage_record(
     }
 }
 
-fn assistant_message(agent: &Agent, reply: &Reply, stop: StopReason, interrupted: bool) -> pb::Message {
-    pb::Message {
+fn assistant_message(agent: &Agent, reply: &Reply, stop: StopReason, interrupted: bool) -> Message {
+    Message {
         message_id: reply.message_id.clone(),
         session_id: agent.image.session_id.clone(),
         created_at_ms: avm_common::now_ms(),
-        seq: 0,
-        body: Some(pb::message::Body::Assistant(pb::AssistantMessage {
+        body: MessageBody::Assistant(message::Reply {
             text: reply.text.clone(),
             usage: reply.usage(),
             interrupted,
             model: reply.model.clone(),
             stop_reason: stop.as_str().to_owned(),
             resources: agent.plan.resources.clone(),
-        })),
+        }),
     }
 }
 
@@ -402,75 +410,24 @@ fn assistant_message(agent: &Agent, reply: &Reply, stop: StopReason, interrupted
 /// The runtime stores it as itself, for the caller's tenant: the caller's
 /// token may expire before a long turn ends, and the reply belongs to the
 /// conversation whether or not its caller is still there.
-async fn persist(pool: &PoolInner, ctx: &RequestContext, message: &pb::Message) {
+async fn persist(ports: &TurnPorts, ctx: &RequestContext, message: &Message) {
     let mut backoff = std::time::Duration::from_millis(50);
     for attempt in 1..=5 {
-        let appended = match pool.identity.context_for(ctx).await {
-            Ok(own) => pool.sessions.append(&own, message.clone()).await,
-            Err(err) => Err(err),
+        let appended = match ports.identity.context_for(ctx).await {
+            Ok(own) => ports.sessions.append(&own, message).await,
+            Err(err) => Err(err.into()),
         };
-        match appended {
+        let err = match appended {
             Ok(_) => return,
-            Err(err) if attempt < 5 && matches!(err.code, Code::Unavailable | Code::DeadlineExceeded) => {
-                tracing::warn!(message_id = %message.message_id, attempt, error = %err, "retrying message persistence");
-                tokio::time::sleep(backoff).await;
-                backoff *= 2;
-            }
-            Err(err) => {
-                tracing::error!(message_id = %message.message_id, reason = %err.reason, error = %err, "cannot persist message");
-                return;
-            }
+            Err(err) => avm_common::ApiError::from(err),
+        };
+        if attempt < 5 && matches!(err.code, Code::Unavailable | Code::DeadlineExceeded) {
+            tracing::warn!(message_id = %message.message_id, attempt, error = %err, "retrying message persistence");
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+        } else {
+            tracing::error!(message_id = %message.message_id, reason = %err.reason, error = %err, "cannot persist message");
+            return;
         }
     }
-}
-
-/// Reports the tokens of one LLM call to the auth service, which counts them
-/// against the tenant's and the key's monthly quota. It runs beside the turn;
-/// the report id (the reply's message id) makes a retried report count once.
-fn report_usage(pool: &Arc<PoolInner>, ctx: &RequestContext, reply: &Reply) {
-    let (input_tokens, output_tokens) = (reply.input_tokens.unwrap_or(0), reply.output_tokens.unwrap_or(0));
-    if input_tokens == 0 && output_tokens == 0 {
-        return;
-    }
-    let report = avm_proto::auth::v1::RecordUsageRequest {
-        tenant_id: ctx.tenant_id.clone(),
-        key_id: ctx.principal.key_id.clone(),
-        input_tokens,
-        output_tokens,
-        report_id: reply.message_id.clone(),
-    };
-    let pool = Arc::clone(pool);
-    let ctx = ctx.clone();
-    tokio::spawn(async move {
-        let mut backoff = std::time::Duration::from_millis(100);
-        for attempt in 1..=5 {
-            let result = match pool.identity.context_for(&ctx).await {
-                Ok(own) => pool
-                    .identity
-                    .auth()
-                    .record_usage(own.request(report.clone()))
-                    .await
-                    .map_err(avm_common::ApiError::from),
-                Err(err) => Err(err),
-            };
-            match result {
-                Ok(_) => return,
-                Err(err)
-                    if attempt < 5
-                        && matches!(
-                            err.code,
-                            Code::Unavailable | Code::DeadlineExceeded | Code::Unauthenticated
-                        ) =>
-                {
-                    tracing::warn!(report_id = %report.report_id, attempt, error = %err, "retrying usage report");
-                    tokio::time::sleep(backoff).await;
-                    backoff *= 2;
-                }
-                Err(err) => {
-                    tracing::error!(report_id = %report.report_id, reason = %err.reason, error = %err, "cannot report usage");
-                    return;
-                }
-            }
-        }
-    });
 }

@@ -27,6 +27,12 @@ pub enum SessionError {
     /// The caller is not allowed this operation (scope or role).
     #[error("{0}")]
     Denied(ApiError),
+    /// What another service answered (a reference that does not resolve), passed on.
+    #[error(transparent)]
+    Peer(ApiError),
+    /// A watcher fell too far behind the deletions, or they may have been lost.
+    #[error("the session change feed is unavailable; reconnect")]
+    EventsUnavailable,
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -46,7 +52,8 @@ impl From<SessionError> for ApiError {
     fn from(err: SessionError) -> Self {
         match err {
             SessionError::Invalid { reason, message } => ApiError::invalid(reason, message),
-            SessionError::Denied(err) => err,
+            SessionError::Denied(err) | SessionError::Peer(err) => err,
+            SessionError::EventsUnavailable => ApiError::unavailable("SESSION_EVENTS_UNAVAILABLE", err.to_string()),
             SessionError::ContainerNotFound(_) => ApiError::not_found("CONTAINER_NOT_FOUND", err.to_string()),
             SessionError::ContainerIdTaken(_) => {
                 ApiError::new(Code::AlreadyExists, "CONTAINER_ID_TAKEN", err.to_string())

@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::SessionError;
 use crate::record::{
-    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, Usage,
+    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, Usage, WatchItem,
 };
 use crate::service::SessionService;
 
@@ -42,6 +42,29 @@ impl SessionGrpc {
 
 #[tonic::async_trait]
 impl SessionApi for SessionGrpc {
+    type WatchSessionEventsStream = avm_proto::BoxStream<pb::WatchSessionEventsResponse>;
+
+    async fn watch_session_events(
+        &self,
+        request: Request<pb::WatchSessionEventsRequest>,
+    ) -> Result<Response<Self::WatchSessionEventsStream>, Status> {
+        let ctx = caller(&request)?;
+        let items = self.service.watch(&ctx).await?;
+        let stream = futures::StreamExt::map(items, |item| match item {
+            Ok(WatchItem::Live) => Ok(pb::WatchSessionEventsResponse {
+                live: true,
+                ..Default::default()
+            }),
+            Ok(WatchItem::Deleted(change)) => Ok(pb::WatchSessionEventsResponse {
+                tenant_id: change.tenant_id,
+                image_ids: change.image_ids,
+                live: false,
+            }),
+            Err(err) => Err(Status::from(err)),
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
     async fn create_container(
         &self,
         request: Request<pb::CreateContainerRequest>,
@@ -288,7 +311,7 @@ fn new_message(message: pb::Message) -> Result<NewMessage, SessionError> {
             return Err(SessionError::invalid("MESSAGE_BODY_REQUIRED", "message needs a body"));
         }
         Some(Body::User(user)) => MessageBody::User {
-            content_json: user.content_json,
+            content_json: content_json(&user.content, user.plain_text),
         },
         Some(Body::Assistant(assistant)) => MessageBody::Assistant {
             text: assistant.text,
@@ -328,7 +351,10 @@ fn new_message(message: pb::Message) -> Result<NewMessage, SessionError> {
 fn message_pb(message: MessageRecord) -> pb::Message {
     use pb::message::Body;
     let body = match message.body {
-        MessageBody::User { content_json } => Body::User(pb::UserMessage { content_json }),
+        MessageBody::User { content_json } => {
+            let (content, plain_text) = content_parts(&content_json);
+            Body::User(pb::UserMessage { content, plain_text })
+        }
         MessageBody::Assistant {
             text,
             usage,
@@ -377,5 +403,95 @@ fn message_pb(message: MessageRecord) -> pb::Message {
         created_at_ms: message.created_at_ms,
         seq: message.seq,
         body: Some(body),
+    }
+}
+
+/// Returns user content as the store keeps it: the protocol's JSON (a
+/// string for plain text, else a list of parts), written once here.
+fn content_json(parts: &[pb::ContentPart], plain_text: bool) -> String {
+    use pb::content_part::Part;
+    if plain_text
+        && let [
+            pb::ContentPart {
+                part: Some(Part::Text(text)),
+            },
+        ] = parts
+    {
+        return serde_json::Value::String(text.text.clone()).to_string();
+    }
+    let parts: Vec<serde_json::Value> = parts
+        .iter()
+        .filter_map(|part| match part.part.as_ref()? {
+            Part::Text(text) => Some(serde_json::json!({"type": "text", "text": text.text})),
+            Part::Image(image) => {
+                Some(serde_json::json!({"type": "image", "data": image.data, "mediaType": image.media_type}))
+            }
+            Part::File(file) => {
+                let mut part = serde_json::json!({"type": "file", "data": file.data, "mediaType": file.media_type});
+                if let Some(filename) = &file.filename {
+                    part["filename"] = serde_json::Value::String(filename.clone());
+                }
+                Some(part)
+            }
+        })
+        .collect();
+    serde_json::Value::Array(parts).to_string()
+}
+
+/// Returns the parts of stored user content, and whether it was plain text.
+fn content_parts(content_json: &str) -> (Vec<pb::ContentPart>, bool) {
+    use pb::content_part::Part;
+    let text = |text: String| pb::ContentPart {
+        part: Some(Part::Text(pb::TextPart { text })),
+    };
+    let field = |part: &serde_json::Value, name: &str| part[name].as_str().unwrap_or_default().to_owned();
+    match serde_json::from_str::<serde_json::Value>(content_json) {
+        Ok(serde_json::Value::String(plain)) => (vec![text(plain)], true),
+        Ok(serde_json::Value::Array(parts)) => {
+            let parts = parts
+                .iter()
+                .filter_map(|part| {
+                    let part = match part["type"].as_str()? {
+                        "text" => Part::Text(pb::TextPart {
+                            text: field(part, "text"),
+                        }),
+                        "image" => Part::Image(pb::ImagePart {
+                            data: field(part, "data"),
+                            media_type: field(part, "mediaType"),
+                        }),
+                        "file" => Part::File(pb::FilePart {
+                            data: field(part, "data"),
+                            media_type: field(part, "mediaType"),
+                            filename: part["filename"].as_str().map(str::to_owned),
+                        }),
+                        _ => return None,
+                    };
+                    Some(pb::ContentPart { part: Some(part) })
+                })
+                .collect();
+            (parts, false)
+        }
+        // What the store holds was checked on the way in; anything else is shown as text.
+        _ => (vec![text(content_json.to_owned())], true),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_content_keeps_its_shape_through_the_store() {
+        let plain = r#""hello""#;
+        let (parts, plain_text) = content_parts(plain);
+        assert!(plain_text);
+        assert_eq!(content_json(&parts, plain_text), plain);
+        let listed = r#"[{"type":"text","text":"look"},{"type":"image","data":"AAA=","mediaType":"image/png"},{"type":"file","data":"JVBE","mediaType":"application/pdf","filename":"a.pdf"}]"#;
+        let (parts, plain_text) = content_parts(listed);
+        assert!(!plain_text);
+        assert_eq!(parts.len(), 3);
+        let back: serde_json::Value = serde_json::from_str(&content_json(&parts, plain_text)).unwrap_or_default();
+        let original: serde_json::Value = serde_json::from_str(listed).unwrap_or_default();
+        assert_eq!(back, original);
     }
 }

@@ -7,19 +7,23 @@
 //! service.rs  validation, ids, timestamps, logs
 //! store.rs    the SessionStore trait; store/{sqlite,postgres}.rs behind it
 //! record.rs   the domain types
+//! references.rs  resource:// references checked with the resource service
 //! ```
 
 mod error;
 mod grpc;
 mod record;
+mod references;
 mod service;
 mod store;
 
 pub use error::SessionError;
 pub use grpc::{SessionGrpc, grpc_server};
 pub use record::{
-    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, ShareRecord, Usage,
+    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, SessionChange,
+    ShareRecord, Usage, WatchItem,
 };
+pub use references::References;
 pub use service::{
     DEFAULT_IMAGE_NAME, MAX_DESCRIPTION_CHARS, MAX_ID_BYTES, MAX_MCP_SERVERS_BYTES, MAX_MESSAGE_BYTES, MAX_NAME_CHARS,
     MAX_SYSTEM_PROMPT_BYTES, SessionService,

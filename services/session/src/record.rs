@@ -173,3 +173,19 @@ impl MessageBody {
         }
     }
 }
+
+/// Images a deletion removed (one, or all of a container's), announced to
+/// the runtimes so they stop the agents of what is gone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionChange {
+    pub tenant_id: String,
+    pub image_ids: Vec<String>,
+}
+
+/// What a watcher of the deletions receives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchItem {
+    /// From here on every deletion reaches the watcher.
+    Live,
+    Deleted(SessionChange),
+}

@@ -5,12 +5,18 @@ use std::sync::Arc;
 use avm_common::auth::Scopes;
 use avm_common::ids::new_id;
 use avm_common::{RequestContext, now_ms};
+use avm_store::events::EventBus;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio_util::sync::CancellationToken;
 use tracing::instrument;
 
 use crate::error::SessionError;
 use crate::record::{
-    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, ShareRecord,
+    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, SessionChange,
+    ShareRecord, WatchItem,
 };
+use crate::references::{RESOURCE_URI_PREFIX, References};
 use crate::store::{Scope, SessionStore};
 
 /// The name of an image created without one.
@@ -43,12 +49,59 @@ pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 #[derive(Clone)]
 pub struct SessionService {
     store: Arc<dyn SessionStore>,
+    events: Arc<EventBus<SessionChange>>,
+    /// Resolves `resource://` references at image creation; without it only their form is checked.
+    references: Option<References>,
 }
+
+/// How long a watch waits for the change feed to be live.
+const FEED_READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl SessionService {
     /// Returns a service over `store`.
     pub fn new(store: Arc<dyn SessionStore>) -> Self {
-        Self { store }
+        let events = Arc::new(EventBus::new("session", store.event_transport()));
+        Self {
+            store,
+            events,
+            references: None,
+        }
+    }
+
+    /// Returns the service checking `resource://` references with `references`.
+    pub fn with_references(self, references: References) -> Self {
+        Self {
+            references: Some(references),
+            ..self
+        }
+    }
+
+    /// Follows every replica's deletions (Postgres `LISTEN`) until
+    /// `shutdown`; a finished task when they stay in process (SQLite).
+    pub fn spawn_background(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+        Arc::clone(&self.events).spawn_listener(shutdown)
+    }
+
+    /// Streams the images deleted from now on, of every tenant, after a
+    /// first [`WatchItem::Live`] (components only: the runtimes stop their agents).
+    #[instrument(name = "session.watch_session_events", skip_all, fields(request_id = %ctx.request_id))]
+    pub async fn watch(
+        &self,
+        ctx: &RequestContext,
+    ) -> Result<BoxStream<'static, Result<WatchItem, SessionError>>, SessionError> {
+        ctx.principal.require_service().map_err(SessionError::Denied)?;
+        self.events
+            .wait_live(FEED_READY_TIMEOUT)
+            .await
+            .map_err(|_| SessionError::EventsUnavailable)?;
+        let changes = self.events.subscribe().map(|change| {
+            change
+                .map(WatchItem::Deleted)
+                .map_err(|_| SessionError::EventsUnavailable)
+        });
+        Ok(futures::stream::once(async { Ok(WatchItem::Live) })
+            .chain(changes)
+            .boxed())
     }
 
     /// Returns the container `container_id`, creating it if needed, and whether it is new.
@@ -116,6 +169,12 @@ impl SessionService {
         validate_container_id(container_id)?;
         let image_ids = self.store.delete_container(&scope(ctx), container_id).await?;
         tracing::info!(container_id, images = image_ids.len(), "container deleted");
+        self.events
+            .emit(SessionChange {
+                tenant_id: ctx.tenant_id.clone(),
+                image_ids: image_ids.clone(),
+            })
+            .await;
         Ok(image_ids)
     }
 
@@ -137,6 +196,17 @@ impl SessionService {
         let mcp_servers_json = validate_mcp_servers(new.mcp_servers_json)?;
         let agent = non_empty(new.agent).map(validate_agent).transpose()?;
         let variables_json = validate_variables(new.variables_json)?;
+        if let Some(references) = &self.references {
+            let prompt = system_prompt
+                .as_deref()
+                .filter(|prompt| prompt.starts_with(RESOURCE_URI_PREFIX));
+            for uri in [agent.as_deref(), prompt].into_iter().flatten() {
+                references
+                    .check(ctx, uri, &variables_json)
+                    .await
+                    .map_err(SessionError::Peer)?;
+            }
+        }
         let now = now_ms();
         let image = ImageRecord {
             image_id: new_id("img"),
@@ -237,6 +307,12 @@ impl SessionService {
         allow(ctx, Scopes::WRITE)?;
         self.store.delete_image(&scope(ctx), image_id).await?;
         tracing::info!(image_id, "image deleted");
+        self.events
+            .emit(SessionChange {
+                tenant_id: ctx.tenant_id.clone(),
+                image_ids: vec![image_id.to_owned()],
+            })
+            .await;
         Ok(())
     }
 

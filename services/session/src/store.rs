@@ -11,6 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use avm_common::ApiError;
 use avm_store::db::{self, DbPool};
+use avm_store::events::EventTransport;
 
 use crate::error::SessionError;
 use crate::record::{ContainerRecord, ImageRecord, ImageUpdate, MessageRecord, NewMessage, ShareRecord};
@@ -115,6 +116,9 @@ pub trait SessionStore: Send + Sync + 'static {
 
     /// Returns a session's messages in `seq` order, or `SessionNotFound`.
     async fn list_messages(&self, scope: &Scope<'_>, session_id: &str) -> Result<Vec<MessageRecord>, SessionError>;
+
+    /// Returns how change events travel between the replicas on this store.
+    fn event_transport(&self) -> EventTransport;
 }
 
 /// Opens the store named by `url` (`sqlite://…` or `postgres://…`) and brings its

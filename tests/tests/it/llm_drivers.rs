@@ -57,7 +57,7 @@ fn ask(question: &str) -> LlmRequest {
     LlmRequest {
         model: MODEL.to_owned(),
         system: None,
-        messages: vec![message(LlmRole::User, vec![text(question)])],
+        messages: std::sync::Arc::new(vec![message(LlmRole::User, vec![text(question)])]),
         max_tokens: 256,
     }
 }
@@ -219,11 +219,11 @@ async fn sends_the_system_prompt_history_model_and_key() {
     let request = LlmRequest {
         model: "claude-or-gpt".to_owned(),
         system: Some("You are terse.".to_owned()),
-        messages: vec![
+        messages: std::sync::Arc::new(vec![
             message(LlmRole::User, vec![text("first question")]),
             message(LlmRole::Assistant, vec![text("first answer")]),
             message(LlmRole::User, vec![text("second question")]),
-        ],
+        ]),
         max_tokens: 77,
     };
     for api in APIS {
@@ -276,7 +276,7 @@ async fn sends_the_system_prompt_history_model_and_key() {
 async fn encodes_images_and_documents_per_provider() {
     let mock = MockLlm::start(MockBehavior::default()).await.unwrap();
     let mut request = ask("unused");
-    request.messages[0].content = vec![
+    std::sync::Arc::make_mut(&mut request.messages)[0].content = vec![
         text("what is this?"),
         LlmContent::Image {
             media_type: "image/png".to_owned(),
@@ -540,12 +540,8 @@ async fn dropping_the_stream_stops_the_provider_sending() {
 async fn a_directive_in_the_last_user_message_overrides_the_behavior() {
     let mock = MockLlm::start(MockBehavior::default()).await.unwrap();
     let mut request = ask(r#"please [mock reply="custom words here" input_tokens=9] thanks"#);
-    request
-        .messages
-        .insert(0, message(LlmRole::User, vec![text("[mock fail=500]")]));
-    request
-        .messages
-        .insert(1, message(LlmRole::Assistant, vec![text("ok")]));
+    std::sync::Arc::make_mut(&mut request.messages).insert(0, message(LlmRole::User, vec![text("[mock fail=500]")]));
+    std::sync::Arc::make_mut(&mut request.messages).insert(1, message(LlmRole::Assistant, vec![text("ok")]));
     for api in APIS {
         let (events, err) = run(provider(&config(api, &mock)).as_ref(), request.clone()).await;
         assert_eq!(err, None, "{api:?}: only the last user message counts");
@@ -673,9 +669,8 @@ async fn offline_is_deterministic_and_echoes_the_user() {
     assert_eq!(provider.name(), "offline");
     let mut request = ask("earlier");
     request.system = Some("be kind".to_owned());
-    request.messages.push(message(LlmRole::Assistant, vec![text("sure")]));
-    request
-        .messages
+    std::sync::Arc::make_mut(&mut request.messages).push(message(LlmRole::Assistant, vec![text("sure")]));
+    std::sync::Arc::make_mut(&mut request.messages)
         .push(message(LlmRole::User, vec![text("hello  world"), text("again")]));
 
     let (events, err) = run(provider.as_ref(), request.clone()).await;

@@ -913,7 +913,8 @@ impl<'a> Attacker<'a> {
             message_id: "msg_planted".into(),
             session_id: session_id(),
             body: Some(ss::message::Body::User(ss::UserMessage {
-                content_json: r#""planted""#.into(),
+                content: planted_content(),
+                plain_text: true,
             })),
             ..Default::default()
         };
@@ -965,7 +966,7 @@ impl<'a> Attacker<'a> {
             unary "runtime.StopImage" =>
                 runtime.stop_image(rt::StopImageRequest { image_id: image() }),
             stream "runtime.SendMessage" =>
-                runtime.send_message(rt::SendMessageRequest { image_id: image(), content_json: r#""planted""#.into() }),
+                runtime.send_message(rt::SendMessageRequest { image_id: image(), content: planted_content(), plain_text: true }),
             unary "runtime.InterruptAgent by image" =>
                 runtime.interrupt_agent(rt::InterruptAgentRequest { target: Some(Target::ImageId(image())) }),
             unary "runtime.InterruptAgent by agent" =>
@@ -1498,4 +1499,11 @@ async fn channel(url: &str) -> anyhow::Result<tonic::transport::Channel> {
     Ok(tonic::transport::Endpoint::from_shared(url.to_owned())?
         .connect()
         .await?)
+}
+
+/// Returns the content `"planted"`, as the services carry it.
+fn planted_content() -> Vec<ss::ContentPart> {
+    vec![ss::ContentPart {
+        part: Some(ss::content_part::Part::Text(ss::TextPart { text: "planted".into() })),
+    }]
 }

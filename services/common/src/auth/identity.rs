@@ -62,6 +62,14 @@ impl ServiceIdentity {
         Ok(RequestContext::new(principal, Some(token), caller.request_id.clone()).with_trace(caller.trace))
     }
 
+    /// Returns a context acting for `tenant_id` on the service's own account
+    /// (background work that no caller asked for, such as a reconciliation).
+    pub async fn tenant_context(&self, tenant_id: &str) -> Result<RequestContext, ApiError> {
+        let (token, mut principal) = self.token().await?;
+        tenant_id.clone_into(&mut principal.tenant_id);
+        Ok(RequestContext::new(principal, Some(token), crate::ids::new_id("req")))
+    }
+
     /// Returns a valid token, exchanging the key again when a third of the
     /// current token's life is left.
     async fn token(&self) -> Result<(Arc<str>, Principal), ApiError> {

@@ -491,7 +491,7 @@ mod tests {
         let request = LlmRequest {
             model: String::new(),
             system: Some("be brief".to_owned()),
-            messages: vec![LlmMessage {
+            messages: std::sync::Arc::new(vec![LlmMessage {
                 role: LlmRole::User,
                 content: vec![
                     LlmContent::Text("look".to_owned()),
@@ -505,7 +505,7 @@ mod tests {
                         filename: Some("a.pdf".to_owned()),
                     },
                 ],
-            }],
+            }]),
             max_tokens: 0,
         };
         let body = serde_json::to_value(MessagesRequest::new(&request, "default-model", 99)).unwrap();

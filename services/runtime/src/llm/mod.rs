@@ -17,8 +17,9 @@ mod sse;
 pub struct LlmRequest {
     pub model: String,
     pub system: Option<String>,
-    /// Alternating user and assistant messages, oldest first, ending with a user message.
-    pub messages: Vec<LlmMessage>,
+    /// Alternating user and assistant messages, oldest first, ending with a
+    /// user message; shared with the agent that holds the conversation.
+    pub messages: Arc<Vec<LlmMessage>>,
     pub max_tokens: u32,
 }
 

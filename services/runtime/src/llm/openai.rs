@@ -450,7 +450,7 @@ mod tests {
         let request = LlmRequest {
             model: "m".to_owned(),
             system: Some("sys".to_owned()),
-            messages: vec![
+            messages: std::sync::Arc::new(vec![
                 LlmMessage {
                     role: LlmRole::User,
                     content: vec![text("one")],
@@ -474,7 +474,7 @@ mod tests {
                         },
                     ],
                 },
-            ],
+            ]),
             max_tokens: 10,
         };
         let body = serde_json::to_value(ChatRequest::new(&request, "default", 99)).unwrap();

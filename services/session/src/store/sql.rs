@@ -673,6 +673,10 @@ macro_rules! impl_session_store {
                     .await?;
                 rows.iter().map(|row| sql::message_from_row(row)).collect()
             }
+
+            fn event_transport(&self) -> avm_store::events::EventTransport {
+                self.event_transport_impl()
+            }
         }
     };
 }

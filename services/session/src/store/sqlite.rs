@@ -1,5 +1,6 @@
 //! The SQLite store: one file in WAL mode, for one-process deployments.
 
+use avm_store::events::EventTransport;
 use sqlx::SqlitePool;
 use sqlx::migrate::Migrator;
 
@@ -21,6 +22,11 @@ impl SqliteSessionStore {
     pub async fn new(pool: SqlitePool) -> Result<Self, SessionError> {
         MIGRATOR.run(&pool).await?;
         Ok(Self { pool })
+    }
+
+    /// One process owns a SQLite file, so events stay in process.
+    fn event_transport_impl(&self) -> EventTransport {
+        EventTransport::InProcess
     }
 }
 

@@ -1,127 +1,56 @@
 //! The agent pool: at most one agent per image, started on demand, dropped
-//! when idle, each running one turn at a time.
+//! when idle or when its image is deleted, each running one turn at a time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use avm_common::auth::{Scopes, ServiceIdentity};
 use avm_common::ids::new_id;
-use avm_common::{ApiError, Code, RequestContext};
-use avm_proto::session::v1 as pb;
-use serde_json::{Value, json};
+use avm_common::{Code, RequestContext};
+use futures::StreamExt;
+use serde_json::json;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, instrument};
 
+use crate::agent::{Agent, AgentInfo};
 use crate::config::RuntimeConfig;
-use crate::context::{history_to_llm, parse_content, push_message};
-use crate::hub::{EventContext, Hubs, SessionHub, Subscription};
-use crate::llm::{LlmMessage, LlmRole};
+use crate::context::history_to_llm;
+use crate::error::{AgentTarget, RuntimeError};
+use crate::hub::{Hubs, Subscription};
+use crate::message::{Content, Message, MessageBody};
 use crate::metering::Metering;
-use crate::resources::{AgentPlan, ResourceClient};
-use crate::session_client::{ImageInfo, SessionClient};
+use crate::peers::{Deletion, ImageInfo, Resources, Sessions};
 use crate::settings::LlmSettings;
-use crate::turn;
-
-/// What callers learn about an agent.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AgentInfo {
-    pub agent_id: String,
-    pub container_id: String,
-    pub image_id: String,
-    pub session_id: String,
-    pub running: bool,
-    pub started_at_ms: i64,
-}
+use crate::turn::{self, TurnPorts};
 
 /// The answer to an accepted message: who runs it and the turn's events.
 pub struct SendAccepted {
     pub agent: AgentInfo,
     pub user_message_id: String,
-    /// Cursor of the last event before the turn's stream events.
+    /// Cursor of the `message_accepted` event, the last before the turn's own events.
     pub cursor: u64,
     /// The turn's events; the subscription was opened before the turn started.
     pub events: Subscription,
 }
 
-/// Names an agent either by its image or by its own id.
-#[derive(Clone, Debug)]
-pub enum AgentTarget {
-    Image(String),
-    Agent(String),
-}
-
-/// A running, in-memory instance of an image.
-pub(crate) struct Agent {
-    pub(crate) agent_id: String,
-    pub(crate) tenant_id: String,
-    pub(crate) image: ImageInfo,
-    /// What its image's resource references resolved to when it started.
-    pub(crate) plan: AgentPlan,
-    pub(crate) started_at_ms: i64,
-    pub(crate) context: Arc<EventContext>,
-    pub(crate) hub: Arc<SessionHub>,
-    state: Mutex<AgentState>,
-}
-
-struct AgentState {
-    history: Vec<LlmMessage>,
-    turn: Option<CancellationToken>,
-    last_active: Instant,
-    /// Set once the agent left the pool; a send that raced with it starts over.
-    retired: bool,
-}
-
-impl Agent {
-    fn lock(&self) -> MutexGuard<'_, AgentState> {
-        self.state.lock().unwrap_or_else(|poison| poison.into_inner())
-    }
-
-    fn info(&self) -> AgentInfo {
-        AgentInfo {
-            agent_id: self.agent_id.clone(),
-            container_id: self.image.container_id.clone(),
-            image_id: self.image.image_id.clone(),
-            session_id: self.image.session_id.clone(),
-            running: self.lock().turn.is_some(),
-            started_at_ms: self.started_at_ms,
-        }
-    }
-
-    /// Publishes an event of this agent's session.
-    pub(crate) fn emit(&self, kind: &'static str, data: &Value) -> u64 {
-        self.hub.publish(kind, &self.context, data).cursor
-    }
-
-    /// Records the end of a turn and what it added to the conversation.
-    pub(crate) fn finish_turn(&self, reply: Option<String>) {
-        let mut state = self.lock();
-        if let Some(text) = reply.filter(|text| !text.is_empty()) {
-            push_message(
-                &mut state.history,
-                LlmRole::Assistant,
-                vec![crate::llm::LlmContent::Text(text)],
-            );
-        }
-        state.turn = None;
-        state.last_active = Instant::now();
-    }
+/// An image with its running agent, if any.
+pub struct ImageView {
+    pub image: ImageInfo,
+    pub agent: Option<AgentInfo>,
 }
 
 type AgentKey = (String, String);
 
-pub(crate) struct PoolInner {
-    pub(crate) config: RuntimeConfig,
+struct PoolInner {
+    config: RuntimeConfig,
     /// The LLM settings of each tenant, from the config service.
-    pub(crate) llm: LlmSettings,
-    /// Usage records and budget checks, with the observability service.
-    pub(crate) metering: Metering,
-    pub(crate) sessions: SessionClient,
-    pub(crate) resources: ResourceClient,
-    /// The runtime's own credential, for work that outlives the caller's request.
-    pub(crate) identity: ServiceIdentity,
+    llm: LlmSettings,
+    /// What a turn needs: sessions, metering, the runtime's own credential.
+    ports: TurnPorts,
+    resources: Resources,
     hubs: Hubs,
     /// Agents by (tenant, image id); the cell makes concurrent starts share one hydration.
     agents: Mutex<HashMap<AgentKey, Arc<OnceCell<Arc<Agent>>>>>,
@@ -129,7 +58,7 @@ pub(crate) struct PoolInner {
     agent_ids: Mutex<HashMap<String, AgentKey>>,
 }
 
-/// The agent pool of one runtime process.
+/// The agent pool of one runtime process; cheap to clone.
 #[derive(Clone)]
 pub struct AgentPool {
     inner: Arc<PoolInner>,
@@ -141,8 +70,8 @@ impl AgentPool {
         config: RuntimeConfig,
         llm: LlmSettings,
         metering: Metering,
-        sessions: SessionClient,
-        resources: ResourceClient,
+        sessions: Sessions,
+        resources: Resources,
         identity: ServiceIdentity,
     ) -> Self {
         let hubs = Hubs::new(config.event_retention, config.subscriber_queue);
@@ -150,10 +79,12 @@ impl AgentPool {
             inner: Arc::new(PoolInner {
                 config,
                 llm,
-                metering,
-                sessions,
+                ports: TurnPorts {
+                    sessions,
+                    metering,
+                    identity,
+                },
                 resources,
-                identity,
                 hubs,
                 agents: Mutex::new(HashMap::new()),
                 agent_ids: Mutex::new(HashMap::new()),
@@ -169,15 +100,19 @@ impl AgentPool {
         self.inner.agent_ids.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
+    fn sessions(&self) -> &Sessions {
+        &self.inner.ports.sessions
+    }
+
     /// Starts the agent of an image, or returns the running one (`reused`).
     #[instrument(name = "runtime.run_image", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn run_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(AgentInfo, bool), ApiError> {
+    pub async fn run_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(AgentInfo, bool), RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         let (agent, reused) = self.ensure_agent(ctx, image_id).await?;
         Ok((agent.info(), reused))
     }
 
-    async fn ensure_agent(&self, ctx: &RequestContext, image_id: &str) -> Result<(Arc<Agent>, bool), ApiError> {
+    async fn ensure_agent(&self, ctx: &RequestContext, image_id: &str) -> Result<(Arc<Agent>, bool), RuntimeError> {
         validate_id("IMAGE_NOT_FOUND", "image", image_id)?;
         let key = (ctx.tenant_id.clone(), image_id.to_owned());
         let cell = Arc::clone(self.agents().entry(key.clone()).or_default());
@@ -194,7 +129,7 @@ impl AgentPool {
                 if reused && ctx.owner_filter().is_some() {
                     // A member may use a running agent only if they may see its
                     // image; the session service answers exactly as for a missing one.
-                    self.inner.sessions.get_image(ctx, image_id).await?;
+                    self.sessions().get_image(ctx, image_id).await?;
                 }
                 Ok((Arc::clone(agent), reused))
             }
@@ -212,33 +147,21 @@ impl AgentPool {
     }
 
     /// Loads an image and its history and makes it a live agent.
-    async fn hydrate(&self, ctx: &RequestContext, image_id: &str, key: AgentKey) -> Result<Arc<Agent>, ApiError> {
-        let image = self.inner.sessions.get_image(ctx, image_id).await?;
-        let plan = self.inner.resources.plan(ctx, &image).await?;
-        let history = self.inner.sessions.list_messages(ctx, &image.session_id).await?;
+    async fn hydrate(&self, ctx: &RequestContext, image_id: &str, key: AgentKey) -> Result<Arc<Agent>, RuntimeError> {
+        let image = self.sessions().get_image(ctx, image_id).await?;
+        let plan = crate::plan::plan(&self.inner.resources, ctx, &image).await?;
+        let history = self.sessions().list_messages(ctx, &image.session_id).await?;
         let agent_id = new_id("agent");
-        let context = Arc::new(EventContext {
-            container_id: image.container_id.clone(),
-            image_id: image.image_id.clone(),
-            agent_id: agent_id.clone(),
-            session_id: image.session_id.clone(),
-        });
         let hub = self.inner.hubs.get_or_create(&image.session_id);
-        let agent = Arc::new(Agent {
-            agent_id: agent_id.clone(),
-            tenant_id: ctx.tenant_id.clone(),
-            started_at_ms: avm_common::now_ms(),
-            context,
-            hub,
-            plan,
-            state: Mutex::new(AgentState {
-                history: history_to_llm(&history),
-                turn: None,
-                last_active: Instant::now(),
-                retired: false,
-            }),
+        let messages = history.len();
+        let agent = Arc::new(Agent::new(
+            agent_id.clone(),
+            ctx.tenant_id.clone(),
             image,
-        });
+            plan,
+            hub,
+            history_to_llm(&history),
+        ));
         self.agent_ids().insert(agent_id.clone(), key);
         metrics::gauge!("avm_runtime_active_agents").increment(1.0);
         agent.emit(
@@ -253,7 +176,7 @@ impl AgentPool {
         tracing::info!(
             image_id = %agent.image.image_id,
             agent_id = %agent_id,
-            messages = history.len(),
+            messages,
             resources = ?agent.plan.resources,
             "agent started"
         );
@@ -261,49 +184,59 @@ impl AgentPool {
     }
 
     /// Persists a user message and starts a turn; one turn at a time per agent.
+    ///
+    /// The acceptance is published into the session's events (`message_accepted`,
+    /// with the request's id) after `message_persisted` and before the turn's
+    /// own events, so a subscriber learns of it in the order of the stream.
     #[instrument(name = "runtime.send_message", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn send_message(
         &self,
         ctx: &RequestContext,
         image_id: &str,
-        content_json: &str,
-    ) -> Result<SendAccepted, ApiError> {
+        content: Content,
+    ) -> Result<SendAccepted, RuntimeError> {
         ctx.require(Scopes::WRITE)?;
-        let content = parse_content(content_json)?;
+        content.validate()?;
         let llm = self.inner.llm.for_tenant(ctx).await?;
-        let (agent, cancel) = self.reserve_turn(ctx, image_id).await?;
+        let agent = self.reserve_turn(ctx, image_id).await?;
+        let cancel = agent.1;
+        let agent = agent.0;
         let user_message_id = new_id("msg");
-        let message = pb::Message {
+        let llm_content = content.to_llm();
+        let message = Message {
             message_id: user_message_id.clone(),
             session_id: agent.image.session_id.clone(),
             created_at_ms: avm_common::now_ms(),
-            seq: 0,
-            body: Some(pb::message::Body::User(pb::UserMessage {
-                content_json: content_json.to_owned(),
-            })),
+            body: MessageBody::User(content),
         };
-        let stored = match self.inner.sessions.append(ctx, message).await {
+        let stored = match self.sessions().append(ctx, &message).await {
             Ok(stored) => stored,
             Err(err) => {
                 agent.finish_turn(None);
                 return Err(err);
             }
         };
-        let cursor = agent.emit(
+        agent.emit(
             "message_persisted",
             &json!({"sessionId": stored.session_id, "messageId": stored.message_id, "savedAt": stored.created_at_ms}),
         );
-        let request = {
-            let mut state = agent.lock();
-            push_message(&mut state.history, LlmRole::User, content);
-            turn::request(&llm.config, &agent.plan, state.history.clone())
-        };
+        let cursor = agent.emit(
+            "message_accepted",
+            &json!({
+                "requestId": ctx.request_id,
+                "imageId": agent.image.image_id,
+                "agentId": agent.agent_id,
+                "userMessageId": user_message_id,
+            }),
+        );
+        let history = agent.add_user(llm_content);
+        let request = turn::request(&llm.config, &agent.plan, history);
         let events = agent.hub.subscribe(Some(cursor));
         tracing::info!(image_id = %agent.image.image_id, message_id = %user_message_id, "turn started");
         // The turn outlives this call; it stays in the request's trace.
         tokio::spawn(
             turn::run(
-                Arc::clone(&self.inner),
+                self.inner.ports.clone(),
                 Arc::clone(&agent),
                 ctx.clone(),
                 llm,
@@ -325,39 +258,25 @@ impl AgentPool {
         &self,
         ctx: &RequestContext,
         image_id: &str,
-    ) -> Result<(Arc<Agent>, CancellationToken), ApiError> {
+    ) -> Result<(Arc<Agent>, CancellationToken), RuntimeError> {
         // An agent retired by the idle reaper between lookup and reservation is
         // replaced by a fresh one; twice in a row would be a bug, not a race.
         for _ in 0..2 {
             let (agent, _) = self.ensure_agent(ctx, image_id).await?;
-            let mut state = agent.lock();
-            if state.retired {
-                continue;
+            match agent.begin_turn() {
+                None => continue,
+                Some(claimed) => return claimed.map(|cancel| (agent, cancel)),
             }
-            if state.turn.is_some() {
-                return Err(ApiError::precondition(
-                    "AGENT_BUSY",
-                    "the agent is still answering the previous message; wait for conversation_end or interrupt it",
-                ));
-            }
-            let cancel = CancellationToken::new();
-            state.turn = Some(cancel.clone());
-            state.last_active = Instant::now();
-            drop(state);
-            return Ok((agent, cancel));
         }
-        Err(ApiError::unavailable(
-            "AGENT_RESTARTING",
-            "the agent is restarting; send the message again",
-        ))
+        Err(RuntimeError::AgentRestarting)
     }
 
-    fn lookup(&self, ctx: &RequestContext, target: &AgentTarget) -> Option<Arc<Agent>> {
+    fn lookup(&self, tenant_id: &str, target: &AgentTarget) -> Option<Arc<Agent>> {
         let key = match target {
-            AgentTarget::Image(image_id) => (ctx.tenant_id.clone(), image_id.clone()),
+            AgentTarget::Image(image_id) => (tenant_id.to_owned(), image_id.clone()),
             AgentTarget::Agent(agent_id) => self.agent_ids().get(agent_id).cloned()?,
         };
-        if key.0 != ctx.tenant_id {
+        if key.0 != tenant_id {
             return None;
         }
         self.agents().get(&key).and_then(|cell| cell.get().cloned())
@@ -365,43 +284,42 @@ impl AgentPool {
 
     /// Returns the caller's agent named by `target`, or AGENT_NOT_FOUND when
     /// there is none or the caller may not see its container.
-    async fn find(&self, ctx: &RequestContext, target: &AgentTarget) -> Result<Arc<Agent>, ApiError> {
-        let agent = self.lookup(ctx, target).ok_or_else(|| agent_not_found(target))?;
+    async fn find(&self, ctx: &RequestContext, target: &AgentTarget) -> Result<Arc<Agent>, RuntimeError> {
+        let not_found = || RuntimeError::AgentNotFound(target.clone());
+        let agent = self.lookup(&ctx.tenant_id, target).ok_or_else(not_found)?;
         match self.authorize(ctx, &agent.image.container_id).await {
             Ok(()) => Ok(agent),
-            Err(err) if err.code == Code::NotFound => Err(agent_not_found(target)),
+            Err(RuntimeError::Api(err)) if err.code == Code::NotFound => Err(not_found()),
             Err(err) => Err(err),
         }
     }
 
     /// Fails unless the caller may see the container: admins and services see
     /// the whole tenant; members ask the session service.
-    async fn authorize(&self, ctx: &RequestContext, container_id: &str) -> Result<(), ApiError> {
+    async fn authorize(&self, ctx: &RequestContext, container_id: &str) -> Result<(), RuntimeError> {
         if ctx.owner_filter().is_none() {
             return Ok(());
         }
-        self.inner.sessions.check_container(ctx, container_id).await
+        self.sessions().check_container(ctx, container_id).await
     }
 
     /// Interrupts the running turn; `false` when the agent was idle.
     #[instrument(name = "runtime.interrupt_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn interrupt(&self, ctx: &RequestContext, target: &AgentTarget) -> Result<(AgentInfo, bool), ApiError> {
+    pub async fn interrupt(
+        &self,
+        ctx: &RequestContext,
+        target: &AgentTarget,
+    ) -> Result<(AgentInfo, bool), RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         let agent = self.find(ctx, target).await?;
-        let interrupted = match &agent.lock().turn {
-            Some(cancel) => {
-                cancel.cancel();
-                true
-            }
-            None => false,
-        };
+        let interrupted = agent.interrupt();
         tracing::info!(agent_id = %agent.agent_id, interrupted, "interrupt requested");
         Ok((agent.info(), interrupted))
     }
 
     /// Returns one agent of the caller.
     #[instrument(name = "runtime.get_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn get_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<AgentInfo, ApiError> {
+    pub async fn get_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<AgentInfo, RuntimeError> {
         ctx.require(Scopes::READ)?;
         let target = AgentTarget::Agent(agent_id.to_owned());
         Ok(self.find(ctx, &target).await?.info())
@@ -413,11 +331,11 @@ impl AgentPool {
         &self,
         ctx: &RequestContext,
         container_id: Option<&str>,
-    ) -> Result<Vec<AgentInfo>, ApiError> {
+    ) -> Result<Vec<AgentInfo>, RuntimeError> {
         ctx.require(Scopes::READ)?;
-        let visible: Option<std::collections::HashSet<String>> = match ctx.owner_filter() {
+        let visible: Option<HashSet<String>> = match ctx.owner_filter() {
             None => None,
-            Some(_) => Some(self.inner.sessions.visible_containers(ctx).await?.into_iter().collect()),
+            Some(_) => Some(self.sessions().visible_containers(ctx).await?.into_iter().collect()),
         };
         let mut agents: Vec<AgentInfo> = self
             .live_agents()
@@ -443,15 +361,47 @@ impl AgentPool {
         self.agents().values().filter_map(|cell| cell.get().cloned()).collect()
     }
 
+    /// Returns an image with its running agent, if any.
+    #[instrument(name = "runtime.get_image", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn get_image(&self, ctx: &RequestContext, image_id: &str) -> Result<ImageView, RuntimeError> {
+        ctx.require(Scopes::READ)?;
+        let image = self.sessions().get_image(ctx, image_id).await?;
+        let agent = self
+            .lookup(&ctx.tenant_id, &AgentTarget::Image(image.image_id.clone()))
+            .map(|agent| agent.info());
+        Ok(ImageView { image, agent })
+    }
+
+    /// Lists images, newest first, of one container or of all the caller's,
+    /// each with its running agent.
+    #[instrument(name = "runtime.list_images", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn list_images(
+        &self,
+        ctx: &RequestContext,
+        container_id: Option<&str>,
+    ) -> Result<Vec<ImageView>, RuntimeError> {
+        ctx.require(Scopes::READ)?;
+        let images = self.sessions().list_images(ctx, container_id).await?;
+        Ok(images
+            .into_iter()
+            .map(|image| {
+                let agent = self
+                    .lookup(&ctx.tenant_id, &AgentTarget::Image(image.image_id.clone()))
+                    .map(|agent| agent.info());
+                ImageView { image, agent }
+            })
+            .collect())
+    }
+
     /// Stops the agent of an image; `false` when none was running. An image
     /// that does not exist is NOT_FOUND.
     #[instrument(name = "runtime.stop_image", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn stop_image(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, ApiError> {
+    pub async fn stop_image(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         validate_id("IMAGE_NOT_FOUND", "image", image_id)?;
         // The session service decides whether the caller may see the image.
-        self.inner.sessions.get_image(ctx, image_id).await?;
-        match self.lookup(ctx, &AgentTarget::Image(image_id.to_owned())) {
+        self.sessions().get_image(ctx, image_id).await?;
+        match self.lookup(&ctx.tenant_id, &AgentTarget::Image(image_id.to_owned())) {
             Some(agent) => {
                 self.retire(&agent, "stopped");
                 Ok(true)
@@ -460,9 +410,33 @@ impl AgentPool {
         }
     }
 
+    /// Stops an image's agent, then deletes the image with its session and
+    /// messages; returns whether an agent was stopped.
+    #[instrument(name = "runtime.delete_image", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn delete_image(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
+        let stopped = self.stop_image(ctx, image_id).await?;
+        self.sessions().delete_image(ctx, image_id).await?;
+        Ok(stopped)
+    }
+
+    /// Stops the agents of a container, then deletes it with everything in
+    /// it; returns the ids of its images.
+    #[instrument(name = "runtime.delete_container", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn delete_container(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+    ) -> Result<Vec<String>, RuntimeError> {
+        ctx.require(Scopes::WRITE)?;
+        // Existence first, so a missing container is NOT_FOUND before anything is touched.
+        self.sessions().check_container(ctx, container_id).await?;
+        self.retire_container(&ctx.tenant_id, container_id);
+        self.sessions().delete_container(ctx, container_id).await
+    }
+
     /// Stops and forgets one agent.
     #[instrument(name = "runtime.destroy_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn destroy_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<(), ApiError> {
+    pub async fn destroy_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<(), RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         let target = AgentTarget::Agent(agent_id.to_owned());
         let agent = self.find(ctx, &target).await?;
@@ -472,29 +446,27 @@ impl AgentPool {
 
     /// Stops every agent of a container; returns how many.
     #[instrument(name = "runtime.destroy_all_agents", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn destroy_all(&self, ctx: &RequestContext, container_id: &str) -> Result<u32, ApiError> {
+    pub async fn destroy_all(&self, ctx: &RequestContext, container_id: &str) -> Result<u32, RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         self.authorize(ctx, container_id).await?;
+        Ok(self.retire_container(&ctx.tenant_id, container_id))
+    }
+
+    fn retire_container(&self, tenant_id: &str, container_id: &str) -> u32 {
         let doomed: Vec<Arc<Agent>> = self
             .live_agents()
             .into_iter()
-            .filter(|agent| agent.tenant_id == ctx.tenant_id && agent.image.container_id == container_id)
+            .filter(|agent| agent.tenant_id == tenant_id && agent.image.container_id == container_id)
             .collect();
         for agent in &doomed {
             self.retire(agent, "destroyed");
         }
-        Ok(u32::try_from(doomed.len()).unwrap_or(u32::MAX))
+        u32::try_from(doomed.len()).unwrap_or(u32::MAX)
     }
 
     /// Removes an agent from the pool, interrupting its turn.
     fn retire(&self, agent: &Arc<Agent>, why: &'static str) {
-        {
-            let mut state = agent.lock();
-            state.retired = true;
-            if let Some(cancel) = &state.turn {
-                cancel.cancel();
-            }
-        }
+        agent.retire();
         let key = (agent.tenant_id.clone(), agent.image.image_id.clone());
         {
             let mut agents = self.agents();
@@ -502,9 +474,10 @@ impl AgentPool {
                 .get(&key)
                 .and_then(|cell| cell.get())
                 .is_some_and(|a| Arc::ptr_eq(a, agent));
-            if same {
-                agents.remove(&key);
+            if !same {
+                return;
             }
+            agents.remove(&key);
         }
         self.agent_ids().remove(&agent.agent_id);
         metrics::gauge!("avm_runtime_active_agents").decrement(1.0);
@@ -522,18 +495,18 @@ impl AgentPool {
         ctx: &RequestContext,
         session_id: &str,
         after_cursor: Option<&str>,
-    ) -> Result<Subscription, ApiError> {
+    ) -> Result<Subscription, RuntimeError> {
         ctx.require(Scopes::READ)?;
         let after = after_cursor
             .map(|cursor| {
                 cursor
                     .parse::<u64>()
-                    .map_err(|_| ApiError::invalid("INVALID_CURSOR", format!("invalid cursor {cursor:?}")))
+                    .map_err(|_| RuntimeError::invalid("INVALID_CURSOR", format!("invalid cursor {cursor:?}")))
             })
             .transpose()?;
         validate_id("SESSION_NOT_FOUND", "session", session_id)?;
         // Ownership: the session must be one the caller may see.
-        self.inner.sessions.get_session(ctx, session_id).await?;
+        self.sessions().get_session(ctx, session_id).await?;
         Ok(self.inner.hubs.get_or_create(session_id).subscribe(after))
     }
 
@@ -544,17 +517,14 @@ impl AgentPool {
         let idle: Vec<Arc<Agent>> = self
             .live_agents()
             .into_iter()
-            .filter(|agent| {
-                let state = agent.lock();
-                state.turn.is_none() && state.last_active.elapsed() >= timeout
-            })
+            .filter(|agent| agent.idle_for(timeout))
             .collect();
         for agent in &idle {
             self.retire(agent, "idle");
         }
         let period = i64::try_from(self.inner.config.event_retention_period.as_millis()).unwrap_or(i64::MAX);
         self.inner.hubs.trim(avm_common::now_ms().saturating_sub(period));
-        let active: std::collections::HashSet<String> = self
+        let active: HashSet<String> = self
             .live_agents()
             .iter()
             .map(|agent| agent.image.session_id.clone())
@@ -563,11 +533,12 @@ impl AgentPool {
         idle.len()
     }
 
-    /// Follows the LLM settings and runs the idle reaper until `shutdown`;
-    /// returns the reaper's task.
+    /// Follows the LLM settings, sends usage, stops the agents of deleted
+    /// images and runs the idle reaper until `shutdown`; returns the reaper's task.
     pub fn spawn_background(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         self.inner.llm.spawn_watch(shutdown.clone());
-        self.inner.metering.spawn(shutdown.clone());
+        self.inner.ports.metering.spawn(shutdown.clone());
+        tokio::spawn(self.clone().follow_deletions(shutdown.clone()));
         let pool = self.clone();
         let config = &pool.inner.config;
         let period = (config.agent_idle_timeout.min(config.event_retention_period) / 2)
@@ -586,41 +557,89 @@ impl AgentPool {
         })
     }
 
+    /// Stops the agents of images the session service deleted (whoever asked
+    /// it to), reconnecting with backoff until `shutdown`.
+    async fn follow_deletions(self, shutdown: CancellationToken) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let result = tokio::select! {
+                () = shutdown.cancelled() => return,
+                result = self.watch_deletions(&mut backoff) => result,
+            };
+            if let Err(err) = result {
+                tracing::warn!(error = %err, "session deletions watch ended; reconnecting");
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    async fn watch_deletions(&self, backoff: &mut Duration) -> Result<(), RuntimeError> {
+        let ctx = self.inner.ports.identity.own_context().await?;
+        let mut stream = self.sessions().watch_deletions(&ctx).await?;
+        while let Some(deletion) = stream.next().await.transpose()? {
+            match deletion {
+                Deletion::Live => {
+                    *backoff = Duration::from_millis(100);
+                    // What was deleted while nobody watched: every live agent's image is checked.
+                    self.reconcile().await;
+                }
+                Deletion::Images { tenant_id, image_ids } => {
+                    for image_id in image_ids {
+                        if let Some(agent) = self.lookup(&tenant_id, &AgentTarget::Image(image_id)) {
+                            self.retire(&agent, "image deleted");
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Retires the agents whose image no longer exists.
+    async fn reconcile(&self) {
+        for agent in self.live_agents() {
+            let found = match self.inner.ports.identity.tenant_context(&agent.tenant_id).await {
+                Ok(ctx) => self.sessions().get_image(&ctx, &agent.image.image_id).await,
+                Err(err) => Err(err.into()),
+            };
+            if let Err(RuntimeError::Api(err)) = found
+                && err.code == Code::NotFound
+            {
+                self.retire(&agent, "image deleted");
+            }
+        }
+    }
+
     /// Interrupts every running turn (used at shutdown so partial replies are stored).
     pub fn interrupt_all(&self) {
         for agent in self.live_agents() {
-            if let Some(cancel) = &agent.lock().turn {
-                cancel.cancel();
-            }
+            agent.interrupt();
         }
     }
 
     /// Waits, at most `limit`, until the usage of every finished call was
     /// reported (at shutdown, before the services it reports to stop).
     pub async fn flush_usage(&self, limit: Duration) -> bool {
-        self.inner.metering.flush(limit).await
+        self.inner.ports.metering.flush(limit).await
     }
 
     /// Returns whether any turn is still running.
     pub fn any_running(&self) -> bool {
-        self.live_agents().iter().any(|agent| agent.lock().turn.is_some())
-    }
-}
-
-fn agent_not_found(target: &AgentTarget) -> ApiError {
-    match target {
-        AgentTarget::Image(id) => ApiError::not_found("AGENT_NOT_FOUND", format!("no running agent for image {id}")),
-        AgentTarget::Agent(id) => ApiError::not_found("AGENT_NOT_FOUND", format!("agent {id} not found")),
+        self.live_agents().iter().any(|agent| agent.is_running())
     }
 }
 
 /// Rejects ids no store could hold, answering like a missing object.
-fn validate_id(reason: &'static str, what: &str, id: &str) -> Result<(), ApiError> {
+fn validate_id(reason: &'static str, what: &'static str, id: &str) -> Result<(), RuntimeError> {
     if id.is_empty() {
-        return Err(ApiError::invalid("MISSING_ID", format!("{what} id is required")));
+        return Err(RuntimeError::invalid("MISSING_ID", format!("{what} id is required")));
     }
     if id.len() > 128 {
-        return Err(ApiError::not_found(reason, format!("{what} not found")));
+        return Err(RuntimeError::TooLongId { reason, what });
     }
     Ok(())
 }

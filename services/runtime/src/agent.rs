@@ -1,0 +1,165 @@
+//! One agent: the running, in-memory instance of an image, holding its
+//! conversation and running at most one turn at a time.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::{self, History};
+use crate::error::RuntimeError;
+use crate::hub::{EventContext, SessionHub};
+use crate::llm::{LlmContent, LlmRole};
+use crate::peers::ImageInfo;
+use crate::plan::AgentPlan;
+
+/// What callers learn about an agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentInfo {
+    pub agent_id: String,
+    pub container_id: String,
+    pub image_id: String,
+    pub session_id: String,
+    pub running: bool,
+    pub started_at_ms: i64,
+}
+
+/// A running, in-memory instance of an image.
+pub(crate) struct Agent {
+    pub(crate) agent_id: String,
+    pub(crate) tenant_id: String,
+    pub(crate) image: ImageInfo,
+    /// What its image's resource references resolved to when it started.
+    pub(crate) plan: AgentPlan,
+    pub(crate) started_at_ms: i64,
+    pub(crate) context: Arc<EventContext>,
+    pub(crate) hub: Arc<SessionHub>,
+    state: Mutex<AgentState>,
+}
+
+struct AgentState {
+    history: History,
+    turn: Option<CancellationToken>,
+    last_active: Instant,
+    /// Set once the agent left the pool; a send that raced with it starts over.
+    retired: bool,
+}
+
+impl Agent {
+    /// Returns an agent of `image` with the conversation so far.
+    pub(crate) fn new(
+        agent_id: String,
+        tenant_id: String,
+        image: ImageInfo,
+        plan: AgentPlan,
+        hub: Arc<SessionHub>,
+        history: History,
+    ) -> Self {
+        let context = Arc::new(EventContext {
+            container_id: image.container_id.clone(),
+            image_id: image.image_id.clone(),
+            agent_id: agent_id.clone(),
+            session_id: image.session_id.clone(),
+        });
+        Self {
+            agent_id,
+            tenant_id,
+            started_at_ms: avm_common::now_ms(),
+            context,
+            hub,
+            plan,
+            image,
+            state: Mutex::new(AgentState {
+                history,
+                turn: None,
+                last_active: Instant::now(),
+                retired: false,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, AgentState> {
+        self.state.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Returns what callers learn about the agent.
+    pub(crate) fn info(&self) -> AgentInfo {
+        AgentInfo {
+            agent_id: self.agent_id.clone(),
+            container_id: self.image.container_id.clone(),
+            image_id: self.image.image_id.clone(),
+            session_id: self.image.session_id.clone(),
+            running: self.is_running(),
+            started_at_ms: self.started_at_ms,
+        }
+    }
+
+    /// Publishes an event of this agent's session; returns its cursor.
+    pub(crate) fn emit(&self, kind: &'static str, data: &Value) -> u64 {
+        self.hub.publish(kind, &self.context, data).cursor
+    }
+
+    /// Claims the turn slot; `None` when the agent left the pool meanwhile.
+    pub(crate) fn begin_turn(&self) -> Option<Result<CancellationToken, RuntimeError>> {
+        let mut state = self.lock();
+        if state.retired {
+            return None;
+        }
+        if state.turn.is_some() {
+            return Some(Err(RuntimeError::AgentBusy));
+        }
+        let cancel = CancellationToken::new();
+        state.turn = Some(cancel.clone());
+        state.last_active = Instant::now();
+        Some(Ok(cancel))
+    }
+
+    /// Adds the user's message and returns the conversation to send.
+    pub(crate) fn add_user(&self, content: Vec<LlmContent>) -> History {
+        let mut state = self.lock();
+        context::append(&mut state.history, LlmRole::User, content);
+        Arc::clone(&state.history)
+    }
+
+    /// Records the end of a turn and what it added to the conversation.
+    pub(crate) fn finish_turn(&self, reply: Option<String>) {
+        let mut state = self.lock();
+        if let Some(text) = reply.filter(|text| !text.is_empty()) {
+            context::append(&mut state.history, LlmRole::Assistant, vec![LlmContent::Text(text)]);
+        }
+        state.turn = None;
+        state.last_active = Instant::now();
+    }
+
+    /// Interrupts the running turn; `false` when the agent was idle.
+    pub(crate) fn interrupt(&self) -> bool {
+        match &self.lock().turn {
+            Some(cancel) => {
+                cancel.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Marks the agent out of the pool and interrupts its turn.
+    pub(crate) fn retire(&self) {
+        let mut state = self.lock();
+        state.retired = true;
+        if let Some(cancel) = &state.turn {
+            cancel.cancel();
+        }
+    }
+
+    /// Returns whether a turn is running.
+    pub(crate) fn is_running(&self) -> bool {
+        self.lock().turn.is_some()
+    }
+
+    /// Returns whether the agent has had no turn for `timeout`.
+    pub(crate) fn idle_for(&self, timeout: Duration) -> bool {
+        let state = self.lock();
+        state.turn.is_none() && state.last_active.elapsed() >= timeout
+    }
+}

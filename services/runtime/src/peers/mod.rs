@@ -1,0 +1,15 @@
+//! The services the runtime calls, each as a client of its own that speaks
+//! the runtime's domain types: the only place besides `grpc.rs` that sees
+//! protos. Each wraps the service's handle, which `avm serve` fills with the
+//! service object itself and a mesh with a gRPC client.
+
+mod config;
+mod resource;
+mod session;
+mod usage;
+
+pub use config::{ConfigEntry, ConfigSource, ConfigUpdate, Configs};
+pub use resource::{Resolved, Resources};
+pub(crate) use session::content;
+pub use session::{Deletion, ImageInfo, Sessions};
+pub use usage::{BudgetAnswer, BudgetUpdate, CallStatus, UsageRecord, Usages};

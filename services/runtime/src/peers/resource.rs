@@ -1,0 +1,56 @@
+//! The resource service, as the runtime reads it: what an image's
+//! `resource://` references resolve to when its agent starts.
+
+use avm_common::RequestContext;
+use avm_proto::resource::v1 as pb;
+use avm_proto::resource::v1::ResourceServiceHandle;
+
+use crate::error::RuntimeError;
+
+/// A reference resolved at exact versions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resolved {
+    /// The root resource's content, a JSON object.
+    pub root_content: String,
+    /// A prompt's template filled with the variables.
+    pub rendered_prompt: Option<String>,
+    /// The exact URIs: the root first, then its dependencies.
+    pub uris: Vec<String>,
+}
+
+/// The resource service as the runtime uses it; cheap to clone.
+#[derive(Clone)]
+pub struct Resources {
+    service: ResourceServiceHandle,
+}
+
+impl Resources {
+    /// Wraps the resource service (in process or remote).
+    pub fn new(service: ResourceServiceHandle) -> Self {
+        Self { service }
+    }
+
+    /// Resolves `uri`, rendering a prompt with `variables_json` (a JSON object, or empty).
+    pub async fn resolve(
+        &self,
+        ctx: &RequestContext,
+        uri: &str,
+        variables_json: &str,
+    ) -> Result<Resolved, RuntimeError> {
+        let request = ctx.request(pb::ResolveResourceRequest {
+            uri: uri.to_owned(),
+            variables_json: variables_json.to_owned(),
+        });
+        let response = self.service.resolve_resource(request).await?.into_inner();
+        let root = response.root.ok_or_else(|| {
+            RuntimeError::Api(avm_common::ApiError::internal("the resource service resolved nothing"))
+        })?;
+        let mut uris = vec![root.uri];
+        uris.extend(response.dependencies.into_iter().map(|dependency| dependency.uri));
+        Ok(Resolved {
+            root_content: root.content_json,
+            rendered_prompt: response.rendered_prompt,
+            uris,
+        })
+    }
+}

@@ -1,0 +1,325 @@
+//! The session service, as the runtime reads and writes it: images,
+//! history, appends, deletions.
+
+use avm_common::RequestContext;
+use avm_proto::session::v1 as pb;
+use avm_proto::session::v1::SessionServiceHandle;
+use futures::stream::{BoxStream, StreamExt};
+
+use crate::error::RuntimeError;
+use crate::message::{Content, Message, MessageBody, Part, Reply, Usage};
+
+/// What the runtime knows about an image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub image_id: String,
+    pub container_id: String,
+    pub session_id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub system_prompt: Option<String>,
+    /// MCP server definitions, a JSON object.
+    pub mcp_servers_json: String,
+    /// A `resource://agents/…` definition the image runs.
+    pub agent: Option<String>,
+    /// Values of the prompt's variables, a JSON object.
+    pub variables_json: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+impl From<pb::Image> for ImageInfo {
+    fn from(image: pb::Image) -> Self {
+        Self {
+            image_id: image.image_id,
+            container_id: image.container_id,
+            session_id: image.session_id,
+            name: image.name,
+            description: image.description,
+            system_prompt: image.system_prompt,
+            mcp_servers_json: image.mcp_servers_json,
+            agent: image.agent,
+            variables_json: image.variables_json,
+            created_at_ms: image.created_at_ms,
+            updated_at_ms: image.updated_at_ms,
+        }
+    }
+}
+
+impl From<ImageInfo> for pb::Image {
+    fn from(image: ImageInfo) -> Self {
+        Self {
+            image_id: image.image_id,
+            container_id: image.container_id,
+            session_id: image.session_id,
+            name: image.name,
+            description: image.description,
+            system_prompt: image.system_prompt,
+            mcp_servers_json: image.mcp_servers_json,
+            agent: image.agent,
+            variables_json: image.variables_json,
+            created_at_ms: image.created_at_ms,
+            updated_at_ms: image.updated_at_ms,
+        }
+    }
+}
+
+/// Images the session service deleted, or the mark that deletions flow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Deletion {
+    /// From here on every deletion reaches the watcher.
+    Live,
+    Images {
+        tenant_id: String,
+        image_ids: Vec<String>,
+    },
+}
+
+/// The session service as the runtime uses it; cheap to clone.
+#[derive(Clone)]
+pub struct Sessions {
+    service: SessionServiceHandle,
+}
+
+impl Sessions {
+    /// Wraps the session service (in process or remote).
+    pub fn new(service: SessionServiceHandle) -> Self {
+        Self { service }
+    }
+
+    /// Returns an image of the caller's tenant.
+    pub async fn get_image(&self, ctx: &RequestContext, image_id: &str) -> Result<ImageInfo, RuntimeError> {
+        let request = ctx.request(pb::GetImageRequest {
+            image_id: image_id.to_owned(),
+        });
+        let image = self.service.get_image(request).await?.into_inner().image;
+        image.map(ImageInfo::from).ok_or_else(missing)
+    }
+
+    /// Returns the images of a container (after checking it exists) or of
+    /// all the caller's containers, newest first.
+    pub async fn list_images(
+        &self,
+        ctx: &RequestContext,
+        container_id: Option<&str>,
+    ) -> Result<Vec<ImageInfo>, RuntimeError> {
+        if let Some(container_id) = container_id {
+            self.check_container(ctx, container_id).await?;
+        }
+        let request = ctx.request(pb::ListImagesRequest {
+            container_id: container_id.map(str::to_owned),
+        });
+        let images = self.service.list_images(request).await?.into_inner().images;
+        Ok(images.into_iter().map(ImageInfo::from).collect())
+    }
+
+    /// Fails with CONTAINER_NOT_FOUND unless the caller may see the container.
+    pub async fn check_container(&self, ctx: &RequestContext, container_id: &str) -> Result<(), RuntimeError> {
+        let request = ctx.request(pb::GetContainerRequest {
+            container_id: container_id.to_owned(),
+        });
+        self.service.get_container(request).await?;
+        Ok(())
+    }
+
+    /// Returns the ids of the containers the caller may see.
+    pub async fn visible_containers(&self, ctx: &RequestContext) -> Result<Vec<String>, RuntimeError> {
+        let request = ctx.request(pb::ListContainersRequest {});
+        let response = self.service.list_containers(request).await?.into_inner();
+        Ok(response.containers.into_iter().map(|c| c.container_id).collect())
+    }
+
+    /// Returns the image that owns a session of the caller's tenant.
+    pub async fn get_session(&self, ctx: &RequestContext, session_id: &str) -> Result<ImageInfo, RuntimeError> {
+        let request = ctx.request(pb::GetSessionRequest {
+            session_id: session_id.to_owned(),
+        });
+        let image = self.service.get_session(request).await?.into_inner().image;
+        image.map(ImageInfo::from).ok_or_else(missing)
+    }
+
+    /// Returns a session's messages in stored order.
+    pub async fn list_messages(&self, ctx: &RequestContext, session_id: &str) -> Result<Vec<Message>, RuntimeError> {
+        let request = ctx.request(pb::ListMessagesRequest {
+            session_id: session_id.to_owned(),
+        });
+        let messages = self.service.list_messages(request).await?.into_inner().messages;
+        Ok(messages.into_iter().map(message_of).collect())
+    }
+
+    /// Appends a message and returns it as stored (with its time).
+    pub async fn append(&self, ctx: &RequestContext, message: &Message) -> Result<Message, RuntimeError> {
+        let request = ctx.request(pb::AppendMessageRequest {
+            session_id: message.session_id.clone(),
+            message: Some(message_pb(message)),
+        });
+        let stored = self.service.append_message(request).await?.into_inner().message;
+        Ok(message_of(stored.ok_or_else(missing)?))
+    }
+
+    /// Deletes an image with its session and messages.
+    pub async fn delete_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(), RuntimeError> {
+        let request = ctx.request(pb::DeleteImageRequest {
+            image_id: image_id.to_owned(),
+        });
+        self.service.delete_image(request).await?;
+        Ok(())
+    }
+
+    /// Deletes a container with everything in it; returns the ids of its images.
+    pub async fn delete_container(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+    ) -> Result<Vec<String>, RuntimeError> {
+        let request = ctx.request(pb::DeleteContainerRequest {
+            container_id: container_id.to_owned(),
+        });
+        Ok(self
+            .service
+            .delete_container(request)
+            .await?
+            .into_inner()
+            .deleted_image_ids)
+    }
+
+    /// Follows the deletions of every tenant (as a service principal).
+    pub async fn watch_deletions(
+        &self,
+        ctx: &RequestContext,
+    ) -> Result<BoxStream<'static, Result<Deletion, RuntimeError>>, RuntimeError> {
+        let request = ctx.request(pb::WatchSessionEventsRequest {});
+        let stream = self.service.watch_session_events(request).await?.into_inner();
+        Ok(stream
+            .map(|item| {
+                let event = item?;
+                Ok(if event.live {
+                    Deletion::Live
+                } else {
+                    Deletion::Images {
+                        tenant_id: event.tenant_id,
+                        image_ids: event.image_ids,
+                    }
+                })
+            })
+            .boxed())
+    }
+}
+
+fn missing() -> RuntimeError {
+    RuntimeError::Api(avm_common::ApiError::internal("the session service returned nothing"))
+}
+
+/// Returns content parts as the protos carry them.
+pub(crate) fn parts_pb(content: &Content) -> Vec<pb::ContentPart> {
+    use pb::content_part::Part as Wire;
+    content
+        .parts
+        .iter()
+        .map(|part| pb::ContentPart {
+            part: Some(match part {
+                Part::Text(text) => Wire::Text(pb::TextPart { text: text.clone() }),
+                Part::Image { media_type, data } => Wire::Image(pb::ImagePart {
+                    data: data.clone(),
+                    media_type: media_type.clone(),
+                }),
+                Part::File {
+                    media_type,
+                    data,
+                    filename,
+                } => Wire::File(pb::FilePart {
+                    data: data.clone(),
+                    media_type: media_type.clone(),
+                    filename: filename.clone(),
+                }),
+            }),
+        })
+        .collect()
+}
+
+/// Returns content of parts as the protos carry them; a part of no known
+/// kind (from a newer peer) is refused by [`Content::validate`] as empty.
+pub(crate) fn content(parts: Vec<pb::ContentPart>, plain_text: bool) -> Content {
+    use pb::content_part::Part as Wire;
+    Content {
+        parts: parts
+            .into_iter()
+            .map(|part| match part.part {
+                Some(Wire::Text(text)) => Part::Text(text.text),
+                Some(Wire::Image(image)) => Part::Image {
+                    media_type: image.media_type,
+                    data: image.data,
+                },
+                Some(Wire::File(file)) => Part::File {
+                    media_type: file.media_type,
+                    data: file.data,
+                    filename: file.filename,
+                },
+                None => Part::Text(String::new()),
+            })
+            .collect(),
+        plain_text,
+    }
+}
+
+fn message_of(message: pb::Message) -> Message {
+    use pb::message::Body;
+    let body = match message.body {
+        Some(Body::User(user)) => MessageBody::User(content(user.content, user.plain_text)),
+        Some(Body::Assistant(assistant)) => MessageBody::Assistant(Reply {
+            text: assistant.text,
+            usage: assistant.usage.map(|usage| Usage {
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+            }),
+            interrupted: assistant.interrupted,
+            model: assistant.model,
+            stop_reason: assistant.stop_reason,
+            resources: assistant.resources,
+        }),
+        Some(Body::Error(error)) => MessageBody::Error {
+            text: error.text,
+            error_code: error.error_code,
+        },
+        Some(Body::ToolCall(_) | Body::ToolResult(_)) | None => MessageBody::Other,
+    };
+    Message {
+        message_id: message.message_id,
+        session_id: message.session_id,
+        created_at_ms: message.created_at_ms,
+        body,
+    }
+}
+
+fn message_pb(message: &Message) -> pb::Message {
+    use pb::message::Body;
+    let body = match &message.body {
+        MessageBody::User(content) => Some(Body::User(pb::UserMessage {
+            content: parts_pb(content),
+            plain_text: content.plain_text,
+        })),
+        MessageBody::Assistant(reply) => Some(Body::Assistant(pb::AssistantMessage {
+            text: reply.text.clone(),
+            usage: reply.usage.map(|usage| pb::Usage {
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+            }),
+            interrupted: reply.interrupted,
+            model: reply.model.clone(),
+            stop_reason: reply.stop_reason.clone(),
+            resources: reply.resources.clone(),
+        })),
+        MessageBody::Error { text, error_code } => Some(Body::Error(pb::ErrorMessage {
+            text: text.clone(),
+            error_code: error_code.clone(),
+        })),
+        MessageBody::Other => None,
+    };
+    pb::Message {
+        message_id: message.message_id.clone(),
+        session_id: message.session_id.clone(),
+        created_at_ms: message.created_at_ms,
+        seq: 0,
+        body,
+    }
+}

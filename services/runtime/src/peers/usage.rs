@@ -1,0 +1,177 @@
+//! The observability service, as the runtime reports to it: one ledger
+//! record per LLM call, budget checks, and the stream of budgets.
+
+use avm_common::RequestContext;
+use avm_proto::observability::v1 as pb;
+use avm_proto::observability::v1::ObservabilityServiceHandle;
+use futures::stream::{BoxStream, StreamExt};
+
+use crate::error::RuntimeError;
+
+/// How an LLM call ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallStatus {
+    Completed,
+    Interrupted,
+    Failed,
+}
+
+impl CallStatus {
+    /// Returns the status's name in metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallStatus::Completed => "completed",
+            CallStatus::Interrupted => "interrupted",
+            CallStatus::Failed => "failed",
+        }
+    }
+}
+
+/// One LLM call, as the ledger records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsageRecord {
+    pub call_id: String,
+    pub tenant_id: String,
+    pub user_id: String,
+    pub key_id: String,
+    pub container_id: String,
+    pub image_id: String,
+    pub agent_id: String,
+    pub provider: String,
+    pub model: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub estimated: bool,
+    pub status: CallStatus,
+    pub error_code: String,
+    pub started_at_ms: i64,
+    pub ended_at_ms: i64,
+    pub first_token_ms: i64,
+    pub cost_pico_usd: i64,
+    pub billed_pico_usd: i64,
+    pub priced: bool,
+    pub own_key: bool,
+}
+
+/// What a budget check answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BudgetAnswer {
+    Allowed,
+    /// The tenant's (or, with a key id, the key's) monthly budget is spent.
+    Exhausted {
+        key_id: String,
+        monthly_limit_pico_usd: i64,
+    },
+}
+
+/// A change of the set of (tenant, key) pairs with a budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BudgetUpdate {
+    /// The whole set (replace what is known), or a change.
+    pub snapshot: bool,
+    pub removed: bool,
+    /// (tenant, key or "") pairs.
+    pub budgets: Vec<(String, String)>,
+}
+
+/// The observability service as the runtime uses it; cheap to clone.
+#[derive(Clone)]
+pub struct Usages {
+    service: ObservabilityServiceHandle,
+}
+
+impl Usages {
+    /// Wraps the observability service (in process or remote).
+    pub fn new(service: ObservabilityServiceHandle) -> Self {
+        Self { service }
+    }
+
+    /// Records calls in the ledger (idempotent on their call ids).
+    pub async fn record(&self, ctx: &RequestContext, records: &[UsageRecord]) -> Result<(), RuntimeError> {
+        let request = ctx.request(pb::RecordUsageRequest {
+            records: records.iter().map(record_pb).collect(),
+        });
+        self.service.record_usage(request).await?;
+        Ok(())
+    }
+
+    /// Asks whether a tenant (and key) may make another call this month.
+    pub async fn check_budget(
+        &self,
+        ctx: &RequestContext,
+        tenant_id: &str,
+        key_id: &str,
+    ) -> Result<BudgetAnswer, RuntimeError> {
+        let request = ctx.request(pb::CheckBudgetRequest {
+            tenant_id: tenant_id.to_owned(),
+            key_id: key_id.to_owned(),
+        });
+        let answer = self.service.check_budget(request).await?.into_inner();
+        if answer.allowed {
+            return Ok(BudgetAnswer::Allowed);
+        }
+        let budget = answer.exhausted.unwrap_or_default();
+        Ok(BudgetAnswer::Exhausted {
+            key_id: budget.key_id,
+            monthly_limit_pico_usd: budget.monthly_limit_pico_usd,
+        })
+    }
+
+    /// Follows which tenants and keys have a budget.
+    pub async fn watch_budgets(
+        &self,
+        ctx: &RequestContext,
+    ) -> Result<BoxStream<'static, Result<BudgetUpdate, RuntimeError>>, RuntimeError> {
+        let request = ctx.request(pb::WatchBudgetsRequest {});
+        let stream = self.service.watch_budgets(request).await?.into_inner();
+        Ok(stream
+            .map(|item| {
+                let update = item?;
+                Ok(BudgetUpdate {
+                    snapshot: update.snapshot,
+                    removed: update.removed,
+                    budgets: update
+                        .budgets
+                        .into_iter()
+                        .map(|budget| (budget.tenant_id, budget.key_id))
+                        .collect(),
+                })
+            })
+            .boxed())
+    }
+}
+
+fn record_pb(record: &UsageRecord) -> pb::UsageRecord {
+    let status = match record.status {
+        CallStatus::Completed => pb::CallStatus::Completed,
+        CallStatus::Interrupted => pb::CallStatus::Interrupted,
+        CallStatus::Failed => pb::CallStatus::Failed,
+    };
+    pb::UsageRecord {
+        call_id: record.call_id.clone(),
+        tenant_id: record.tenant_id.clone(),
+        user_id: record.user_id.clone(),
+        key_id: record.key_id.clone(),
+        container_id: record.container_id.clone(),
+        image_id: record.image_id.clone(),
+        agent_id: record.agent_id.clone(),
+        provider: record.provider.clone(),
+        model: record.model.clone(),
+        input_tokens: record.input_tokens,
+        output_tokens: record.output_tokens,
+        cache_read_tokens: record.cache_read_tokens,
+        cache_write_tokens: record.cache_write_tokens,
+        estimated: record.estimated,
+        status: status as i32,
+        error_code: record.error_code.clone(),
+        started_at_ms: record.started_at_ms,
+        ended_at_ms: record.ended_at_ms,
+        first_token_ms: record.first_token_ms,
+        cost_pico_usd: record.cost_pico_usd,
+        billed_pico_usd: record.billed_pico_usd,
+        priced: record.priced,
+        own_key: record.own_key,
+    }
+}

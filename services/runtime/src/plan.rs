@@ -1,0 +1,55 @@
+//! What an agent runs with: its image's `resource://` references, resolved
+//! when it starts.
+
+use avm_common::RequestContext;
+use serde_json::Value;
+
+use crate::error::RuntimeError;
+use crate::peers::{ImageInfo, Resources};
+
+/// What a system prompt that names a resource starts with.
+pub const RESOURCE_URI_PREFIX: &str = "resource://";
+
+/// What an agent runs with, once its image's references are resolved.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentPlan {
+    /// The system prompt, rendered.
+    pub system_prompt: Option<String>,
+    /// The agent definition's model, over the tenant's configured one.
+    pub model: Option<String>,
+    /// The agent definition's reply limit, over the configured one.
+    pub max_tokens: Option<u32>,
+    /// The exact resources (`resource://…@<version>`), recorded on each reply.
+    pub resources: Vec<String>,
+}
+
+/// Returns what an image's agent runs with: its agent definition (when it
+/// names one), then its system prompt (a `resource://prompts/…` URI is
+/// rendered with the image's variables; plain text is used as it is).
+pub async fn plan(resources: &Resources, ctx: &RequestContext, image: &ImageInfo) -> Result<AgentPlan, RuntimeError> {
+    let mut plan = AgentPlan::default();
+    if let Some(agent) = image.agent.as_deref().filter(|agent| !agent.is_empty()) {
+        let resolved = resources.resolve(ctx, agent, &image.variables_json).await?;
+        let content: Value = serde_json::from_str(&resolved.root_content).unwrap_or_default();
+        plan.system_prompt = resolved.rendered_prompt;
+        plan.model = content["model"].as_str().map(str::to_owned);
+        plan.max_tokens = content["parameters"]["maxTokens"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok());
+        plan.resources.extend(resolved.uris);
+    }
+    match image.system_prompt.as_deref().filter(|prompt| !prompt.is_empty()) {
+        Some(uri) if uri.starts_with(RESOURCE_URI_PREFIX) => {
+            let resolved = resources.resolve(ctx, uri, &image.variables_json).await?;
+            plan.system_prompt = resolved.rendered_prompt;
+            for uri in resolved.uris {
+                if !plan.resources.contains(&uri) {
+                    plan.resources.push(uri);
+                }
+            }
+        }
+        Some(text) => plan.system_prompt = Some(text.to_owned()),
+        None => {}
+    }
+    Ok(plan)
+}
