@@ -20,5 +20,6 @@ mod providers;
 mod resources;
 mod rest;
 mod resume;
+mod rules;
 mod support;
 mod telemetry;

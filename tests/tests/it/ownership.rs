@@ -688,6 +688,10 @@ const OPS: &[Op] = &[
     Op::Grpc("session.DeleteImage"),
     Op::Grpc("session.AppendMessage"),
     Op::Grpc("session.ListMessages"),
+    Op::Grpc("runtime.GetImage"),
+    Op::Grpc("runtime.ListImages"),
+    Op::Grpc("runtime.DeleteImage"),
+    Op::Grpc("runtime.DeleteContainer"),
     Op::Grpc("runtime.RunImage"),
     Op::Grpc("runtime.StopImage"),
     Op::Grpc("runtime.SendMessage"),
@@ -961,6 +965,14 @@ impl<'a> Attacker<'a> {
                 session.append_message(ss::AppendMessageRequest { session_id: session_id(), message: Some(message()) }),
             unary "session.ListMessages" =>
                 session.list_messages(ss::ListMessagesRequest { session_id: session_id() }),
+            unary "runtime.GetImage" =>
+                runtime.get_image(rt::GetImageRequest { image_id: image() }),
+            unary "runtime.ListImages" =>
+                runtime.list_images(rt::ListImagesRequest { container_id: Some(container()) }),
+            unary "runtime.DeleteImage" =>
+                runtime.delete_image(rt::DeleteImageRequest { image_id: image() }),
+            unary "runtime.DeleteContainer" =>
+                runtime.delete_container(rt::DeleteContainerRequest { container_id: container() }),
             unary "runtime.RunImage" =>
                 runtime.run_image(rt::RunImageRequest { image_id: image() }),
             unary "runtime.StopImage" =>

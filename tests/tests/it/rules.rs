@@ -1,0 +1,280 @@
+//! The rules live in the services that own them, so a caller of the gRPC
+//! APIs gets what REST and WebSocket callers get: deleting stops agents,
+//! images show their agent, references and content are checked, and the
+//! message events are the objects the history returns.
+
+use std::time::Duration;
+
+use anyhow::ensure;
+use avm_common::ApiError;
+use avm_proto::runtime::v1 as rt;
+use avm_proto::runtime::v1::runtime_service_client::RuntimeServiceClient;
+use avm_proto::session::v1 as ss;
+use avm_proto::session::v1::session_service_client::SessionServiceClient;
+use avm_tests::cluster::{Cluster, Mode};
+use avm_tests::ws_client::WsClient;
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+use crate::both_modes;
+use crate::support::{assert_text_turn, cluster, conversation, send_and_finish};
+
+/// How long an agent may take to stop after its image was deleted behind the runtime's back.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+async fn channel(url: &str) -> anyhow::Result<Channel> {
+    Ok(tonic::transport::Endpoint::from_shared(url.to_owned())?
+        .connect()
+        .await?)
+}
+
+type Interceptor = Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>;
+
+/// Clients of the session and runtime services as the operator admin.
+async fn clients(
+    cluster: &Cluster,
+) -> anyhow::Result<(
+    SessionServiceClient<tonic::service::interceptor::InterceptedService<Channel, Interceptor>>,
+    RuntimeServiceClient<tonic::service::interceptor::InterceptedService<Channel, Interceptor>>,
+)> {
+    let token: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
+        format!("Bearer {}", cluster.access_token(&cluster.admin_key).await?).parse()?;
+    let interceptor = |token: tonic::metadata::MetadataValue<tonic::metadata::Ascii>| -> Interceptor {
+        Box::new(move |mut request: tonic::Request<()>| {
+            request.metadata_mut().insert("authorization", token.clone());
+            Ok(request)
+        })
+    };
+    let (session, runtime) = (interceptor(token.clone()), interceptor(token));
+    Ok((
+        SessionServiceClient::with_interceptor(channel(&cluster.session_grpc).await?, session),
+        RuntimeServiceClient::with_interceptor(channel(&cluster.runtime_grpc).await?, runtime),
+    ))
+}
+
+fn reason(status: &tonic::Status) -> String {
+    ApiError::from_status(status).reason.into_owned()
+}
+
+both_modes!(deleting_through_any_api_stops_the_agents, deleting);
+
+async fn deleting(mode: Mode) -> anyhow::Result<()> {
+    let cluster = cluster(mode).await?;
+    let (mut session, mut runtime) = clients(&cluster).await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+
+    // The runtime's DeleteImage stops the agent before it answers.
+    let first = conversation(&mut client, "rules", json!({})).await?;
+    assert_text_turn(&send_and_finish(&mut client, &first.image_id, json!("hello")).await?);
+    let deleted = runtime
+        .delete_image(rt::DeleteImageRequest {
+            image_id: first.image_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert!(deleted.stopped, "the running agent was stopped");
+    let agents = client.request("agent_list", json!({"containerId": "rules"})).await?;
+    assert_eq!(agents["agents"], json!([]), "no agent outlives its image");
+
+    // The session service's own DeleteContainer, called directly, stops them too.
+    let second = conversation(&mut client, "rules", json!({})).await?;
+    assert_text_turn(&send_and_finish(&mut client, &second.image_id, json!("hello again")).await?);
+    let running = client.request("agent_list", json!({"containerId": "rules"})).await?;
+    ensure!(
+        running["agents"].as_array().is_some_and(|agents| agents.len() == 1),
+        "{running}"
+    );
+    session
+        .delete_container(ss::DeleteContainerRequest {
+            container_id: "rules".into(),
+        })
+        .await?;
+    let start = tokio::time::Instant::now();
+    loop {
+        let agents = runtime
+            .list_agents(rt::ListAgentsRequest { container_id: None })
+            .await?
+            .into_inner()
+            .agents;
+        if agents.iter().all(|agent| agent.image_id != second.image_id) {
+            break;
+        }
+        ensure!(
+            start.elapsed() < DEADLINE,
+            "the agent of a deleted container still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And the runtime's DeleteContainer of a missing container says so.
+    let missing = runtime
+        .delete_container(rt::DeleteContainerRequest {
+            container_id: "rules".into(),
+        })
+        .await
+        .err()
+        .map(|status| reason(&status));
+    assert_eq!(missing.as_deref(), Some("CONTAINER_NOT_FOUND"));
+    Ok(())
+}
+
+both_modes!(images_show_their_agent_to_every_api, online);
+
+async fn online(mode: Mode) -> anyhow::Result<()> {
+    let cluster = cluster(mode).await?;
+    let (_, mut runtime) = clients(&cluster).await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "default", json!({})).await?;
+    let view = |image: Option<rt::ImageView>| image.map(|view| (view.image.is_some(), view.agent.map(|a| a.agent_id)));
+    let before = runtime
+        .get_image(rt::GetImageRequest {
+            image_id: chat.image_id.clone(),
+        })
+        .await?
+        .into_inner()
+        .image;
+    assert_eq!(view(before), Some((true, None)), "no agent yet");
+    let run = client.request("image_run", json!({"imageId": chat.image_id})).await?;
+    let agent_id = run["agentId"].as_str().unwrap_or_default().to_owned();
+    let after = runtime
+        .get_image(rt::GetImageRequest {
+            image_id: chat.image_id.clone(),
+        })
+        .await?
+        .into_inner()
+        .image;
+    assert_eq!(view(after), Some((true, Some(agent_id.clone()))));
+    let listed = runtime
+        .list_images(rt::ListImagesRequest {
+            container_id: Some("default".into()),
+        })
+        .await?
+        .into_inner()
+        .images;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        listed[0].agent.as_ref().map(|a| a.agent_id.as_str()),
+        Some(agent_id.as_str())
+    );
+    let rest: Value = cluster
+        .http()?
+        .get(cluster.url(&format!("/v1/images/{}", chat.image_id)))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(
+        (rest["online"].clone(), rest["agentId"].clone()),
+        (json!(true), json!(agent_id))
+    );
+    Ok(())
+}
+
+both_modes!(references_and_content_are_checked_for_every_caller, checked);
+
+async fn checked(mode: Mode) -> anyhow::Result<()> {
+    let cluster = cluster(mode).await?;
+    let (mut session, mut runtime) = clients(&cluster).await?;
+    session
+        .create_container(ss::CreateContainerRequest {
+            container_id: "checks".into(),
+        })
+        .await?;
+    // A reference that does not resolve is refused at creation, over gRPC as over REST.
+    let grpc = session
+        .create_image(ss::CreateImageRequest {
+            container_id: "checks".into(),
+            system_prompt: Some("resource://prompts/nowhere".into()),
+            ..Default::default()
+        })
+        .await
+        .err()
+        .map(|status| reason(&status));
+    let (status, body) = crate::support::call(
+        &cluster,
+        "POST",
+        "/v1/containers/checks/images",
+        Some(json!({"systemPrompt": "resource://prompts/nowhere"})),
+    )
+    .await?;
+    assert_eq!(status, 404);
+    assert_eq!(grpc.as_deref(), body["error"]["code"].as_str());
+    assert_eq!(grpc.as_deref(), Some("RESOURCE_NOT_FOUND"));
+
+    // Content is checked by the runtime, whoever sends it.
+    let image = session
+        .create_image(ss::CreateImageRequest {
+            container_id: "checks".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .image
+        .map(|image| image.image_id)
+        .unwrap_or_default();
+    let part = |part: ss::content_part::Part| ss::ContentPart { part: Some(part) };
+    for (content, expected) in [
+        (
+            vec![part(ss::content_part::Part::Text(ss::TextPart { text: "  ".into() }))],
+            "EMPTY_CONTENT",
+        ),
+        (Vec::new(), "EMPTY_CONTENT"),
+        (
+            vec![part(ss::content_part::Part::Image(ss::ImagePart {
+                data: "AAA=".into(),
+                media_type: String::new(),
+            }))],
+            "INVALID_CONTENT",
+        ),
+    ] {
+        let refused = runtime
+            .send_message(rt::SendMessageRequest {
+                image_id: image.clone(),
+                content,
+                plain_text: false,
+            })
+            .await
+            .err()
+            .map(|status| reason(&status));
+        assert_eq!(refused.as_deref(), Some(expected));
+    }
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let answer = client
+        .request(
+            "message_send",
+            json!({"imageId": image, "content": [{"type": "image", "data": "AAA="}]}),
+        )
+        .await?;
+    assert_eq!(answer["code"], "INVALID_CONTENT", "{answer}");
+    Ok(())
+}
+
+both_modes!(message_events_are_the_history_objects, history_objects);
+
+async fn history_objects(mode: Mode) -> anyhow::Result<()> {
+    let cluster = cluster(mode).await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "default", json!({})).await?;
+    let frames = send_and_finish(
+        &mut client,
+        &chat.image_id,
+        json!([{"type": "text", "text": "parts, please"}]),
+    )
+    .await?;
+    assert_text_turn(&frames);
+    let event = frames
+        .iter()
+        .find(|frame| frame["type"] == "assistant_message")
+        .map(|frame| frame["data"].clone())
+        .unwrap_or_default();
+    let history = client
+        .request("image_messages", json!({"imageId": chat.image_id}))
+        .await?;
+    let messages = history["messages"].as_array().cloned().unwrap_or_default();
+    assert_eq!(messages.len(), 2, "{history}");
+    assert_eq!(messages[1], event, "the event is the stored message");
+    assert_eq!(
+        messages[0]["content"],
+        json!([{"type": "text", "text": "parts, please"}])
+    );
+    Ok(())
+}
