@@ -76,6 +76,13 @@ fn field_error(path: &str, message: &str) -> ApiError {
     } else {
         path
     };
+    if let Some(rest) = message.strip_prefix("unknown field `")
+        && let Some((name, expected)) = rest.split_once('`')
+    {
+        let field = if path.ends_with(name) { path } else { name };
+        let known = expected.trim_start_matches(", expected ").trim_start_matches("one of ");
+        return ApiError::invalid("UNKNOWN_FIELD", format!("{field} is not a field here (known: {known})"));
+    }
     if message.starts_with("invalid type: null") {
         return ApiError::invalid("MISSING_FIELD", format!("{field} is required"));
     }
@@ -185,5 +192,22 @@ mod tests {
             ("NOT_ODD".into(), "2 is even".into())
         );
         assert!(decode::<Sample>(json!({"containerId": "c", "extra": true})).is_ok());
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Strict {
+        tenant_id: Option<String>,
+        month: Option<String>,
+    }
+
+    #[test]
+    fn unknown_fields_of_strict_requests_are_named() {
+        let err = decode::<Strict>(json!({"tenant": "t"}))
+            .err()
+            .unwrap_or_else(|| ApiError::internal("decoded"));
+        assert_eq!(err.reason, "UNKNOWN_FIELD");
+        assert_eq!(err.message, "tenant is not a field here (known: `tenantId` or `month`)");
     }
 }
