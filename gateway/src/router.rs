@@ -56,6 +56,7 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(auth::exchange_token))
         .routes(routes!(auth::jwks))
         .routes(routes!(auth::whoami))
+        .routes(routes!(auth::get_quota))
         .routes(routes!(auth::rotate_signing_key))
         // Resources.
         .routes(routes!(resources::register_resource, resources::list_resources))

@@ -333,6 +333,26 @@ pub struct CallerLimits {
     pub key: Limits,
 }
 
+/// Whose token quota to show (operators may name another tenant). Other
+/// fields are ignored: the WebSocket request also carries its `requestId`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct QuotaQuery {
+    pub tenant_id: Option<String>,
+}
+
+/// A tenant's token use this month against its quota.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Quota {
+    /// `YYYY-MM` (UTC).
+    pub month: String,
+    pub tokens_used: u64,
+    /// 0 means unlimited.
+    pub tokens_per_month: u64,
+}
+
 /// The new signing key.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Rotated {
@@ -591,6 +611,19 @@ pub fn whoami(ctx: &RequestContext) -> Caller {
             key: caller.key_limits.into(),
         },
     }
+}
+
+/// Returns a tenant's (the caller's by default) token use this month and its quota.
+pub async fn quota(peers: &Peers, ctx: &RequestContext, query: QuotaQuery) -> Result<Quota, ApiError> {
+    let call = ctx.request(pb::GetUsageRequest {
+        tenant_id: query.tenant_id.unwrap_or_default(),
+    });
+    let usage = peers.auth.get_usage(call).await?.into_inner();
+    Ok(Quota {
+        month: usage.month,
+        tokens_used: usage.tokens_used,
+        tokens_per_month: usage.tokens_per_month,
+    })
 }
 
 /// Starts signing new tokens with a new key (operators).

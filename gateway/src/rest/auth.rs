@@ -8,8 +8,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::api::auth::{
-    self, AccessToken, ApiKey, Caller, KeyCreated, KeyFilter, KeyList, NewKey, NewTenant, NewUser, Rotated, Tenant,
-    TenantCreated, TenantDeleted, TenantList, TenantUpdate, TokenRequest, User, UserDeleted, UserList,
+    self, AccessToken, ApiKey, Caller, KeyCreated, KeyFilter, KeyList, NewKey, NewTenant, NewUser, Quota, QuotaQuery,
+    Rotated, Tenant, TenantCreated, TenantDeleted, TenantList, TenantUpdate, TokenRequest, User, UserDeleted, UserList,
 };
 use crate::http::{Body, Ctx, Query, RequestId, bearer_credential, error_response, ok, reply, with_request_id};
 use crate::state::GatewayState;
@@ -165,6 +165,12 @@ pub async fn jwks(State(state): St, RequestId(request_id): RequestId) -> Respons
     responses((status = 200, description = "Who the credential in use is", body = Caller)))]
 pub async fn whoami(Ctx(ctx): Ctx) -> Response {
     ok(&ctx, Ok(auth::whoami(&ctx)))
+}
+
+#[utoipa::path(get, path = "/v1/auth/quota", tag = "keys", params(QuotaQuery),
+    responses((status = 200, description = "The tenant's token use this month and its quota", body = Quota)))]
+pub async fn get_quota(State(state): St, Ctx(ctx): Ctx, Query(query): Query<QuotaQuery>) -> Response {
+    ok(&ctx, auth::quota(&state.peers, &ctx, query).await)
 }
 
 #[utoipa::path(post, path = "/v1/auth/signing-keys/rotate", tag = "keys",

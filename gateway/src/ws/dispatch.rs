@@ -11,10 +11,10 @@ use serde_json::Value;
 
 use crate::api::agents::{self, Agent};
 use crate::api::containers::{self, ContainerRef};
-use crate::api::decode;
 use crate::api::images::EventStream;
 use crate::api::images::{self, AgentTarget, ImageConfig, ImageRecord, ImageUpdate, MessageAccepted};
 use crate::api::messages::MessageContent;
+use crate::api::{self, decode};
 use crate::peers::Peers;
 
 /// Names an image.
@@ -276,6 +276,7 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, name: &str, data: Val
             agents::destroy_all(peers, ctx, container_id.clone()).await?;
             answer(ContainerDone { container_id })
         }
+        "quota_get" => answer(api::auth::quota(peers, ctx, decode(data)?).await?),
         _ => Err(ApiError::invalid(
             "UNKNOWN_REQUEST",
             format!("unknown request type {name}_request"),

@@ -363,6 +363,25 @@ async fn token_quota(mode: Mode) -> anyhow::Result<()> {
         .send()
         .await?;
     assert_eq!(rest.status().as_u16(), 429);
+    // The tenant sees what it used, over REST and WebSocket alike; another
+    // tenant's admin does not, an operator does.
+    let quota: Value = http_client(&tenant.admin.key)?
+        .get(cluster.url("/v1/auth/quota"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(quota["tokensPerMonth"], 5, "{quota}");
+    assert!(quota["tokensUsed"].as_u64().is_some_and(|used| used >= 5), "{quota}");
+    let over_ws = client.request("quota_get", json!({})).await?;
+    assert_eq!(over_ws["tokensPerMonth"], quota["tokensPerMonth"], "{over_ws}");
+    assert_eq!(over_ws["month"], quota["month"], "{over_ws}");
+    let path = format!("/v1/auth/quota?tenantId={}", tenant.tenant_id);
+    let other = create_tenant(&cluster, "nosy", None).await?;
+    let foreign = http_client(&other.admin.key)?.get(cluster.url(&path)).send().await?;
+    assert_eq!(foreign.status().as_u16(), 404);
+    let operator: Value = cluster.http()?.get(cluster.url(&path)).send().await?.json().await?;
+    assert_eq!(operator["tokensPerMonth"], 5, "{operator}");
     Ok(())
 }
 

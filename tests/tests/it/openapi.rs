@@ -51,6 +51,7 @@ const ROUTES: &[&str] = &[
     "POST /v1/auth/token",
     "GET /v1/auth/jwks.json",
     "GET /v1/auth/whoami",
+    "GET /v1/auth/quota",
     "POST /v1/auth/signing-keys/rotate",
     "POST /v1/resources",
     "GET /v1/resources",
