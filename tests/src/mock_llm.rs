@@ -9,6 +9,18 @@
 //! of its last user message, e.g.
 //! `[mock tokens=50 interval_ms=20 first_ms=100 fail=429|malformed|drop:3|hang reply="..."]`;
 //! a directive that does not parse is ignored.
+//!
+//! Tool calls are scripted the same way: `[mock call=write_file:{"path":"a"}
+//! call='run_command:{"command": "cat a"}' rounds=1]` makes the reply call
+//! those tools (in one reply, in order), for `rounds` replies; once the
+//! tools' results are in the conversation the reply is text, by default
+//! `Tool results: <result> | <result>`. A request that leaves a tool call
+//! without its result (or a result without its call) is refused with a 400,
+//! as the real APIs refuse it.
+
+mod tools;
+
+pub use tools::MockToolCall;
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -69,6 +81,10 @@ pub struct MockBehavior {
     pub input_tokens: Option<u64>,
     /// A failure to act out instead of a normal reply.
     pub failure: Option<MockFailure>,
+    /// Tools the reply calls, in one reply; none: the reply is text.
+    pub tool_calls: Vec<MockToolCall>,
+    /// How many replies call the tools before one answers with text.
+    pub tool_rounds: usize,
 }
 
 impl Default for MockBehavior {
@@ -80,6 +96,8 @@ impl Default for MockBehavior {
             token_interval: Duration::ZERO,
             input_tokens: None,
             failure: None,
+            tool_calls: Vec::new(),
+            tool_rounds: 1,
         }
     }
 }
@@ -343,7 +361,7 @@ async fn answer(shared: Arc<Shared>, api: MockApi, headers: &HeaderMap, body: &[
     let mut behavior = shared.behavior.lock().unwrap_or_else(PoisonError::into_inner).clone();
     if let Some(directive) = json
         .as_ref()
-        .and_then(last_user_text)
+        .and_then(|body| last_user_text(api, body))
         .as_deref()
         .and_then(Directive::find)
     {
@@ -368,12 +386,20 @@ async fn answer(shared: Arc<Shared>, api: MockApi, headers: &HeaderMap, body: &[
     let Some(json) = json else {
         return error_response(api, 400, "the request body is not valid JSON", id);
     };
-    if let Err(message) = validate(api, headers, &json) {
+    if let Err(message) = validate(api, headers, &json).and_then(|()| tools::check_pairing(api, &json)) {
         return error_response(api, 400, &message, id);
     }
-    let steps = match api {
-        MockApi::Anthropic => anthropic_stream(&json, &behavior, id),
-        MockApi::OpenAi => openai_stream(&json, &behavior, id),
+    let progress = tools::progress(api, &json);
+    let calls = (!behavior.tool_calls.is_empty() && progress.rounds < behavior.tool_rounds)
+        .then(|| behavior.tool_calls.clone());
+    if behavior.reply.is_none() && !progress.results.is_empty() {
+        behavior.reply = Some(format!("Tool results: {}", progress.results.join(" | ")));
+    }
+    let steps = match (api, calls) {
+        (MockApi::Anthropic, None) => anthropic_stream(&json, &behavior, id),
+        (MockApi::OpenAi, None) => openai_stream(&json, &behavior, id),
+        (MockApi::Anthropic, Some(calls)) => anthropic_tool_stream(&json, &behavior, &calls, id),
+        (MockApi::OpenAi, Some(calls)) => openai_tool_stream(&json, &behavior, &calls, id),
     };
     let body = Body::from_stream(body_stream(shared, steps));
     let mut response = body.into_response();
@@ -667,6 +693,116 @@ fn openai_stream(body: &Value, behavior: &MockBehavior, id: u64) -> Vec<Step> {
     steps
 }
 
+/// Plans a Messages reply that calls `calls`: a `tool_use` block each, its
+/// input in `input_json_delta` pieces, and `stop_reason: tool_use`.
+fn anthropic_tool_stream(body: &Value, behavior: &MockBehavior, calls: &[MockToolCall], id: u64) -> Vec<Step> {
+    let model = body["model"].as_str().unwrap_or_default();
+    let input_tokens = behavior.input_tokens.unwrap_or_else(|| count_words(body));
+    let step = |delay, name: &str, data: Value| Step {
+        delay,
+        frame: Frame::Event(sse_event(name, &data)),
+    };
+    let mut steps = vec![step(
+        Duration::ZERO,
+        "message_start",
+        json!({"type": "message_start", "message": {
+            "id": format!("msg_mock_{id}"), "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 1},
+        }}),
+    )];
+    let mut pieces_sent = 0;
+    for (index, call) in calls.iter().enumerate() {
+        let delay = if index == 0 {
+            behavior.first_token_delay
+        } else {
+            behavior.token_interval
+        };
+        steps.push(step(delay, "content_block_start", json!({"type": "content_block_start", "index": index,
+            "content_block": {"type": "tool_use", "id": format!("toolu_mock_{id}_{index}"), "name": call.name, "input": {}}})));
+        for piece in tools::input_pieces(&call.input) {
+            pieces_sent += 1;
+            steps.push(step(
+                behavior.token_interval,
+                "content_block_delta",
+                json!({"type": "content_block_delta",
+                "index": index, "delta": {"type": "input_json_delta", "partial_json": piece}}),
+            ));
+        }
+        steps.push(step(
+            Duration::ZERO,
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+    steps.push(step(
+        Duration::ZERO,
+        "message_delta",
+        json!({"type": "message_delta",
+        "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"output_tokens": pieces_sent}}),
+    ));
+    steps.push(step(Duration::ZERO, "message_stop", json!({"type": "message_stop"})));
+    steps
+}
+
+/// Plans a Chat Completions reply that calls `calls`: a `tool_calls` delta
+/// naming each, its arguments in pieces, and `finish_reason: tool_calls`.
+fn openai_tool_stream(body: &Value, behavior: &MockBehavior, calls: &[MockToolCall], id: u64) -> Vec<Step> {
+    let model = body["model"].as_str().unwrap_or_default();
+    let input_tokens = behavior.input_tokens.unwrap_or_else(|| count_words(body));
+    let include_usage = body["stream_options"]["include_usage"].as_bool() == Some(true);
+    let chunk = |choices: Value, usage: Value| {
+        let mut chunk = json!({"id": format!("chatcmpl-mock-{id}"), "object": "chat.completion.chunk",
+            "created": 1_700_000_000, "model": model, "choices": choices});
+        if include_usage {
+            chunk["usage"] = usage;
+        }
+        sse_data(&chunk)
+    };
+    let delta = |delta: Value, finish: Value| json!([{"index": 0, "delta": delta, "finish_reason": finish}]);
+    let step = |delay, frame| Step {
+        delay,
+        frame: Frame::Event(frame),
+    };
+    let mut steps = vec![step(
+        Duration::ZERO,
+        chunk(
+            delta(json!({"role": "assistant", "content": null}), Value::Null),
+            Value::Null,
+        ),
+    )];
+    let mut pieces_sent = 0_u64;
+    for (index, call) in calls.iter().enumerate() {
+        let delay = if index == 0 {
+            behavior.first_token_delay
+        } else {
+            behavior.token_interval
+        };
+        let named = json!({"tool_calls": [{"index": index, "id": format!("call_mock_{id}_{index}"), "type": "function",
+            "function": {"name": call.name, "arguments": ""}}]});
+        steps.push(step(delay, chunk(delta(named, Value::Null), Value::Null)));
+        for piece in tools::input_pieces(&call.input) {
+            pieces_sent += 1;
+            let more = json!({"tool_calls": [{"index": index, "function": {"arguments": piece}}]});
+            steps.push(step(
+                behavior.token_interval,
+                chunk(delta(more, Value::Null), Value::Null),
+            ));
+        }
+    }
+    steps.push(step(
+        Duration::ZERO,
+        chunk(delta(json!({}), json!("tool_calls")), Value::Null),
+    ));
+    if include_usage {
+        let usage = json!({"prompt_tokens": input_tokens, "completion_tokens": pieces_sent,
+            "total_tokens": input_tokens + pieces_sent});
+        steps.push(step(Duration::ZERO, chunk(json!([]), usage)));
+    }
+    steps.push(step(Duration::ZERO, Bytes::from_static(b"data: [DONE]\n\n")));
+    steps
+}
+
 /// Counts the stream's outcome when the body is dropped: at its planned end,
 /// or early because the client went away.
 struct StreamGuard {
@@ -730,13 +866,14 @@ fn body_stream(
     })
 }
 
-/// Returns the text of the last user message (string content or text parts).
-fn last_user_text(body: &Value) -> Option<String> {
+/// Returns the text of the last message the user typed (string content or
+/// text parts), passing over messages that only carry tool results.
+fn last_user_text(api: MockApi, body: &Value) -> Option<String> {
     let message = body["messages"]
         .as_array()?
         .iter()
         .rev()
-        .find(|message| message["role"] == "user")?;
+        .find(|message| tools::is_user_text(api, message))?;
     Some(content_texts(&message["content"]).collect::<Vec<_>>().join("\n"))
 }
 
@@ -791,6 +928,8 @@ struct Directive {
     input_tokens: Option<u64>,
     failure: Option<MockFailure>,
     reply: Option<String>,
+    tool_calls: Vec<MockToolCall>,
+    tool_rounds: Option<usize>,
 }
 
 impl Directive {
@@ -809,8 +948,8 @@ impl Directive {
         None
     }
 
-    /// Parses `key=value …]`, where a value is a bare word or a quoted string
-    /// with `\"` and `\\` escapes; any unknown key or bad value rejects it all.
+    /// Parses `key=value …]`, where a value is a bare word or a string quoted
+    /// with `"` or `'` and `\` escapes; any unknown key or bad value rejects it all.
     fn parse(text: &str) -> Option<Self> {
         let mut directive = Self::default();
         let mut chars = text.chars().peekable();
@@ -827,10 +966,10 @@ impl Directive {
             }
             chars.next_if_eq(&'=')?;
             let mut value = String::new();
-            if chars.next_if_eq(&'"').is_some() {
+            if let Some(quote) = chars.next_if(|ch| *ch == '"' || *ch == '\'') {
                 loop {
                     match chars.next()? {
-                        '"' => break,
+                        ch if ch == quote => break,
                         '\\' => value.push(chars.next()?),
                         ch => value.push(ch),
                     }
@@ -848,6 +987,8 @@ impl Directive {
                 "input_tokens" => directive.input_tokens = Some(value.parse().ok()?),
                 "fail" => directive.failure = Some(value.parse().ok()?),
                 "reply" => directive.reply = Some(value),
+                "call" => directive.tool_calls.push(value.parse().ok()?),
+                "rounds" => directive.tool_rounds = Some(value.parse().ok()?),
                 _ => return None,
             }
         }
@@ -873,6 +1014,12 @@ impl Directive {
         if let Some(failure) = self.failure {
             behavior.failure = Some(failure);
         }
+        if !self.tool_calls.is_empty() {
+            behavior.tool_calls = self.tool_calls;
+        }
+        if let Some(rounds) = self.tool_rounds {
+            behavior.tool_rounds = rounds;
+        }
     }
 }
 
@@ -894,8 +1041,26 @@ mod tests {
                 input_tokens: None,
                 failure: Some(MockFailure::DropAfter(3)),
                 reply: Some("a \"b\" ]c".to_owned()),
+                ..Directive::default()
             }
         );
+        let tools =
+            Directive::find(r#"[mock call=list_files call='run_command:{"command": "cat a"}' rounds=2]"#).unwrap();
+        assert_eq!(tools.tool_rounds, Some(2));
+        assert_eq!(
+            tools.tool_calls,
+            vec![
+                MockToolCall {
+                    name: "list_files".into(),
+                    input: json!({})
+                },
+                MockToolCall {
+                    name: "run_command".into(),
+                    input: json!({"command": "cat a"})
+                },
+            ]
+        );
+        assert_eq!(Directive::find("[mock call=x:notjson]"), None);
         assert_eq!(
             Directive::find("[mock fail=429]").unwrap().failure,
             Some(MockFailure::Status(429))
@@ -934,6 +1099,6 @@ mod tests {
             {"role": "user", "content": [{"type": "text", "text": "four five"}, {"type": "image"}]},
         ]});
         assert_eq!(count_words(&body), 5);
-        assert_eq!(last_user_text(&body).as_deref(), Some("four five"));
+        assert_eq!(last_user_text(MockApi::Anthropic, &body).as_deref(), Some("four five"));
     }
 }

@@ -45,6 +45,7 @@ pub(crate) fn request(config: &LlmConfig, plan: &AgentPlan, messages: History) -
         system: plan.system_prompt.clone(),
         messages,
         max_tokens: plan.max_tokens.unwrap_or(config.max_tokens),
+        tools: Arc::default(),
     }
 }
 
@@ -264,6 +265,8 @@ async fn stream_reply(
                 reply.cache_read_tokens = read_tokens.or(reply.cache_read_tokens);
                 reply.cache_write_tokens = write_tokens.or(reply.cache_write_tokens);
             }
+            // No tools are offered yet: a model that calls one anyway ends its reply there.
+            Some(Ok(LlmEvent::ToolUseStart { .. } | LlmEvent::ToolInputDelta { .. } | LlmEvent::ToolUseStop(_))) => {}
             Some(Ok(LlmEvent::Stop { reason })) => return Outcome::Completed(reason),
             Some(Err(error)) => return Outcome::Failed(error.into()),
             None => {
@@ -293,6 +296,8 @@ fn request_chars(request: &LlmRequest) -> usize {
         .flat_map(|message| message.content.iter())
         .map(|part| match part {
             LlmContent::Text(text) => text.len(),
+            LlmContent::ToolUse(call) => call.name.len() + call.input.to_string().len(),
+            LlmContent::ToolResult(output) => output.text.len(),
             LlmContent::Image { .. } | LlmContent::File { .. } => 0,
         })
         .sum();

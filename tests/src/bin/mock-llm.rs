@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use avm_tests::mock_llm::{MockApi, MockBehavior, MockFailure, MockLlm};
+use avm_tests::mock_llm::{MockApi, MockBehavior, MockFailure, MockLlm, MockToolCall};
 use clap::Parser;
 
 /// Serves a mock LLM speaking the Anthropic and OpenAI streaming APIs.
@@ -35,6 +35,13 @@ struct Args {
     /// A failure to act out: an HTTP status (e.g. 500), malformed, drop:N or hang.
     #[arg(long)]
     fail: Option<MockFailure>,
+    /// A tool call every reply makes until its results are in, as
+    /// `name:{"json":"input"}` (repeatable: one reply calls them all).
+    #[arg(long = "call", value_name = "NAME:INPUT")]
+    calls: Vec<MockToolCall>,
+    /// How many replies call the tools before one answers with text.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Print each request's API, model, token limit and system prompt (never its key).
     #[arg(long)]
     log_requests: bool,
@@ -50,6 +57,8 @@ async fn main() -> anyhow::Result<()> {
         token_interval: Duration::from_millis(args.interval_ms),
         input_tokens: args.input_tokens,
         failure: args.fail,
+        tool_calls: args.calls,
+        tool_rounds: args.rounds,
     };
     let mock = MockLlm::start_on(SocketAddr::new(args.host, args.port), behavior).await?;
     println!("mock LLM listening on {}", mock.addr());

@@ -8,7 +8,7 @@ use avm_common::config::Secret;
 use avm_runtime::config::{LlmConfig, ProviderKind};
 use avm_runtime::llm::{
     LlmContent, LlmError, LlmErrorKind, LlmEvent, LlmMessage, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason,
-    build_provider,
+    ToolCall, ToolOutput, ToolSpec, build_provider,
 };
 use avm_tests::mock_llm::{MockApi, MockBehavior, MockFailure, MockLlm};
 use futures::StreamExt;
@@ -59,6 +59,7 @@ fn ask(question: &str) -> LlmRequest {
         system: None,
         messages: std::sync::Arc::new(vec![message(LlmRole::User, vec![text(question)])]),
         max_tokens: 256,
+        tools: Arc::default(),
     }
 }
 
@@ -225,6 +226,7 @@ async fn sends_the_system_prompt_history_model_and_key() {
             message(LlmRole::User, vec![text("second question")]),
         ]),
         max_tokens: 77,
+        tools: Arc::default(),
     };
     for api in APIS {
         let (_, err) = run(provider(&config(api, &mock)).as_ref(), request.clone()).await;
@@ -534,6 +536,98 @@ async fn dropping_the_stream_stops_the_provider_sending() {
         assert!(stats.deltas_sent < total, "{api:?}: the mock streamed to the end");
     }
     assert_eq!(mock.stats().streams_completed, 0);
+}
+
+/// Returns the complete tool calls of a reply.
+fn tool_calls(events: &[LlmEvent]) -> Vec<ToolCall> {
+    events
+        .iter()
+        .filter_map(|event| match event {
+            LlmEvent::ToolUseStop(call) => Some(call.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn tool_calls_stream_and_their_results_go_back_in_each_format() {
+    let mock = MockLlm::start(MockBehavior::default()).await.unwrap();
+    let tools = Arc::new(vec![ToolSpec {
+        name: "read_file".into(),
+        description: "Reads a file of the workspace.".into(),
+        input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+    }]);
+    let question = r#"what is in it? [mock call='read_file:{"path": "notes.txt"}' call=read_file:{"path":"b"}]"#;
+    for api in APIS {
+        let provider = provider(&config(api, &mock));
+        let mut request = ask(question);
+        request.tools = tools.clone();
+        let (events, err) = run(provider.as_ref(), request.clone()).await;
+        assert_eq!(err, None, "{api:?}");
+        let calls = tool_calls(&events);
+        assert_eq!(
+            calls
+                .iter()
+                .map(|call| (call.name.as_str(), call.input.clone()))
+                .collect::<Vec<_>>(),
+            [
+                ("read_file", json!({"path": "notes.txt"})),
+                ("read_file", json!({"path": "b"}))
+            ],
+            "{api:?}: {events:?}"
+        );
+        assert!(
+            events
+                .iter()
+                .filter(|event| matches!(event, LlmEvent::ToolInputDelta { .. }))
+                .count()
+                > 2,
+            "{api:?}: the input streams in pieces: {events:?}"
+        );
+        assert!(
+            matches!(
+                events.last(),
+                Some(LlmEvent::Stop {
+                    reason: StopReason::ToolUse
+                })
+            ),
+            "{api:?}"
+        );
+        // The tools' results go back, and the reply uses them.
+        let messages = Arc::make_mut(&mut request.messages);
+        messages.push(message(
+            LlmRole::Assistant,
+            calls.iter().cloned().map(LlmContent::ToolUse).collect(),
+        ));
+        let results = calls
+            .iter()
+            .zip(["remember the milk", "no such file"])
+            .map(|(call, text)| {
+                LlmContent::ToolResult(ToolOutput {
+                    tool_call_id: call.id.clone(),
+                    text: text.into(),
+                    is_error: text.starts_with("no "),
+                })
+            })
+            .collect();
+        messages.push(message(LlmRole::User, results));
+        let (events, err) = run(provider.as_ref(), request.clone()).await;
+        assert_eq!(err, None, "{api:?}");
+        assert_eq!(
+            streamed_text(&events),
+            "Tool results: remember the milk | no such file",
+            "{api:?}"
+        );
+        // A call left without its result is refused, as the real APIs refuse it.
+        let messages = Arc::make_mut(&mut request.messages);
+        messages.pop();
+        messages.push(message(LlmRole::User, vec![text("never mind")]));
+        let (_, err) = run(provider.as_ref(), request).await;
+        assert_failure(err, LlmErrorKind::InvalidRequest, "an unpaired tool call");
+    }
+    let sent = mock.requests();
+    assert_eq!(sent[0].body["tools"][0]["input_schema"]["required"], json!(["path"]));
+    assert_eq!(sent[3].body["tools"][0]["function"]["name"], "read_file");
 }
 
 #[tokio::test]

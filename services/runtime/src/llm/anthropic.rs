@@ -8,7 +8,7 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 
 use super::sse::{self, HttpTransport, Progress, SseDecoder};
-use super::{LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason};
+use super::{LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, PendingCall, StopReason};
 use crate::config::LlmConfig;
 
 /// The API root used when `base_url` is not set.
@@ -63,7 +63,16 @@ struct MessagesRequest<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     system: Option<&'a str>,
     messages: Vec<Message<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
     stream: bool,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    name: &'a str,
+    description: &'a str,
+    input_schema: &'a serde_json::Value,
 }
 
 #[derive(Serialize)]
@@ -85,6 +94,17 @@ enum ContentBlock<'a> {
         source: Base64Source<'a>,
         #[serde(skip_serializing_if = "Option::is_none")]
         title: Option<&'a str>,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: &'a serde_json::Value,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        content: &'a str,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
     },
 }
 
@@ -122,6 +142,15 @@ impl<'a> MessagesRequest<'a> {
             },
             system: request.system.as_deref().filter(|system| !system.is_empty()),
             messages,
+            tools: request
+                .tools
+                .iter()
+                .map(|tool| Tool {
+                    name: &tool.name,
+                    description: &tool.description,
+                    input_schema: &tool.input_schema,
+                })
+                .collect(),
             stream: true,
         }
     }
@@ -150,16 +179,47 @@ impl<'a> From<&'a LlmContent> for ContentBlock<'a> {
                 },
                 title: filename.as_deref(),
             },
+            LlmContent::ToolUse(call) => ContentBlock::ToolUse {
+                id: &call.id,
+                name: &call.name,
+                input: &call.input,
+            },
+            LlmContent::ToolResult(output) => ContentBlock::ToolResult {
+                tool_use_id: &output.tool_call_id,
+                content: &output.text,
+                is_error: output.is_error,
+            },
         }
     }
 }
 
-/// Decodes the Messages streaming events; `ping`, `content_block_start`,
-/// `content_block_stop` and event types added later are skipped.
+/// Decodes the Messages streaming events: text and tool-use blocks; `ping`,
+/// thinking blocks and event types added later are skipped.
 struct MessagesDecoder {
     model: String,
     started: bool,
     stop_reason: StopReason,
+    /// The tool-use blocks open now, by block index.
+    calls: Vec<(u64, PendingCall)>,
+}
+
+#[derive(Deserialize)]
+struct ContentBlockStart {
+    index: u64,
+    content_block: StartedBlock,
+}
+
+#[derive(Deserialize)]
+struct StartedBlock {
+    #[serde(rename = "type")]
+    kind: String,
+    id: Option<String>,
+    name: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ContentBlockStop {
+    index: u64,
 }
 
 #[derive(Deserialize)]
@@ -201,6 +261,8 @@ impl Usage {
 
 #[derive(Deserialize)]
 struct ContentBlockDelta<'a> {
+    #[serde(default)]
+    index: u64,
     #[serde(borrow)]
     delta: Delta<'a>,
 }
@@ -210,6 +272,7 @@ struct Delta<'a> {
     #[serde(rename = "type", borrow)]
     kind: std::borrow::Cow<'a, str>,
     text: Option<String>,
+    partial_json: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -242,6 +305,7 @@ impl MessagesDecoder {
             model: model.to_owned(),
             started: false,
             stop_reason: StopReason::EndTurn,
+            calls: Vec::new(),
         }
     }
 
@@ -299,11 +363,41 @@ impl SseDecoder for MessagesDecoder {
                     out.extend(start.message.usage.cache_event());
                 }
             }
+            "content_block_start" => {
+                let start: ContentBlockStart = parse(event, name)?;
+                if start.content_block.kind == "tool_use" {
+                    self.ensure_started(out);
+                    let (Some(id), Some(name)) = (start.content_block.id, start.content_block.name) else {
+                        return Err(LlmError::new(
+                            super::LlmErrorKind::BadResponse,
+                            "the LLM provider started a tool_use block without its id or name",
+                        ));
+                    };
+                    let call = PendingCall::new(id, name);
+                    out.push_back(call.start_event());
+                    self.calls.push((start.index, call));
+                }
+            }
+            "content_block_stop" => {
+                let stop: ContentBlockStop = parse(event, name)?;
+                if let Some(at) = self.calls.iter().position(|(index, _)| *index == stop.index) {
+                    let (_, call) = self.calls.remove(at);
+                    out.push_back(call.finish()?);
+                }
+            }
             "content_block_delta" => {
                 let block: ContentBlockDelta<'_> = parse(event, name)?;
-                // Only text is relayed for now: tool input (`input_json_delta`)
-                // and thinking deltas are skipped until tools are supported.
-                if block.delta.kind == "text_delta" {
+                // Text and tool input are relayed; thinking deltas are skipped.
+                if block.delta.kind == "input_json_delta" {
+                    let call = self.calls.iter_mut().find(|(index, _)| *index == block.index);
+                    let (Some((_, call)), Some(piece)) = (call, block.delta.partial_json) else {
+                        return Err(LlmError::new(
+                            super::LlmErrorKind::BadResponse,
+                            "the LLM provider sent tool input outside a tool_use block",
+                        ));
+                    };
+                    out.extend(call.push(piece));
+                } else if block.delta.kind == "text_delta" {
                     self.ensure_started(out);
                     match block.delta.text {
                         Some(text) if !text.is_empty() => out.push_back(LlmEvent::TextDelta(text)),
@@ -507,6 +601,7 @@ mod tests {
                 ],
             }]),
             max_tokens: 0,
+            tools: std::sync::Arc::default(),
         };
         let body = serde_json::to_value(MessagesRequest::new(&request, "default-model", 99)).unwrap();
         assert_eq!(
@@ -522,6 +617,145 @@ mod tests {
                     {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBE"}, "title": "a.pdf"},
                 ]}],
             })
+        );
+    }
+
+    #[test]
+    fn decodes_tool_use_blocks() {
+        let (events, err) = decode_all(&[
+            event(
+                "message_start",
+                r#"{"type":"message_start","message":{"model":"claude","usage":{"input_tokens":9}}}"#,
+            ),
+            event(
+                "content_block_start",
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            ),
+            event(
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Let me look."}}"#,
+            ),
+            event("content_block_stop", r#"{"type":"content_block_stop","index":0}"#),
+            event(
+                "content_block_start",
+                r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"read_file","input":{}}}"#,
+            ),
+            event(
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"path\": \"a"}}"#,
+            ),
+            event(
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":".txt\"}"}}"#,
+            ),
+            event("content_block_stop", r#"{"type":"content_block_stop","index":1}"#),
+            event(
+                "content_block_start",
+                r#"{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"toolu_2","name":"list_files","input":{}}}"#,
+            ),
+            event("content_block_stop", r#"{"type":"content_block_stop","index":2}"#),
+            event(
+                "message_delta",
+                r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":30}}"#,
+            ),
+            event("message_stop", r#"{"type":"message_stop"}"#),
+        ]);
+        assert!(err.is_none(), "{err:?}");
+        let call = |id: &str, name: &str, input: serde_json::Value| {
+            LlmEvent::ToolUseStop(crate::llm::ToolCall {
+                id: id.into(),
+                name: name.into(),
+                input,
+            })
+        };
+        assert_eq!(
+            events[1..],
+            [
+                LlmEvent::TextDelta("Let me look.".into()),
+                LlmEvent::ToolUseStart {
+                    id: "toolu_1".into(),
+                    name: "read_file".into()
+                },
+                LlmEvent::ToolInputDelta {
+                    id: "toolu_1".into(),
+                    partial_json: "{\"path\": \"a".into()
+                },
+                LlmEvent::ToolInputDelta {
+                    id: "toolu_1".into(),
+                    partial_json: ".txt\"}".into()
+                },
+                call("toolu_1", "read_file", serde_json::json!({"path": "a.txt"})),
+                LlmEvent::ToolUseStart {
+                    id: "toolu_2".into(),
+                    name: "list_files".into()
+                },
+                call("toolu_2", "list_files", serde_json::json!({})),
+                LlmEvent::Usage {
+                    input_tokens: None,
+                    output_tokens: Some(30)
+                },
+                LlmEvent::Stop {
+                    reason: StopReason::ToolUse
+                },
+            ]
+        );
+        let (_, err) = decode_all(&[event(
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":4,"delta":{"type":"input_json_delta","partial_json":"{"}}"#,
+        )]);
+        assert_eq!(err.map(|err| err.kind), Some(LlmErrorKind::BadResponse));
+    }
+
+    #[test]
+    fn encodes_tool_calls_results_and_tools() {
+        use crate::llm::{ToolCall, ToolOutput, ToolSpec};
+        let request = LlmRequest {
+            model: "m".to_owned(),
+            system: None,
+            messages: std::sync::Arc::new(vec![
+                LlmMessage {
+                    role: LlmRole::Assistant,
+                    content: vec![
+                        LlmContent::Text("Looking.".into()),
+                        LlmContent::ToolUse(ToolCall {
+                            id: "t1".into(),
+                            name: "read_file".into(),
+                            input: serde_json::json!({"path": "a"}),
+                        }),
+                    ],
+                },
+                LlmMessage {
+                    role: LlmRole::User,
+                    content: vec![LlmContent::ToolResult(ToolOutput {
+                        tool_call_id: "t1".into(),
+                        text: "no such file".into(),
+                        is_error: true,
+                    })],
+                },
+            ]),
+            max_tokens: 5,
+            tools: std::sync::Arc::new(vec![ToolSpec {
+                name: "read_file".into(),
+                description: "Reads a file.".into(),
+                input_schema: serde_json::json!({"type": "object"}),
+            }]),
+        };
+        let body = serde_json::to_value(MessagesRequest::new(&request, "d", 9)).unwrap();
+        assert_eq!(
+            body["messages"],
+            serde_json::json!([
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Looking."},
+                    {"type": "tool_use", "id": "t1", "name": "read_file", "input": {"path": "a"}},
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "no such file", "is_error": true},
+                ]},
+            ])
+        );
+        assert_eq!(
+            body["tools"],
+            serde_json::json!([{"name": "read_file", "description": "Reads a file.", "input_schema": {"type": "object"}}])
         );
     }
 }

@@ -21,6 +21,17 @@ pub struct LlmRequest {
     /// user message; shared with the agent that holds the conversation.
     pub messages: Arc<Vec<LlmMessage>>,
     pub max_tokens: u32,
+    /// The tools the model may call; empty offers none.
+    pub tools: Arc<Vec<ToolSpec>>,
+}
+
+/// A tool as the model sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// The JSON schema of the tool's input (an object schema).
+    pub input_schema: serde_json::Value,
 }
 
 /// A message of the conversation as sent to the provider.
@@ -52,6 +63,27 @@ pub enum LlmContent {
         data: String,
         filename: Option<String>,
     },
+    /// A tool call the assistant made (assistant messages only).
+    ToolUse(ToolCall),
+    /// What a tool call gave back (user messages only, after the call).
+    ToolResult(ToolOutput),
+}
+
+/// A tool call: the provider's id for it, the tool and its input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The input, a JSON object.
+    pub input: serde_json::Value,
+}
+
+/// The result of a tool call, as text, and whether the call failed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolOutput {
+    pub tool_call_id: String,
+    pub text: String,
+    pub is_error: bool,
 }
 
 /// What a provider's stream yields, normalised across providers.
@@ -61,6 +93,12 @@ pub enum LlmEvent {
     Start { model: String, input_tokens: Option<u64> },
     /// A piece of the assistant's text.
     TextDelta(String),
+    /// The model starts a tool call; its input follows in pieces.
+    ToolUseStart { id: String, name: String },
+    /// A piece of the input JSON of the tool call started last with this id.
+    ToolInputDelta { id: String, partial_json: String },
+    /// The tool call is complete, with its whole input.
+    ToolUseStop(ToolCall),
     /// Token counts reported so far; later reports supersede earlier ones field by field.
     Usage {
         input_tokens: Option<u64>,
@@ -174,5 +212,66 @@ pub fn build_provider(config: &LlmConfig) -> Result<Arc<dyn LlmProvider>, LlmErr
         ProviderKind::Anthropic => Ok(Arc::new(anthropic::AnthropicProvider::new(config)?)),
         ProviderKind::Openai => Ok(Arc::new(openai::OpenAiProvider::new(config)?)),
         ProviderKind::Offline => Ok(Arc::new(offline::OfflineProvider::new(config))),
+    }
+}
+
+/// A tool call as its input streams in: both drivers collect the pieces and
+/// parse them once the call is complete.
+#[derive(Debug)]
+struct PendingCall {
+    id: String,
+    name: String,
+    input_json: String,
+}
+
+impl PendingCall {
+    fn new(id: String, name: String) -> Self {
+        Self {
+            id,
+            name,
+            input_json: String::new(),
+        }
+    }
+
+    /// Returns the event of the call's start.
+    fn start_event(&self) -> LlmEvent {
+        LlmEvent::ToolUseStart {
+            id: self.id.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    /// Adds a piece of the input and returns its event (none for an empty piece).
+    fn push(&mut self, piece: String) -> Option<LlmEvent> {
+        if piece.is_empty() {
+            return None;
+        }
+        self.input_json.push_str(&piece);
+        Some(LlmEvent::ToolInputDelta {
+            id: self.id.clone(),
+            partial_json: piece,
+        })
+    }
+
+    /// Returns the complete call; no input at all is an empty object.
+    fn finish(self) -> Result<LlmEvent, LlmError> {
+        let input = if self.input_json.trim().is_empty() {
+            serde_json::Value::Object(serde_json::Map::new())
+        } else {
+            serde_json::from_str(&self.input_json).map_err(|err| {
+                LlmError::new(
+                    LlmErrorKind::BadResponse,
+                    format!(
+                        "the LLM provider sent tool input for {} that is not JSON: {err}",
+                        self.name
+                    ),
+                )
+            })?
+        };
+        Ok(LlmEvent::ToolUseStop(ToolCall {
+            id: self.id,
+            name: self.name,
+            input,
+        }))
     }
 }

@@ -79,7 +79,7 @@ impl LlmProvider for OfflineProvider {
 fn texts(content: &[LlmContent]) -> impl Iterator<Item = &str> {
     content.iter().filter_map(|part| match part {
         LlmContent::Text(text) => Some(text.as_str()),
-        LlmContent::Image { .. } | LlmContent::File { .. } => None,
+        _ => None,
     })
 }
 

@@ -11,7 +11,9 @@ use reqwest::header::{AUTHORIZATION, HeaderMap};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::sse::{self, HttpTransport, Progress, SseDecoder};
-use super::{LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason};
+use super::{
+    LlmContent, LlmError, LlmEvent, LlmMessage, LlmProvider, LlmRequest, LlmRole, LlmStream, PendingCall, StopReason,
+};
 use crate::config::LlmConfig;
 
 /// The API root used when `base_url` is not set; by OpenAI's convention it includes `/v1`.
@@ -60,9 +62,25 @@ struct ChatRequest<'a> {
     model: &'a str,
     max_tokens: u32,
     messages: Vec<ChatMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
     stream: bool,
     /// Asks for the final chunk with the token counts, which the usage ledger needs.
     stream_options: StreamOptions,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: Function<'a>,
+}
+
+#[derive(Serialize)]
+struct Function<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a serde_json::Value,
 }
 
 #[derive(Serialize)]
@@ -73,7 +91,38 @@ struct StreamOptions {
 #[derive(Serialize)]
 struct ChatMessage<'a> {
     role: &'static str,
-    content: ChatContent<'a>,
+    /// `null` only for an assistant message that holds nothing but tool calls.
+    content: Option<ChatContent<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<ToolCallOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+}
+
+impl<'a> ChatMessage<'a> {
+    fn new(role: &'static str, content: ChatContent<'a>) -> Self {
+        Self {
+            role,
+            content: Some(content),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+}
+
+/// A tool call of an assistant message; its arguments are a JSON string.
+#[derive(Serialize)]
+struct ToolCallOut<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: CallOut<'a>,
+}
+
+#[derive(Serialize)]
+struct CallOut<'a> {
+    name: &'a str,
+    arguments: String,
 }
 
 /// A message's content: a plain string when it is one text, parts otherwise.
@@ -129,20 +178,14 @@ impl<'a> ChatRequest<'a> {
             .system
             .as_deref()
             .filter(|system| !system.is_empty())
-            .map(|system| ChatMessage {
-                role: "system",
-                content: ChatContent::Text(Cow::Borrowed(system)),
-            });
-        let history = request.messages.iter().map(|message| match message.role {
-            LlmRole::User => ChatMessage {
-                role: "user",
-                content: user_content(&message.content),
-            },
-            LlmRole::Assistant => ChatMessage {
-                role: "assistant",
-                content: assistant_content(&message.content),
-            },
-        });
+            .map(|system| ChatMessage::new("system", ChatContent::Text(Cow::Borrowed(system))));
+        let mut messages: Vec<ChatMessage<'a>> = system.into_iter().collect();
+        for message in request.messages.iter() {
+            match message.role {
+                LlmRole::User => user_messages(message, &mut messages),
+                LlmRole::Assistant => messages.push(assistant_message(message)),
+            }
+        }
         Self {
             model: if request.model.is_empty() {
                 default_model
@@ -154,55 +197,107 @@ impl<'a> ChatRequest<'a> {
             } else {
                 request.max_tokens
             },
-            messages: system.into_iter().chain(history).collect(),
+            messages,
+            tools: request
+                .tools
+                .iter()
+                .map(|tool| Tool {
+                    kind: "function",
+                    function: Function {
+                        name: &tool.name,
+                        description: &tool.description,
+                        parameters: &tool.input_schema,
+                    },
+                })
+                .collect(),
             stream: true,
             stream_options: StreamOptions { include_usage: true },
         }
     }
 }
 
-fn user_content(content: &[LlmContent]) -> ChatContent<'_> {
+/// Adds a user message: its tool results first, each a `tool` message, then
+/// whatever else it holds as one `user` message.
+fn user_messages<'a>(message: &'a LlmMessage, out: &mut Vec<ChatMessage<'a>>) {
+    let mut rest = Vec::new();
+    for part in &message.content {
+        match part {
+            LlmContent::ToolResult(result) => out.push(ChatMessage {
+                tool_call_id: Some(&result.tool_call_id),
+                ..ChatMessage::new("tool", ChatContent::Text(Cow::Borrowed(&result.text)))
+            }),
+            other => rest.push(other),
+        }
+    }
+    if !rest.is_empty() || message.content.is_empty() {
+        out.push(ChatMessage::new("user", user_content(&rest)));
+    }
+}
+
+fn user_content<'a>(content: &[&'a LlmContent]) -> ChatContent<'a> {
     if let [LlmContent::Text(text)] = content {
         return ChatContent::Text(Cow::Borrowed(text));
     }
     let parts = content
         .iter()
-        .map(|part| match part {
-            LlmContent::Text(text) => ContentPart::Text { text },
-            LlmContent::Image { media_type, data } => ContentPart::ImageUrl {
+        .filter_map(|part| match part {
+            LlmContent::Text(text) => Some(ContentPart::Text { text }),
+            LlmContent::Image { media_type, data } => Some(ContentPart::ImageUrl {
                 image_url: ImageUrl {
                     url: DataUrl { media_type, data },
                 },
-            },
+            }),
             LlmContent::File {
                 media_type,
                 data,
                 filename,
-            } => ContentPart::File {
+            } => Some(ContentPart::File {
                 file: FileData {
                     filename: filename.as_deref(),
                     file_data: DataUrl { media_type, data },
                 },
-            },
+            }),
+            LlmContent::ToolUse(_) | LlmContent::ToolResult(_) => None,
         })
         .collect();
     ChatContent::Parts(parts)
 }
 
-/// Returns an assistant message as text: the API takes no attachments from the assistant.
-fn assistant_content(content: &[LlmContent]) -> ChatContent<'_> {
-    let mut texts = content.iter().filter_map(|part| match part {
+/// Returns an assistant message: its text (the API takes no attachments from
+/// the assistant) and its tool calls.
+fn assistant_message(message: &LlmMessage) -> ChatMessage<'_> {
+    let mut texts = message.content.iter().filter_map(|part| match part {
         LlmContent::Text(text) => Some(text.as_str()),
-        LlmContent::Image { .. } | LlmContent::File { .. } => None,
+        _ => None,
     });
-    match (texts.next(), texts.next()) {
-        (None, _) => ChatContent::Text(Cow::Borrowed("")),
-        (Some(only), None) => ChatContent::Text(Cow::Borrowed(only)),
+    let text = match (texts.next(), texts.next()) {
+        (None, _) => Cow::Borrowed(""),
+        (Some(only), None) => Cow::Borrowed(only),
         (Some(first), Some(second)) => {
             let mut joined = format!("{first}{second}");
             texts.for_each(|text| joined.push_str(text));
-            ChatContent::Text(Cow::Owned(joined))
+            Cow::Owned(joined)
         }
+    };
+    let tool_calls: Vec<ToolCallOut<'_>> = message
+        .content
+        .iter()
+        .filter_map(|part| match part {
+            LlmContent::ToolUse(call) => Some(ToolCallOut {
+                id: &call.id,
+                kind: "function",
+                function: CallOut {
+                    name: &call.name,
+                    arguments: call.input.to_string(),
+                },
+            }),
+            _ => None,
+        })
+        .collect();
+    ChatMessage {
+        content: (!text.is_empty() || tool_calls.is_empty()).then_some(ChatContent::Text(text)),
+        tool_calls,
+        ..ChatMessage::new("assistant", ChatContent::Text(Cow::Borrowed("")))
     }
 }
 
@@ -212,6 +307,8 @@ struct ChatDecoder {
     model: String,
     started: bool,
     finish_reason: Option<StopReason>,
+    /// The tool calls streaming now, by their index in the reply.
+    calls: Vec<(u64, PendingCall)>,
 }
 
 #[derive(Deserialize)]
@@ -231,6 +328,22 @@ struct Choice {
 #[derive(Deserialize)]
 struct ChoiceDelta {
     content: Option<String>,
+    tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+/// A piece of a tool call: the first names it, the rest add to its arguments.
+#[derive(Deserialize)]
+struct ToolCallDelta {
+    #[serde(default)]
+    index: u64,
+    id: Option<String>,
+    function: Option<FunctionDelta>,
+}
+
+#[derive(Deserialize)]
+struct FunctionDelta {
+    name: Option<String>,
+    arguments: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -252,7 +365,40 @@ impl ChatDecoder {
             model: model.to_owned(),
             started: false,
             finish_reason: None,
+            calls: Vec::new(),
         }
+    }
+
+    /// Relays a piece of a tool call; a call's first piece carries its id and name.
+    fn tool_call(&mut self, delta: ToolCallDelta, out: &mut VecDeque<LlmEvent>) -> Result<(), LlmError> {
+        let (name, arguments) = delta
+            .function
+            .map_or((None, None), |function| (function.name, function.arguments));
+        let at = match self.calls.iter().position(|(index, _)| *index == delta.index) {
+            Some(at) => at,
+            None => {
+                let (Some(id), Some(name)) = (delta.id, name) else {
+                    return Err(LlmError::new(
+                        super::LlmErrorKind::BadResponse,
+                        "the LLM provider sent a tool call without its id or name",
+                    ));
+                };
+                let call = PendingCall::new(id, name);
+                out.push_back(call.start_event());
+                self.calls.push((delta.index, call));
+                self.calls.len() - 1
+            }
+        };
+        out.extend(arguments.and_then(|piece| self.calls[at].1.push(piece)));
+        Ok(())
+    }
+
+    /// Completes the reply's tool calls, in the order they started.
+    fn finish_calls(&mut self, out: &mut VecDeque<LlmEvent>) -> Result<(), LlmError> {
+        for (_, call) in self.calls.drain(..) {
+            out.push_back(call.finish()?);
+        }
+        Ok(())
     }
 
     fn ensure_started(&mut self, model: Option<String>, out: &mut VecDeque<LlmEvent>) {
@@ -298,6 +444,7 @@ impl SseDecoder for ChatDecoder {
         let data = event.data.trim();
         if data == "[DONE]" {
             self.ensure_started(None, out);
+            self.finish_calls(out)?;
             out.push_back(LlmEvent::Stop {
                 reason: self.finish_reason.unwrap_or(StopReason::EndTurn),
             });
@@ -309,15 +456,17 @@ impl SseDecoder for ChatDecoder {
         }
         self.ensure_started(chunk.model, out);
         if let Some(choice) = chunk.choices.and_then(|choices| choices.into_iter().next()) {
-            if let Some(text) = choice
-                .delta
-                .and_then(|delta| delta.content)
-                .filter(|text| !text.is_empty())
-            {
-                out.push_back(LlmEvent::TextDelta(text));
+            if let Some(delta) = choice.delta {
+                if let Some(text) = delta.content.filter(|text| !text.is_empty()) {
+                    out.push_back(LlmEvent::TextDelta(text));
+                }
+                for call in delta.tool_calls.into_iter().flatten() {
+                    self.tool_call(call, out)?;
+                }
             }
             if let Some(reason) = choice.finish_reason.as_deref() {
                 self.finish_reason = Some(stop_reason(reason));
+                self.finish_calls(out)?;
             }
         }
         if let Some(usage) = chunk.usage {
@@ -476,6 +625,7 @@ mod tests {
                 },
             ]),
             max_tokens: 10,
+            tools: std::sync::Arc::default(),
         };
         let body = serde_json::to_value(ChatRequest::new(&request, "default", 99)).unwrap();
         assert_eq!(
@@ -496,6 +646,121 @@ mod tests {
                     ]},
                 ],
             })
+        );
+    }
+
+    #[test]
+    fn decodes_streamed_tool_calls() {
+        let (events, err) = decode_all(&[
+            data(r#"{"model":"gpt","choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}"#),
+            data(
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"read_file","arguments":""}}]}}]}"#,
+            ),
+            data(
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"path\":"}}]}}]}"#,
+            ),
+            data(
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"list_files","arguments":"{}"}}]}}]}"#,
+            ),
+            data(
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"a.txt\"}"}}]}}]}"#,
+            ),
+            data(r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#),
+            data("[DONE]"),
+        ]);
+        assert!(err.is_none(), "{err:?}");
+        let call = |id: &str, name: &str, input: serde_json::Value| {
+            LlmEvent::ToolUseStop(crate::llm::ToolCall {
+                id: id.into(),
+                name: name.into(),
+                input,
+            })
+        };
+        let delta = |id: &str, piece: &str| LlmEvent::ToolInputDelta {
+            id: id.into(),
+            partial_json: piece.into(),
+        };
+        assert_eq!(
+            events[1..],
+            [
+                LlmEvent::ToolUseStart {
+                    id: "call_a".into(),
+                    name: "read_file".into()
+                },
+                delta("call_a", "{\"path\":"),
+                LlmEvent::ToolUseStart {
+                    id: "call_b".into(),
+                    name: "list_files".into()
+                },
+                delta("call_b", "{}"),
+                delta("call_a", "\"a.txt\"}"),
+                call("call_a", "read_file", serde_json::json!({"path": "a.txt"})),
+                call("call_b", "list_files", serde_json::json!({})),
+                LlmEvent::Stop {
+                    reason: StopReason::ToolUse
+                },
+            ]
+        );
+        let (_, err) = decode_all(&[data(
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+        )]);
+        assert_eq!(err.map(|err| err.kind), Some(LlmErrorKind::BadResponse));
+    }
+
+    #[test]
+    fn encodes_tool_calls_and_results() {
+        use crate::llm::{ToolCall, ToolOutput, ToolSpec};
+        let request = LlmRequest {
+            model: "m".to_owned(),
+            system: None,
+            messages: std::sync::Arc::new(vec![
+                LlmMessage {
+                    role: LlmRole::User,
+                    content: vec![LlmContent::Text("go".into())],
+                },
+                LlmMessage {
+                    role: LlmRole::Assistant,
+                    content: vec![LlmContent::ToolUse(ToolCall {
+                        id: "c1".into(),
+                        name: "list_files".into(),
+                        input: serde_json::json!({"path": "."}),
+                    })],
+                },
+                LlmMessage {
+                    role: LlmRole::User,
+                    content: vec![
+                        LlmContent::ToolResult(ToolOutput {
+                            tool_call_id: "c1".into(),
+                            text: "a.txt".into(),
+                            is_error: false,
+                        }),
+                        LlmContent::Text("and?".into()),
+                    ],
+                },
+            ]),
+            max_tokens: 10,
+            tools: std::sync::Arc::new(vec![ToolSpec {
+                name: "list_files".into(),
+                description: "Lists files.".into(),
+                input_schema: serde_json::json!({"type": "object"}),
+            }]),
+        };
+        let body = serde_json::to_value(ChatRequest::new(&request, "default", 99)).unwrap();
+        assert_eq!(
+            body["messages"],
+            serde_json::json!([
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "list_files", "arguments": "{\"path\":\".\"}"}},
+                ]},
+                {"role": "tool", "content": "a.txt", "tool_call_id": "c1"},
+                {"role": "user", "content": "and?"},
+            ])
+        );
+        assert_eq!(
+            body["tools"],
+            serde_json::json!([{"type": "function", "function": {
+                "name": "list_files", "description": "Lists files.", "parameters": {"type": "object"}}}])
         );
     }
 }
