@@ -246,14 +246,11 @@ pub async fn update(
 
 /// Stops an image's agent and deletes the image with its session and messages.
 pub async fn delete(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<ImageDeleted, ApiError> {
-    let request = ctx.request(rt::StopImageRequest {
+    // The runtime stops its agent, deletes it and its workspace.
+    let request = ctx.request(rt::DeleteImageRequest {
         image_id: image_id.clone(),
     });
-    peers.runtime.stop_image(request).await?;
-    let request = ctx.request(ss::DeleteImageRequest {
-        image_id: image_id.clone(),
-    });
-    peers.session.delete_image(request).await?;
+    peers.runtime.delete_image(request).await?;
     Ok(ImageDeleted {
         image_id,
         deleted: true,

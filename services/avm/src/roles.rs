@@ -268,8 +268,12 @@ struct RuntimePeers {
 impl RuntimePeers {
     fn pool(self, config: &AvmConfig, identity: &ServiceIdentity) -> avm_runtime::AgentPool {
         use avm_runtime::peers::{Configs, Resources, Sessions, Usages};
+        let mut runtime = config.runtime.clone();
+        if runtime.workspace_root.is_none() {
+            runtime.workspace_root = Some(config.server.data_dir().join("workspaces"));
+        }
         avm_runtime::AgentPool::new(
-            config.runtime.clone(),
+            runtime,
             avm_runtime::LlmSettings::new(Configs::new(self.config), identity.clone()),
             avm_runtime::Metering::new(Usages::new(self.observability), identity.clone()),
             Sessions::new(self.session),

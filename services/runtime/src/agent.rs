@@ -13,6 +13,7 @@ use crate::hub::{EventContext, SessionHub};
 use crate::llm::{LlmContent, LlmRole};
 use crate::peers::ImageInfo;
 use crate::plan::AgentPlan;
+use crate::tools::Toolbox;
 
 /// What callers learn about an agent.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +33,8 @@ pub(crate) struct Agent {
     pub(crate) image: ImageInfo,
     /// What its image's resource references resolved to when it started.
     pub(crate) plan: AgentPlan,
+    /// Its tools; `None` for a tool-free agent, which has no workspace either.
+    pub(crate) tools: Option<Arc<Toolbox>>,
     pub(crate) started_at_ms: i64,
     pub(crate) context: Arc<EventContext>,
     pub(crate) hub: Arc<SessionHub>,
@@ -53,6 +56,7 @@ impl Agent {
         tenant_id: String,
         image: ImageInfo,
         plan: AgentPlan,
+        tools: Option<Arc<Toolbox>>,
         hub: Arc<SessionHub>,
         history: History,
     ) -> Self {
@@ -69,6 +73,7 @@ impl Agent {
             context,
             hub,
             plan,
+            tools,
             image,
             state: Mutex::new(AgentState {
                 history,
@@ -119,6 +124,14 @@ impl Agent {
     pub(crate) fn add_user(&self, content: Vec<LlmContent>) -> History {
         let mut state = self.lock();
         context::append(&mut state.history, LlmRole::User, content);
+        Arc::clone(&state.history)
+    }
+
+    /// Adds to the conversation during a turn (a reply's tool calls, their
+    /// results) and returns the conversation to send next.
+    pub(crate) fn extend_history(&self, role: LlmRole, content: Vec<LlmContent>) -> History {
+        let mut state = self.lock();
+        context::append(&mut state.history, role, content);
         Arc::clone(&state.history)
     }
 

@@ -25,6 +25,13 @@ pub struct RuntimeConfig {
     /// Capacity of each subscriber's queue; a subscriber that falls this far
     /// behind is cut off with a typed error.
     pub subscriber_queue: usize,
+    /// Where images' workspaces live (`<root>/<tenant>/<image>`); the
+    /// server's data directory's `workspaces` when unset.
+    pub workspace_root: Option<std::path::PathBuf>,
+    /// LLM calls one turn may make before it ends with `TOOL_LOOP_LIMIT`.
+    pub max_tool_steps: u32,
+    /// Tool calls of one reply run at once, at most.
+    pub tool_concurrency: usize,
 }
 
 impl Default for RuntimeConfig {
@@ -34,6 +41,9 @@ impl Default for RuntimeConfig {
             event_retention: 1024,
             event_retention_period: Duration::from_secs(120),
             subscriber_queue: 1024,
+            workspace_root: None,
+            max_tool_steps: 25,
+            tool_concurrency: 4,
         }
     }
 }

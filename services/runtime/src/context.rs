@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::llm::{LlmContent, LlmMessage, LlmRole};
+use crate::llm::{LlmContent, LlmMessage, LlmRole, ToolOutput};
 use crate::message::{Message, MessageBody};
 
 /// The messages an LLM request carries; a turn holds the same allocation as
@@ -11,12 +11,19 @@ use crate::message::{Message, MessageBody};
 /// holds it (a copy-on-write of the vector, never of the messages' text).
 pub type History = Arc<Vec<LlmMessage>>;
 
+/// What a tool call left without its result is answered with, so that the
+/// next request is valid (the providers refuse unpaired calls).
+pub const UNANSWERED: &str = "the tool call was not completed (interrupted or stopped)";
+
 /// Turns stored history into alternating LLM messages.
 ///
 /// Error messages are not part of the conversation; empty assistant messages
 /// (an interrupt before any text) are skipped; consecutive messages of one
 /// role (a user message whose turn failed, then another) are merged, because
-/// providers expect roles to alternate.
+/// providers expect roles to alternate. Tool calls join their reply's
+/// assistant message and tool results the user message after it; a call
+/// found without its result (a runtime that stopped mid-call) gets an error
+/// result.
 pub fn history_to_llm(history: &[Message]) -> History {
     let mut messages: Vec<LlmMessage> = Vec::with_capacity(history.len());
     for message in history {
@@ -25,19 +32,99 @@ pub fn history_to_llm(history: &[Message]) -> History {
             MessageBody::Assistant(reply) if !reply.text.is_empty() => {
                 (LlmRole::Assistant, vec![LlmContent::Text(reply.text.clone())])
             }
+            MessageBody::ToolCall { call, .. } => (LlmRole::Assistant, vec![LlmContent::ToolUse(call.clone())]),
+            MessageBody::ToolResult { output, .. } => (LlmRole::User, vec![LlmContent::ToolResult(output.clone())]),
             _ => continue,
         };
         push_message(&mut messages, role, content);
     }
+    pair_tool_calls(&mut messages);
     Arc::new(messages)
 }
 
 /// Appends to the conversation, merging into the last message when roles repeat.
+///
+/// Within a message, text comes before tool calls and tool results before
+/// text, the order the providers expect.
 pub fn push_message(messages: &mut Vec<LlmMessage>, role: LlmRole, content: Vec<LlmContent>) {
     match messages.last_mut() {
-        Some(last) if last.role == role => last.content.extend(content),
+        Some(last) if last.role == role => {
+            last.content.extend(content);
+            // A stable sort: the order within each kind stays.
+            last.content.sort_by_key(|part| match (role, part) {
+                (LlmRole::Assistant, LlmContent::ToolUse(_)) => 1,
+                (LlmRole::User, LlmContent::ToolResult(_)) => 0,
+                (LlmRole::User, _) => 1,
+                _ => 0,
+            });
+        }
         _ => messages.push(LlmMessage { role, content }),
     }
+}
+
+/// Gives every tool call without a result in the next message an error result.
+fn pair_tool_calls(messages: &mut Vec<LlmMessage>) {
+    let mut index = 0;
+    while index < messages.len() {
+        let calls: Vec<String> = messages[index]
+            .content
+            .iter()
+            .filter_map(|part| match part {
+                LlmContent::ToolUse(call) if messages[index].role == LlmRole::Assistant => Some(call.id.clone()),
+                _ => None,
+            })
+            .collect();
+        if !calls.is_empty() {
+            let answered: Vec<&str> = messages
+                .get(index + 1)
+                .filter(|next| next.role == LlmRole::User)
+                .map(|next| {
+                    next.content
+                        .iter()
+                        .filter_map(|part| match part {
+                            LlmContent::ToolResult(output) => Some(output.tool_call_id.as_str()),
+                            _ => None,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let missing: Vec<LlmContent> = calls
+                .iter()
+                .filter(|id| !answered.contains(&id.as_str()))
+                .map(|id| {
+                    LlmContent::ToolResult(ToolOutput {
+                        tool_call_id: id.clone(),
+                        text: UNANSWERED.to_owned(),
+                        is_error: true,
+                    })
+                })
+                .collect();
+            if !missing.is_empty() {
+                if messages.get(index + 1).is_some_and(|next| next.role == LlmRole::User) {
+                    push_into(&mut messages[index + 1], missing);
+                } else {
+                    messages.insert(
+                        index + 1,
+                        LlmMessage {
+                            role: LlmRole::User,
+                            content: missing,
+                        },
+                    );
+                }
+            }
+        }
+        index += 1;
+    }
+}
+
+/// Adds results to a user message, after its results and before the rest.
+fn push_into(message: &mut LlmMessage, results: Vec<LlmContent>) {
+    let at = message
+        .content
+        .iter()
+        .position(|part| !matches!(part, LlmContent::ToolResult(_)))
+        .unwrap_or(message.content.len());
+    message.content.splice(at..at, results);
 }
 
 /// Appends to a shared history: in place when no turn holds it any more.
@@ -84,6 +171,71 @@ mod tests {
         let roles: Vec<_> = messages.iter().map(|m| m.role).collect();
         assert_eq!(roles, [LlmRole::User, LlmRole::Assistant, LlmRole::User]);
         assert_eq!(messages[0].content.len(), 2);
+    }
+
+    #[test]
+    fn tool_calls_pair_with_their_results_and_unanswered_ones_get_an_error() {
+        use crate::llm::ToolCall;
+        let call = |id: &str| {
+            message(MessageBody::ToolCall {
+                call: ToolCall {
+                    id: id.into(),
+                    name: "read_file".into(),
+                    input: serde_json::json!({}),
+                },
+                parent_id: "msg_1".into(),
+            })
+        };
+        let result = |id: &str| {
+            message(MessageBody::ToolResult {
+                output: ToolOutput {
+                    tool_call_id: id.into(),
+                    text: "ok".into(),
+                    is_error: false,
+                },
+                tool_name: "read_file".into(),
+            })
+        };
+        // t1 and t2 in one reply, only t1 answered (the runtime stopped), then
+        // the user wrote again; later t3 was answered.
+        let history = [
+            user("a"),
+            call("t1"),
+            call("t2"),
+            result("t1"),
+            user("b"),
+            assistant("looking"),
+            call("t3"),
+            result("t3"),
+            assistant("done"),
+        ];
+        let messages = history_to_llm(&history);
+        let roles: Vec<_> = messages.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [
+                LlmRole::User,
+                LlmRole::Assistant,
+                LlmRole::User,
+                LlmRole::Assistant,
+                LlmRole::User,
+                LlmRole::Assistant
+            ]
+        );
+        let results: Vec<_> = messages[2]
+            .content
+            .iter()
+            .map(|part| match part {
+                LlmContent::ToolResult(output) => (output.tool_call_id.as_str(), output.is_error),
+                LlmContent::Text(text) => (text.as_str(), false),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(results, [("t1", false), ("t2", true), ("b", false)]);
+        assert!(matches!(
+            &messages[3].content[..],
+            [LlmContent::Text(_), LlmContent::ToolUse(_)]
+        ));
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod peers;
 mod plan;
 mod pool;
 pub mod settings;
+pub mod tools;
 mod turn;
 
 pub use agent::AgentInfo;

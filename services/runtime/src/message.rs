@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 
 use crate::error::RuntimeError;
-use crate::llm::LlmContent;
+use crate::llm::{LlmContent, ToolCall, ToolOutput};
 
 /// Largest accepted user content, in bytes of its text and data.
 pub const MAX_CONTENT_BYTES: usize = 8 * 1024 * 1024;
@@ -147,7 +147,17 @@ pub enum MessageBody {
         text: String,
         error_code: String,
     },
-    /// Tool calls and results: kept in the history, not yet read back.
+    /// A tool call of an assistant reply (`parent_id`: the reply's message id).
+    ToolCall {
+        call: ToolCall,
+        parent_id: String,
+    },
+    /// What a tool call gave back.
+    ToolResult {
+        output: ToolOutput,
+        tool_name: String,
+    },
+    /// A message of a kind this runtime does not know (from a newer peer).
     Other,
 }
 
@@ -195,6 +205,27 @@ impl Message {
                 }
                 object
             }
+            MessageBody::ToolCall { call, parent_id } => json!({
+                "id": id,
+                "role": "assistant",
+                "subtype": "tool-call",
+                "toolCall": {"type": "tool-call", "id": call.id, "name": call.name, "input": call.input},
+                "timestamp": timestamp,
+                "parentId": parent_id,
+            }),
+            MessageBody::ToolResult { output, tool_name } => json!({
+                "id": id,
+                "role": "tool",
+                "subtype": "tool-result",
+                "toolCallId": output.tool_call_id,
+                "toolResult": {
+                    "type": "tool-result",
+                    "id": output.tool_call_id,
+                    "name": tool_name,
+                    "output": {"type": if output.is_error { "error-text" } else { "text" }, "value": output.text},
+                },
+                "timestamp": timestamp,
+            }),
             MessageBody::User(_) | MessageBody::Other => json!({"id": id, "timestamp": timestamp}),
         }
     }

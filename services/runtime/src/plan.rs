@@ -21,6 +21,8 @@ pub struct AgentPlan {
     pub max_tokens: Option<u32>,
     /// The exact resources (`resource://…@<version>`), recorded on each reply.
     pub resources: Vec<String>,
+    /// The tools the agent definition gives the agent (built-in names).
+    pub tools: Vec<String>,
 }
 
 /// Returns what an image's agent runs with: its agent definition (when it
@@ -37,6 +39,11 @@ pub async fn plan(resources: &Resources, ctx: &RequestContext, image: &ImageInfo
             .as_u64()
             .and_then(|n| u32::try_from(n).ok());
         plan.resources.extend(resolved.uris);
+        plan.tools = resolved
+            .tools
+            .iter()
+            .map(|tool| tool_name(tool))
+            .collect::<Result<_, _>>()?;
     }
     match image.system_prompt.as_deref().filter(|prompt| !prompt.is_empty()) {
         Some(uri) if uri.starts_with(RESOURCE_URI_PREFIX) => {
@@ -52,4 +59,21 @@ pub async fn plan(resources: &Resources, ctx: &RequestContext, image: &ImageInfo
         None => {}
     }
     Ok(plan)
+}
+
+/// Returns the built-in tool a tool resource names (`builtin`); tools served
+/// by MCP servers are not run yet.
+fn tool_name(content_json: &str) -> Result<String, RuntimeError> {
+    let content: Value = serde_json::from_str(content_json).unwrap_or_default();
+    if let Some(name) = content["builtin"].as_str() {
+        return match crate::tools::Builtin::named(name) {
+            Some(builtin) => Ok(builtin.name().to_owned()),
+            None => Err(crate::tools::unknown_tool(name)),
+        };
+    }
+    let name = content["name"].as_str().unwrap_or_default();
+    Err(RuntimeError::invalid(
+        "TOOL_UNAVAILABLE",
+        format!("the tool {name:?} is served by an MCP server, which this runtime does not run yet"),
+    ))
 }

@@ -24,7 +24,8 @@ use crate::message::{Content, Message, MessageBody};
 use crate::metering::Metering;
 use crate::peers::{Deletion, ImageInfo, Resources, Sessions};
 use crate::settings::LlmSettings;
-use crate::turn::{self, TurnPorts};
+use crate::tools::{Toolbox, Workspace};
+use crate::turn::{self, TurnLimits, TurnPorts};
 
 /// The answer to an accepted message: who runs it and the turn's events.
 pub struct SendAccepted {
@@ -75,6 +76,10 @@ impl AgentPool {
         identity: ServiceIdentity,
     ) -> Self {
         let hubs = Hubs::new(config.event_retention, config.subscriber_queue);
+        let limits = TurnLimits {
+            max_steps: config.max_tool_steps.max(1),
+            tool_concurrency: config.tool_concurrency.max(1),
+        };
         Self {
             inner: Arc::new(PoolInner {
                 config,
@@ -83,6 +88,7 @@ impl AgentPool {
                     sessions,
                     metering,
                     identity,
+                    limits,
                 },
                 resources,
                 hubs,
@@ -146,11 +152,23 @@ impl AgentPool {
         }
     }
 
+    /// Returns an image's workspace (not created until a tool needs it).
+    fn workspace(&self, tenant_id: &str, image_id: &str) -> Workspace {
+        let root = self
+            .inner
+            .config
+            .workspace_root
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("avm-workspaces"));
+        Workspace::new(root.join(tenant_id).join(image_id))
+    }
+
     /// Loads an image and its history and makes it a live agent.
     async fn hydrate(&self, ctx: &RequestContext, image_id: &str, key: AgentKey) -> Result<Arc<Agent>, RuntimeError> {
         let image = self.sessions().get_image(ctx, image_id).await?;
         let plan = crate::plan::plan(&self.inner.resources, ctx, &image).await?;
         let history = self.sessions().list_messages(ctx, &image.session_id).await?;
+        let tools = Toolbox::new(&plan.tools, self.workspace(&ctx.tenant_id, image_id))?.map(Arc::new);
         let agent_id = new_id("agent");
         let hub = self.inner.hubs.get_or_create(&image.session_id);
         let messages = history.len();
@@ -159,6 +177,7 @@ impl AgentPool {
             ctx.tenant_id.clone(),
             image,
             plan,
+            tools,
             hub,
             history_to_llm(&history),
         ));
@@ -230,7 +249,7 @@ impl AgentPool {
             }),
         );
         let history = agent.add_user(llm_content);
-        let request = turn::request(&llm.config, &agent.plan, history);
+        let request = turn::request(&llm.config, &agent, history);
         let events = agent.hub.subscribe(Some(cursor));
         tracing::info!(image_id = %agent.image.image_id, message_id = %user_message_id, "turn started");
         // The turn outlives this call; it stays in the request's trace.
@@ -416,6 +435,7 @@ impl AgentPool {
     pub async fn delete_image(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
         let stopped = self.stop_image(ctx, image_id).await?;
         self.sessions().delete_image(ctx, image_id).await?;
+        self.remove_workspace(&ctx.tenant_id, image_id).await;
         Ok(stopped)
     }
 
@@ -431,7 +451,24 @@ impl AgentPool {
         // Existence first, so a missing container is NOT_FOUND before anything is touched.
         self.sessions().check_container(ctx, container_id).await?;
         self.retire_container(&ctx.tenant_id, container_id);
-        self.sessions().delete_container(ctx, container_id).await
+        let image_ids = self.sessions().delete_container(ctx, container_id).await?;
+        for image_id in &image_ids {
+            self.remove_workspace(&ctx.tenant_id, image_id).await;
+        }
+        Ok(image_ids)
+    }
+
+    /// Deletes an image's workspace, if it has one; a failure is logged.
+    async fn remove_workspace(&self, tenant_id: &str, image_id: &str) {
+        let dir = self.workspace(tenant_id, image_id).dir().to_owned();
+        let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err),
+            _ => Ok(()),
+        })
+        .await;
+        if let Ok(Err(err)) | Err(err) = removed.map_err(std::io::Error::other) {
+            tracing::warn!(image_id, error = %err, "cannot remove the image's workspace");
+        }
     }
 
     /// Stops and forgets one agent.
@@ -589,9 +626,11 @@ impl AgentPool {
                 }
                 Deletion::Images { tenant_id, image_ids } => {
                     for image_id in image_ids {
-                        if let Some(agent) = self.lookup(&tenant_id, &AgentTarget::Image(image_id)) {
+                        if let Some(agent) = self.lookup(&tenant_id, &AgentTarget::Image(image_id.clone())) {
                             self.retire(&agent, "image deleted");
                         }
+                        // Deleted on the session service directly: the workspace goes too.
+                        self.remove_workspace(&tenant_id, &image_id).await;
                     }
                 }
             }

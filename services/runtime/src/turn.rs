@@ -1,10 +1,17 @@
-//! One turn of an agent: stream the LLM's reply as events, then persist it.
+//! One turn of an agent: stream the LLM's reply as events, run the tools it
+//! calls and send their results back, until the model ends its turn.
 //!
-//! Event order follows PROTOCOL.md: `message_start → conversation_start →
-//! (text_delta → conversation_responding)* → message_delta → message_stop →
-//! assistant_message → conversation_end`; an interrupt emits `interrupted →
-//! message_stop → assistant_message → conversation_end{interrupted}`; a failure
-//! `error_received → error_message → error_occurred`.
+//! Event order follows PROTOCOL.md. A reply that calls tools:
+//! `message_start → conversation_start → (tool_use_start → tool_planned →
+//! tool_executing → input_json_delta* → tool_use_stop → tool_call_message)* →
+//! message_delta → message_stop{tool_use} → (tool_result →
+//! tool_result_message)*`, then the next reply. The last reply:
+//! `message_start → conversation_start → (text_delta →
+//! conversation_responding)* → message_delta → message_stop → assistant_message
+//! → conversation_end`. An interrupt emits `interrupted → message_stop →
+//! assistant_message → conversation_end{interrupted}`; a failure
+//! `error_received → error_message → error_occurred`. Every tool call is
+//! stored with a result, an error one when the turn ended before it ran.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,12 +27,14 @@ use crate::agent::Agent;
 use crate::config::LlmConfig;
 use crate::context::History;
 use crate::error::RuntimeError;
-use crate::llm::{LlmContent, LlmError, LlmErrorKind, LlmEvent, LlmProvider, LlmRequest, StopReason};
+use crate::llm::{
+    LlmContent, LlmError, LlmErrorKind, LlmEvent, LlmProvider, LlmRequest, LlmRole, StopReason, ToolCall, ToolOutput,
+};
 use crate::message::{self, Message, MessageBody};
 use crate::metering::{Metering, Tokens, charge, estimate_tokens};
 use crate::peers::{CallStatus, Sessions, UsageRecord};
-use crate::plan::AgentPlan;
 use crate::settings::TenantLlm;
+use crate::tools::ToolReply;
 
 /// What a turn needs of the world: where messages are stored, where usage
 /// is reported, and the runtime's own credential (a reply is stored whether
@@ -35,17 +44,28 @@ pub(crate) struct TurnPorts {
     pub(crate) sessions: Sessions,
     pub(crate) metering: Metering,
     pub(crate) identity: ServiceIdentity,
+    pub(crate) limits: TurnLimits,
+}
+
+/// How far one turn may go.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TurnLimits {
+    /// LLM calls per turn.
+    pub(crate) max_steps: u32,
+    /// Tool calls of one reply running at once.
+    pub(crate) tool_concurrency: usize,
 }
 
 /// Returns the LLM request for the conversation so far: the tenant's
-/// settings, under what the agent's definition chose.
-pub(crate) fn request(config: &LlmConfig, plan: &AgentPlan, messages: History) -> LlmRequest {
+/// settings, under what the agent's definition chose, and the agent's tools.
+pub(crate) fn request(config: &LlmConfig, agent: &Agent, messages: History) -> LlmRequest {
+    let plan = &agent.plan;
     LlmRequest {
         model: plan.model.clone().unwrap_or_else(|| config.model.clone()),
         system: plan.system_prompt.clone(),
         messages,
         max_tokens: plan.max_tokens.unwrap_or(config.max_tokens),
-        tools: Arc::default(),
+        tools: agent.tools.as_ref().map(|tools| tools.specs()).unwrap_or_default(),
     }
 }
 
@@ -99,9 +119,28 @@ struct Reply {
     first_token_ms: Option<i64>,
     /// Whether the provider accepted the request (it may bill for it).
     accepted: bool,
+    /// The reply's complete tool calls, each stored as it completed.
+    calls: Vec<ToolCall>,
 }
 
 impl Reply {
+    fn new(model: &str) -> Self {
+        Self {
+            message_id: new_id("msg"),
+            model: model.to_owned(),
+            text: String::new(),
+            input_tokens: None,
+            output_tokens: None,
+            cache_read_tokens: None,
+            cache_write_tokens: None,
+            started_at_ms: avm_common::now_ms(),
+            started: Instant::now(),
+            first_token_ms: None,
+            accepted: false,
+            calls: Vec::new(),
+        }
+    }
+
     fn usage(&self) -> Option<message::Usage> {
         (self.input_tokens.is_some() || self.output_tokens.is_some()).then(|| message::Usage {
             input_tokens: self.input_tokens.unwrap_or(0),
@@ -116,96 +155,240 @@ pub(crate) async fn run(
     agent: Arc<Agent>,
     ctx: RequestContext,
     llm: Arc<TenantLlm>,
-    request: LlmRequest,
+    mut request: LlmRequest,
     cancel: CancellationToken,
 ) {
-    let mut reply = Reply {
-        message_id: new_id("msg"),
-        model: request.model.clone(),
-        text: String::new(),
-        input_tokens: None,
-        output_tokens: None,
-        cache_read_tokens: None,
-        cache_write_tokens: None,
-        started_at_ms: avm_common::now_ms(),
-        started: Instant::now(),
-        first_token_ms: None,
-        accepted: false,
-    };
     let in_flight = metrics::gauge!("avm_runtime_turns_in_flight");
     in_flight.increment(1.0);
-    // Every LLM call is preceded by the budget check; a refused one is not made.
-    let outcome = match ports.metering.check_budget(&ctx).await {
-        Err(refused) => Outcome::Failed(Failure::from(refused)),
-        Ok(()) => {
-            let request_chars = request_chars(&request);
-            let outcome = stream_reply(llm.provider.as_ref(), &agent, request, &cancel, &mut reply).await;
-            // One record per call: the ledger, from which the token quota is derived too.
-            let record = usage_record(&agent, &ctx, &llm, &reply, &outcome, request_chars);
-            ports.metering.record(record).await;
-            outcome
-        }
-    };
-    let session_id = agent.image.session_id.clone();
-    match outcome {
-        Outcome::Completed(stop) => {
-            let usage = reply.usage().unwrap_or_default();
-            agent.emit("message_delta", &json!({"usage": usage.object()}));
-            agent.emit("message_stop", &json!({"stopReason": stop.as_str()}));
-            let message = assistant_message(&agent, &reply, stop, false);
-            persist(&ports, &ctx, &message).await;
-            agent.emit("assistant_message", &message.object());
-            agent.emit("conversation_end", &json!({"reason": "completed"}));
-            tracing::info!(
-                image_id = %agent.image.image_id,
-                input_tokens = usage.input_tokens,
-                output_tokens = usage.output_tokens,
-                "turn completed"
-            );
-            agent.finish_turn(Some(reply.text));
-        }
-        Outcome::Interrupted => {
-            agent.emit(
-                "interrupted",
-                &json!({"agentId": agent.agent_id, "containerId": agent.image.container_id}),
-            );
-            agent.emit("message_stop", &json!({"stopReason": StopReason::EndTurn.as_str()}));
-            let message = assistant_message(&agent, &reply, StopReason::EndTurn, true);
-            persist(&ports, &ctx, &message).await;
-            agent.emit("assistant_message", &message.object());
-            agent.emit("conversation_end", &json!({"reason": "interrupted"}));
-            tracing::info!(image_id = %agent.image.image_id, chars = reply.text.len(), "turn interrupted");
-            agent.finish_turn(Some(reply.text));
-        }
-        Outcome::Failed(error) => {
-            let reason = error.reason.as_str();
-            agent.emit(
-                "error_received",
-                &json!({"message": error.message, "errorCode": reason}),
-            );
-            let message = Message {
-                message_id: new_id("msg"),
-                session_id,
-                created_at_ms: avm_common::now_ms(),
-                body: MessageBody::Error {
-                    text: error.message.clone(),
-                    error_code: reason.to_owned(),
-                },
-            };
-            persist(&ports, &ctx, &message).await;
-            agent.emit("error_message", &message.object());
-            agent.emit(
-                "error_occurred",
-                &json!({"code": reason, "message": error.message, "recoverable": error.recoverable}),
-            );
-            tracing::warn!(image_id = %agent.image.image_id, reason, "turn failed");
-            agent.finish_turn(None);
+    let mut steps = 0;
+    loop {
+        steps += 1;
+        let mut reply = Reply::new(&request.model);
+        // Every LLM call is preceded by the budget check; a refused one is not made.
+        let outcome = match ports.metering.check_budget(&ctx).await {
+            Err(refused) => Outcome::Failed(Failure::from(refused)),
+            Ok(()) => {
+                let request_chars = request_chars(&request);
+                let outcome = stream_reply(
+                    &ports,
+                    &ctx,
+                    llm.provider.as_ref(),
+                    &agent,
+                    request.clone(),
+                    &cancel,
+                    &mut reply,
+                )
+                .await;
+                // One record per call: the ledger, from which the token quota is derived too.
+                let record = usage_record(&agent, &ctx, &llm, &reply, &outcome, request_chars);
+                ports.metering.record(record).await;
+                outcome
+            }
+        };
+        match outcome {
+            Outcome::Completed(stop) if !reply.calls.is_empty() => {
+                let usage = reply.usage().unwrap_or_default();
+                agent.emit("message_delta", &json!({"usage": usage.object()}));
+                agent.emit("message_stop", &json!({"stopReason": stop.as_str()}));
+                let mut said = Vec::new();
+                if !reply.text.is_empty() {
+                    let message = assistant_message(&agent, &reply, stop, false);
+                    persist(&ports, &ctx, &message).await;
+                    agent.emit("assistant_message", &message.object());
+                    said.push(LlmContent::Text(std::mem::take(&mut reply.text)));
+                }
+                said.extend(reply.calls.iter().cloned().map(LlmContent::ToolUse));
+                agent.extend_history(LlmRole::Assistant, said);
+                let (history, interrupted) = run_tools(&ports, &ctx, &agent, &reply.calls, &cancel).await;
+                request.messages = history;
+                if interrupted {
+                    agent.emit(
+                        "interrupted",
+                        &json!({"agentId": agent.agent_id, "containerId": agent.image.container_id}),
+                    );
+                    agent.emit("conversation_end", &json!({"reason": "interrupted"}));
+                    tracing::info!(image_id = %agent.image.image_id, "turn interrupted while its tools ran");
+                    agent.finish_turn(None);
+                    break;
+                }
+                if steps >= ports.limits.max_steps {
+                    let failure = Failure {
+                        reason: "TOOL_LOOP_LIMIT".to_owned(),
+                        message: format!(
+                            "the turn reached its limit of {} LLM calls while the model kept calling tools",
+                            ports.limits.max_steps
+                        ),
+                        recoverable: true,
+                    };
+                    fail(&ports, &ctx, &agent, failure).await;
+                    break;
+                }
+            }
+            Outcome::Completed(stop) => {
+                let usage = reply.usage().unwrap_or_default();
+                agent.emit("message_delta", &json!({"usage": usage.object()}));
+                agent.emit("message_stop", &json!({"stopReason": stop.as_str()}));
+                let message = assistant_message(&agent, &reply, stop, false);
+                persist(&ports, &ctx, &message).await;
+                agent.emit("assistant_message", &message.object());
+                agent.emit("conversation_end", &json!({"reason": "completed"}));
+                tracing::info!(
+                    image_id = %agent.image.image_id,
+                    input_tokens = usage.input_tokens,
+                    output_tokens = usage.output_tokens,
+                    steps,
+                    "turn completed"
+                );
+                agent.finish_turn(Some(reply.text));
+                break;
+            }
+            Outcome::Interrupted => {
+                answer_unrun(&ports, &ctx, &agent, &reply.calls).await;
+                agent.emit(
+                    "interrupted",
+                    &json!({"agentId": agent.agent_id, "containerId": agent.image.container_id}),
+                );
+                agent.emit("message_stop", &json!({"stopReason": StopReason::EndTurn.as_str()}));
+                let message = assistant_message(&agent, &reply, StopReason::EndTurn, true);
+                persist(&ports, &ctx, &message).await;
+                agent.emit("assistant_message", &message.object());
+                agent.emit("conversation_end", &json!({"reason": "interrupted"}));
+                tracing::info!(image_id = %agent.image.image_id, chars = reply.text.len(), "turn interrupted");
+                agent.finish_turn(Some(reply.text));
+                break;
+            }
+            Outcome::Failed(error) => {
+                answer_unrun(&ports, &ctx, &agent, &reply.calls).await;
+                fail(&ports, &ctx, &agent, error).await;
+                break;
+            }
         }
     }
     in_flight.decrement(1.0);
 }
 
+/// Ends a turn with an error: `error_received → error_message → error_occurred`.
+async fn fail(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, error: Failure) {
+    let reason = error.reason.as_str();
+    agent.emit(
+        "error_received",
+        &json!({"message": error.message, "errorCode": reason}),
+    );
+    let message = Message {
+        message_id: new_id("msg"),
+        session_id: agent.image.session_id.clone(),
+        created_at_ms: avm_common::now_ms(),
+        body: MessageBody::Error {
+            text: error.message.clone(),
+            error_code: reason.to_owned(),
+        },
+    };
+    persist(ports, ctx, &message).await;
+    agent.emit("error_message", &message.object());
+    agent.emit(
+        "error_occurred",
+        &json!({"code": reason, "message": error.message, "recoverable": error.recoverable}),
+    );
+    tracing::warn!(image_id = %agent.image.image_id, reason, "turn failed");
+    agent.finish_turn(None);
+}
+
+/// Runs a reply's tool calls (several at once, results in call order),
+/// storing and publishing each result and adding them to the conversation.
+/// Returns the conversation with the results and whether the turn was
+/// interrupted; calls it left unrun are answered with an error result.
+async fn run_tools(
+    ports: &TurnPorts,
+    ctx: &RequestContext,
+    agent: &Agent,
+    calls: &[ToolCall],
+    cancel: &CancellationToken,
+) -> (History, bool) {
+    let toolbox = agent.tools.clone();
+    let mut results = futures::stream::iter(calls.iter().cloned())
+        .map(|call| {
+            let toolbox = toolbox.clone();
+            async move {
+                let reply = match toolbox {
+                    Some(toolbox) => toolbox.call(&call).await,
+                    None => ToolReply {
+                        text: format!("this agent has no tools; {:?} was not run", call.name),
+                        is_error: true,
+                    },
+                };
+                (call, reply)
+            }
+        })
+        .buffered(ports.limits.tool_concurrency);
+    let mut answered = 0;
+    let mut outputs = Vec::with_capacity(calls.len());
+    let interrupted = loop {
+        let next = tokio::select! {
+            biased;
+            () = cancel.cancelled() => break true,
+            next = results.next() => next,
+        };
+        let Some((call, reply)) = next else { break false };
+        answered += 1;
+        outputs.push(answer(ports, ctx, agent, &call, reply).await);
+    };
+    drop(results);
+    for call in &calls[answered..] {
+        let unrun = ToolReply {
+            text: crate::context::UNANSWERED.to_owned(),
+            is_error: true,
+        };
+        outputs.push(answer(ports, ctx, agent, call, unrun).await);
+    }
+    let history = agent.extend_history(LlmRole::User, outputs.into_iter().map(LlmContent::ToolResult).collect());
+    (history, interrupted)
+}
+
+/// Stores error results for the calls of a reply that ended before its tools ran.
+async fn answer_unrun(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, calls: &[ToolCall]) {
+    for call in calls {
+        let unrun = ToolReply {
+            text: crate::context::UNANSWERED.to_owned(),
+            is_error: true,
+        };
+        answer(ports, ctx, agent, call, unrun).await;
+    }
+}
+
+/// Publishes and stores one tool result; returns it as the conversation holds it.
+async fn answer(
+    ports: &TurnPorts,
+    ctx: &RequestContext,
+    agent: &Agent,
+    call: &ToolCall,
+    reply: ToolReply,
+) -> ToolOutput {
+    let output = ToolOutput {
+        tool_call_id: call.id.clone(),
+        text: reply.text,
+        is_error: reply.is_error,
+    };
+    agent.emit(
+        "tool_result",
+        &json!({"toolCallId": call.id, "result": output.text, "isError": output.is_error}),
+    );
+    let message = Message {
+        message_id: new_id("msg"),
+        session_id: agent.image.session_id.clone(),
+        created_at_ms: avm_common::now_ms(),
+        body: MessageBody::ToolResult {
+            output: output.clone(),
+            tool_name: call.name.clone(),
+        },
+    };
+    persist(ports, ctx, &message).await;
+    agent.emit("tool_result_message", &message.object());
+    output
+}
+
 async fn stream_reply(
+    ports: &TurnPorts,
+    ctx: &RequestContext,
     provider: &dyn LlmProvider,
     agent: &Agent,
     request: LlmRequest,
@@ -265,8 +448,35 @@ async fn stream_reply(
                 reply.cache_read_tokens = read_tokens.or(reply.cache_read_tokens);
                 reply.cache_write_tokens = write_tokens.or(reply.cache_write_tokens);
             }
-            // No tools are offered yet: a model that calls one anyway ends its reply there.
-            Some(Ok(LlmEvent::ToolUseStart { .. } | LlmEvent::ToolInputDelta { .. } | LlmEvent::ToolUseStop(_))) => {}
+            Some(Ok(LlmEvent::ToolUseStart { id, name })) => {
+                if reply.first_token_ms.is_none() {
+                    reply.first_token_ms = Some(elapsed_ms(reply.started));
+                }
+                agent.emit("tool_use_start", &json!({"toolCallId": id, "toolName": name}));
+                agent.emit("tool_planned", &json!({"toolId": id, "toolName": name}));
+                agent.emit("tool_executing", &json!({"toolId": id, "toolName": name, "input": {}}));
+            }
+            Some(Ok(LlmEvent::ToolInputDelta { partial_json, .. })) => {
+                agent.emit("input_json_delta", &json!({"partialJson": partial_json}));
+            }
+            Some(Ok(LlmEvent::ToolUseStop(call))) => {
+                agent.emit(
+                    "tool_use_stop",
+                    &json!({"toolCallId": call.id, "toolName": call.name, "input": call.input}),
+                );
+                let message = Message {
+                    message_id: new_id("msg"),
+                    session_id: agent.image.session_id.clone(),
+                    created_at_ms: avm_common::now_ms(),
+                    body: MessageBody::ToolCall {
+                        call: call.clone(),
+                        parent_id: reply.message_id.clone(),
+                    },
+                };
+                persist(ports, ctx, &message).await;
+                agent.emit("tool_call_message", &message.object());
+                reply.calls.push(call);
+            }
             Some(Ok(LlmEvent::Stop { reason })) => return Outcome::Completed(reason),
             Some(Err(error)) => return Outcome::Failed(error.into()),
             None => {

@@ -23,3 +23,4 @@ mod resume;
 mod rules;
 mod support;
 mod telemetry;
+mod tools;

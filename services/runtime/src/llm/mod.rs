@@ -70,7 +70,7 @@ pub enum LlmContent {
 }
 
 /// A tool call: the provider's id for it, the tool and its input.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolCall {
     pub id: String,
     pub name: String,
@@ -79,7 +79,7 @@ pub struct ToolCall {
 }
 
 /// The result of a tool call, as text, and whether the call failed.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolOutput {
     pub tool_call_id: String,
     pub text: String,

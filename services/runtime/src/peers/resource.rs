@@ -7,6 +7,9 @@ use avm_proto::resource::v1::ResourceServiceHandle;
 
 use crate::error::RuntimeError;
 
+/// What the URI of a tool resource starts with.
+const TOOL_URI_PREFIX: &str = "resource://tools/";
+
 /// A reference resolved at exact versions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Resolved {
@@ -16,6 +19,8 @@ pub struct Resolved {
     pub rendered_prompt: Option<String>,
     /// The exact URIs: the root first, then its dependencies.
     pub uris: Vec<String>,
+    /// The contents of the tools among the dependencies (JSON objects), in order.
+    pub tools: Vec<String>,
 }
 
 /// The resource service as the runtime uses it; cheap to clone.
@@ -46,11 +51,18 @@ impl Resources {
             RuntimeError::Api(avm_common::ApiError::internal("the resource service resolved nothing"))
         })?;
         let mut uris = vec![root.uri];
-        uris.extend(response.dependencies.into_iter().map(|dependency| dependency.uri));
+        let mut tools = Vec::new();
+        for dependency in response.dependencies {
+            if dependency.uri.starts_with(TOOL_URI_PREFIX) {
+                tools.push(dependency.content_json);
+            }
+            uris.push(dependency.uri);
+        }
         Ok(Resolved {
             root_content: root.content_json,
             rendered_prompt: response.rendered_prompt,
             uris,
+            tools,
         })
     }
 }

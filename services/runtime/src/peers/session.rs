@@ -7,6 +7,7 @@ use avm_proto::session::v1::SessionServiceHandle;
 use futures::stream::{BoxStream, StreamExt};
 
 use crate::error::RuntimeError;
+use crate::llm::{ToolCall, ToolOutput};
 use crate::message::{Content, Message, MessageBody, Part, Reply, Usage};
 
 /// What the runtime knows about an image.
@@ -281,7 +282,24 @@ fn message_of(message: pb::Message) -> Message {
             text: error.text,
             error_code: error.error_code,
         },
-        Some(Body::ToolCall(_) | Body::ToolResult(_)) | None => MessageBody::Other,
+        Some(Body::ToolCall(call)) => MessageBody::ToolCall {
+            call: ToolCall {
+                id: call.tool_call_id,
+                name: call.tool_name,
+                // Stored by this runtime as JSON; anything else reads as no input.
+                input: serde_json::from_str(&call.input_json).unwrap_or_else(|_| serde_json::json!({})),
+            },
+            parent_id: call.parent_id,
+        },
+        Some(Body::ToolResult(result)) => MessageBody::ToolResult {
+            output: ToolOutput {
+                tool_call_id: result.tool_call_id,
+                text: result.output,
+                is_error: result.is_error,
+            },
+            tool_name: result.tool_name,
+        },
+        None => MessageBody::Other,
     };
     Message {
         message_id: message.message_id,
@@ -312,6 +330,18 @@ fn message_pb(message: &Message) -> pb::Message {
         MessageBody::Error { text, error_code } => Some(Body::Error(pb::ErrorMessage {
             text: text.clone(),
             error_code: error_code.clone(),
+        })),
+        MessageBody::ToolCall { call, parent_id } => Some(Body::ToolCall(pb::ToolCallMessage {
+            tool_call_id: call.id.clone(),
+            tool_name: call.name.clone(),
+            input_json: call.input.to_string(),
+            parent_id: parent_id.clone(),
+        })),
+        MessageBody::ToolResult { output, tool_name } => Some(Body::ToolResult(pb::ToolResultMessage {
+            tool_call_id: output.tool_call_id.clone(),
+            tool_name: tool_name.clone(),
+            output: output.text.clone(),
+            is_error: output.is_error,
         })),
         MessageBody::Other => None,
     };

@@ -1,0 +1,230 @@
+//! The tools an agent may call, and running their calls.
+//!
+//! Tiered by need: an agent without tools has no toolbox at all, and an
+//! agent with tools gets its workspace directory only on the first call.
+//! A tool's failure is a result with `is_error` that the model reads, never a
+//! failed turn.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use crate::error::RuntimeError;
+use crate::llm::{ToolCall, ToolSpec};
+
+mod files;
+mod workspace;
+
+pub use workspace::Workspace;
+
+/// Most bytes of a tool result the model is sent; the rest is cut with a marker.
+pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+
+/// The built-in tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Builtin {
+    ReadFile,
+    WriteFile,
+    EditFile,
+    ListFiles,
+}
+
+impl Builtin {
+    /// Every built-in tool.
+    pub const ALL: [Builtin; 4] = [
+        Builtin::ReadFile,
+        Builtin::WriteFile,
+        Builtin::EditFile,
+        Builtin::ListFiles,
+    ];
+
+    /// Returns the tool's name, as the model and the image config name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Builtin::ReadFile => "read_file",
+            Builtin::WriteFile => "write_file",
+            Builtin::EditFile => "edit_file",
+            Builtin::ListFiles => "list_files",
+        }
+    }
+
+    /// Returns the built-in tool of this name.
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|tool| tool.name() == name)
+    }
+
+    /// Returns the tool as the model sees it: its description and input schema.
+    pub fn spec(self) -> ToolSpec {
+        let path = json!({"type": "string", "description": "A path relative to the workspace."});
+        let (description, schema) = match self {
+            Builtin::ReadFile => (
+                "Reads a UTF-8 text file of the workspace.",
+                json!({"type": "object", "properties": {"path": path}, "required": ["path"]}),
+            ),
+            Builtin::WriteFile => (
+                "Writes a text file of the workspace, creating it and its directories or replacing it.",
+                json!({"type": "object", "properties": {"path": path, "content": {"type": "string"}},
+                       "required": ["path", "content"]}),
+            ),
+            Builtin::EditFile => (
+                "Replaces one exact occurrence of `old` with `new` in a text file of the workspace.",
+                json!({"type": "object", "properties": {"path": path, "old": {"type": "string"}, "new": {"type": "string"}},
+                       "required": ["path", "old", "new"]}),
+            ),
+            Builtin::ListFiles => (
+                "Lists a directory of the workspace (the workspace itself by default).",
+                json!({"type": "object", "properties": {"path": path}}),
+            ),
+        };
+        ToolSpec {
+            name: self.name().to_owned(),
+            description: description.to_owned(),
+            input_schema: schema,
+        }
+    }
+}
+
+/// What a tool call gave back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolReply {
+    pub text: String,
+    pub is_error: bool,
+}
+
+impl ToolReply {
+    fn ok(text: String) -> Self {
+        Self {
+            text: truncate(text),
+            is_error: false,
+        }
+    }
+
+    fn error(text: String) -> Self {
+        Self {
+            text: truncate(text),
+            is_error: true,
+        }
+    }
+}
+
+/// Cuts a result to [`MAX_RESULT_BYTES`] on a character boundary, saying so.
+fn truncate(mut text: String) -> String {
+    if text.len() > MAX_RESULT_BYTES {
+        let mut end = MAX_RESULT_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let cut = text.len() - end;
+        text.truncate(end);
+        text.push_str(&format!("\n[… {cut} more bytes not shown]"));
+    }
+    text
+}
+
+/// The tools of one agent, over its image's workspace.
+#[derive(Debug)]
+pub struct Toolbox {
+    tools: Vec<Builtin>,
+    specs: Arc<Vec<ToolSpec>>,
+    workspace: Workspace,
+}
+
+impl Toolbox {
+    /// Returns the toolbox of these tool names; `None` for none (a tool-free
+    /// agent). An unknown name is refused.
+    pub fn new(names: &[String], workspace: Workspace) -> Result<Option<Self>, RuntimeError> {
+        if names.is_empty() {
+            return Ok(None);
+        }
+        let mut tools = Vec::with_capacity(names.len());
+        for name in names {
+            let tool = Builtin::named(name).ok_or_else(|| unknown_tool(name))?;
+            if !tools.contains(&tool) {
+                tools.push(tool);
+            }
+        }
+        let specs = Arc::new(tools.iter().map(|tool| tool.spec()).collect());
+        Ok(Some(Self {
+            tools,
+            specs,
+            workspace,
+        }))
+    }
+
+    /// Returns the tools as the model sees them.
+    pub fn specs(&self) -> Arc<Vec<ToolSpec>> {
+        Arc::clone(&self.specs)
+    }
+
+    /// Returns the workspace.
+    pub fn workspace(&self) -> &Workspace {
+        &self.workspace
+    }
+
+    /// Runs a call; every failure is a result the model reads.
+    pub async fn call(&self, call: &ToolCall) -> ToolReply {
+        let Some(tool) = self.tools.iter().copied().find(|tool| tool.name() == call.name) else {
+            return ToolReply::error(format!("unknown tool {:?}: this agent has no such tool", call.name));
+        };
+        let workspace = self.workspace.clone();
+        let input = call.input.clone();
+        let run = tokio::task::spawn_blocking(move || {
+            workspace.ensure()?;
+            files::run(tool, &workspace, &input)
+        });
+        match run.await {
+            Ok(Ok(text)) => ToolReply::ok(text),
+            Ok(Err(failure)) => ToolReply::error(failure),
+            Err(err) => ToolReply::error(format!("the tool stopped unexpectedly: {err}")),
+        }
+    }
+}
+
+/// Returns the error for a tool name no toolbox has.
+pub fn unknown_tool(name: &str) -> RuntimeError {
+    let known: Vec<&str> = Builtin::ALL.iter().map(|tool| tool.name()).collect();
+    RuntimeError::invalid(
+        "UNKNOWN_TOOL",
+        format!("unknown tool {name:?}; the built-in tools are {}", known.join(", ")),
+    )
+}
+
+/// Returns a string field of a tool's input.
+fn text_field<'a>(input: &'a Value, field: &str) -> Result<&'a str, String> {
+    match input.get(field) {
+        Some(Value::String(text)) => Ok(text),
+        Some(_) => Err(format!("`{field}` must be a string")),
+        None => Err(format!("`{field}` is required")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_results_are_cut_with_a_marker() {
+        let text = "é".repeat(MAX_RESULT_BYTES);
+        let cut = truncate(text);
+        assert!(cut.len() < MAX_RESULT_BYTES + 64);
+        assert!(cut.ends_with(&format!("[… {} more bytes not shown]", MAX_RESULT_BYTES)));
+        assert_eq!(truncate("short".into()), "short");
+    }
+
+    #[test]
+    fn unknown_tools_are_refused() {
+        let workspace = Workspace::new("/nonexistent".into());
+        assert!(Toolbox::new(&[], workspace.clone()).unwrap().is_none());
+        let err = Toolbox::new(&["read_file".into(), "rm_rf".into()], workspace).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RuntimeError::Invalid {
+                    reason: "UNKNOWN_TOOL",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! An image's workspace: the one directory its agent's file tools reach.
+//!
+//! Every path a tool names is resolved inside it, component by component:
+//! absolute paths, `..`, symbolic links, hard-linked files and anything that
+//! is neither a regular file nor a directory (devices, sockets, pipes) are
+//! refused, so no tool reads or writes outside the workspace.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+
+/// A refused path or a failed file operation, as the model is told it.
+pub type ToolFailure = String;
+
+/// An image's workspace directory (created on first use).
+#[derive(Clone, Debug)]
+pub struct Workspace {
+    dir: PathBuf,
+}
+
+impl Workspace {
+    /// Returns the workspace at `dir`; nothing is created yet.
+    pub fn new(dir: PathBuf) -> Self {
+        Self { dir }
+    }
+
+    /// Returns the directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Creates the directory if it is not there yet (private to the server's user).
+    pub fn ensure(&self) -> Result<(), ToolFailure> {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(|err| format!("cannot create the workspace: {err}"))
+    }
+
+    /// Resolves `path` (relative to the workspace) to a location inside it.
+    ///
+    /// Each existing component must be a directory (the last one may be a
+    /// regular file with a single link); a missing tail is allowed, for
+    /// creating it.
+    pub fn resolve(&self, path: &str) -> Result<PathBuf, ToolFailure> {
+        let relative = Path::new(path);
+        let mut resolved = self.dir.clone();
+        let mut missing = false;
+        let components: Vec<Component<'_>> = relative.components().collect();
+        for (index, component) in components.iter().enumerate() {
+            let name = match component {
+                Component::Normal(name) => name,
+                Component::CurDir => continue,
+                Component::ParentDir => return Err(format!("{path}: `..` is not allowed in workspace paths")),
+                Component::RootDir | Component::Prefix(_) => {
+                    return Err(format!(
+                        "{path}: absolute paths are not allowed; paths are relative to the workspace"
+                    ));
+                }
+            };
+            resolved.push(name);
+            if missing {
+                continue;
+            }
+            let last = index + 1 == components.len();
+            match fs::symlink_metadata(&resolved) {
+                Ok(meta) => {
+                    let kind = meta.file_type();
+                    if kind.is_symlink() {
+                        return Err(format!("{path}: symbolic links are not followed"));
+                    }
+                    if kind.is_file() {
+                        if !last {
+                            return Err(format!("{path}: {} is a file, not a directory", name.to_string_lossy()));
+                        }
+                        if meta.nlink() > 1 {
+                            return Err(format!("{path}: files with several hard links are not opened"));
+                        }
+                    } else if !kind.is_dir() {
+                        return Err(format!("{path}: not a regular file or directory"));
+                    }
+                }
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => missing = true,
+                Err(err) => return Err(format!("{path}: {err}")),
+            }
+        }
+        Ok(resolved)
+    }
+
+    /// Returns `path` as the workspace names it (relative, `/`-separated).
+    pub fn relative(&self, path: &Path) -> String {
+        path.strip_prefix(&self.dir)
+            .map(|rest| rest.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workspace() -> (tempfile::TempDir, Workspace) {
+        let temp = tempfile::tempdir().unwrap();
+        let workspace = Workspace::new(temp.path().join("ws"));
+        workspace.ensure().unwrap();
+        (temp, workspace)
+    }
+
+    #[test]
+    fn paths_stay_inside() {
+        let (temp, ws) = workspace();
+        fs::write(temp.path().join("secret"), "s").unwrap();
+        fs::create_dir(ws.dir().join("sub")).unwrap();
+        fs::write(ws.dir().join("sub/a.txt"), "a").unwrap();
+        assert_eq!(ws.resolve("sub/a.txt").unwrap(), ws.dir().join("sub/a.txt"));
+        assert_eq!(ws.resolve("./new/dir/b.txt").unwrap(), ws.dir().join("new/dir/b.txt"));
+        assert_eq!(ws.resolve("").unwrap(), ws.dir());
+        for refused in ["../secret", "sub/../../secret", "/etc/passwd", "sub/a.txt/x"] {
+            assert!(ws.resolve(refused).is_err(), "{refused}");
+        }
+        std::os::unix::fs::symlink(temp.path().join("secret"), ws.dir().join("link")).unwrap();
+        std::os::unix::fs::symlink(temp.path(), ws.dir().join("dirlink")).unwrap();
+        fs::hard_link(temp.path().join("secret"), ws.dir().join("hard")).unwrap();
+        for refused in ["link", "dirlink/secret", "hard"] {
+            let err = ws.resolve(refused).unwrap_err();
+            assert!(err.starts_with(refused), "{err}");
+        }
+    }
+}

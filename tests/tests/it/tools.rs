@@ -1,0 +1,373 @@
+//! Agents that act: a model that calls tools gets them run in the image's
+//! workspace, sees their results and answers with them; the calls and results
+//! are in the history, the events in the documented order.
+
+use std::path::Path;
+
+use anyhow::Context;
+use avm_tests::cluster::{Cluster, Llm, Mode, Options};
+use avm_tests::mock_llm::{MockApi, MockBehavior, MockLlm};
+use avm_tests::ws_client::WsClient;
+use serde_json::{Value, json};
+
+use crate::both_modes;
+use crate::support::{call, conversation, send_and_finish};
+
+/// Publishes built-in tool resources and an agent definition that uses them;
+/// returns the agent's URI.
+async fn tool_agent(cluster: &Cluster, tools: &[&str]) -> anyhow::Result<String> {
+    let prompt = json!({"kind": "prompt", "name": "worker", "version": "1.0.0",
+        "content": {"template": "You work in your workspace."}});
+    let (status, created) = call(cluster, "POST", "/v1/resources", Some(prompt)).await?;
+    anyhow::ensure!(status == 201, "prompt: {created}");
+    let mut uris = Vec::new();
+    for tool in tools {
+        let body = json!({"kind": "tool", "name": tool, "version": "1.0.0", "content": {
+            "name": tool, "inputSchema": {"type": "object"}, "builtin": tool}});
+        let (status, created) = call(cluster, "POST", "/v1/resources", Some(body)).await?;
+        anyhow::ensure!(status == 201, "tool {tool}: {created}");
+        uris.push(format!("resource://tools/{tool}@1"));
+    }
+    let agent = json!({"kind": "agent", "name": "worker", "version": "1.0.0",
+        "content": {"prompt": "resource://prompts/worker@1", "tools": uris}});
+    let (status, created) = call(cluster, "POST", "/v1/resources", Some(agent)).await?;
+    anyhow::ensure!(status == 201, "agent: {created}");
+    Ok("resource://agents/worker@1".to_owned())
+}
+
+fn types(frames: &[Value]) -> Vec<&str> {
+    frames.iter().filter_map(|frame| frame["type"].as_str()).collect()
+}
+
+fn text_of(frames: &[Value]) -> String {
+    frames
+        .iter()
+        .filter(|frame| frame["type"] == "text_delta")
+        .filter_map(|frame| frame["data"]["text"].as_str())
+        .collect()
+}
+
+both_modes!(an_agent_writes_a_file_and_reads_it_back, write_and_read);
+
+async fn write_and_read(mode: Mode) -> anyhow::Result<()> {
+    for api in [MockApi::Anthropic, MockApi::OpenAi] {
+        let mock = MockLlm::start(MockBehavior::default()).await?;
+        let llm = match api {
+            MockApi::Anthropic => Llm::Anthropic {
+                base_url: mock.anthropic_base_url(),
+            },
+            MockApi::OpenAi => Llm::OpenAi {
+                base_url: mock.openai_base_url(),
+            },
+        };
+        let cluster = Cluster::start(mode, Options::with_llm(llm)).await?;
+        let agent = tool_agent(&cluster, &["write_file", "read_file", "list_files"]).await?;
+        let mut client = WsClient::connect(&cluster.ws_url()).await?;
+        let chat = conversation(&mut client, "default", json!({"agent": agent})).await?;
+
+        let write = r#"note it [mock call='write_file:{"path": "notes/todo.txt", "content": "remember the milk"}']"#;
+        let frames = send_and_finish(&mut client, &chat.image_id, json!(write)).await?;
+        let order = types(&frames);
+        let expected_tool_block = [
+            "message_start",
+            "conversation_start",
+            "tool_use_start",
+            "tool_planned",
+            "tool_executing",
+        ];
+        let start = order
+            .iter()
+            .position(|kind| *kind == "message_start")
+            .context("message_start")?;
+        assert_eq!(order[start..start + 5], expected_tool_block, "{api:?}: {order:?}");
+        // Input pieces and text deltas vary in number: each run shows once.
+        let mut tail: Vec<&str> = Vec::new();
+        for kind in &order[start + 5..] {
+            let kind = match *kind {
+                "conversation_responding" => continue,
+                other => other,
+            };
+            if tail.last() != Some(&kind) {
+                tail.push(kind);
+            }
+        }
+        assert_eq!(
+            tail,
+            [
+                "input_json_delta",
+                "tool_use_stop",
+                "tool_call_message",
+                "message_delta",
+                "message_stop",
+                "tool_result",
+                "tool_result_message",
+                "message_start",
+                "conversation_start",
+                "text_delta",
+                "message_delta",
+                "message_stop",
+                "assistant_message",
+                "conversation_end",
+            ],
+            "{api:?}: {order:?}"
+        );
+        assert!(
+            order
+                .windows(2)
+                .all(|pair| pair[0] != "text_delta" || pair[1] == "conversation_responding"),
+            "each text delta is followed by conversation_responding: {order:?}"
+        );
+        let stop = frames
+            .iter()
+            .find(|f| f["type"] == "tool_use_stop")
+            .context("tool_use_stop")?;
+        assert_eq!(stop["data"]["toolName"], "write_file");
+        assert_eq!(
+            stop["data"]["input"],
+            json!({"path": "notes/todo.txt", "content": "remember the milk"})
+        );
+        let first_stop = frames
+            .iter()
+            .find(|f| f["type"] == "message_stop")
+            .context("message_stop")?;
+        assert_eq!(first_stop["data"]["stopReason"], "tool_use");
+        let result = frames
+            .iter()
+            .find(|f| f["type"] == "tool_result")
+            .context("tool_result")?;
+        assert_eq!(result["data"]["isError"], false, "{result}");
+        assert_eq!(result["data"]["toolCallId"], stop["data"]["toolCallId"]);
+        assert_eq!(text_of(&frames), "Tool results: wrote 17 bytes to notes/todo.txt");
+        let workspace = cluster.data_dir().join("workspaces");
+        let written = find_file(&workspace, "todo.txt").context("the file is in the workspace")?;
+        assert_eq!(std::fs::read_to_string(&written)?, "remember the milk");
+
+        // The next turn reads it back: its request carries the first turn's
+        // call paired with its result (the mock refuses it otherwise).
+        let read = "and now? [mock call=read_file:{\"path\":\"notes/todo.txt\"}]";
+        let frames = send_and_finish(&mut client, &chat.image_id, json!(read)).await?;
+        assert_eq!(
+            text_of(&frames),
+            "Tool results: remember the milk",
+            "{api:?}: {:?}",
+            types(&frames)
+        );
+
+        // The history holds the calls and results as message objects.
+        let history = client
+            .request("image_messages", json!({"imageId": chat.image_id}))
+            .await?;
+        let subtypes: Vec<&str> = history["messages"]
+            .as_array()
+            .context("messages")?
+            .iter()
+            .filter_map(|message| message["subtype"].as_str())
+            .collect();
+        assert_eq!(
+            subtypes,
+            [
+                "user",
+                "tool-call",
+                "tool-result",
+                "assistant",
+                "user",
+                "tool-call",
+                "tool-result",
+                "assistant"
+            ],
+            "{history}"
+        );
+        let result = &history["messages"][6];
+        assert_eq!(result["role"], "tool");
+        assert_eq!(result["toolResult"]["name"], "read_file");
+        assert_eq!(
+            result["toolResult"]["output"],
+            json!({"type": "text", "value": "remember the milk"})
+        );
+        let call_message = &history["messages"][5];
+        assert_eq!(call_message["toolCall"]["input"], json!({"path": "notes/todo.txt"}));
+        assert_eq!(result["toolCallId"], call_message["toolCall"]["id"]);
+
+        // The workspace goes with its image.
+        let image_dir = written
+            .parent()
+            .and_then(Path::parent)
+            .context("the image's workspace")?
+            .to_owned();
+        assert!(image_dir.ends_with(&chat.image_id), "{}", image_dir.display());
+        let (status, deleted) = call(&cluster, "DELETE", &format!("/v1/images/{}", chat.image_id), None).await?;
+        assert_eq!(status, 200, "{deleted}");
+        assert!(!image_dir.exists(), "the workspace outlived its image");
+    }
+    Ok(())
+}
+
+/// Returns the path of a file of this name below `dir`.
+fn find_file(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if let Some(found) = find_file(&path, name) {
+                return Some(found);
+            }
+        } else if path.file_name().is_some_and(|file| file == name) {
+            return Some(path);
+        }
+    }
+    None
+}
+
+both_modes!(nothing_outside_the_workspace_is_reachable, confinement);
+
+async fn confinement(mode: Mode) -> anyhow::Result<()> {
+    let mock = MockLlm::start(MockBehavior::default()).await?;
+    let cluster = Cluster::start(
+        mode,
+        Options::with_llm(Llm::Anthropic {
+            base_url: mock.anthropic_base_url(),
+        }),
+    )
+    .await?;
+    let agent = tool_agent(&cluster, &["read_file", "write_file"]).await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "default", json!({"agent": agent})).await?;
+    let admin_key = std::fs::read_to_string(cluster.data_dir().join("admin.key"))?;
+    let outside = "try [mock call=read_file:{\"path\":\"../../../admin.key\"} \
+        call=read_file:{\"path\":\"/etc/passwd\"} call=write_file:{\"path\":\"../../escape.txt\",\"content\":\"x\"}]";
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(outside)).await?;
+    let results: Vec<&Value> = frames.iter().filter(|f| f["type"] == "tool_result").collect();
+    assert_eq!(results.len(), 3, "{:?}", types(&frames));
+    for result in &results {
+        assert_eq!(result["data"]["isError"], true, "{result}");
+    }
+    assert!(
+        results[0]["data"]["result"]
+            .as_str()
+            .is_some_and(|text| text.contains("..")),
+        "{}",
+        results[0]
+    );
+    assert!(
+        results[1]["data"]["result"]
+            .as_str()
+            .is_some_and(|text| text.contains("absolute")),
+        "{}",
+        results[1]
+    );
+    let everything = serde_json::to_string(&frames)?;
+    assert!(
+        !everything.contains(admin_key.trim()),
+        "the admin key leaked into the events"
+    );
+    assert!(!cluster.data_dir().join("workspaces").join("escape.txt").exists());
+    assert!(
+        frames.last().is_some_and(|f| f["type"] == "conversation_end"),
+        "a tool failure is not a failed turn"
+    );
+    Ok(())
+}
+
+both_modes!(a_model_that_never_stops_calling_tools_hits_the_step_limit, step_limit);
+
+async fn step_limit(mode: Mode) -> anyhow::Result<()> {
+    let mock = MockLlm::start(MockBehavior::default()).await?;
+    let cluster = Cluster::start(
+        mode,
+        Options::with_llm(Llm::OpenAi {
+            base_url: mock.openai_base_url(),
+        }),
+    )
+    .await?;
+    let agent = tool_agent(&cluster, &["list_files"]).await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "default", json!({"agent": agent})).await?;
+    let frames = send_and_finish(
+        &mut client,
+        &chat.image_id,
+        json!("loop [mock call=list_files rounds=1000]"),
+    )
+    .await?;
+    let last = frames.last().context("frames")?;
+    assert_eq!(last["type"], "error_occurred");
+    assert_eq!(last["data"]["code"], "TOOL_LOOP_LIMIT");
+    // The default limit is 25 LLM calls, each of which called the tool once.
+    let calls = frames.iter().filter(|f| f["type"] == "tool_result").count();
+    assert_eq!(calls, 25);
+    assert_eq!(mock.requests().len(), 25);
+    // Every call has its result, so the conversation goes on.
+    let frames = send_and_finish(&mut client, &chat.image_id, json!("enough")).await?;
+    assert_eq!(
+        frames.last().context("frames")?["type"],
+        "conversation_end",
+        "{:?}",
+        types(&frames)
+    );
+    Ok(())
+}
+
+both_modes!(a_conversation_without_tools_creates_no_workspace, tool_free);
+
+async fn tool_free(mode: Mode) -> anyhow::Result<()> {
+    let mock = MockLlm::start(MockBehavior::default()).await?;
+    let cluster = Cluster::start(
+        mode,
+        Options::with_llm(Llm::Anthropic {
+            base_url: mock.anthropic_base_url(),
+        }),
+    )
+    .await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "default", json!({})).await?;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!("hello")).await?;
+    assert_eq!(frames.last().context("frames")?["type"], "conversation_end");
+    let request = mock.requests().pop().context("the provider was called")?;
+    assert_eq!(request.body.get("tools"), None, "no tools are offered");
+    assert!(
+        !cluster.data_dir().join("workspaces").exists(),
+        "no workspace without tools"
+    );
+    Ok(())
+}
+
+both_modes!(a_tool_conversation_continues_after_a_restart, after_restart);
+
+async fn after_restart(mode: Mode) -> anyhow::Result<()> {
+    for api in [MockApi::Anthropic, MockApi::OpenAi] {
+        let mock = MockLlm::start(MockBehavior::default()).await?;
+        let llm = match api {
+            MockApi::Anthropic => Llm::Anthropic {
+                base_url: mock.anthropic_base_url(),
+            },
+            MockApi::OpenAi => Llm::OpenAi {
+                base_url: mock.openai_base_url(),
+            },
+        };
+        let cluster = Cluster::start(mode, Options::with_llm(llm)).await?;
+        let agent = tool_agent(&cluster, &["write_file", "read_file"]).await?;
+        let mut client = WsClient::connect(&cluster.ws_url()).await?;
+        let chat = conversation(&mut client, "default", json!({"agent": agent})).await?;
+        let write = r#"[mock call='write_file:{"path": "plan.md", "content": "step one"}']"#;
+        send_and_finish(&mut client, &chat.image_id, json!(write)).await?;
+        drop(client);
+
+        let cluster = cluster.restart().await?;
+        let mut client = WsClient::connect(&cluster.ws_url()).await?;
+        client.subscribe(&chat.session_id, None).await?;
+        let read = "[mock call=read_file:{\"path\":\"plan.md\"}]";
+        let frames = send_and_finish(&mut client, &chat.image_id, json!(read)).await?;
+        assert_eq!(
+            text_of(&frames),
+            "Tool results: step one",
+            "{api:?}: {:?}",
+            types(&frames)
+        );
+        // The rehydrated agent sent the stored call with its result.
+        let request = mock.requests().pop().context("the provider was called")?;
+        let sent = serde_json::to_string(&request.body["messages"])?;
+        assert!(
+            sent.contains("plan.md") && sent.contains("wrote 8 bytes to plan.md"),
+            "{api:?}: {sent}"
+        );
+    }
+    Ok(())
+}
