@@ -12,9 +12,11 @@
 //!
 //! Tool calls are scripted the same way: `[mock call=write_file:{"path":"a"}
 //! call='run_command:{"command": "cat a"}' rounds=1]` makes the reply call
-//! those tools (in one reply, in order), for `rounds` replies; once the
-//! tools' results are in the conversation the reply is text, by default
-//! `Tool results: <result> | <result>`. A request that leaves a tool call
+//! those tools (in one reply, in order), for `rounds` replies; a call named
+//! with its round, `call='2:run_command:{…}'`, is made by that reply only
+//! (one script, each reply its calls). Once the tools' results are in the
+//! conversation the reply is text, by default `Tool results: <result> | <result>`
+//! (the last round's). A request that leaves a tool call
 //! without its result (or a result without its call) is refused with a 400,
 //! as the real APIs refuse it.
 
@@ -390,8 +392,7 @@ async fn answer(shared: Arc<Shared>, api: MockApi, headers: &HeaderMap, body: &[
         return error_response(api, 400, &message, id);
     }
     let progress = tools::progress(api, &json);
-    let calls = (!behavior.tool_calls.is_empty() && progress.rounds < behavior.tool_rounds)
-        .then(|| behavior.tool_calls.clone());
+    let calls = tools::calls_for(&behavior.tool_calls, behavior.tool_rounds, progress.rounds);
     if behavior.reply.is_none() && !progress.results.is_empty() {
         behavior.reply = Some(format!("Tool results: {}", progress.results.join(" | ")));
     }
@@ -1052,11 +1053,13 @@ mod tests {
             vec![
                 MockToolCall {
                     name: "list_files".into(),
-                    input: json!({})
+                    input: json!({}),
+                    round: 1,
                 },
                 MockToolCall {
                     name: "run_command".into(),
-                    input: json!({"command": "cat a"})
+                    input: json!({"command": "cat a"}),
+                    round: 1,
                 },
             ]
         );

@@ -32,6 +32,8 @@ pub struct RuntimeConfig {
     pub max_tool_steps: u32,
     /// Tool calls of one reply run at once, at most.
     pub tool_concurrency: usize,
+    /// The limits `run_command` runs under (`[runtime.sandbox]`).
+    pub sandbox: crate::tools::SandboxLimits,
 }
 
 impl Default for RuntimeConfig {
@@ -44,6 +46,7 @@ impl Default for RuntimeConfig {
             workspace_root: None,
             max_tool_steps: 25,
             tool_concurrency: 4,
+            sandbox: crate::tools::SandboxLimits::default(),
         }
     }
 }

@@ -168,7 +168,8 @@ impl AgentPool {
         let image = self.sessions().get_image(ctx, image_id).await?;
         let plan = crate::plan::plan(&self.inner.resources, ctx, &image).await?;
         let history = self.sessions().list_messages(ctx, &image.session_id).await?;
-        let tools = Toolbox::new(&plan.tools, self.workspace(&ctx.tenant_id, image_id))?.map(Arc::new);
+        let workspace = self.workspace(&ctx.tenant_id, image_id);
+        let tools = Toolbox::new(&plan.tools, workspace, self.inner.config.sandbox.clone())?.map(Arc::new);
         let agent_id = new_id("agent");
         let hub = self.inner.hubs.get_or_create(&image.session_id);
         let messages = history.len();

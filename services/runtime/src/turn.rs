@@ -174,7 +174,7 @@ pub(crate) async fn run(
                     &ctx,
                     llm.provider.as_ref(),
                     &agent,
-                    request.clone(),
+                    request,
                     &cancel,
                     &mut reply,
                 )
@@ -200,7 +200,7 @@ pub(crate) async fn run(
                 said.extend(reply.calls.iter().cloned().map(LlmContent::ToolUse));
                 agent.extend_history(LlmRole::Assistant, said);
                 let (history, interrupted) = run_tools(&ports, &ctx, &agent, &reply.calls, &cancel).await;
-                request.messages = history;
+                request = self::request(&llm.config, &agent, history);
                 if interrupted {
                     agent.emit(
                         "interrupted",

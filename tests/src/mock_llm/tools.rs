@@ -12,13 +12,44 @@ pub struct MockToolCall {
     pub name: String,
     /// The call's input, a JSON object.
     pub input: Value,
+    /// The reply (1 for the first) that makes this call; calls of round 1
+    /// only are repeated for `tool_rounds` replies.
+    pub round: usize,
+}
+
+/// Returns the calls of the reply after `rounds_done` tool rounds, if it calls any.
+pub(super) fn calls_for(calls: &[MockToolCall], tool_rounds: usize, rounds_done: usize) -> Option<Vec<MockToolCall>> {
+    if calls.is_empty() {
+        return None;
+    }
+    let scripted = calls.iter().any(|call| call.round > 1);
+    let round = rounds_done + 1;
+    let due: Vec<MockToolCall> = if scripted {
+        calls.iter().filter(|call| call.round == round).cloned().collect()
+    } else if rounds_done < tool_rounds {
+        calls.to_vec()
+    } else {
+        Vec::new()
+    };
+    (!due.is_empty()).then_some(due)
 }
 
 impl std::str::FromStr for MockToolCall {
     type Err = String;
 
-    /// Parses `name` or `name:{json object}`.
+    /// Parses `name` or `name:{json object}`, optionally after the round:
+    /// `2:name:{…}`.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (round, text) = match text.split_once(':') {
+            Some((round, rest)) if !round.is_empty() && round.bytes().all(|b| b.is_ascii_digit()) => {
+                let round: usize = round.parse().map_err(|_| format!("bad round {round:?}"))?;
+                if round == 0 {
+                    return Err("rounds count from 1".to_owned());
+                }
+                (round, rest)
+            }
+            _ => (1, text),
+        };
         let (name, input) = match text.split_once(':') {
             Some((name, input)) => {
                 let input: Value =
@@ -36,6 +67,7 @@ impl std::str::FromStr for MockToolCall {
         Ok(Self {
             name: name.to_owned(),
             input,
+            round,
         })
     }
 }
@@ -214,6 +246,25 @@ mod tests {
         assert_eq!("list_files".parse::<MockToolCall>().unwrap().input, json!({}));
         assert!("x:[1]".parse::<MockToolCall>().is_err());
         assert!(":{}".parse::<MockToolCall>().is_err());
+        let later: MockToolCall = r#"2:run_command:{"command":"ls"}"#.parse().unwrap();
+        assert_eq!((later.round, later.name.as_str()), (2, "run_command"));
+        assert!("0:x".parse::<MockToolCall>().is_err());
+    }
+
+    #[test]
+    fn scripted_rounds_call_in_turn_and_plain_calls_repeat() {
+        let call = |text: &str| text.parse::<MockToolCall>().unwrap();
+        let plain = [call("a")];
+        assert_eq!(calls_for(&plain, 2, 0).map(|c| c.len()), Some(1));
+        assert_eq!(calls_for(&plain, 2, 1).map(|c| c.len()), Some(1));
+        assert_eq!(calls_for(&plain, 2, 2), None);
+        let scripted = [call("a"), call("b"), call("2:c")];
+        assert_eq!(calls_for(&scripted, 1, 0).map(|c| c.len()), Some(2));
+        assert_eq!(
+            calls_for(&scripted, 1, 1).map(|c| c[0].name.clone()),
+            Some("c".to_owned())
+        );
+        assert_eq!(calls_for(&scripted, 1, 2), None);
     }
 
     #[test]

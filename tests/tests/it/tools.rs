@@ -11,7 +11,7 @@ use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
 use crate::both_modes;
-use crate::support::{call, conversation, send_and_finish};
+use crate::support::{call, conversation, send_and_finish, streamed_text, types};
 
 /// Publishes built-in tool resources and an agent definition that uses them;
 /// returns the agent's URI.
@@ -35,18 +35,6 @@ async fn tool_agent(cluster: &Cluster, tools: &[&str]) -> anyhow::Result<String>
     Ok("resource://agents/worker@1".to_owned())
 }
 
-fn types(frames: &[Value]) -> Vec<&str> {
-    frames.iter().filter_map(|frame| frame["type"].as_str()).collect()
-}
-
-fn text_of(frames: &[Value]) -> String {
-    frames
-        .iter()
-        .filter(|frame| frame["type"] == "text_delta")
-        .filter_map(|frame| frame["data"]["text"].as_str())
-        .collect()
-}
-
 both_modes!(an_agent_writes_a_file_and_reads_it_back, write_and_read);
 
 async fn write_and_read(mode: Mode) -> anyhow::Result<()> {
@@ -68,6 +56,7 @@ async fn write_and_read(mode: Mode) -> anyhow::Result<()> {
         let write = r#"note it [mock call='write_file:{"path": "notes/todo.txt", "content": "remember the milk"}']"#;
         let frames = send_and_finish(&mut client, &chat.image_id, json!(write)).await?;
         let order = types(&frames);
+        let order: Vec<&str> = order.iter().map(String::as_str).collect();
         let expected_tool_block = [
             "message_start",
             "conversation_start",
@@ -137,7 +126,7 @@ async fn write_and_read(mode: Mode) -> anyhow::Result<()> {
             .context("tool_result")?;
         assert_eq!(result["data"]["isError"], false, "{result}");
         assert_eq!(result["data"]["toolCallId"], stop["data"]["toolCallId"]);
-        assert_eq!(text_of(&frames), "Tool results: wrote 17 bytes to notes/todo.txt");
+        assert_eq!(streamed_text(&frames), "Tool results: wrote 17 bytes to notes/todo.txt");
         let workspace = cluster.data_dir().join("workspaces");
         let written = find_file(&workspace, "todo.txt").context("the file is in the workspace")?;
         assert_eq!(std::fs::read_to_string(&written)?, "remember the milk");
@@ -147,7 +136,7 @@ async fn write_and_read(mode: Mode) -> anyhow::Result<()> {
         let read = "and now? [mock call=read_file:{\"path\":\"notes/todo.txt\"}]";
         let frames = send_and_finish(&mut client, &chat.image_id, json!(read)).await?;
         assert_eq!(
-            text_of(&frames),
+            streamed_text(&frames),
             "Tool results: remember the milk",
             "{api:?}: {:?}",
             types(&frames)
@@ -356,7 +345,7 @@ async fn after_restart(mode: Mode) -> anyhow::Result<()> {
         let read = "[mock call=read_file:{\"path\":\"plan.md\"}]";
         let frames = send_and_finish(&mut client, &chat.image_id, json!(read)).await?;
         assert_eq!(
-            text_of(&frames),
+            streamed_text(&frames),
             "Tool results: step one",
             "{api:?}: {:?}",
             types(&frames)
@@ -370,4 +359,169 @@ async fn after_restart(mode: Mode) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+both_modes!(a_command_reads_what_the_agent_wrote_and_sees_no_secret, commands);
+
+async fn commands(mode: Mode) -> anyhow::Result<()> {
+    let mock = MockLlm::start(MockBehavior::default()).await?;
+    let cluster = Cluster::start(
+        mode,
+        Options::with_llm(Llm::OpenAi {
+            base_url: mock.openai_base_url(),
+        }),
+    )
+    .await?;
+    let agent = tool_agent(&cluster, &["write_file", "run_command"]).await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "default", json!({"agent": agent})).await?;
+    // One turn, two replies that call tools: write a file, then a command reads it.
+    let script = r#"[mock call='write_file:{"path": "in.txt", "content": "forty two"}' call='2:run_command:{"command": "tr a-z A-Z < in.txt"}']"#;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
+    assert_eq!(
+        streamed_text(&frames),
+        "Tool results: exit code 0\nstdout:\nFORTY TWO",
+        "{:?}",
+        types(&frames)
+    );
+    assert_eq!(frames.iter().filter(|f| f["type"] == "message_start").count(), 3);
+
+    // The command's environment is its own: none of the server's variables.
+    let frames = send_and_finish(
+        &mut client,
+        &chat.image_id,
+        json!("[mock call=run_command:{\"command\":\"env\"}]"),
+    )
+    .await?;
+    let result = frames
+        .iter()
+        .find(|f| f["type"] == "tool_result")
+        .context("tool_result")?;
+    let env = result["data"]["result"].as_str().context("result text")?;
+    assert!(env.contains("PATH="), "{env}");
+    for secret in [
+        "AVM_",
+        "LLM_",
+        avm_tests::cluster::TEST_API_KEY,
+        avm_tests::cluster::TEST_SERVICE_KEY,
+    ] {
+        assert!(!env.contains(secret), "{secret} is visible to commands: {env}");
+    }
+    let admin_key = std::fs::read_to_string(cluster.data_dir().join("admin.key"))?;
+    assert!(!env.contains(admin_key.trim()));
+
+    // A failing command is a result the model reads, not a failed turn.
+    let frames = send_and_finish(
+        &mut client,
+        &chat.image_id,
+        json!("[mock call='run_command:{\"command\": \"ls no-such-file\"}']"),
+    )
+    .await?;
+    let result = frames
+        .iter()
+        .find(|f| f["type"] == "tool_result")
+        .context("tool_result")?;
+    assert_eq!(result["data"]["isError"], true, "{result}");
+    assert!(
+        result["data"]["result"]
+            .as_str()
+            .is_some_and(|text| text.starts_with("exit code 2")),
+        "{result}"
+    );
+    assert_eq!(frames.last().context("frames")?["type"], "conversation_end");
+    Ok(())
+}
+
+both_modes!(an_interrupt_kills_a_running_command, interrupt_command);
+
+async fn interrupt_command(mode: Mode) -> anyhow::Result<()> {
+    let mock = MockLlm::start(MockBehavior::default()).await?;
+    let cluster = Cluster::start(
+        mode,
+        Options::with_llm(Llm::Anthropic {
+            base_url: mock.anthropic_base_url(),
+        }),
+    )
+    .await?;
+    let agent = tool_agent(&cluster, &["run_command"]).await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "default", json!({"agent": agent})).await?;
+    let script = r#"[mock call='run_command:{"command": "sleep 30 & echo $! > sleeper.pid; wait"}']"#;
+    client
+        .send_request("message_send", json!({"imageId": chat.image_id, "content": script}))
+        .await?;
+    client.frames_until("message_stop").await?;
+    // The command has started once it wrote its pid.
+    let pid_file = find_file_eventually(&cluster.data_dir().join("workspaces"), "sleeper.pid").await?;
+    let pid = wait_for_content(&pid_file).await?;
+    let proc_dir = Path::new("/proc").join(pid.trim());
+    assert!(proc_dir.exists(), "the command runs");
+
+    let started = std::time::Instant::now();
+    let answer = client
+        .request("agent_interrupt", json!({"imageId": chat.image_id}))
+        .await?;
+    assert_eq!(answer["interrupted"], true, "{answer}");
+    let frames = client.frames_until("conversation_end").await?;
+    let took = started.elapsed();
+    eprintln!("the interrupt ended the turn in {took:?}");
+    assert_eq!(frames.last().context("frames")?["data"]["reason"], "interrupted");
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "the turn waited for the command: {took:?}"
+    );
+    let result = frames
+        .iter()
+        .find(|f| f["type"] == "tool_result")
+        .context("an error result")?;
+    assert_eq!(result["data"]["isError"], true);
+    // The command's whole process group was killed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while is_running(&proc_dir) {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the command outlived its turn");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The conversation goes on, its history valid for the provider.
+    let frames = send_and_finish(&mut client, &chat.image_id, json!("and now?")).await?;
+    assert_eq!(
+        frames.last().context("frames")?["type"],
+        "conversation_end",
+        "{:?}",
+        types(&frames)
+    );
+    Ok(())
+}
+
+/// Returns whether a process exists and is not a zombie.
+fn is_running(proc_dir: &Path) -> bool {
+    std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// Waits (bounded) for a file a command writes to appear below `dir`.
+async fn find_file_eventually(dir: &Path, name: &str) -> anyhow::Result<std::path::PathBuf> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if let Some(found) = find_file(dir, name) {
+            return Ok(found);
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "{name} never appeared");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (bounded) for a file to have a complete line.
+async fn wait_for_content(path: &Path) -> anyhow::Result<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.ends_with('\n') {
+            return Ok(text);
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "{} stayed empty", path.display());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

@@ -46,6 +46,7 @@ pub fn run(tool: Builtin, workspace: &Workspace, input: &Value) -> Result<String
             let path = input.get("path").and_then(Value::as_str).unwrap_or("");
             list_files(workspace, path)
         }
+        Builtin::RunCommand => Err("run_command is not a file tool".to_owned()),
     }
 }
 

@@ -13,8 +13,10 @@ use crate::error::RuntimeError;
 use crate::llm::{ToolCall, ToolSpec};
 
 mod files;
+mod process;
 mod workspace;
 
+pub use process::SandboxLimits;
 pub use workspace::Workspace;
 
 /// Most bytes of a tool result the model is sent; the rest is cut with a marker.
@@ -27,15 +29,17 @@ pub enum Builtin {
     WriteFile,
     EditFile,
     ListFiles,
+    RunCommand,
 }
 
 impl Builtin {
     /// Every built-in tool.
-    pub const ALL: [Builtin; 4] = [
+    pub const ALL: [Builtin; 5] = [
         Builtin::ReadFile,
         Builtin::WriteFile,
         Builtin::EditFile,
         Builtin::ListFiles,
+        Builtin::RunCommand,
     ];
 
     /// Returns the tool's name, as the model and the image config name it.
@@ -45,6 +49,7 @@ impl Builtin {
             Builtin::WriteFile => "write_file",
             Builtin::EditFile => "edit_file",
             Builtin::ListFiles => "list_files",
+            Builtin::RunCommand => "run_command",
         }
     }
 
@@ -74,6 +79,11 @@ impl Builtin {
             Builtin::ListFiles => (
                 "Lists a directory of the workspace (the workspace itself by default).",
                 json!({"type": "object", "properties": {"path": path}}),
+            ),
+            Builtin::RunCommand => (
+                "Runs a shell command (/bin/sh -c) in the workspace, under time, CPU, memory and output limits; \
+                 returns its exit code, stdout and stderr.",
+                json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
             ),
         };
         ToolSpec {
@@ -127,12 +137,13 @@ pub struct Toolbox {
     tools: Vec<Builtin>,
     specs: Arc<Vec<ToolSpec>>,
     workspace: Workspace,
+    limits: SandboxLimits,
 }
 
 impl Toolbox {
     /// Returns the toolbox of these tool names; `None` for none (a tool-free
     /// agent). An unknown name is refused.
-    pub fn new(names: &[String], workspace: Workspace) -> Result<Option<Self>, RuntimeError> {
+    pub fn new(names: &[String], workspace: Workspace, limits: SandboxLimits) -> Result<Option<Self>, RuntimeError> {
         if names.is_empty() {
             return Ok(None);
         }
@@ -148,6 +159,7 @@ impl Toolbox {
             tools,
             specs,
             workspace,
+            limits,
         }))
     }
 
@@ -166,6 +178,22 @@ impl Toolbox {
         let Some(tool) = self.tools.iter().copied().find(|tool| tool.name() == call.name) else {
             return ToolReply::error(format!("unknown tool {:?}: this agent has no such tool", call.name));
         };
+        if tool == Builtin::RunCommand {
+            if let Err(failure) = self.workspace.ensure() {
+                return ToolReply::error(failure);
+            }
+            let command = match text_field(&call.input, "command") {
+                Ok(command) => command,
+                Err(failure) => return ToolReply::error(failure),
+            };
+            return match process::run_command(&self.workspace, command, &self.limits).await {
+                Ok((text, failed)) => ToolReply {
+                    text: truncate(text),
+                    is_error: failed,
+                },
+                Err(failure) => ToolReply::error(failure),
+            };
+        }
         let workspace = self.workspace.clone();
         let input = call.input.clone();
         let run = tokio::task::spawn_blocking(move || {
@@ -214,8 +242,9 @@ mod tests {
     #[test]
     fn unknown_tools_are_refused() {
         let workspace = Workspace::new("/nonexistent".into());
-        assert!(Toolbox::new(&[], workspace.clone()).unwrap().is_none());
-        let err = Toolbox::new(&["read_file".into(), "rm_rf".into()], workspace).unwrap_err();
+        let limits = SandboxLimits::default();
+        assert!(Toolbox::new(&[], workspace.clone(), limits.clone()).unwrap().is_none());
+        let err = Toolbox::new(&["read_file".into(), "rm_rf".into()], workspace, limits).unwrap_err();
         assert!(
             matches!(
                 err,
