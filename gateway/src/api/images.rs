@@ -35,6 +35,10 @@ pub struct ImageConfig {
     /// Values of the prompt's variables, strings by name.
     #[schema(value_type = Option<Object>)]
     pub variables: Option<Value>,
+    /// The tools the agent may call: built-in names (`read_file`, `write_file`,
+    /// `edit_file`, `list_files`, `run_command`) and `resource://tools/…` URIs.
+    /// None: the agent has no tools (and no workspace).
+    pub tools: Option<Vec<String>>,
 }
 
 /// The changes to an image; absent fields stay as they are.
@@ -67,6 +71,9 @@ pub struct ImageRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub variables: Option<Map<String, Value>>,
+    /// The tools its agent may call.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<String>,
     /// Unix milliseconds.
     pub created_at: i64,
     /// Unix milliseconds.
@@ -94,6 +101,7 @@ impl ImageRecord {
             description: image.description,
             system_prompt: image.system_prompt,
             agent: image.agent,
+            tools: image.tools,
             created_at: image.created_at_ms,
             updated_at: image.updated_at_ms,
         })
@@ -201,6 +209,7 @@ pub async fn create(
         mcp_servers_json: json(config.mcp_servers),
         agent: config.agent,
         variables_json: json(config.variables),
+        tools: config.tools.unwrap_or_default(),
     });
     let image = peers.session.create_image(request).await?.into_inner().image;
     ImageRecord::new(rt::ImageView { image, agent: None })

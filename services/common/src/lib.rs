@@ -17,6 +17,7 @@ pub mod shutdown;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tools;
 pub mod trace;
 
 pub use context::RequestContext;

@@ -58,6 +58,28 @@ pub async fn plan(resources: &Resources, ctx: &RequestContext, image: &ImageInfo
         Some(text) => plan.system_prompt = Some(text.to_owned()),
         None => {}
     }
+    // The image's own tools, after its agent's: built-in names as they are,
+    // tool resources resolved.
+    for tool in &image.tools {
+        let name = if tool.starts_with(RESOURCE_URI_PREFIX) {
+            let resolved = resources.resolve(ctx, tool, "").await?;
+            let name = tool_name(&resolved.root_content)?;
+            for uri in resolved.uris {
+                if !plan.resources.contains(&uri) {
+                    plan.resources.push(uri);
+                }
+            }
+            name
+        } else {
+            crate::tools::Builtin::named(tool)
+                .ok_or_else(|| crate::tools::unknown_tool(tool))?
+                .name()
+                .to_owned()
+        };
+        if !plan.tools.contains(&name) {
+            plan.tools.push(name);
+        }
+    }
     Ok(plan)
 }
 

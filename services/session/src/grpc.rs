@@ -172,6 +172,7 @@ impl SessionApi for SessionGrpc {
             mcp_servers_json: request.mcp_servers_json,
             agent: request.agent,
             variables_json: request.variables_json,
+            tools: request.tools,
         };
         let image = self.service.create_image(&ctx, new).await?;
         Ok(Response::new(pb::CreateImageResponse {
@@ -299,6 +300,7 @@ fn image_pb(image: ImageRecord) -> pb::Image {
         mcp_servers_json: image.mcp_servers_json,
         agent: image.agent,
         variables_json: image.variables_json,
+        tools: image.tools,
         created_at_ms: image.created_at_ms,
         updated_at_ms: image.updated_at_ms,
     }

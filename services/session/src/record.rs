@@ -34,6 +34,8 @@ pub struct ImageRecord {
     pub agent: Option<String>,
     /// Values of the prompt's variables, a JSON object of strings; `"{}"` when none.
     pub variables_json: String,
+    /// The tools its agent may call: built-in names and `resource://tools/…` URIs.
+    pub tools: Vec<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
 }
@@ -54,6 +56,8 @@ pub struct NewImage {
     pub agent: Option<String>,
     /// A JSON object of strings; empty means none.
     pub variables_json: String,
+    /// Built-in tool names and `resource://tools/…` URIs; empty means none.
+    pub tools: Vec<String>,
 }
 
 /// The changes to an image; `None` leaves a field as it is.

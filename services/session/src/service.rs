@@ -196,11 +196,16 @@ impl SessionService {
         let mcp_servers_json = validate_mcp_servers(new.mcp_servers_json)?;
         let agent = non_empty(new.agent).map(validate_agent).transpose()?;
         let variables_json = validate_variables(new.variables_json)?;
+        let tools = validate_tools(new.tools)?;
         if let Some(references) = &self.references {
             let prompt = system_prompt
                 .as_deref()
                 .filter(|prompt| prompt.starts_with(RESOURCE_URI_PREFIX));
-            for uri in [agent.as_deref(), prompt].into_iter().flatten() {
+            let tool_uris = tools
+                .iter()
+                .map(String::as_str)
+                .filter(|tool| tool.starts_with(RESOURCE_URI_PREFIX));
+            for uri in [agent.as_deref(), prompt].into_iter().flatten().chain(tool_uris) {
                 references
                     .check(ctx, uri, &variables_json)
                     .await
@@ -218,6 +223,7 @@ impl SessionService {
             mcp_servers_json,
             agent,
             variables_json,
+            tools,
             created_at_ms: now,
             updated_at_ms: now,
         };
@@ -559,6 +565,39 @@ fn validate_variables(json: String) -> Result<String, SessionError> {
             "variables must be a json object of strings",
         )),
     }
+}
+
+/// Most tools one image may name.
+const MAX_TOOLS: usize = 64;
+
+/// Returns an image's tools, each once: built-in names and `resource://tools/…`
+/// URIs (whether those resolve is checked with the other references).
+fn validate_tools(tools: Vec<String>) -> Result<Vec<String>, SessionError> {
+    use avm_common::tools::{BUILTIN_TOOLS, TOOL_URI_PREFIX};
+    if tools.len() > MAX_TOOLS {
+        return Err(SessionError::invalid(
+            "INVALID_TOOLS",
+            format!("an image may name at most {MAX_TOOLS} tools"),
+        ));
+    }
+    let mut kept: Vec<String> = Vec::with_capacity(tools.len());
+    for tool in tools {
+        let known = BUILTIN_TOOLS.contains(&tool.as_str())
+            || (tool.starts_with(TOOL_URI_PREFIX) && tool.len() > TOOL_URI_PREFIX.len() && tool.len() <= 512);
+        if !known {
+            return Err(SessionError::invalid(
+                "UNKNOWN_TOOL",
+                format!(
+                    "unknown tool {tool:?}: name a built-in tool ({}) or a resource://tools/… URI",
+                    BUILTIN_TOOLS.join(", ")
+                ),
+            ));
+        }
+        if !kept.contains(&tool) {
+            kept.push(tool);
+        }
+    }
+    Ok(kept)
 }
 
 fn validate_message(message: &NewMessage) -> Result<(), SessionError> {

@@ -525,3 +525,75 @@ async fn wait_for_content(path: &Path) -> anyhow::Result<String> {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+both_modes!(an_image_names_its_tools, image_tools);
+
+async fn image_tools(mode: Mode) -> anyhow::Result<()> {
+    let mock = MockLlm::start(MockBehavior::default()).await?;
+    let cluster = Cluster::start(
+        mode,
+        Options::with_llm(Llm::Anthropic {
+            base_url: mock.anthropic_base_url(),
+        }),
+    )
+    .await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(
+        &mut client,
+        "default",
+        json!({"name": "scratch", "tools": ["write_file", "list_files"]}),
+    )
+    .await?;
+    assert_eq!(
+        chat.record["tools"],
+        json!(["write_file", "list_files"]),
+        "{}",
+        chat.record
+    );
+    let script = r#"[mock call='write_file:{"path": "a.txt", "content": "x"}' call='2:list_files:{}']"#;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
+    assert_eq!(streamed_text(&frames), "Tool results: a.txt", "{:?}", types(&frames));
+    let offered = &mock.requests()[0].body["tools"];
+    let names: Vec<&str> = offered
+        .as_array()
+        .context("tools offered")?
+        .iter()
+        .filter_map(|tool| tool["name"].as_str())
+        .collect();
+    assert_eq!(names, ["write_file", "list_files"]);
+    assert!(offered[0]["input_schema"]["required"].is_array(), "{offered}");
+
+    // Unknown names are refused at creation, over REST as over the WebSocket.
+    let (status, refused) = call(
+        &cluster,
+        "POST",
+        "/v1/containers/default/images",
+        Some(json!({"tools": ["format_disk"]})),
+    )
+    .await?;
+    assert_eq!(
+        (status, refused["error"]["code"].clone()),
+        (400, json!("UNKNOWN_TOOL")),
+        "{refused}"
+    );
+    let refused = client
+        .request(
+            "image_create",
+            json!({"containerId": "default", "config": {"tools": ["resource://tools/nope"]}}),
+        )
+        .await?;
+    assert_eq!(refused["code"], "RESOURCE_NOT_FOUND", "{refused}");
+    let (status, refused) = call(
+        &cluster,
+        "POST",
+        "/v1/containers/default/images",
+        Some(json!({"tools": "read_file"})),
+    )
+    .await?;
+    assert_eq!(
+        (status, refused["error"]["code"].clone()),
+        (400, json!("INVALID_FIELD")),
+        "{refused}"
+    );
+    Ok(())
+}

@@ -25,6 +25,8 @@ pub struct ImageInfo {
     pub agent: Option<String>,
     /// Values of the prompt's variables, a JSON object.
     pub variables_json: String,
+    /// Built-in tool names and `resource://tools/…` URIs.
+    pub tools: Vec<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
 }
@@ -41,6 +43,7 @@ impl From<pb::Image> for ImageInfo {
             mcp_servers_json: image.mcp_servers_json,
             agent: image.agent,
             variables_json: image.variables_json,
+            tools: image.tools,
             created_at_ms: image.created_at_ms,
             updated_at_ms: image.updated_at_ms,
         }
@@ -59,6 +62,7 @@ impl From<ImageInfo> for pb::Image {
             mcp_servers_json: image.mcp_servers_json,
             agent: image.agent,
             variables_json: image.variables_json,
+            tools: image.tools,
             created_at_ms: image.created_at_ms,
             updated_at_ms: image.updated_at_ms,
         }

@@ -240,6 +240,12 @@ mod tests {
     }
 
     #[test]
+    fn the_shared_list_names_every_built_in_tool() {
+        let names: Vec<&str> = Builtin::ALL.iter().map(|tool| tool.name()).collect();
+        assert_eq!(names, avm_common::tools::BUILTIN_TOOLS);
+    }
+
+    #[test]
     fn unknown_tools_are_refused() {
         let workspace = Workspace::new("/nonexistent".into());
         let limits = SandboxLimits::default();

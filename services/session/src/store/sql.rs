@@ -69,8 +69,8 @@ pub(super) const LIST_SHARES: &str = "\
 /// the caller learns it is.
 pub(super) const INSERT_IMAGE: &str = concat!(
     "INSERT INTO images (image_id, tenant_id, container_id, name, description, system_prompt, \
-                         mcp_servers_json, created_at_ms, updated_at_ms, agent, variables_json) \
-     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12 FROM containers c \
+                         mcp_servers_json, created_at_ms, updated_at_ms, agent, variables_json, tools_json) \
+     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12, $13 FROM containers c \
      WHERE c.tenant_id = $2 AND c.container_id = $3 AND ",
     visible!("c", "$10")
 );
@@ -80,7 +80,7 @@ pub(super) const INSERT_SESSION: &str = "\
 macro_rules! select_image {
     () => {
         "SELECT i.image_id, i.container_id, s.session_id, i.name, i.description, i.system_prompt, \
-                i.mcp_servers_json, i.created_at_ms, i.updated_at_ms, i.agent, i.variables_json \
+                i.mcp_servers_json, i.created_at_ms, i.updated_at_ms, i.agent, i.variables_json, i.tools_json \
          FROM images i JOIN sessions s ON s.image_id = i.image_id \
          JOIN containers c ON c.tenant_id = i.tenant_id AND c.container_id = i.container_id "
     };
@@ -214,6 +214,8 @@ where
         mcp_servers_json: row.try_get("mcp_servers_json")?,
         agent: row.try_get("agent")?,
         variables_json: row.try_get("variables_json")?,
+        tools: serde_json::from_str(&row.try_get::<String, _>("tools_json")?)
+            .map_err(|_| SessionError::corrupt("images.tools_json"))?,
         created_at_ms: row.try_get("created_at_ms")?,
         updated_at_ms: row.try_get("updated_at_ms")?,
     })
@@ -460,6 +462,7 @@ macro_rules! impl_session_store {
                     .bind(scope.user_id)
                     .bind(&image.agent)
                     .bind(&image.variables_json)
+                    .bind(serde_json::Value::from(image.tools.clone()).to_string())
                     .execute(&mut *tx)
                     .await
                     .map_err(|err| sql::missing_container(err, &image.container_id))?

@@ -304,6 +304,7 @@ async fn images_have_defaults_and_round_trip(store: Arc<dyn SessionStore>) {
         mcp_servers_json: " ".into(),
         agent: Some(String::new()),
         variables_json: " ".into(),
+        tools: Vec::new(),
     };
     let blank = service.create_image(&ctx(A), blank).await.unwrap();
     assert_eq!(blank.name, "New Conversation");
@@ -328,6 +329,7 @@ async fn images_have_defaults_and_round_trip(store: Arc<dyn SessionStore>) {
         mcp_servers_json: mcp.into(),
         agent: Some("resource://agents/reviewer@1.2.0".into()),
         variables_json: r#"{"team": "core", "tone": "brief"}"#.into(),
+        tools: Vec::new(),
     };
     let full = service.create_image(&ctx(A), full).await.unwrap();
     assert_eq!(full.name, "Reviewer ✓");
@@ -466,6 +468,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
         mcp_servers_json: format!("{{\"k\":\"{}\"}}", "x".repeat(64 * 1024 - 8)),
         agent: Some(format!("resource://agents/{}", "a".repeat(512 - 18))),
         variables_json: format!("{{\"k\":\"{}\"}}", "v".repeat(16 * 1024 - 8)),
+        tools: Vec::new(),
     };
     let image = service.create_image(&ctx(A), at_limits.clone()).await.unwrap();
     assert_eq!(Some(image.name), at_limits.name);
@@ -519,6 +522,7 @@ async fn images_list_newest_first(store: Arc<dyn SessionStore>) {
         mcp_servers_json: "{}".to_owned(),
         agent: None,
         variables_json: "{}".to_owned(),
+        tools: Vec::new(),
         created_at_ms,
         updated_at_ms: created_at_ms,
     };

@@ -48,6 +48,7 @@ async fn grpc_round_trip_and_typed_errors() {
             mcp_servers_json: String::new(),
             agent: Some("resource://agents/helper@^1".into()),
             variables_json: r#"{"who":"you"}"#.into(),
+            tools: vec!["read_file".into()],
         })
         .await
         .unwrap()
@@ -63,6 +64,17 @@ async fn grpc_round_trip_and_typed_errors() {
         (image.agent.as_deref(), image.variables_json.as_str()),
         (Some("resource://agents/helper@^1"), r#"{"who":"you"}"#)
     );
+    assert_eq!(image.tools, ["read_file"]);
+    let unknown = client
+        .create_image(pb::CreateImageRequest {
+            container_id: "default".into(),
+            tools: vec!["format_disk".into()],
+            ..pb::CreateImageRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::InvalidArgument);
+    assert!(unknown.message().contains("format_disk"), "{}", unknown.message());
 
     let message = pb::Message {
         message_id: "msg_1".into(),
