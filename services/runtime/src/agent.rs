@@ -135,11 +135,19 @@ impl Agent {
         Arc::clone(&state.history)
     }
 
-    /// Records the end of a turn and what it added to the conversation.
-    pub(crate) fn finish_turn(&self, reply: Option<String>) {
+    /// Records the end of a turn and what it added to the conversation, and
+    /// publishes the turn's last event (`conversation_end`, `error_occurred`).
+    ///
+    /// The event goes out while the turn slot is still held: a client that
+    /// sends its next message on seeing it never finds the agent busy, and
+    /// the next turn's events never come before it.
+    pub(crate) fn finish_turn(&self, reply: Option<String>, last: Option<(&'static str, &Value)>) {
         let mut state = self.lock();
         if let Some(text) = reply.filter(|text| !text.is_empty()) {
             context::append(&mut state.history, LlmRole::Assistant, vec![LlmContent::Text(text)]);
+        }
+        if let Some((kind, data)) = last {
+            self.hub.publish(kind, &self.context, data);
         }
         state.turn = None;
         state.last_active = Instant::now();

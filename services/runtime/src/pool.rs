@@ -232,7 +232,7 @@ impl AgentPool {
         let stored = match self.sessions().append(ctx, &message).await {
             Ok(stored) => stored,
             Err(err) => {
-                agent.finish_turn(None);
+                agent.finish_turn(None, None);
                 return Err(err);
             }
         };

@@ -206,9 +206,8 @@ pub(crate) async fn run(
                         "interrupted",
                         &json!({"agentId": agent.agent_id, "containerId": agent.image.container_id}),
                     );
-                    agent.emit("conversation_end", &json!({"reason": "interrupted"}));
                     tracing::info!(image_id = %agent.image.image_id, "turn interrupted while its tools ran");
-                    agent.finish_turn(None);
+                    agent.finish_turn(None, Some(("conversation_end", &json!({"reason": "interrupted"}))));
                     break;
                 }
                 if steps >= ports.limits.max_steps {
@@ -231,7 +230,6 @@ pub(crate) async fn run(
                 let message = assistant_message(&agent, &reply, stop, false);
                 persist(&ports, &ctx, &message).await;
                 agent.emit("assistant_message", &message.object());
-                agent.emit("conversation_end", &json!({"reason": "completed"}));
                 tracing::info!(
                     image_id = %agent.image.image_id,
                     input_tokens = usage.input_tokens,
@@ -239,7 +237,10 @@ pub(crate) async fn run(
                     steps,
                     "turn completed"
                 );
-                agent.finish_turn(Some(reply.text));
+                agent.finish_turn(
+                    Some(reply.text),
+                    Some(("conversation_end", &json!({"reason": "completed"}))),
+                );
                 break;
             }
             Outcome::Interrupted => {
@@ -252,9 +253,11 @@ pub(crate) async fn run(
                 let message = assistant_message(&agent, &reply, StopReason::EndTurn, true);
                 persist(&ports, &ctx, &message).await;
                 agent.emit("assistant_message", &message.object());
-                agent.emit("conversation_end", &json!({"reason": "interrupted"}));
                 tracing::info!(image_id = %agent.image.image_id, chars = reply.text.len(), "turn interrupted");
-                agent.finish_turn(Some(reply.text));
+                agent.finish_turn(
+                    Some(reply.text),
+                    Some(("conversation_end", &json!({"reason": "interrupted"}))),
+                );
                 break;
             }
             Outcome::Failed(error) => {
@@ -285,12 +288,9 @@ async fn fail(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, error: Fai
     };
     persist(ports, ctx, &message).await;
     agent.emit("error_message", &message.object());
-    agent.emit(
-        "error_occurred",
-        &json!({"code": reason, "message": error.message, "recoverable": error.recoverable}),
-    );
     tracing::warn!(image_id = %agent.image.image_id, reason, "turn failed");
-    agent.finish_turn(None);
+    let last = json!({"code": reason, "message": error.message, "recoverable": error.recoverable});
+    agent.finish_turn(None, Some(("error_occurred", &last)));
 }
 
 /// Runs a reply's tool calls (several at once, results in call order),

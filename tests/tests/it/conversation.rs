@@ -87,6 +87,34 @@ async fn second_turn(mode: Mode) -> anyhow::Result<()> {
     Ok(())
 }
 
+both_modes!(
+    a_message_sent_on_conversation_end_never_finds_the_agent_busy,
+    back_to_back
+);
+
+async fn back_to_back(mode: Mode) -> anyhow::Result<()> {
+    let cluster = cluster(mode).await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "default", json!({})).await?;
+    for turn in 0..40 {
+        let accepted = client
+            .request(
+                "message_send",
+                json!({"imageId": chat.image_id, "content": format!("turn {turn}")}),
+            )
+            .await?;
+        assert_eq!(accepted["code"], serde_json::Value::Null, "turn {turn}: {accepted}");
+        let frames = client.turn().await?;
+        assert_eq!(
+            frames.last().map(|frame| frame["type"].clone()),
+            Some(json!("conversation_end")),
+            "turn {turn}: {:?}",
+            types(&frames)
+        );
+    }
+    Ok(())
+}
+
 both_modes!(acknowledged_delivery_wraps_every_frame, acknowledged);
 
 async fn acknowledged(mode: Mode) -> anyhow::Result<()> {
