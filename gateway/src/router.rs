@@ -11,13 +11,14 @@ use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Method;
 use axum::response::Response;
+use axum::routing::get;
 use tracing::Instrument;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::http::{RequestId, request_id_from_headers};
-use crate::rest::{self, auth, conversations as conv, resources, settings, usage};
+use crate::rest::{self, auth, conversations as conv, resources, settings, usage, workspace};
 use crate::state::GatewayState;
 
 /// Returns every route (with the OpenAPI document they make) before state is given.
@@ -42,6 +43,12 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(conv::interrupt))
         .routes(routes!(conv::list_messages, conv::send_message))
         .routes(routes!(conv::image_events))
+        .routes(routes!(workspace::list_workspace))
+        // A file's path may hold `/`: a wildcard, documented in `ApiDoc` as `{path}`.
+        .route(
+            "/v1/images/{id}/workspace/files/{*path}",
+            get(workspace::read_workspace_file).put(workspace::write_workspace_file),
+        )
         // Agents.
         .routes(routes!(conv::list_agents))
         .routes(routes!(conv::get_agent, conv::destroy_agent))

@@ -22,6 +22,7 @@ pub mod messages;
 pub mod resources;
 pub mod settings;
 pub mod usage;
+pub mod workspace;
 
 /// Decodes a request object into its typed form, naming the field at fault.
 pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {

@@ -18,6 +18,7 @@ pub mod conversations;
 pub mod resources;
 pub mod settings;
 pub mod usage;
+pub mod workspace;
 
 /// What `/health` answers.
 #[derive(Debug, Serialize, ToSchema)]

@@ -14,6 +14,7 @@ use crate::api::containers::{self, ContainerRef};
 use crate::api::images::EventStream;
 use crate::api::images::{self, AgentTarget, ImageConfig, ImageRecord, ImageUpdate, MessageAccepted};
 use crate::api::messages::MessageContent;
+use crate::api::workspace::{self, WorkspacePath, WorkspaceUpload};
 use crate::api::{self, decode};
 use crate::peers::Peers;
 
@@ -22,6 +23,24 @@ use crate::peers::Peers;
 #[serde(rename_all = "camelCase")]
 struct ImageRef {
     image_id: String,
+}
+
+/// Names a file or directory of an image's workspace.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WorkspaceRef {
+    image_id: String,
+    #[serde(default)]
+    path: String,
+}
+
+/// `workspace_write_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WorkspaceWrite {
+    image_id: String,
+    #[serde(flatten)]
+    upload: WorkspaceUpload,
 }
 
 /// Names an agent.
@@ -277,6 +296,19 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, name: &str, data: Val
             answer(ContainerDone { container_id })
         }
         "quota_get" => answer(api::auth::quota(peers, ctx, decode(data)?).await?),
+        "workspace_list" => {
+            let WorkspaceRef { image_id, path } = decode(data)?;
+            answer(workspace::list(peers, ctx, image_id, WorkspacePath { path }).await?)
+        }
+        "workspace_read" => {
+            let WorkspaceRef { image_id, path } = decode(data)?;
+            answer(workspace::read_text(peers, ctx, image_id, path).await?)
+        }
+        "workspace_write" => {
+            let WorkspaceWrite { image_id, upload } = decode(data)?;
+            let path = upload.path.clone();
+            answer(workspace::write(peers, ctx, image_id, path, upload.bytes()?).await?)
+        }
         _ => Err(ApiError::invalid(
             "UNKNOWN_REQUEST",
             format!("unknown request type {name}_request"),

@@ -33,7 +33,7 @@ pub struct RuntimeConfig {
     /// Tool calls of one reply run at once, at most.
     pub tool_concurrency: usize,
     /// The limits `run_command` runs under (`[runtime.sandbox]`).
-    pub sandbox: crate::tools::SandboxLimits,
+    pub sandbox: SandboxLimits,
 }
 
 impl Default for RuntimeConfig {
@@ -46,7 +46,38 @@ impl Default for RuntimeConfig {
             workspace_root: None,
             max_tool_steps: 25,
             tool_concurrency: 4,
-            sandbox: crate::tools::SandboxLimits::default(),
+            sandbox: SandboxLimits::default(),
+        }
+    }
+}
+
+/// The limits a command runs under (`[runtime.sandbox]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxLimits {
+    /// Wall time, after which the command's process group is killed.
+    pub timeout_seconds: u64,
+    /// CPU time of each process.
+    pub cpu_seconds: u64,
+    /// Address space of each process, in MiB.
+    pub memory_mb: u64,
+    /// Processes of the server's user at once (not enforced for root).
+    pub processes: u64,
+    /// Largest file a command may write, in MiB.
+    pub file_mb: u64,
+    /// Bytes of stdout and of stderr kept, each; the rest is cut with a marker.
+    pub output_bytes: usize,
+}
+
+impl Default for SandboxLimits {
+    fn default() -> Self {
+        Self {
+            timeout_seconds: 60,
+            cpu_seconds: 60,
+            memory_mb: 1024,
+            processes: 256,
+            file_mb: 100,
+            output_bytes: 32 * 1024,
         }
     }
 }

@@ -126,6 +126,49 @@ impl RuntimeService for RuntimeGrpc {
     type SendMessageStream = EventStream<pb::SendMessageResponse>;
     type SubscribeEventsStream = EventStream<pb::SubscribeEventsResponse>;
 
+    async fn list_workspace(
+        &self,
+        request: Request<pb::ListWorkspaceRequest>,
+    ) -> Result<Response<pb::ListWorkspaceResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.get_ref();
+        let entries = self.pool.list_workspace(&ctx, &request.image_id, &request.path).await?;
+        Ok(Response::new(pb::ListWorkspaceResponse {
+            entries: entries.into_iter().map(entry_pb).collect(),
+        }))
+    }
+
+    async fn read_workspace_file(
+        &self,
+        request: Request<pb::ReadWorkspaceFileRequest>,
+    ) -> Result<Response<pb::ReadWorkspaceFileResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.get_ref();
+        let (entry, content) = self
+            .pool
+            .read_workspace_file(&ctx, &request.image_id, &request.path)
+            .await?;
+        Ok(Response::new(pb::ReadWorkspaceFileResponse {
+            entry: Some(entry_pb(entry)),
+            content,
+        }))
+    }
+
+    async fn write_workspace_file(
+        &self,
+        request: Request<pb::WriteWorkspaceFileRequest>,
+    ) -> Result<Response<pb::WriteWorkspaceFileResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let entry = self
+            .pool
+            .write_workspace_file(&ctx, &request.image_id, &request.path, request.content)
+            .await?;
+        Ok(Response::new(pb::WriteWorkspaceFileResponse {
+            entry: Some(entry_pb(entry)),
+        }))
+    }
+
     async fn get_image(&self, request: Request<pb::GetImageRequest>) -> Result<Response<pb::GetImageResponse>, Status> {
         let ctx = caller(&request)?;
         let view = self.pool.get_image(&ctx, &request.get_ref().image_id).await?;
@@ -284,5 +327,14 @@ impl RuntimeService for RuntimeGrpc {
             })
         });
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+fn entry_pb(entry: crate::tools::access::Entry) -> pb::WorkspaceEntry {
+    pb::WorkspaceEntry {
+        path: entry.path,
+        directory: entry.directory,
+        size: entry.size,
+        modified_at_ms: entry.modified_at_ms,
     }
 }

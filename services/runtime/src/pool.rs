@@ -24,7 +24,7 @@ use crate::message::{Content, Message, MessageBody};
 use crate::metering::Metering;
 use crate::peers::{Deletion, ImageInfo, Resources, Sessions};
 use crate::settings::LlmSettings;
-use crate::tools::{Toolbox, Workspace};
+use crate::tools::{Toolbox, Workspace, access};
 use crate::turn::{self, TurnLimits, TurnPorts};
 
 /// The answer to an accepted message: who runs it and the turn's events.
@@ -392,6 +392,59 @@ impl AgentPool {
         Ok(ImageView { image, agent })
     }
 
+    /// Lists a directory of an image's workspace (for whoever may see the image).
+    #[instrument(name = "runtime.list_workspace", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn list_workspace(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        path: &str,
+    ) -> Result<Vec<access::Entry>, RuntimeError> {
+        let workspace = self.workspace_of(ctx, image_id, Scopes::READ).await?;
+        let path = path.to_owned();
+        blocking(move || access::list(&workspace, &path)).await
+    }
+
+    /// Returns a file of an image's workspace (for whoever may see the image).
+    #[instrument(name = "runtime.read_workspace_file", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn read_workspace_file(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        path: &str,
+    ) -> Result<(access::Entry, Vec<u8>), RuntimeError> {
+        let workspace = self.workspace_of(ctx, image_id, Scopes::READ).await?;
+        let path = path.to_owned();
+        blocking(move || access::read(&workspace, &path)).await
+    }
+
+    /// Writes a file of an image's workspace (for whoever may use the image).
+    #[instrument(name = "runtime.write_workspace_file", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn write_workspace_file(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        path: &str,
+        content: Vec<u8>,
+    ) -> Result<access::Entry, RuntimeError> {
+        let workspace = self.workspace_of(ctx, image_id, Scopes::WRITE).await?;
+        let path = path.to_owned();
+        blocking(move || access::write(&workspace, &path, &content)).await
+    }
+
+    /// Returns the workspace of an image the caller may reach with `scope`;
+    /// a foreign or missing image is not found, as everywhere.
+    async fn workspace_of(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        scope: Scopes,
+    ) -> Result<Workspace, RuntimeError> {
+        ctx.require(scope)?;
+        let image = self.sessions().get_image(ctx, image_id).await?;
+        Ok(self.workspace(&ctx.tenant_id, &image.image_id))
+    }
+
     /// Lists images, newest first, of one container or of all the caller's,
     /// each with its running agent.
     #[instrument(name = "runtime.list_images", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
@@ -682,4 +735,22 @@ fn validate_id(reason: &'static str, what: &'static str, id: &str) -> Result<(),
         return Err(RuntimeError::TooLongId { reason, what });
     }
     Ok(())
+}
+
+/// Runs a workspace access off the async threads.
+async fn blocking<T: Send + 'static>(
+    access: impl FnOnce() -> Result<T, access::AccessError> + Send + 'static,
+) -> Result<T, RuntimeError> {
+    use avm_common::ApiError;
+    let result = tokio::task::spawn_blocking(access)
+        .await
+        .map_err(|err| RuntimeError::Api(ApiError::internal(format!("workspace access stopped: {err}"))))?;
+    result.map_err(|err| {
+        RuntimeError::Api(match err {
+            access::AccessError::Refused(message) => ApiError::invalid("INVALID_WORKSPACE_PATH", message),
+            access::AccessError::NotFound(message) => ApiError::not_found("WORKSPACE_PATH_NOT_FOUND", message),
+            access::AccessError::TooLarge(message) => ApiError::invalid("WORKSPACE_FILE_TOO_LARGE", message),
+            access::AccessError::Failed(message) => ApiError::internal(message),
+        })
+    })
 }

@@ -52,6 +52,9 @@ const ROUTES: &[&str] = &[
     "GET /v1/auth/jwks.json",
     "GET /v1/auth/whoami",
     "GET /v1/auth/quota",
+    "GET /v1/images/{id}/workspace",
+    "GET /v1/images/{id}/workspace/files/{path}",
+    "PUT /v1/images/{id}/workspace/files/{path}",
     "POST /v1/auth/signing-keys/rotate",
     "POST /v1/resources",
     "GET /v1/resources",
@@ -122,6 +125,7 @@ async fn the_document_lists_exactly_the_served_routes() -> anyhow::Result<()> {
         let concrete = path
             .replace("{id}", "x_placeholder")
             .replace("{user}", "x_placeholder")
+            .replace("{path}", "dir/x_placeholder")
             .replace("{key}", "llm.model");
         let method = reqwest::Method::from_bytes(method.as_bytes())?;
         let mut request = http.request(method.clone(), cluster.url(&concrete));

@@ -531,7 +531,8 @@ impl Op {
     /// Returns whether the operation only reads, so an owner may run it as a control.
     fn reads(&self) -> bool {
         match self {
-            Op::Rest(method, ..) => *method == "GET",
+            // A workspace file the owner never wrote is missing for the owner too.
+            Op::Rest(method, path, _) => *method == "GET" && !path.contains("/workspace/files/"),
             Op::Ws(kind, _) => matches!(
                 *kind,
                 "container_get" | "image_list" | "image_get" | "image_messages" | "agent_get" | "agent_list"
@@ -598,6 +599,13 @@ const OPS: &[Op] = &[
     Op::Rest("GET", "/v1/images/{image}/messages", ""),
     Op::Rest("POST", "/v1/images/{image}/messages", r#"{"content":"planted"}"#),
     Op::Rest("GET", "/v1/images/{image}/events", ""),
+    Op::Rest("GET", "/v1/images/{image}/workspace", ""),
+    Op::Rest("GET", "/v1/images/{image}/workspace/files/notes/planted.txt", ""),
+    Op::Rest(
+        "PUT",
+        "/v1/images/{image}/workspace/files/notes/planted.txt",
+        r#"{"planted":true}"#,
+    ),
     Op::Rest("GET", "/v1/images/{image}/events?after=0", ""),
     Op::Rest("GET", "/v1/agents?containerId={container}", ""),
     Op::Rest("GET", "/v1/agents/{agent}", ""),
@@ -660,6 +668,12 @@ const OPS: &[Op] = &[
     Op::Ws("image_run", r#"{"imageId":"{image}"}"#),
     Op::Ws("image_stop", r#"{"imageId":"{image}"}"#),
     Op::Ws("image_messages", r#"{"imageId":"{image}"}"#),
+    Op::Ws("workspace_list", r#"{"imageId":"{image}"}"#),
+    Op::Ws("workspace_read", r#"{"imageId":"{image}","path":"notes/planted.txt"}"#),
+    Op::Ws(
+        "workspace_write",
+        r#"{"imageId":"{image}","path":"notes/planted.txt","content":"planted"}"#,
+    ),
     Op::Ws("message_send", r#"{"imageId":"{image}","content":"planted"}"#),
     Op::Ws("message_send", r#"{"agentId":"{agent}","content":"planted"}"#),
     Op::Ws("agent_interrupt", r#"{"imageId":"{image}"}"#),
@@ -703,6 +717,9 @@ const OPS: &[Op] = &[
     Op::Grpc("runtime.DestroyAllAgents"),
     Op::Grpc("runtime.SubscribeEvents"),
     Op::Grpc("runtime.SubscribeEvents after 0"),
+    Op::Grpc("runtime.ListWorkspace"),
+    Op::Grpc("runtime.ReadWorkspaceFile"),
+    Op::Grpc("runtime.WriteWorkspaceFile"),
     Op::Grpc("auth.GetTenant"),
     Op::Grpc("auth.UpdateTenant name"),
     Op::Grpc("auth.UpdateTenant limits"),
@@ -996,6 +1013,16 @@ impl<'a> Attacker<'a> {
             stream "runtime.SubscribeEvents after 0" =>
                 runtime.subscribe_events(rt::SubscribeEventsRequest {
                     session_id: session_id(), after_cursor: Some("0".into())
+                }),
+            unary "runtime.ListWorkspace" =>
+                runtime.list_workspace(rt::ListWorkspaceRequest { image_id: image(), path: String::new() }),
+            unary "runtime.ReadWorkspaceFile" =>
+                runtime.read_workspace_file(rt::ReadWorkspaceFileRequest {
+                    image_id: image(), path: "notes/planted.txt".into()
+                }),
+            unary "runtime.WriteWorkspaceFile" =>
+                runtime.write_workspace_file(rt::WriteWorkspaceFileRequest {
+                    image_id: image(), path: "notes/planted.txt".into(), content: planted().into_bytes()
                 }),
             unary "auth.GetTenant" =>
                 auth.get_tenant(au::GetTenantRequest { tenant_id: tenant() }),

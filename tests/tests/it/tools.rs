@@ -597,3 +597,116 @@ async fn image_tools(mode: Mode) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+both_modes!(clients_reach_the_workspace_as_they_reach_the_image, workspace_routes);
+
+async fn workspace_routes(mode: Mode) -> anyhow::Result<()> {
+    let mock = MockLlm::start(MockBehavior::default()).await?;
+    let cluster = Cluster::start(
+        mode,
+        Options::with_llm(Llm::Anthropic {
+            base_url: mock.anthropic_base_url(),
+        }),
+    )
+    .await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "default", json!({"tools": ["read_file", "write_file"]})).await?;
+    let http = cluster.http()?;
+    let file_url = |path: &str| cluster.url(&format!("/v1/images/{}/workspace/files/{path}", chat.image_id));
+
+    // Nothing yet, and listing makes nothing.
+    let (status, listing) = call(
+        &cluster,
+        "GET",
+        &format!("/v1/images/{}/workspace", chat.image_id),
+        None,
+    )
+    .await?;
+    assert_eq!((status, listing["entries"].clone()), (200, json!([])), "{listing}");
+    assert!(!cluster.data_dir().join("workspaces").exists());
+
+    // A client uploads a file; the agent reads it.
+    let put = http
+        .put(file_url("docs/brief.txt"))
+        .body("ship on friday")
+        .send()
+        .await?;
+    assert_eq!(put.status().as_u16(), 200);
+    let written: Value = put.json().await?;
+    assert_eq!(
+        (
+            written["path"].clone(),
+            written["type"].clone(),
+            written["size"].clone()
+        ),
+        (json!("docs/brief.txt"), json!("file"), json!(14))
+    );
+    let read = "[mock call=read_file:{\"path\":\"docs/brief.txt\"}]";
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(read)).await?;
+    assert_eq!(streamed_text(&frames), "Tool results: ship on friday");
+
+    // The agent writes one; the client reads it over REST and the WebSocket.
+    let write = r#"[mock call='write_file:{"path": "docs/answer.txt", "content": "on it"}']"#;
+    send_and_finish(&mut client, &chat.image_id, json!(write)).await?;
+    let got = http.get(file_url("docs/answer.txt")).send().await?;
+    assert_eq!(got.status().as_u16(), 200);
+    assert_eq!(got.text().await?, "on it");
+    let over_ws = client
+        .request(
+            "workspace_read",
+            json!({"imageId": chat.image_id, "path": "docs/answer.txt"}),
+        )
+        .await?;
+    assert_eq!(
+        (over_ws["content"].clone(), over_ws["encoding"].clone()),
+        (json!("on it"), json!("utf-8")),
+        "{over_ws}"
+    );
+    let listed = client
+        .request("workspace_list", json!({"imageId": chat.image_id, "path": "docs"}))
+        .await?;
+    let paths: Vec<&str> = listed["entries"]
+        .as_array()
+        .context("entries")?
+        .iter()
+        .filter_map(|entry| entry["path"].as_str())
+        .collect();
+    assert_eq!(paths, ["docs/answer.txt", "docs/brief.txt"], "{listed}");
+    let binary = client
+        .request(
+            "workspace_write",
+            json!({"imageId": chat.image_id, "path": "bin/blob", "content": "AP8=", "encoding": "base64"}),
+        )
+        .await?;
+    assert_eq!(binary["size"], 2, "{binary}");
+    let blob = http.get(file_url("bin/blob")).send().await?.bytes().await?;
+    assert_eq!(blob.as_ref(), [0x00, 0xff]);
+
+    // Paths stay inside; a missing file is not found.
+    let refused = client
+        .request(
+            "workspace_read",
+            json!({"imageId": chat.image_id, "path": "../../admin.key"}),
+        )
+        .await?;
+    assert_eq!(refused["code"], "INVALID_WORKSPACE_PATH", "{refused}");
+    assert_eq!(http.get(file_url("docs/none.txt")).send().await?.status().as_u16(), 404);
+
+    // Another tenant's admin finds nothing, on every route.
+    let other = avm_tests::accounts::create_tenant(&cluster, "other", None).await?;
+    let foreign = avm_tests::cluster::http_client(&other.admin.key)?;
+    assert_eq!(
+        foreign.get(file_url("docs/answer.txt")).send().await?.status().as_u16(),
+        404
+    );
+    assert_eq!(
+        foreign.put(file_url("x.txt")).body("x").send().await?.status().as_u16(),
+        404
+    );
+    let listing = foreign
+        .get(cluster.url(&format!("/v1/images/{}/workspace", chat.image_id)))
+        .send()
+        .await?;
+    assert_eq!(listing.status().as_u16(), 404);
+    Ok(())
+}

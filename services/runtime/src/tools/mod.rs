@@ -12,11 +12,12 @@ use serde_json::{Value, json};
 use crate::error::RuntimeError;
 use crate::llm::{ToolCall, ToolSpec};
 
+pub mod access;
 mod files;
 mod process;
 mod workspace;
 
-pub use process::SandboxLimits;
+pub use crate::config::SandboxLimits;
 pub use workspace::Workspace;
 
 /// Most bytes of a tool result the model is sent; the rest is cut with a marker.

@@ -13,42 +13,11 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
 use super::workspace::{ToolFailure, Workspace};
-
-/// The limits a command runs under (`[runtime.sandbox]`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SandboxLimits {
-    /// Wall time, after which the command's process group is killed.
-    pub timeout_seconds: u64,
-    /// CPU time of each process.
-    pub cpu_seconds: u64,
-    /// Address space of each process, in MiB.
-    pub memory_mb: u64,
-    /// Processes of the server's user at once (not enforced for root).
-    pub processes: u64,
-    /// Largest file a command may write, in MiB.
-    pub file_mb: u64,
-    /// Bytes of stdout and of stderr kept, each; the rest is cut with a marker.
-    pub output_bytes: usize,
-}
-
-impl Default for SandboxLimits {
-    fn default() -> Self {
-        Self {
-            timeout_seconds: 60,
-            cpu_seconds: 60,
-            memory_mb: 1024,
-            processes: 256,
-            file_mb: 100,
-            output_bytes: 32 * 1024,
-        }
-    }
-}
+use crate::config::SandboxLimits;
 
 /// Kills the command's process group when the call ends, however it ends
 /// (done, timed out, or dropped by an interrupted turn).
