@@ -277,17 +277,11 @@ async fn fail(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, error: Fai
         "error_received",
         &json!({"message": error.message, "errorCode": reason}),
     );
-    let message = Message {
-        message_id: new_id("msg"),
-        session_id: agent.image.session_id.clone(),
-        created_at_ms: avm_common::now_ms(),
-        body: MessageBody::Error {
-            text: error.message.clone(),
-            error_code: reason.to_owned(),
-        },
+    let body = MessageBody::Error {
+        text: error.message.clone(),
+        error_code: reason.to_owned(),
     };
-    persist(ports, ctx, &message).await;
-    agent.emit("error_message", &message.object());
+    store(ports, ctx, agent, "error_message", body).await;
     tracing::warn!(image_id = %agent.image.image_id, reason, "turn failed");
     let last = json!({"code": reason, "message": error.message, "recoverable": error.recoverable});
     agent.finish_turn(None, Some(("error_occurred", &last)));
@@ -372,18 +366,24 @@ async fn answer(
         "tool_result",
         &json!({"toolCallId": call.id, "result": output.text, "isError": output.is_error}),
     );
+    let body = MessageBody::ToolResult {
+        output: output.clone(),
+        tool_name: call.name.clone(),
+    };
+    store(ports, ctx, agent, "tool_result_message", body).await;
+    output
+}
+
+/// Stores a new message of the turn and publishes it as a `kind` event.
+async fn store(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, kind: &'static str, body: MessageBody) {
     let message = Message {
         message_id: new_id("msg"),
         session_id: agent.image.session_id.clone(),
         created_at_ms: avm_common::now_ms(),
-        body: MessageBody::ToolResult {
-            output: output.clone(),
-            tool_name: call.name.clone(),
-        },
+        body,
     };
     persist(ports, ctx, &message).await;
-    agent.emit("tool_result_message", &message.object());
-    output
+    agent.emit(kind, &message.object());
 }
 
 async fn stream_reply(
@@ -464,17 +464,11 @@ async fn stream_reply(
                     "tool_use_stop",
                     &json!({"toolCallId": call.id, "toolName": call.name, "input": call.input}),
                 );
-                let message = Message {
-                    message_id: new_id("msg"),
-                    session_id: agent.image.session_id.clone(),
-                    created_at_ms: avm_common::now_ms(),
-                    body: MessageBody::ToolCall {
-                        call: call.clone(),
-                        parent_id: reply.message_id.clone(),
-                    },
+                let body = MessageBody::ToolCall {
+                    call: call.clone(),
+                    parent_id: reply.message_id.clone(),
                 };
-                persist(ports, ctx, &message).await;
-                agent.emit("tool_call_message", &message.object());
+                store(ports, ctx, agent, "tool_call_message", body).await;
                 reply.calls.push(call);
             }
             Some(Ok(LlmEvent::Stop { reason })) => return Outcome::Completed(reason),

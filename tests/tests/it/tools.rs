@@ -11,7 +11,7 @@ use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
 use crate::both_modes;
-use crate::support::{call, conversation, send_and_finish, streamed_text, types};
+use crate::support::{Conversation, call, conversation, send_and_finish, streamed_text, types};
 
 /// Publishes built-in tool resources and an agent definition that uses them;
 /// returns the agent's URI.
@@ -35,23 +35,35 @@ async fn tool_agent(cluster: &Cluster, tools: &[&str]) -> anyhow::Result<String>
     Ok("resource://agents/worker@1".to_owned())
 }
 
+/// Starts the mock LLM speaking `api` and a cluster using it.
+async fn start(mode: Mode, api: MockApi) -> anyhow::Result<(MockLlm, Cluster)> {
+    let mock = MockLlm::start(MockBehavior::default()).await?;
+    let llm = match api {
+        MockApi::Anthropic => Llm::Anthropic {
+            base_url: mock.anthropic_base_url(),
+        },
+        MockApi::OpenAi => Llm::OpenAi {
+            base_url: mock.openai_base_url(),
+        },
+    };
+    let cluster = Cluster::start(mode, Options::with_llm(llm)).await?;
+    Ok((mock, cluster))
+}
+
+/// Connects a WebSocket client and opens a conversation of `config`.
+async fn open_chat(cluster: &Cluster, config: Value) -> anyhow::Result<(WsClient, Conversation)> {
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "default", config).await?;
+    Ok((client, chat))
+}
+
 both_modes!(an_agent_writes_a_file_and_reads_it_back, write_and_read);
 
 async fn write_and_read(mode: Mode) -> anyhow::Result<()> {
     for api in [MockApi::Anthropic, MockApi::OpenAi] {
-        let mock = MockLlm::start(MockBehavior::default()).await?;
-        let llm = match api {
-            MockApi::Anthropic => Llm::Anthropic {
-                base_url: mock.anthropic_base_url(),
-            },
-            MockApi::OpenAi => Llm::OpenAi {
-                base_url: mock.openai_base_url(),
-            },
-        };
-        let cluster = Cluster::start(mode, Options::with_llm(llm)).await?;
+        let (_mock, cluster) = start(mode, api).await?;
         let agent = tool_agent(&cluster, &["write_file", "read_file", "list_files"]).await?;
-        let mut client = WsClient::connect(&cluster.ws_url()).await?;
-        let chat = conversation(&mut client, "default", json!({"agent": agent})).await?;
+        let (mut client, chat) = open_chat(&cluster, json!({"agent": agent})).await?;
 
         let write = r#"note it [mock call='write_file:{"path": "notes/todo.txt", "content": "remember the milk"}']"#;
         let frames = send_and_finish(&mut client, &chat.image_id, json!(write)).await?;
@@ -209,17 +221,9 @@ fn find_file(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
 both_modes!(nothing_outside_the_workspace_is_reachable, confinement);
 
 async fn confinement(mode: Mode) -> anyhow::Result<()> {
-    let mock = MockLlm::start(MockBehavior::default()).await?;
-    let cluster = Cluster::start(
-        mode,
-        Options::with_llm(Llm::Anthropic {
-            base_url: mock.anthropic_base_url(),
-        }),
-    )
-    .await?;
+    let (_mock, cluster) = start(mode, MockApi::Anthropic).await?;
     let agent = tool_agent(&cluster, &["read_file", "write_file"]).await?;
-    let mut client = WsClient::connect(&cluster.ws_url()).await?;
-    let chat = conversation(&mut client, "default", json!({"agent": agent})).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"agent": agent})).await?;
     let admin_key = std::fs::read_to_string(cluster.data_dir().join("admin.key"))?;
     let outside = "try [mock call=read_file:{\"path\":\"../../../admin.key\"} \
         call=read_file:{\"path\":\"/etc/passwd\"} call=write_file:{\"path\":\"../../escape.txt\",\"content\":\"x\"}]";
@@ -259,17 +263,9 @@ async fn confinement(mode: Mode) -> anyhow::Result<()> {
 both_modes!(a_model_that_never_stops_calling_tools_hits_the_step_limit, step_limit);
 
 async fn step_limit(mode: Mode) -> anyhow::Result<()> {
-    let mock = MockLlm::start(MockBehavior::default()).await?;
-    let cluster = Cluster::start(
-        mode,
-        Options::with_llm(Llm::OpenAi {
-            base_url: mock.openai_base_url(),
-        }),
-    )
-    .await?;
+    let (mock, cluster) = start(mode, MockApi::OpenAi).await?;
     let agent = tool_agent(&cluster, &["list_files"]).await?;
-    let mut client = WsClient::connect(&cluster.ws_url()).await?;
-    let chat = conversation(&mut client, "default", json!({"agent": agent})).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"agent": agent})).await?;
     let frames = send_and_finish(
         &mut client,
         &chat.image_id,
@@ -297,16 +293,8 @@ async fn step_limit(mode: Mode) -> anyhow::Result<()> {
 both_modes!(a_conversation_without_tools_creates_no_workspace, tool_free);
 
 async fn tool_free(mode: Mode) -> anyhow::Result<()> {
-    let mock = MockLlm::start(MockBehavior::default()).await?;
-    let cluster = Cluster::start(
-        mode,
-        Options::with_llm(Llm::Anthropic {
-            base_url: mock.anthropic_base_url(),
-        }),
-    )
-    .await?;
-    let mut client = WsClient::connect(&cluster.ws_url()).await?;
-    let chat = conversation(&mut client, "default", json!({})).await?;
+    let (mock, cluster) = start(mode, MockApi::Anthropic).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({})).await?;
     let frames = send_and_finish(&mut client, &chat.image_id, json!("hello")).await?;
     assert_eq!(frames.last().context("frames")?["type"], "conversation_end");
     let request = mock.requests().pop().context("the provider was called")?;
@@ -322,19 +310,9 @@ both_modes!(a_tool_conversation_continues_after_a_restart, after_restart);
 
 async fn after_restart(mode: Mode) -> anyhow::Result<()> {
     for api in [MockApi::Anthropic, MockApi::OpenAi] {
-        let mock = MockLlm::start(MockBehavior::default()).await?;
-        let llm = match api {
-            MockApi::Anthropic => Llm::Anthropic {
-                base_url: mock.anthropic_base_url(),
-            },
-            MockApi::OpenAi => Llm::OpenAi {
-                base_url: mock.openai_base_url(),
-            },
-        };
-        let cluster = Cluster::start(mode, Options::with_llm(llm)).await?;
+        let (mock, cluster) = start(mode, api).await?;
         let agent = tool_agent(&cluster, &["write_file", "read_file"]).await?;
-        let mut client = WsClient::connect(&cluster.ws_url()).await?;
-        let chat = conversation(&mut client, "default", json!({"agent": agent})).await?;
+        let (mut client, chat) = open_chat(&cluster, json!({"agent": agent})).await?;
         let write = r#"[mock call='write_file:{"path": "plan.md", "content": "step one"}']"#;
         send_and_finish(&mut client, &chat.image_id, json!(write)).await?;
         drop(client);
@@ -364,17 +342,9 @@ async fn after_restart(mode: Mode) -> anyhow::Result<()> {
 both_modes!(a_command_reads_what_the_agent_wrote_and_sees_no_secret, commands);
 
 async fn commands(mode: Mode) -> anyhow::Result<()> {
-    let mock = MockLlm::start(MockBehavior::default()).await?;
-    let cluster = Cluster::start(
-        mode,
-        Options::with_llm(Llm::OpenAi {
-            base_url: mock.openai_base_url(),
-        }),
-    )
-    .await?;
+    let (_mock, cluster) = start(mode, MockApi::OpenAi).await?;
     let agent = tool_agent(&cluster, &["write_file", "run_command"]).await?;
-    let mut client = WsClient::connect(&cluster.ws_url()).await?;
-    let chat = conversation(&mut client, "default", json!({"agent": agent})).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"agent": agent})).await?;
     // One turn, two replies that call tools: write a file, then a command reads it.
     let script = r#"[mock call='write_file:{"path": "in.txt", "content": "forty two"}' call='2:run_command:{"command": "tr a-z A-Z < in.txt"}']"#;
     let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
@@ -435,17 +405,9 @@ async fn commands(mode: Mode) -> anyhow::Result<()> {
 both_modes!(an_interrupt_kills_a_running_command, interrupt_command);
 
 async fn interrupt_command(mode: Mode) -> anyhow::Result<()> {
-    let mock = MockLlm::start(MockBehavior::default()).await?;
-    let cluster = Cluster::start(
-        mode,
-        Options::with_llm(Llm::Anthropic {
-            base_url: mock.anthropic_base_url(),
-        }),
-    )
-    .await?;
+    let (_mock, cluster) = start(mode, MockApi::Anthropic).await?;
     let agent = tool_agent(&cluster, &["run_command"]).await?;
-    let mut client = WsClient::connect(&cluster.ws_url()).await?;
-    let chat = conversation(&mut client, "default", json!({"agent": agent})).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"agent": agent})).await?;
     let script = r#"[mock call='run_command:{"command": "sleep 30 & echo $! > sleeper.pid; wait"}']"#;
     client
         .send_request("message_send", json!({"imageId": chat.image_id, "content": script}))
@@ -529,18 +491,9 @@ async fn wait_for_content(path: &Path) -> anyhow::Result<String> {
 both_modes!(an_image_names_its_tools, image_tools);
 
 async fn image_tools(mode: Mode) -> anyhow::Result<()> {
-    let mock = MockLlm::start(MockBehavior::default()).await?;
-    let cluster = Cluster::start(
-        mode,
-        Options::with_llm(Llm::Anthropic {
-            base_url: mock.anthropic_base_url(),
-        }),
-    )
-    .await?;
-    let mut client = WsClient::connect(&cluster.ws_url()).await?;
-    let chat = conversation(
-        &mut client,
-        "default",
+    let (mock, cluster) = start(mode, MockApi::Anthropic).await?;
+    let (mut client, chat) = open_chat(
+        &cluster,
         json!({"name": "scratch", "tools": ["write_file", "list_files"]}),
     )
     .await?;
@@ -601,16 +554,8 @@ async fn image_tools(mode: Mode) -> anyhow::Result<()> {
 both_modes!(clients_reach_the_workspace_as_they_reach_the_image, workspace_routes);
 
 async fn workspace_routes(mode: Mode) -> anyhow::Result<()> {
-    let mock = MockLlm::start(MockBehavior::default()).await?;
-    let cluster = Cluster::start(
-        mode,
-        Options::with_llm(Llm::Anthropic {
-            base_url: mock.anthropic_base_url(),
-        }),
-    )
-    .await?;
-    let mut client = WsClient::connect(&cluster.ws_url()).await?;
-    let chat = conversation(&mut client, "default", json!({"tools": ["read_file", "write_file"]})).await?;
+    let (_mock, cluster) = start(mode, MockApi::Anthropic).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"tools": ["read_file", "write_file"]})).await?;
     let http = cluster.http()?;
     let file_url = |path: &str| cluster.url(&format!("/v1/images/{}/workspace/files/{path}", chat.image_id));
 

@@ -138,9 +138,7 @@ mod tests {
 
     #[test]
     fn write_read_edit_and_list() {
-        let temp = tempfile::tempdir().unwrap();
-        let ws = Workspace::new(temp.path().join("ws"));
-        ws.ensure().unwrap();
+        let (_temp, ws) = crate::tools::workspace::temporary();
         let run = |tool, input: Value| run(tool, &ws, &input);
         assert_eq!(
             run(Builtin::WriteFile, json!({"path": "notes/a.txt", "content": "one two"})).unwrap(),

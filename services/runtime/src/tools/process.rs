@@ -132,12 +132,7 @@ async fn read_capped(stream: Option<impl AsyncRead + Unpin>, cap: usize) -> Stri
 mod tests {
     use super::*;
 
-    fn workspace() -> (tempfile::TempDir, Workspace) {
-        let temp = tempfile::tempdir().unwrap();
-        let workspace = Workspace::new(temp.path().join("ws"));
-        workspace.ensure().unwrap();
-        (temp, workspace)
-    }
+    use crate::tools::workspace::temporary as workspace;
 
     #[tokio::test]
     async fn runs_in_the_workspace_with_a_clean_environment() {

@@ -97,15 +97,21 @@ impl Workspace {
     }
 }
 
+/// Returns a made workspace in a temporary directory (kept while the guard lives).
+#[cfg(test)]
+pub(crate) fn temporary() -> (tempfile::TempDir, Workspace) {
+    let temp = tempfile::tempdir().unwrap_or_else(|err| panic!("no temporary directory: {err}"));
+    let workspace = Workspace::new(temp.path().join("ws"));
+    workspace.ensure().unwrap_or_else(|err| panic!("{err}"));
+    (temp, workspace)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn workspace() -> (tempfile::TempDir, Workspace) {
-        let temp = tempfile::tempdir().unwrap();
-        let workspace = Workspace::new(temp.path().join("ws"));
-        workspace.ensure().unwrap();
-        (temp, workspace)
+        temporary()
     }
 
     #[test]
