@@ -36,7 +36,8 @@ pub struct ImageConfig {
     #[schema(value_type = Option<Object>)]
     pub variables: Option<Value>,
     /// The tools the agent may call: built-in names (`read_file`, `write_file`,
-    /// `edit_file`, `list_files`, `run_command`) and `resource://tools/…` URIs.
+    /// `edit_file`, `list_files`, `search_files`, `run_command`) and
+    /// `resource://tools/…` URIs.
     /// None: the agent has no tools (and no workspace).
     pub tools: Option<Vec<String>>,
 }

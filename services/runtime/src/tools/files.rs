@@ -2,7 +2,7 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
 use serde_json::Value;
 
@@ -45,6 +45,11 @@ pub fn run(tool: Builtin, workspace: &Workspace, input: &Value) -> Result<String
         Builtin::ListFiles => {
             let path = input.get("path").and_then(Value::as_str).unwrap_or("");
             list_files(workspace, path)
+        }
+        Builtin::SearchFiles => {
+            let text = text_field(input, "text")?;
+            let path = input.get("path").and_then(Value::as_str).unwrap_or("");
+            search_files(workspace, path, text)
         }
         Builtin::RunCommand => Err("run_command is not a file tool".to_owned()),
     }
@@ -125,6 +130,65 @@ fn list_files(workspace: &Workspace, path: &str) -> Result<String, ToolFailure> 
     Ok(text)
 }
 
+/// Most matches `search_files` answers with.
+const MAX_MATCHES: usize = 200;
+/// Most files and directories `search_files` looks at.
+const MAX_VISITED: usize = 10_000;
+
+/// Finds the lines containing `needle` in the text files below `path`.
+///
+/// Symbolic links, files with several hard links, files over
+/// [`MAX_FILE_BYTES`] and files that are not UTF-8 are passed over.
+fn search_files(workspace: &Workspace, path: &str, needle: &str) -> Result<String, ToolFailure> {
+    if needle.is_empty() {
+        return Err("`text` must not be empty".to_owned());
+    }
+    let root = workspace.resolve(path)?;
+    let mut pending = vec![root];
+    let (mut matches, mut visited, mut more) = (Vec::new(), 0_usize, false);
+    while let Some(at) = pending.pop() {
+        visited += 1;
+        if visited > MAX_VISITED || matches.len() >= MAX_MATCHES {
+            more = true;
+            break;
+        }
+        let Ok(meta) = fs::symlink_metadata(&at) else { continue };
+        if meta.is_dir() {
+            let mut children: Vec<_> = fs::read_dir(&at)
+                .map_err(|err| format!("{path}: {err}"))?
+                .filter_map(Result::ok)
+                .map(|entry| entry.path())
+                .collect();
+            // Popped from the end: sorted backwards, files come out in order.
+            children.sort_by(|a, b| b.cmp(a));
+            pending.extend(children);
+            continue;
+        }
+        if !meta.is_file() || meta.nlink() > 1 || meta.len() > MAX_FILE_BYTES {
+            continue;
+        }
+        let Ok(text) = fs::read_to_string(&at) else { continue };
+        let shown = workspace.relative(&at);
+        for (number, line) in text.lines().enumerate() {
+            if line.contains(needle) {
+                if matches.len() == MAX_MATCHES {
+                    more = true;
+                    break;
+                }
+                matches.push(format!("{shown}:{}: {line}", number + 1));
+            }
+        }
+    }
+    if matches.is_empty() {
+        return Ok(format!("no line contains {needle:?}"));
+    }
+    let mut answer = matches.join("\n");
+    if more {
+        answer.push_str("\n[… search stopped: more matches or files than are shown]");
+    }
+    Ok(answer)
+}
+
 /// `O_NOFOLLOW`: the last component is opened only if it is not a symbolic
 /// link, closing the window between resolving a path and opening it.
 fn o_nofollow() -> i32 {
@@ -168,5 +232,28 @@ mod tests {
         );
         assert!(run(Builtin::ReadFile, json!({"path": "../ws/notes/a.txt"})).is_err());
         assert!(run(Builtin::WriteFile, json!({"path": "/tmp/x", "content": ""})).is_err());
+    }
+
+    #[test]
+    fn search_finds_lines_inside_and_passes_links_over() {
+        let (temp, ws) = crate::tools::workspace::temporary();
+        let run = |input: Value| run(Builtin::SearchFiles, &ws, &input);
+        std::fs::create_dir_all(ws.dir().join("src/deep")).unwrap();
+        std::fs::write(ws.dir().join("src/a.rs"), "fn main() {}\n// TODO: tidy\n").unwrap();
+        std::fs::write(ws.dir().join("src/deep/b.rs"), "no\nTODO twice\n").unwrap();
+        std::fs::write(temp.path().join("outside.txt"), "TODO outside").unwrap();
+        std::os::unix::fs::symlink(temp.path(), ws.dir().join("out")).unwrap();
+        std::fs::hard_link(temp.path().join("outside.txt"), ws.dir().join("hard.txt")).unwrap();
+        assert_eq!(
+            run(json!({"text": "TODO"})).unwrap(),
+            "src/a.rs:2: // TODO: tidy\nsrc/deep/b.rs:2: TODO twice"
+        );
+        assert_eq!(
+            run(json!({"text": "TODO", "path": "src/deep"})).unwrap(),
+            "src/deep/b.rs:2: TODO twice"
+        );
+        assert_eq!(run(json!({"text": "absent"})).unwrap(), "no line contains \"absent\"");
+        assert!(run(json!({"text": "TODO", "path": "out"})).is_err());
+        assert!(run(json!({"text": ""})).is_err());
     }
 }

@@ -30,16 +30,18 @@ pub enum Builtin {
     WriteFile,
     EditFile,
     ListFiles,
+    SearchFiles,
     RunCommand,
 }
 
 impl Builtin {
     /// Every built-in tool.
-    pub const ALL: [Builtin; 5] = [
+    pub const ALL: [Builtin; 6] = [
         Builtin::ReadFile,
         Builtin::WriteFile,
         Builtin::EditFile,
         Builtin::ListFiles,
+        Builtin::SearchFiles,
         Builtin::RunCommand,
     ];
 
@@ -50,6 +52,7 @@ impl Builtin {
             Builtin::WriteFile => "write_file",
             Builtin::EditFile => "edit_file",
             Builtin::ListFiles => "list_files",
+            Builtin::SearchFiles => "search_files",
             Builtin::RunCommand => "run_command",
         }
     }
@@ -80,6 +83,12 @@ impl Builtin {
             Builtin::ListFiles => (
                 "Lists a directory of the workspace (the workspace itself by default).",
                 json!({"type": "object", "properties": {"path": path}}),
+            ),
+            Builtin::SearchFiles => (
+                "Finds the lines of the workspace's text files that contain `text` (exactly, case-sensitive), \
+                 below `path` (the whole workspace by default); answers `path:line: text` per match.",
+                json!({"type": "object", "properties": {"text": {"type": "string"}, "path": path},
+                       "required": ["text"]}),
             ),
             Builtin::RunCommand => (
                 "Runs a shell command (/bin/sh -c) in the workspace, under time, CPU, memory and output limits; \
