@@ -112,6 +112,33 @@ impl FromRequestParts<Arc<GatewayState>> for Ctx {
     }
 }
 
+/// A request body as bytes; one over the body limit, or one that cannot be
+/// read, is refused with the error document.
+pub struct RawBody(pub Bytes, pub RequestId);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let request_id = request
+            .extensions()
+            .get::<RequestId>()
+            .map_or_else(|| request_id_from_headers(request.headers()), |id| id.0.clone());
+        match Bytes::from_request(request, state).await {
+            Ok(bytes) => Ok(RawBody(bytes, RequestId(request_id))),
+            Err(rejection) => {
+                let err = match rejection.status() {
+                    StatusCode::PAYLOAD_TOO_LARGE => {
+                        ApiError::invalid("REQUEST_TOO_LARGE", "request body is too large")
+                    }
+                    _ => ApiError::invalid("INVALID_BODY", "cannot read request body"),
+                };
+                Err(error_response(&err, &request_id))
+            }
+        }
+    }
+}
+
 /// A JSON object body decoded into its typed form; an empty body is `{}`.
 pub struct Body<T>(pub T);
 
@@ -123,17 +150,7 @@ where
     type Rejection = Response;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let request_id = request
-            .extensions()
-            .get::<RequestId>()
-            .map_or_else(|| request_id_from_headers(request.headers()), |id| id.0.clone());
-        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
-            let err = match rejection.status() {
-                StatusCode::PAYLOAD_TOO_LARGE => ApiError::invalid("REQUEST_TOO_LARGE", "request body is too large"),
-                _ => ApiError::invalid("INVALID_BODY", "cannot read request body"),
-            };
-            error_response(&err, &request_id)
-        })?;
+        let RawBody(bytes, RequestId(request_id)) = RawBody::from_request(request, state).await?;
         json_object(&bytes)
             .and_then(crate::api::decode)
             .map(Body)

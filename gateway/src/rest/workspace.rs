@@ -3,15 +3,12 @@
 
 use std::sync::Arc;
 
-use avm_common::ApiError;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::api::workspace::{self, WorkspaceEntry, WorkspaceListing, WorkspacePath};
-use crate::http::{Ctx, Query, error_response, ok, with_request_id};
+use crate::http::{Ctx, Query, RawBody, error_response, ok, with_request_id};
 use crate::state::GatewayState;
 
 type St = State<Arc<GatewayState>>;
@@ -59,18 +56,8 @@ pub async fn write_workspace_file(
     State(state): St,
     Ctx(ctx): Ctx,
     Path((id, path)): Path<(String, String)>,
-    content: Result<Bytes, BytesRejection>,
+    RawBody(content, _): RawBody,
 ) -> Response {
-    let content = match content {
-        Ok(content) => content,
-        Err(rejection) => {
-            let err = match rejection.status() {
-                StatusCode::PAYLOAD_TOO_LARGE => ApiError::invalid("REQUEST_TOO_LARGE", "request body is too large"),
-                _ => ApiError::invalid("INVALID_BODY", "cannot read request body"),
-            };
-            return error_response(&err, &ctx.request_id);
-        }
-    };
     ok(
         &ctx,
         workspace::write(&state.peers, &ctx, id, path, content.to_vec()).await,

@@ -327,26 +327,22 @@ async fn run_tools(
         outputs.push(answer(ports, ctx, agent, &call, reply).await);
     };
     drop(results);
-    for call in &calls[answered..] {
+    outputs.extend(answer_unrun(ports, ctx, agent, &calls[answered..]).await);
+    let history = agent.extend_history(LlmRole::User, outputs.into_iter().map(LlmContent::ToolResult).collect());
+    (history, interrupted)
+}
+
+/// Stores error results for calls the turn ended before running; returns them.
+async fn answer_unrun(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, calls: &[ToolCall]) -> Vec<ToolOutput> {
+    let mut outputs = Vec::with_capacity(calls.len());
+    for call in calls {
         let unrun = ToolReply {
             text: crate::context::UNANSWERED.to_owned(),
             is_error: true,
         };
         outputs.push(answer(ports, ctx, agent, call, unrun).await);
     }
-    let history = agent.extend_history(LlmRole::User, outputs.into_iter().map(LlmContent::ToolResult).collect());
-    (history, interrupted)
-}
-
-/// Stores error results for the calls of a reply that ended before its tools ran.
-async fn answer_unrun(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, calls: &[ToolCall]) {
-    for call in calls {
-        let unrun = ToolReply {
-            text: crate::context::UNANSWERED.to_owned(),
-            is_error: true,
-        };
-        answer(ports, ctx, agent, call, unrun).await;
-    }
+    outputs
 }
 
 /// Publishes and stores one tool result; returns it as the conversation holds it.
