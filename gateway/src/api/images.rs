@@ -36,7 +36,7 @@ pub struct ImageConfig {
     #[schema(value_type = Option<Object>)]
     pub variables: Option<Value>,
     /// The tools the agent may call: built-in names (`read_file`, `write_file`,
-    /// `edit_file`, `list_files`, `search_files`, `run_command`) and
+    /// `edit_file`, `list_files`, `search_files`, `run_command`, `fetch_url`) and
     /// `resource://tools/…` URIs.
     /// None: the agent has no tools (and no workspace).
     pub tools: Option<Vec<String>>,

@@ -266,7 +266,7 @@ struct RuntimePeers {
 }
 
 impl RuntimePeers {
-    fn pool(self, config: &AvmConfig, identity: &ServiceIdentity) -> avm_runtime::AgentPool {
+    fn pool(self, config: &AvmConfig, identity: &ServiceIdentity) -> anyhow::Result<avm_runtime::AgentPool> {
         use avm_runtime::peers::{Configs, Resources, Sessions, Usages};
         let mut runtime = config.runtime.clone();
         if runtime.workspace_root.is_none() {
@@ -280,6 +280,7 @@ impl RuntimePeers {
             Resources::new(self.resource),
             identity.clone(),
         )
+        .map_err(|err| anyhow::anyhow!(err))
     }
 }
 
@@ -338,7 +339,7 @@ async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Resu
         config: config_handle.clone(),
         observability: observability_handle.clone(),
     }
-    .pool(&config, &credentials.identity);
+    .pool(&config, &credentials.identity)?;
     let runtime_handle = RuntimeServiceLocal::new(avm_runtime::RuntimeGrpc::new(pool.clone()), LocalCalls).handle();
 
     app.background(auth.spawn_background(app.background_stop()));
@@ -522,7 +523,7 @@ async fn runtime_app(config: AvmConfig) -> anyhow::Result<App> {
         })?,
         observability: observability.clone(),
     }
-    .pool(&config, &credentials.identity);
+    .pool(&config, &credentials.identity)?;
     run_pool(&mut app, &pool, config.grpc.drain_timeout);
     forward_logs(&mut app, Some(observability), &credentials.identity);
     let server = GrpcServer::new(&config.grpc).add_service(avm_runtime::grpc_server(

@@ -10,6 +10,7 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     "list_files",
     "search_files",
     "run_command",
+    "fetch_url",
 ];
 
 /// What a tool resource's URI starts with.

@@ -34,6 +34,8 @@ pub struct RuntimeConfig {
     pub tool_concurrency: usize,
     /// The limits `run_command` runs under (`[runtime.sandbox]`).
     pub sandbox: SandboxLimits,
+    /// What `fetch_url` may reach and how much it reads (`[runtime.fetch]`).
+    pub fetch: FetchConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -47,6 +49,34 @@ impl Default for RuntimeConfig {
             max_tool_steps: 25,
             tool_concurrency: 4,
             sandbox: SandboxLimits::default(),
+            fetch: FetchConfig::default(),
+        }
+    }
+}
+
+/// `fetch_url`'s limits and the operator's allow-list (`[runtime.fetch]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FetchConfig {
+    /// Addresses fetched although they are loopback, private, link-local or
+    /// otherwise internal: host names (`wiki.internal`), addresses
+    /// (`10.1.2.3`) or networks (`10.0.0.0/8`, `fd00::/8`). Empty by default.
+    pub allow: Vec<String>,
+    /// Time for the whole fetch, redirects and body included.
+    pub timeout_seconds: u64,
+    /// Bytes of a response body read; the rest is cut with a marker.
+    pub max_bytes: usize,
+    /// Redirects followed, each one checked like the first address.
+    pub max_redirects: u32,
+}
+
+impl Default for FetchConfig {
+    fn default() -> Self {
+        Self {
+            allow: Vec::new(),
+            timeout_seconds: 30,
+            max_bytes: 512 * 1024,
+            max_redirects: 5,
         }
     }
 }

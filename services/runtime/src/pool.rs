@@ -24,7 +24,7 @@ use crate::message::{Content, Message, MessageBody};
 use crate::metering::Metering;
 use crate::peers::{Deletion, ImageInfo, Resources, Sessions};
 use crate::settings::LlmSettings;
-use crate::tools::{Toolbox, Workspace, access};
+use crate::tools::{Fetcher, Toolbox, Workspace, access};
 use crate::turn::{self, TurnLimits, TurnPorts};
 
 /// The answer to an accepted message: who runs it and the turn's events.
@@ -53,6 +53,8 @@ struct PoolInner {
     ports: TurnPorts,
     resources: Resources,
     hubs: Hubs,
+    /// `fetch_url`'s client, shared by every agent.
+    fetcher: Fetcher,
     /// Agents by (tenant, image id); the cell makes concurrent starts share one hydration.
     agents: Mutex<HashMap<AgentKey, Arc<OnceCell<Arc<Agent>>>>>,
     /// Agent id to its key, for calls that name the agent.
@@ -66,7 +68,8 @@ pub struct AgentPool {
 }
 
 impl AgentPool {
-    /// Returns an empty pool.
+    /// Returns an empty pool; settings it cannot use (an allow-list entry
+    /// that names nothing) are refused.
     pub fn new(
         config: RuntimeConfig,
         llm: LlmSettings,
@@ -74,13 +77,14 @@ impl AgentPool {
         sessions: Sessions,
         resources: Resources,
         identity: ServiceIdentity,
-    ) -> Self {
+    ) -> Result<Self, RuntimeError> {
+        let fetcher = Fetcher::new(&config.fetch)?;
         let hubs = Hubs::new(config.event_retention, config.subscriber_queue);
         let limits = TurnLimits {
             max_steps: config.max_tool_steps.max(1),
             tool_concurrency: config.tool_concurrency.max(1),
         };
-        Self {
+        Ok(Self {
             inner: Arc::new(PoolInner {
                 config,
                 llm,
@@ -92,10 +96,11 @@ impl AgentPool {
                 },
                 resources,
                 hubs,
+                fetcher,
                 agents: Mutex::new(HashMap::new()),
                 agent_ids: Mutex::new(HashMap::new()),
             }),
-        }
+        })
     }
 
     fn agents(&self) -> MutexGuard<'_, HashMap<AgentKey, Arc<OnceCell<Arc<Agent>>>>> {
@@ -169,7 +174,13 @@ impl AgentPool {
         let plan = crate::plan::plan(&self.inner.resources, ctx, &image).await?;
         let history = self.sessions().list_messages(ctx, &image.session_id).await?;
         let workspace = self.workspace(&ctx.tenant_id, image_id);
-        let tools = Toolbox::new(&plan.tools, workspace, self.inner.config.sandbox.clone())?.map(Arc::new);
+        let tools = Toolbox::new(
+            &plan.tools,
+            workspace,
+            self.inner.config.sandbox.clone(),
+            &self.inner.fetcher,
+        )?
+        .map(Arc::new);
         let agent_id = new_id("agent");
         let hub = self.inner.hubs.get_or_create(&image.session_id);
         let messages = history.len();

@@ -655,3 +655,48 @@ async fn workspace_routes(mode: Mode) -> anyhow::Result<()> {
     assert_eq!(listing.status().as_u16(), 404);
     Ok(())
 }
+
+both_modes!(fetch_url_refuses_internal_addresses_without_connecting, fetch_refused);
+
+async fn fetch_refused(mode: Mode) -> anyhow::Result<()> {
+    let (_mock, cluster) = start(mode, MockApi::Anthropic).await?;
+    // An internal service the agent must not reach; it counts connections.
+    let internal = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = internal.local_addr()?.port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = std::sync::Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while internal.accept().await.is_ok() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let (mut client, chat) = open_chat(&cluster, json!({"tools": ["fetch_url"]})).await?;
+    // Two calls in one reply: the loopback service, by name, and the cloud metadata address.
+    let script = format!(
+        r#"[mock call='fetch_url:{{"url": "http://localhost:{port}/admin"}}' call='fetch_url:{{"url": "http://169.254.169.254/latest/meta-data/"}}']"#
+    );
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
+    let results: Vec<&Value> = frames.iter().filter(|f| f["type"] == "tool_result").collect();
+    assert_eq!(results.len(), 2, "{:?}", types(&frames));
+    for result in &results {
+        assert_eq!(result["data"]["isError"], true, "{result}");
+        assert!(
+            result["data"]["result"]
+                .as_str()
+                .is_some_and(|text| text.starts_with("refused: ")),
+            "{result}"
+        );
+    }
+    let answer = streamed_text(&frames);
+    assert!(
+        answer.contains("localhost is a loopback address") && answer.contains("169.254.169.254 is a link-local"),
+        "the model read both refusals: {answer}"
+    );
+    assert_eq!(frames.last().context("frames")?["type"], "conversation_end");
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no connection was made"
+    );
+    Ok(())
+}

@@ -51,7 +51,7 @@ pub fn run(tool: Builtin, workspace: &Workspace, input: &Value) -> Result<String
             let path = input.get("path").and_then(Value::as_str).unwrap_or("");
             search_files(workspace, path, text)
         }
-        Builtin::RunCommand => Err("run_command is not a file tool".to_owned()),
+        Builtin::RunCommand | Builtin::FetchUrl => Err(format!("{} is not a file tool", tool.name())),
     }
 }
 

@@ -13,11 +13,13 @@ use crate::error::RuntimeError;
 use crate::llm::{ToolCall, ToolSpec};
 
 pub mod access;
+mod fetch;
 mod files;
 mod process;
 mod workspace;
 
 pub use crate::config::SandboxLimits;
+pub use fetch::{AddressGuard, Fetcher};
 pub use workspace::Workspace;
 
 /// Most bytes of a tool result the model is sent; the rest is cut with a marker.
@@ -32,17 +34,19 @@ pub enum Builtin {
     ListFiles,
     SearchFiles,
     RunCommand,
+    FetchUrl,
 }
 
 impl Builtin {
     /// Every built-in tool.
-    pub const ALL: [Builtin; 6] = [
+    pub const ALL: [Builtin; 7] = [
         Builtin::ReadFile,
         Builtin::WriteFile,
         Builtin::EditFile,
         Builtin::ListFiles,
         Builtin::SearchFiles,
         Builtin::RunCommand,
+        Builtin::FetchUrl,
     ];
 
     /// Returns the tool's name, as the model and the image config name it.
@@ -54,6 +58,7 @@ impl Builtin {
             Builtin::ListFiles => "list_files",
             Builtin::SearchFiles => "search_files",
             Builtin::RunCommand => "run_command",
+            Builtin::FetchUrl => "fetch_url",
         }
     }
 
@@ -95,6 +100,11 @@ impl Builtin {
                  returns its exit code, stdout and stderr.",
                 json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
             ),
+            Builtin::FetchUrl => (
+                "Fetches a public http:// or https:// URL (GET, redirects followed) and returns its status, \
+                 content type and text, cut at a size limit. Internal addresses are refused.",
+                json!({"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}),
+            ),
         };
         ToolSpec {
             name: self.name().to_owned(),
@@ -125,6 +135,17 @@ impl ToolReply {
             is_error: true,
         }
     }
+
+    /// Returns the reply of a tool that says whether its answer is an error.
+    fn of(result: Result<(String, bool), String>) -> Self {
+        match result {
+            Ok((text, is_error)) => Self {
+                text: truncate(text),
+                is_error,
+            },
+            Err(failure) => Self::error(failure),
+        }
+    }
 }
 
 /// Cuts a result to [`MAX_RESULT_BYTES`] on a character boundary, saying so.
@@ -148,12 +169,18 @@ pub struct Toolbox {
     specs: Arc<Vec<ToolSpec>>,
     workspace: Workspace,
     limits: SandboxLimits,
+    fetcher: Fetcher,
 }
 
 impl Toolbox {
     /// Returns the toolbox of these tool names; `None` for none (a tool-free
     /// agent). An unknown name is refused.
-    pub fn new(names: &[String], workspace: Workspace, limits: SandboxLimits) -> Result<Option<Self>, RuntimeError> {
+    pub fn new(
+        names: &[String],
+        workspace: Workspace,
+        limits: SandboxLimits,
+        fetcher: &Fetcher,
+    ) -> Result<Option<Self>, RuntimeError> {
         if names.is_empty() {
             return Ok(None);
         }
@@ -170,6 +197,7 @@ impl Toolbox {
             specs,
             workspace,
             limits,
+            fetcher: fetcher.clone(),
         }))
     }
 
@@ -188,22 +216,24 @@ impl Toolbox {
         let Some(tool) = self.tools.iter().copied().find(|tool| tool.name() == call.name) else {
             return ToolReply::error(format!("unknown tool {:?}: this agent has no such tool", call.name));
         };
-        if tool == Builtin::RunCommand {
-            if let Err(failure) = self.workspace.ensure() {
-                return ToolReply::error(failure);
+        match tool {
+            Builtin::FetchUrl => {
+                ToolReply::of(async { self.fetcher.fetch(text_field(&call.input, "url")?).await }.await)
             }
-            let command = match text_field(&call.input, "command") {
-                Ok(command) => command,
-                Err(failure) => return ToolReply::error(failure),
-            };
-            return match process::run_command(&self.workspace, command, &self.limits).await {
-                Ok((text, failed)) => ToolReply {
-                    text: truncate(text),
-                    is_error: failed,
-                },
-                Err(failure) => ToolReply::error(failure),
-            };
+            Builtin::RunCommand => ToolReply::of(
+                async {
+                    self.workspace.ensure()?;
+                    let command = text_field(&call.input, "command")?;
+                    process::run_command(&self.workspace, command, &self.limits).await
+                }
+                .await,
+            ),
+            _ => self.call_file_tool(tool, call).await,
         }
+    }
+
+    /// Runs a file tool, off the async threads.
+    async fn call_file_tool(&self, tool: Builtin, call: &ToolCall) -> ToolReply {
         let workspace = self.workspace.clone();
         let input = call.input.clone();
         let run = tokio::task::spawn_blocking(move || {
@@ -259,8 +289,13 @@ mod tests {
     fn unknown_tools_are_refused() {
         let workspace = Workspace::new("/nonexistent".into());
         let limits = SandboxLimits::default();
-        assert!(Toolbox::new(&[], workspace.clone(), limits.clone()).unwrap().is_none());
-        let err = Toolbox::new(&["read_file".into(), "rm_rf".into()], workspace, limits).unwrap_err();
+        let fetcher = Fetcher::new(&Default::default()).unwrap();
+        assert!(
+            Toolbox::new(&[], workspace.clone(), limits.clone(), &fetcher)
+                .unwrap()
+                .is_none()
+        );
+        let err = Toolbox::new(&["read_file".into(), "rm_rf".into()], workspace, limits, &fetcher).unwrap_err();
         assert!(
             matches!(
                 err,

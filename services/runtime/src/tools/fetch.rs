@@ -1,0 +1,514 @@
+//! `fetch_url`: an HTTP GET of a public address, under time and size caps.
+//!
+//! The address guard refuses loopback, private, link-local (cloud metadata
+//! included), shared, multicast and unspecified addresses before any
+//! connection is made: an address literal is checked as it is, a name after
+//! DNS resolution (the connection goes to the checked addresses, so a second
+//! resolution cannot swap them), and again on every redirect, which is
+//! followed here rather than by the HTTP client. The operator's allow-list
+//! (`[runtime.fetch] allow`) names hosts, addresses or networks fetched
+//! anyway. No proxy is used: a proxy would resolve names out of the guard's
+//! sight.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::Url;
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+
+use super::workspace::ToolFailure;
+use crate::config::FetchConfig;
+use crate::error::RuntimeError;
+
+/// What the allow-list names: a host, or a network.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Allowed {
+    Host(String),
+    Network(IpAddr, u8),
+}
+
+/// The address guard: which addresses may be reached.
+#[derive(Clone, Debug, Default)]
+pub struct AddressGuard {
+    allow: Vec<Allowed>,
+}
+
+impl AddressGuard {
+    /// Returns the guard of an allow-list; an entry that is neither a host
+    /// name, an address nor a network is refused.
+    pub fn new(allow: &[String]) -> Result<Self, RuntimeError> {
+        let allow = allow
+            .iter()
+            .map(|entry| parse_allowed(entry))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { allow })
+    }
+
+    fn host_allowed(&self, host: &str) -> bool {
+        self.allow
+            .iter()
+            .any(|entry| matches!(entry, Allowed::Host(name) if name.eq_ignore_ascii_case(host)))
+    }
+
+    /// Returns why this address may not be reached, `None` when it may.
+    pub fn refusal(&self, ip: IpAddr) -> Option<&'static str> {
+        let reason = internal(ip)?;
+        let allowed = self.allow.iter().any(|entry| match *entry {
+            Allowed::Network(network, prefix) => within(ip, network, prefix),
+            Allowed::Host(_) => false,
+        });
+        (!allowed).then_some(reason)
+    }
+
+    /// Checks a URL before it is requested: its scheme, and its host when
+    /// that is an address literal (a name is checked once resolved).
+    pub fn check_url(&self, url: &Url) -> Result<(), ToolFailure> {
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!("{url} is not an http:// or https:// URL"));
+        }
+        let host = url.host_str().ok_or_else(|| format!("{url} names no host"))?;
+        let literal = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = literal.parse::<IpAddr>()
+            && let Some(reason) = self.refusal(ip)
+            && !self.host_allowed(host)
+        {
+            return Err(refused(host, ip, reason));
+        }
+        Ok(())
+    }
+}
+
+fn refused(host: &str, ip: IpAddr, reason: &str) -> String {
+    format!(
+        "refused: {host} is {reason} address ({ip}); fetch_url reaches public addresses only \
+         (an operator may allow it in [runtime.fetch] allow)"
+    )
+}
+
+fn parse_allowed(entry: &str) -> Result<Allowed, RuntimeError> {
+    let invalid = || {
+        RuntimeError::invalid(
+            "INVALID_CONFIG",
+            format!("runtime.fetch.allow: {entry:?} is not a host name, an address or a network (10.0.0.0/8)"),
+        )
+    };
+    let entry = entry.trim();
+    if let Some((address, prefix)) = entry.split_once('/') {
+        let ip: IpAddr = address.parse().map_err(|_| invalid())?;
+        let prefix: u8 = prefix.parse().map_err(|_| invalid())?;
+        let bits = if ip.is_ipv4() { 32 } else { 128 };
+        return if prefix <= bits {
+            Ok(Allowed::Network(ip, prefix))
+        } else {
+            Err(invalid())
+        };
+    }
+    if let Ok(ip) = entry.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+        return Ok(Allowed::Network(ip, if ip.is_ipv4() { 32 } else { 128 }));
+    }
+    let name_like = !entry.is_empty() && entry.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+    if name_like {
+        Ok(Allowed::Host(entry.to_ascii_lowercase()))
+    } else {
+        Err(invalid())
+    }
+}
+
+/// Returns whether `ip` lies in `network/prefix` (an IPv4 address in an
+/// IPv4 network, an IPv6 address in an IPv6 one).
+fn within(ip: IpAddr, network: IpAddr, prefix: u8) -> bool {
+    match (canonical(ip), network) {
+        (IpAddr::V4(ip), IpAddr::V4(net)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            u32::from(ip) & mask == u32::from(net) & mask
+        }
+        (IpAddr::V6(ip), IpAddr::V6(net)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            u128::from(ip) & mask == u128::from(net) & mask
+        }
+        _ => false,
+    }
+}
+
+/// An IPv4 address written as IPv6 (`::ffff:127.0.0.1`) is the IPv4 address.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Returns what kind of internal address this is, `None` for a public one.
+fn internal(ip: IpAddr) -> Option<&'static str> {
+    match canonical(ip) {
+        IpAddr::V4(v4) => internal_v4(v4),
+        IpAddr::V6(v6) => internal_v6(v6),
+    }
+}
+
+fn internal_v4(ip: Ipv4Addr) -> Option<&'static str> {
+    let [a, b, ..] = ip.octets();
+    if ip.is_loopback() {
+        Some("a loopback")
+    } else if ip.is_private() {
+        Some("a private")
+    } else if ip.is_link_local() {
+        Some("a link-local (cloud metadata)")
+    } else if a == 100 && (64..128).contains(&b) {
+        Some("a shared (carrier-grade NAT)")
+    } else if ip.is_unspecified() || a == 0 {
+        Some("an unspecified")
+    } else if ip.is_multicast() || ip.is_broadcast() || a >= 240 {
+        Some("a multicast or reserved")
+    } else {
+        None
+    }
+}
+
+fn internal_v6(ip: Ipv6Addr) -> Option<&'static str> {
+    let first = ip.segments()[0];
+    if ip.is_loopback() {
+        Some("a loopback")
+    } else if ip.is_unspecified() {
+        Some("an unspecified")
+    } else if first & 0xfe00 == 0xfc00 {
+        Some("a private (unique local)")
+    } else if first & 0xffc0 == 0xfe80 {
+        Some("a link-local")
+    } else if ip.is_multicast() {
+        Some("a multicast")
+    } else if let Some(v4) = ip.to_ipv4() {
+        // IPv4-compatible (::a.b.c.d) and NAT64 forms name IPv4 hosts.
+        internal_v4(v4).filter(|_| first == 0)
+    } else {
+        None
+    }
+}
+
+/// Resolves names for the HTTP client, keeping only the addresses the guard
+/// lets through; a name with none left fails with the refusal.
+struct GuardedResolver(Arc<AddressGuard>);
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Refused(String);
+
+impl Resolve for GuardedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let guard = Arc::clone(&self.0);
+        Box::pin(async move {
+            let host = name.as_str().to_owned();
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if guard.host_allowed(&host) {
+                return Ok(Box::new(found.into_iter()) as Addrs);
+            }
+            let mut refusal = None;
+            let public: Vec<SocketAddr> = found
+                .into_iter()
+                .filter(|addr| match guard.refusal(addr.ip()) {
+                    Some(reason) => {
+                        refusal.get_or_insert_with(|| refused(&host, addr.ip(), reason));
+                        false
+                    }
+                    None => true,
+                })
+                .collect();
+            match refusal {
+                // One internal address among public ones still refuses the
+                // name: which one a connection would use is not ours to pick.
+                Some(refusal) => Err(Box::new(Refused(refusal)) as _),
+                None => Ok(Box::new(public.into_iter()) as Addrs),
+            }
+        })
+    }
+}
+
+/// Fetches URLs for agents: one HTTP client for the runtime.
+#[derive(Clone, Debug)]
+pub struct Fetcher {
+    client: reqwest::Client,
+    guard: Arc<AddressGuard>,
+    config: FetchConfig,
+}
+
+impl Fetcher {
+    /// Returns the fetcher of these settings.
+    pub fn new(config: &FetchConfig) -> Result<Self, RuntimeError> {
+        let guard = Arc::new(AddressGuard::new(&config.allow)?);
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(Arc::new(GuardedResolver(Arc::clone(&guard))))
+            .connect_timeout(Duration::from_secs(10))
+            .user_agent(concat!("AgentVM/", env!("CARGO_PKG_VERSION"), " fetch_url"))
+            .build()
+            .map_err(|err| RuntimeError::invalid("INVALID_CONFIG", format!("the fetch_url client: {err}")))?;
+        Ok(Self {
+            client,
+            guard,
+            config: config.clone(),
+        })
+    }
+
+    /// Fetches `url`; the text is the status line, the content type and the
+    /// body (text, cut at the size cap). A status of 400 or more is an error
+    /// result, with the body the server sent.
+    pub async fn fetch(&self, url: &str) -> Result<(String, bool), ToolFailure> {
+        let timeout = Duration::from_secs(self.config.timeout_seconds);
+        match tokio::time::timeout(timeout, self.follow(url)).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("{url}: no complete answer within {} s", timeout.as_secs())),
+        }
+    }
+
+    async fn follow(&self, url: &str) -> Result<(String, bool), ToolFailure> {
+        let mut url = Url::parse(url).map_err(|err| format!("{url:?} is not a URL: {err}"))?;
+        let mut redirects = 0;
+        loop {
+            self.guard.check_url(&url)?;
+            let response = self
+                .client
+                .get(url.clone())
+                .send()
+                .await
+                .map_err(|err| failure(&url, &err))?;
+            if response.status().is_redirection()
+                && let Some(location) = response.headers().get(reqwest::header::LOCATION)
+            {
+                if redirects == self.config.max_redirects {
+                    return Err(format!("{url}: more than {redirects} redirects"));
+                }
+                redirects += 1;
+                let location = location.to_str().unwrap_or_default();
+                url = url
+                    .join(location)
+                    .map_err(|err| format!("{url} redirects to {location:?}, not a URL: {err}"))?;
+                continue;
+            }
+            return self.read(url, response).await;
+        }
+    }
+
+    async fn read(&self, url: Url, response: reqwest::Response) -> Result<(String, bool), ToolFailure> {
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or("unknown")
+            .to_owned();
+        let mut body = Vec::new();
+        let mut cut = false;
+        let mut stream = response.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|err| failure(&url, &err))?;
+            let room = self.config.max_bytes - body.len();
+            if chunk.len() > room {
+                body.extend_from_slice(&chunk[..room]);
+                cut = true;
+                break;
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let mut text = format!("{url}\nHTTP {status}\ncontent-type: {content_type}\n\n");
+        match std::str::from_utf8(&body) {
+            Ok(body) => text.push_str(body),
+            // A cut may fall inside a character: keep the valid part.
+            Err(err) if cut && err.error_len().is_none() => {
+                text.push_str(&String::from_utf8_lossy(&body[..err.valid_up_to()]));
+            }
+            Err(_) => text.push_str(&format!("[{} bytes of binary content, not shown]", body.len())),
+        }
+        if cut {
+            text.push_str(&format!("\n[cut at {} bytes]", self.config.max_bytes));
+        }
+        Ok((text, status.as_u16() >= 400))
+    }
+}
+
+/// Says why a request failed: the guard's refusal when it was that, else the
+/// client's error with its causes (no URL credentials: reqwest strips none,
+/// but agents' URLs are their own).
+fn failure(url: &Url, err: &reqwest::Error) -> String {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    let mut causes = Vec::new();
+    while let Some(cause) = source {
+        if let Some(refused) = cause.downcast_ref::<Refused>() {
+            return refused.0.clone();
+        }
+        causes.push(cause.to_string());
+        source = cause.source();
+    }
+    format!("{url}: {}", causes.last().map_or("request failed", String::as_str))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A bare HTTP server answering every request with `response`, counting
+    /// the connections it accepts.
+    async fn server(ip: &str, response: String) -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let response = response.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match socket.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let _ = socket.write_all(response.as_bytes()).await;
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn ok(body: &str) -> String {
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    fn fetcher(allow: &[&str]) -> Fetcher {
+        Fetcher::new(&FetchConfig {
+            allow: allow.iter().map(|entry| (*entry).to_owned()).collect(),
+            ..FetchConfig::default()
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn internal_addresses_are_refused_before_any_connection() {
+        let (addr, accepted) = server("127.0.0.1", ok("secret")).await;
+        let port = addr.port();
+        let fetcher = fetcher(&[]);
+        for (url, says) in [
+            (format!("http://127.0.0.1:{port}/"), "loopback"),
+            (format!("http://localhost:{port}/"), "loopback"),
+            (format!("http://[::1]:{port}/"), "loopback"),
+            (format!("http://[::ffff:127.0.0.1]:{port}/"), "loopback"),
+            (format!("http://127.1:{port}/"), "loopback"),
+            (format!("http://2130706433:{port}/"), "loopback"),
+            ("http://169.254.169.254/latest/meta-data/".to_owned(), "link-local"),
+            ("http://10.1.2.3/".to_owned(), "private"),
+            ("http://192.168.0.1/".to_owned(), "private"),
+            ("http://[fd00:ec2::254]/".to_owned(), "private"),
+            ("http://100.100.100.200/".to_owned(), "shared"),
+            ("http://0.0.0.0/".to_owned(), "unspecified"),
+        ] {
+            let err = fetcher.fetch(&url).await.unwrap_err();
+            assert!(err.starts_with("refused: ") && err.contains(says), "{url}: {err}");
+        }
+        let err = fetcher.fetch("file:///etc/passwd").await.unwrap_err();
+        assert!(err.contains("not an http:// or https:// URL"), "{err}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 0, "no connection reached the server");
+    }
+
+    #[tokio::test]
+    async fn a_redirect_to_an_internal_address_is_refused() {
+        let (inner, inner_accepted) = server("127.0.0.1", ok("secret")).await;
+        let (outer, outer_accepted) = server(
+            "127.0.0.2",
+            format!(
+                "HTTP/1.1 302 Found\r\nlocation: http://localhost:{}/admin\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                inner.port()
+            ),
+        )
+        .await;
+        // The operator allows the first host (standing in for a public one).
+        let err = fetcher(&["127.0.0.2"])
+            .fetch(&format!("http://{outer}/start"))
+            .await
+            .unwrap_err();
+        assert!(err.starts_with("refused: localhost is a loopback address"), "{err}");
+        assert_eq!(outer_accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            inner_accepted.load(Ordering::SeqCst),
+            0,
+            "the redirect was not followed"
+        );
+    }
+
+    #[tokio::test]
+    async fn allowed_addresses_are_fetched_and_bodies_capped() {
+        let (addr, accepted) = server("127.0.0.1", ok(&"x".repeat(100))).await;
+        let capped = Fetcher::new(&FetchConfig {
+            allow: vec!["127.0.0.0/8".into()],
+            max_bytes: 10,
+            ..FetchConfig::default()
+        })
+        .unwrap();
+        let (text, failed) = capped.fetch(&format!("http://{addr}/page")).await.unwrap();
+        assert!(!failed);
+        assert!(
+            text.contains("HTTP 200 OK\ncontent-type: text/plain\n\nxxxxxxxxxx\n[cut at 10 bytes]"),
+            "{text}"
+        );
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+
+        let (addr, _) = server(
+            "127.0.0.1",
+            "HTTP/1.1 404 Not Found\r\ncontent-length: 4\r\nconnection: close\r\n\r\ngone".to_owned(),
+        )
+        .await;
+        let (text, failed) = capped.fetch(&format!("http://{addr}/")).await.unwrap();
+        assert!(
+            failed && text.contains("HTTP 404 Not Found") && text.ends_with("gone"),
+            "{text}"
+        );
+
+        // An allowed name reaches its internal addresses.
+        let (text, _) = fetcher(&["localhost"])
+            .fetch(&format!("http://localhost:{}/", addr.port()))
+            .await
+            .unwrap();
+        assert!(text.contains("HTTP 404"), "{text}");
+    }
+
+    #[test]
+    fn the_guard_knows_internal_addresses() {
+        let guard = AddressGuard::new(&["10.0.0.0/8".into(), "fd00::/8".into()]).unwrap();
+        for public in ["8.8.8.8", "1.1.1.1", "2606:4700::1111", "100.128.0.1", "172.32.0.1"] {
+            assert_eq!(guard.refusal(public.parse().unwrap()), None, "{public}");
+        }
+        for allowed in ["10.9.8.7", "fd12::1"] {
+            assert_eq!(guard.refusal(allowed.parse().unwrap()), None, "{allowed}");
+        }
+        for internal in [
+            "127.0.0.1",
+            "172.16.0.1",
+            "169.254.169.254",
+            "fe80::1",
+            "fc00::1",
+            "::1",
+            "::",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::ffff:192.168.1.1",
+            "::127.0.0.1",
+        ] {
+            assert!(guard.refusal(internal.parse().unwrap()).is_some(), "{internal}");
+        }
+        for bad in ["10.0.0.0/33", "not a host!", "", "1.2.3.4/x"] {
+            assert!(AddressGuard::new(&[bad.into()]).is_err(), "{bad:?}");
+        }
+    }
+}
