@@ -53,6 +53,10 @@ pub struct Options {
     /// Runs a one-process cluster as a spawned `avm serve` rather than in
     /// this process: for what is global to a process (its log subscriber).
     pub serve_process: bool,
+    /// Internal addresses tools may reach anyway (`[runtime.fetch] allow`).
+    pub network_allow: Vec<String>,
+    /// Commands tenants' tool resources may start (`[runtime.mcp] allowed_commands`).
+    pub mcp_commands: Vec<String>,
 }
 
 impl Default for Options {
@@ -69,6 +73,8 @@ impl Default for Options {
             capture_logs: false,
             env: Vec::new(),
             serve_process: false,
+            network_allow: Vec::new(),
+            mcp_commands: Vec::new(),
         }
     }
 }
@@ -369,6 +375,12 @@ impl Cluster {
             config.redis.url = Some(Secret::new(url.clone()));
             config.redis.key_prefix.clone_from(prefix);
         }
+        config.runtime.fetch.allow.clone_from(&self.options.network_allow);
+        config
+            .runtime
+            .mcp
+            .allowed_commands
+            .clone_from(&self.options.mcp_commands);
         config
     }
 
@@ -451,6 +463,30 @@ impl Cluster {
         if let Some((url, prefix)) = &self.options.redis {
             env.push(("AVM_REDIS_URL".into(), url.clone()));
             env.push(("AVM_REDIS_KEY_PREFIX".into(), prefix.clone()));
+        }
+        // Nested sections have no variables: they go in a configuration file.
+        if !self.options.network_allow.is_empty() || !self.options.mcp_commands.is_empty() {
+            let mut file = toml::Table::new();
+            let mut runtime = toml::Table::new();
+            runtime.insert(
+                "fetch".into(),
+                toml::Value::Table(toml::Table::from_iter([(
+                    "allow".to_owned(),
+                    toml::Value::try_from(&self.options.network_allow).unwrap_or(toml::Value::Array(Vec::new())),
+                )])),
+            );
+            runtime.insert(
+                "mcp".into(),
+                toml::Value::Table(toml::Table::from_iter([(
+                    "allowed_commands".to_owned(),
+                    toml::Value::try_from(&self.options.mcp_commands).unwrap_or(toml::Value::Array(Vec::new())),
+                )])),
+            );
+            file.insert("runtime".into(), toml::Value::Table(runtime));
+            let path = self.data_dir.join("avm.toml");
+            if std::fs::write(&path, file.to_string()).is_ok() {
+                env.push(("AVM_CONFIG".into(), path.display().to_string()));
+            }
         }
         env.extend(self.options.env.iter().cloned());
         env

@@ -3,4 +3,5 @@
 pub mod accounts;
 pub mod cluster;
 pub mod mock_llm;
+pub mod mock_mcp;
 pub mod ws_client;

@@ -157,6 +157,7 @@ impl ResourceApi for ResourceGrpc {
             root: Some(version_pb(resolution.root)),
             dependencies: resolution.dependencies.into_iter().map(version_pb).collect(),
             rendered_prompt: resolution.rendered_prompt,
+            public_uris: resolution.public_uris,
         }))
     }
 }

@@ -271,4 +271,6 @@ pub struct Resolution {
     pub dependencies: Vec<VersionRecord>,
     /// The root prompt, or an agent's prompt, rendered with the variables.
     pub rendered_prompt: Option<String>,
+    /// The exact URIs, among the root and its dependencies, of public resources.
+    pub public_uris: Vec<String>,
 }

@@ -83,6 +83,13 @@ impl<'a> Resolver<'a> {
         })
     }
 
+    /// Returns whether a version this resolver loaded belongs to a public resource.
+    pub(crate) fn is_public(&self, record: &VersionRecord) -> bool {
+        self.resources
+            .get(&(record.kind, record.name.clone()))
+            .is_some_and(|found| found.as_ref().is_some_and(|resource| resource.is_public()))
+    }
+
     /// Returns the published versions of a resource, in no particular order.
     async fn versions_of(&mut self, resource_id: &str) -> Result<&[Version], ResourceError> {
         if !self.versions.contains_key(resource_id) {

@@ -370,10 +370,16 @@ impl ResourceService {
             dependencies = dependencies.len(),
             "resource resolved"
         );
+        let public_uris = std::iter::once(&root)
+            .chain(&dependencies)
+            .filter(|record| resolver.is_public(record))
+            .map(|record| record.uri().to_string())
+            .collect();
         Ok(Resolution {
             root,
             dependencies,
             rendered_prompt,
+            public_uris,
         })
     }
 

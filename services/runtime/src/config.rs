@@ -36,6 +36,8 @@ pub struct RuntimeConfig {
     pub sandbox: SandboxLimits,
     /// What `fetch_url` may reach and how much it reads (`[runtime.fetch]`).
     pub fetch: FetchConfig,
+    /// MCP servers: which commands may run, and their timeouts (`[runtime.mcp]`).
+    pub mcp: McpConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -50,6 +52,31 @@ impl Default for RuntimeConfig {
             tool_concurrency: 4,
             sandbox: SandboxLimits::default(),
             fetch: FetchConfig::default(),
+            mcp: McpConfig::default(),
+        }
+    }
+}
+
+/// MCP servers' settings (`[runtime.mcp]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpConfig {
+    /// Commands a tenant's own (private) tool resource may start as a stdio
+    /// MCP server, as its `mcpServer.command` names them. Public tool
+    /// resources, which only operators publish, need no entry.
+    pub allowed_commands: Vec<String>,
+    /// Time to start a server (or reach it) and list its tools.
+    pub connect_timeout_seconds: u64,
+    /// Time one tool call may take.
+    pub call_timeout_seconds: u64,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        Self {
+            allowed_commands: Vec::new(),
+            connect_timeout_seconds: 20,
+            call_timeout_seconds: 60,
         }
     }
 }

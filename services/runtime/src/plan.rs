@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use crate::error::RuntimeError;
 use crate::peers::{ImageInfo, Resources};
+use crate::tools::{Builtin, McpServerSpec, unknown_tool};
 
 /// What a system prompt that names a resource starts with.
 pub const RESOURCE_URI_PREFIX: &str = "resource://";
@@ -21,8 +22,10 @@ pub struct AgentPlan {
     pub max_tokens: Option<u32>,
     /// The exact resources (`resource://…@<version>`), recorded on each reply.
     pub resources: Vec<String>,
-    /// The tools the agent definition gives the agent (built-in names).
+    /// The built-in tools the agent has (their names): its definition's, then its image's.
     pub tools: Vec<String>,
+    /// The MCP servers its tools come from, likewise.
+    pub mcp_servers: Vec<McpServerSpec>,
 }
 
 /// Returns what an image's agent runs with: its agent definition (when it
@@ -39,11 +42,9 @@ pub async fn plan(resources: &Resources, ctx: &RequestContext, image: &ImageInfo
             .as_u64()
             .and_then(|n| u32::try_from(n).ok());
         plan.resources.extend(resolved.uris);
-        plan.tools = resolved
-            .tools
-            .iter()
-            .map(|tool| tool_name(tool))
-            .collect::<Result<_, _>>()?;
+        for tool in &resolved.tools {
+            plan.add_tool(&tool.content, tool.public)?;
+        }
     }
     match image.system_prompt.as_deref().filter(|prompt| !prompt.is_empty()) {
         Some(uri) if uri.starts_with(RESOURCE_URI_PREFIX) => {
@@ -61,41 +62,46 @@ pub async fn plan(resources: &Resources, ctx: &RequestContext, image: &ImageInfo
     // The image's own tools, after its agent's: built-in names as they are,
     // tool resources resolved.
     for tool in &image.tools {
-        let name = if tool.starts_with(RESOURCE_URI_PREFIX) {
+        if tool.starts_with(RESOURCE_URI_PREFIX) {
             let resolved = resources.resolve(ctx, tool, "").await?;
-            let name = tool_name(&resolved.root_content)?;
+            plan.add_tool(&resolved.root_content, resolved.root_public)?;
             for uri in resolved.uris {
                 if !plan.resources.contains(&uri) {
                     plan.resources.push(uri);
                 }
             }
-            name
         } else {
-            crate::tools::Builtin::named(tool)
-                .ok_or_else(|| crate::tools::unknown_tool(tool))?
+            let name = Builtin::named(tool)
+                .ok_or_else(|| unknown_tool(tool))?
                 .name()
-                .to_owned()
-        };
-        if !plan.tools.contains(&name) {
-            plan.tools.push(name);
+                .to_owned();
+            if !plan.tools.contains(&name) {
+                plan.tools.push(name);
+            }
         }
     }
     Ok(plan)
 }
 
-/// Returns the built-in tool a tool resource names (`builtin`); tools served
-/// by MCP servers are not run yet.
-fn tool_name(content_json: &str) -> Result<String, RuntimeError> {
-    let content: Value = serde_json::from_str(content_json).unwrap_or_default();
-    if let Some(name) = content["builtin"].as_str() {
-        return match crate::tools::Builtin::named(name) {
-            Some(builtin) => Ok(builtin.name().to_owned()),
-            None => Err(crate::tools::unknown_tool(name)),
-        };
+impl AgentPlan {
+    /// Adds the tool a tool resource describes: a built-in one (`builtin`) or
+    /// the MCP server that serves it (`mcpServer`), each once.
+    fn add_tool(&mut self, content_json: &str, public: bool) -> Result<(), RuntimeError> {
+        let content: Value = serde_json::from_str(content_json).unwrap_or_default();
+        if let Some(server) = McpServerSpec::from_tool(&content, public) {
+            if !self.mcp_servers.iter().any(|known| known.name == server.name) {
+                self.mcp_servers.push(server);
+            }
+            return Ok(());
+        }
+        let name = content["builtin"].as_str().unwrap_or_default();
+        let name = Builtin::named(name)
+            .ok_or_else(|| unknown_tool(name))?
+            .name()
+            .to_owned();
+        if !self.tools.contains(&name) {
+            self.tools.push(name);
+        }
+        Ok(())
     }
-    let name = content["name"].as_str().unwrap_or_default();
-    Err(RuntimeError::invalid(
-        "TOOL_UNAVAILABLE",
-        format!("the tool {name:?} is served by an MCP server, which this runtime does not run yet"),
-    ))
 }

@@ -24,7 +24,7 @@ use crate::message::{Content, Message, MessageBody};
 use crate::metering::Metering;
 use crate::peers::{Deletion, ImageInfo, Resources, Sessions};
 use crate::settings::LlmSettings;
-use crate::tools::{Fetcher, Toolbox, Workspace, access};
+use crate::tools::{Fetcher, ToolContext, Toolbox, Workspace, access};
 use crate::turn::{self, TurnLimits, TurnPorts};
 
 /// The answer to an accepted message: who runs it and the turn's events.
@@ -53,8 +53,8 @@ struct PoolInner {
     ports: TurnPorts,
     resources: Resources,
     hubs: Hubs,
-    /// `fetch_url`'s client, shared by every agent.
-    fetcher: Fetcher,
+    /// What every agent's tools run with (`fetch_url`'s client among it).
+    tools: ToolContext,
     /// Agents by (tenant, image id); the cell makes concurrent starts share one hydration.
     agents: Mutex<HashMap<AgentKey, Arc<OnceCell<Arc<Agent>>>>>,
     /// Agent id to its key, for calls that name the agent.
@@ -78,7 +78,11 @@ impl AgentPool {
         resources: Resources,
         identity: ServiceIdentity,
     ) -> Result<Self, RuntimeError> {
-        let fetcher = Fetcher::new(&config.fetch)?;
+        let tools = ToolContext {
+            limits: config.sandbox.clone(),
+            fetcher: Fetcher::new(&config.fetch)?,
+            mcp: config.mcp.clone(),
+        };
         let hubs = Hubs::new(config.event_retention, config.subscriber_queue);
         let limits = TurnLimits {
             max_steps: config.max_tool_steps.max(1),
@@ -96,7 +100,7 @@ impl AgentPool {
                 },
                 resources,
                 hubs,
-                fetcher,
+                tools,
                 agents: Mutex::new(HashMap::new()),
                 agent_ids: Mutex::new(HashMap::new()),
             }),
@@ -174,13 +178,7 @@ impl AgentPool {
         let plan = crate::plan::plan(&self.inner.resources, ctx, &image).await?;
         let history = self.sessions().list_messages(ctx, &image.session_id).await?;
         let workspace = self.workspace(&ctx.tenant_id, image_id);
-        let tools = Toolbox::new(
-            &plan.tools,
-            workspace,
-            self.inner.config.sandbox.clone(),
-            &self.inner.fetcher,
-        )?
-        .map(Arc::new);
+        let tools = Toolbox::new(&plan.tools, &plan.mcp_servers, workspace, &self.inner.tools)?.map(Arc::new);
         let agent_id = new_id("agent");
         let hub = self.inner.hubs.get_or_create(&image.session_id);
         let messages = history.len();

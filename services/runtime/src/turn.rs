@@ -160,6 +160,12 @@ pub(crate) async fn run(
 ) {
     let in_flight = metrics::gauge!("avm_runtime_turns_in_flight");
     in_flight.increment(1.0);
+    // MCP servers are reached when the first turn needs them, and listed
+    // again when their tools changed.
+    if let Some(tools) = &agent.tools {
+        tools.prepare().await;
+        request.tools = tools.specs();
+    }
     let mut steps = 0;
     loop {
         steps += 1;
@@ -200,6 +206,9 @@ pub(crate) async fn run(
                 said.extend(reply.calls.iter().cloned().map(LlmContent::ToolUse));
                 agent.extend_history(LlmRole::Assistant, said);
                 let (history, interrupted) = run_tools(&ports, &ctx, &agent, &reply.calls, &cancel).await;
+                if let Some(tools) = &agent.tools {
+                    tools.prepare().await;
+                }
                 request = self::request(&llm.config, &agent, history);
                 if interrupted {
                     agent.emit(

@@ -12,6 +12,7 @@ mod interrupt;
 mod isolation;
 mod lifecycle;
 mod llm_drivers;
+mod mcp;
 mod metering;
 mod openapi;
 mod ownership;

@@ -37,6 +37,11 @@ async fn tool_agent(cluster: &Cluster, tools: &[&str]) -> anyhow::Result<String>
 
 /// Starts the mock LLM speaking `api` and a cluster using it.
 async fn start(mode: Mode, api: MockApi) -> anyhow::Result<(MockLlm, Cluster)> {
+    start_with(mode, api, Options::default()).await
+}
+
+/// Starts the mock LLM speaking `api` and a cluster of `options` using it.
+pub(crate) async fn start_with(mode: Mode, api: MockApi, options: Options) -> anyhow::Result<(MockLlm, Cluster)> {
     let mock = MockLlm::start(MockBehavior::default()).await?;
     let llm = match api {
         MockApi::Anthropic => Llm::Anthropic {
@@ -46,12 +51,12 @@ async fn start(mode: Mode, api: MockApi) -> anyhow::Result<(MockLlm, Cluster)> {
             base_url: mock.openai_base_url(),
         },
     };
-    let cluster = Cluster::start(mode, Options::with_llm(llm)).await?;
+    let cluster = Cluster::start(mode, Options { llm, ..options }).await?;
     Ok((mock, cluster))
 }
 
 /// Connects a WebSocket client and opens a conversation of `config`.
-async fn open_chat(cluster: &Cluster, config: Value) -> anyhow::Result<(WsClient, Conversation)> {
+pub(crate) async fn open_chat(cluster: &Cluster, config: Value) -> anyhow::Result<(WsClient, Conversation)> {
     let mut client = WsClient::connect(&cluster.ws_url()).await?;
     let chat = conversation(&mut client, "default", config).await?;
     Ok((client, chat))

@@ -19,8 +19,17 @@ pub struct Resolved {
     pub rendered_prompt: Option<String>,
     /// The exact URIs: the root first, then its dependencies.
     pub uris: Vec<String>,
-    /// The contents of the tools among the dependencies (JSON objects), in order.
-    pub tools: Vec<String>,
+    /// The tools among the dependencies, in order.
+    pub tools: Vec<ToolResource>,
+    /// Whether the root resource is public (published by an operator).
+    pub root_public: bool,
+}
+
+/// A tool resource's content (a JSON object) and whether it is public.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolResource {
+    pub content: String,
+    pub public: bool,
 }
 
 /// The resource service as the runtime uses it; cheap to clone.
@@ -50,11 +59,16 @@ impl Resources {
         let root = response.root.ok_or_else(|| {
             RuntimeError::Api(avm_common::ApiError::internal("the resource service resolved nothing"))
         })?;
+        let public = |uri: &str| response.public_uris.iter().any(|public| public == uri);
+        let root_public = public(&root.uri);
         let mut uris = vec![root.uri];
         let mut tools = Vec::new();
         for dependency in response.dependencies {
             if dependency.uri.starts_with(TOOL_URI_PREFIX) {
-                tools.push(dependency.content_json);
+                tools.push(ToolResource {
+                    public: public(&dependency.uri),
+                    content: dependency.content_json,
+                });
             }
             uris.push(dependency.uri);
         }
@@ -63,6 +77,7 @@ impl Resources {
             rendered_prompt: response.rendered_prompt,
             uris,
             tools,
+            root_public,
         })
     }
 }

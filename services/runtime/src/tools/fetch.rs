@@ -229,6 +229,8 @@ impl Resolve for GuardedResolver {
 #[derive(Clone, Debug)]
 pub struct Fetcher {
     client: reqwest::Client,
+    /// The same guard, for MCP servers' HTTP sessions.
+    mcp: reqwest::Client,
     guard: Arc<AddressGuard>,
     config: FetchConfig,
 }
@@ -237,19 +239,40 @@ impl Fetcher {
     /// Returns the fetcher of these settings.
     pub fn new(config: &FetchConfig) -> Result<Self, RuntimeError> {
         let guard = Arc::new(AddressGuard::new(&config.allow)?);
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .dns_resolver(Arc::new(GuardedResolver(Arc::clone(&guard))))
-            .connect_timeout(Duration::from_secs(10))
-            .user_agent(concat!("AgentVM/", env!("CARGO_PKG_VERSION"), " fetch_url"))
-            .build()
-            .map_err(|err| RuntimeError::invalid("INVALID_CONFIG", format!("the fetch_url client: {err}")))?;
+        let guarded = |agent: &str| {
+            reqwest::Client::builder()
+                .no_proxy()
+                .redirect(reqwest::redirect::Policy::none())
+                .dns_resolver(Arc::new(GuardedResolver(Arc::clone(&guard))))
+                .connect_timeout(Duration::from_secs(10))
+                .user_agent(format!("AgentVM/{} {agent}", env!("CARGO_PKG_VERSION")))
+        };
+        let client = guarded("fetch_url").build();
+        // No idle connections kept: a session's next request may be long after.
+        let mcp = guarded("mcp").pool_max_idle_per_host(0).build();
+        let (Ok(client), Ok(mcp)) = (client, mcp) else {
+            return Err(RuntimeError::invalid(
+                "INVALID_CONFIG",
+                "the HTTP client of tools cannot be built",
+            ));
+        };
         Ok(Self {
             client,
+            mcp,
             guard,
             config: config.clone(),
         })
+    }
+
+    /// Returns the address guard.
+    pub fn guard(&self) -> &AddressGuard {
+        &self.guard
+    }
+
+    /// Returns the HTTP client MCP servers are reached with: behind the
+    /// same guard, no proxy, no redirect followed.
+    pub fn mcp_client(&self) -> reqwest::Client {
+        self.mcp.clone()
     }
 
     /// Fetches `url`; the text is the status line, the content type and the

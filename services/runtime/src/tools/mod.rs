@@ -5,7 +5,7 @@
 //! A tool's failure is a result with `is_error` that the model reads, never a
 //! failed turn.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
@@ -15,11 +15,14 @@ use crate::llm::{ToolCall, ToolSpec};
 pub mod access;
 mod fetch;
 mod files;
+mod mcp;
 mod process;
 mod workspace;
 
-pub use crate::config::SandboxLimits;
+pub use crate::config::{McpConfig, SandboxLimits};
 pub use fetch::{AddressGuard, Fetcher};
+use mcp::McpServer;
+pub use mcp::{McpServerSpec, McpTransport, ServerState};
 pub use workspace::Workspace;
 
 /// Most bytes of a tool result the model is sent; the rest is cut with a marker.
@@ -162,26 +165,36 @@ fn truncate(mut text: String) -> String {
     text
 }
 
+/// What a toolbox runs its tools with, shared by the pool's agents.
+#[derive(Clone, Debug)]
+pub struct ToolContext {
+    pub limits: SandboxLimits,
+    pub fetcher: Fetcher,
+    pub mcp: McpConfig,
+}
+
 /// The tools of one agent, over its image's workspace.
 #[derive(Debug)]
 pub struct Toolbox {
     tools: Vec<Builtin>,
-    specs: Arc<Vec<ToolSpec>>,
+    servers: Vec<McpServer>,
+    /// The built-in tools' specs, then every reachable server's tools.
+    specs: Mutex<Arc<Vec<ToolSpec>>>,
     workspace: Workspace,
-    limits: SandboxLimits,
-    fetcher: Fetcher,
+    context: ToolContext,
 }
 
 impl Toolbox {
-    /// Returns the toolbox of these tool names; `None` for none (a tool-free
-    /// agent). An unknown name is refused.
+    /// Returns the toolbox of these built-in tool names and MCP servers;
+    /// `None` for none (a tool-free agent). An unknown name, a stdio server
+    /// no operator approved and an internal server address are refused.
     pub fn new(
         names: &[String],
+        servers: &[McpServerSpec],
         workspace: Workspace,
-        limits: SandboxLimits,
-        fetcher: &Fetcher,
+        context: &ToolContext,
     ) -> Result<Option<Self>, RuntimeError> {
-        if names.is_empty() {
+        if names.is_empty() && servers.is_empty() {
             return Ok(None);
         }
         let mut tools = Vec::with_capacity(names.len());
@@ -191,19 +204,52 @@ impl Toolbox {
                 tools.push(tool);
             }
         }
-        let specs = Arc::new(tools.iter().map(|tool| tool.spec()).collect());
+        for server in servers {
+            server.check(&context.mcp, &context.fetcher)?;
+        }
+        let specs = Mutex::new(Arc::new(tools.iter().map(|tool| tool.spec()).collect()));
         Ok(Some(Self {
             tools,
+            servers: servers.iter().cloned().map(McpServer::new).collect(),
             specs,
             workspace,
-            limits,
-            fetcher: fetcher.clone(),
+            context: context.clone(),
         }))
     }
 
     /// Returns the tools as the model sees them.
     pub fn specs(&self) -> Arc<Vec<ToolSpec>> {
-        Arc::clone(&self.specs)
+        Arc::clone(&self.specs.lock().unwrap_or_else(|poison| poison.into_inner()))
+    }
+
+    /// Reaches the MCP servers not reached yet and lists again the tools of
+    /// those that said theirs changed; nothing to do without servers.
+    pub async fn prepare(&self) {
+        if self.servers.is_empty() {
+            return;
+        }
+        let reach = mcp::Reach {
+            workspace: &self.workspace,
+            limits: &self.context.limits,
+            fetcher: &self.context.fetcher,
+            config: &self.context.mcp,
+        };
+        let changed = futures::future::join_all(self.servers.iter().map(|server| server.prepare(&reach))).await;
+        if changed.contains(&true) {
+            let mut specs: Vec<ToolSpec> = self.tools.iter().map(|tool| tool.spec()).collect();
+            for server in &self.servers {
+                specs.extend(server.specs());
+            }
+            *self.specs.lock().unwrap_or_else(|poison| poison.into_inner()) = Arc::new(specs);
+        }
+    }
+
+    /// Returns each MCP server's name and state.
+    pub fn server_states(&self) -> Vec<(String, ServerState)> {
+        self.servers
+            .iter()
+            .map(|server| (server.name().to_owned(), server.state()))
+            .collect()
     }
 
     /// Returns the workspace.
@@ -213,18 +259,24 @@ impl Toolbox {
 
     /// Runs a call; every failure is a result the model reads.
     pub async fn call(&self, call: &ToolCall) -> ToolReply {
+        if call.name.starts_with(mcp::MCP_TOOL_PREFIX)
+            && let Some(server) = self.servers.iter().find(|server| server.serves(&call.name))
+        {
+            let timeout = std::time::Duration::from_secs(self.context.mcp.call_timeout_seconds.max(1));
+            return ToolReply::of(Ok(server.call(&call.name, &call.input, timeout).await));
+        }
         let Some(tool) = self.tools.iter().copied().find(|tool| tool.name() == call.name) else {
             return ToolReply::error(format!("unknown tool {:?}: this agent has no such tool", call.name));
         };
         match tool {
             Builtin::FetchUrl => {
-                ToolReply::of(async { self.fetcher.fetch(text_field(&call.input, "url")?).await }.await)
+                ToolReply::of(async { self.context.fetcher.fetch(text_field(&call.input, "url")?).await }.await)
             }
             Builtin::RunCommand => ToolReply::of(
                 async {
                     self.workspace.ensure()?;
                     let command = text_field(&call.input, "command")?;
-                    process::run_command(&self.workspace, command, &self.limits).await
+                    process::run_command(&self.workspace, command, &self.context.limits).await
                 }
                 .await,
             ),
@@ -288,14 +340,13 @@ mod tests {
     #[test]
     fn unknown_tools_are_refused() {
         let workspace = Workspace::new("/nonexistent".into());
-        let limits = SandboxLimits::default();
-        let fetcher = Fetcher::new(&Default::default()).unwrap();
-        assert!(
-            Toolbox::new(&[], workspace.clone(), limits.clone(), &fetcher)
-                .unwrap()
-                .is_none()
-        );
-        let err = Toolbox::new(&["read_file".into(), "rm_rf".into()], workspace, limits, &fetcher).unwrap_err();
+        let context = ToolContext {
+            limits: SandboxLimits::default(),
+            fetcher: Fetcher::new(&Default::default()).unwrap(),
+            mcp: McpConfig::default(),
+        };
+        assert!(Toolbox::new(&[], &[], workspace.clone(), &context).unwrap().is_none());
+        let err = Toolbox::new(&["read_file".into(), "rm_rf".into()], &[], workspace, &context).unwrap_err();
         assert!(
             matches!(
                 err,

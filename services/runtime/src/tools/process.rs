@@ -8,6 +8,7 @@
 //! command ends, times out or its turn is interrupted, so nothing it started
 //! outlives the call. Its output is cut at a limit, with a marker.
 
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -21,7 +22,48 @@ use crate::config::SandboxLimits;
 
 /// Kills the command's process group when the call ends, however it ends
 /// (done, timed out, or dropped by an interrupted turn).
-struct GroupGuard(Option<Pid>);
+#[derive(Debug)]
+pub(super) struct GroupGuard(Option<Pid>);
+
+impl GroupGuard {
+    /// Guards the process group a sandboxed child leads.
+    pub(super) fn of(child: &tokio::process::Child) -> Self {
+        Self(child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw))
+    }
+}
+
+/// Returns the command that runs `program` in `dir` under `limits`' rlimits
+/// (through `prlimit`), with a clean environment, in a process group of its
+/// own, killed when dropped; the caller sets its standard streams.
+pub(super) fn sandboxed(dir: &Path, limits: &SandboxLimits, program: &str, args: &[String]) -> Command {
+    let mut command = Command::new("prlimit");
+    command
+        .arg(format!("--cpu={}", limits.cpu_seconds))
+        .arg(format!("--as={}", limits.memory_mb.saturating_mul(1024 * 1024)))
+        .arg(format!("--fsize={}", limits.file_mb.saturating_mul(1024 * 1024)))
+        .arg(format!("--nproc={}", limits.processes))
+        .arg("--core=0")
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", dir)
+        .env("TMPDIR", dir)
+        .env("LANG", "C.UTF-8")
+        .process_group(0)
+        .kill_on_drop(true);
+    command
+}
+
+/// Says why a sandboxed program could not start.
+pub(super) fn spawn_failure(what: &str, err: &std::io::Error) -> String {
+    match err.kind() {
+        std::io::ErrorKind::NotFound => format!("{what} needs `prlimit` (util-linux) on the server"),
+        _ => format!("cannot start {what}: {err}"),
+    }
+}
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
@@ -42,34 +84,18 @@ pub async fn run_command(
     if command.trim().is_empty() {
         return Err("`command` must not be empty".to_owned());
     }
-    let dir = workspace.dir();
-    let mut child = Command::new("prlimit")
-        .arg(format!("--cpu={}", limits.cpu_seconds))
-        .arg(format!("--as={}", limits.memory_mb.saturating_mul(1024 * 1024)))
-        .arg(format!("--fsize={}", limits.file_mb.saturating_mul(1024 * 1024)))
-        .arg(format!("--nproc={}", limits.processes))
-        .arg("--core=0")
-        .arg("--")
-        .arg("/bin/sh")
-        .arg("-c")
-        .arg(command)
-        .current_dir(dir)
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("HOME", dir)
-        .env("TMPDIR", dir)
-        .env("LANG", "C.UTF-8")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|err| match err.kind() {
-            std::io::ErrorKind::NotFound => "run_command needs `prlimit` (util-linux) on the server".to_owned(),
-            _ => format!("cannot start the command: {err}"),
-        })?;
-    let _group = GroupGuard(child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw));
+    let mut child = sandboxed(
+        workspace.dir(),
+        limits,
+        "/bin/sh",
+        &["-c".to_owned(), command.to_owned()],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .map_err(|err| spawn_failure("run_command", &err))?;
+    let _group = GroupGuard::of(&child);
     let stdout = read_capped(child.stdout.take(), limits.output_bytes);
     let stderr = read_capped(child.stderr.take(), limits.output_bytes);
     let timeout = Duration::from_secs(limits.timeout_seconds.max(1));

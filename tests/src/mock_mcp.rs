@@ -1,0 +1,136 @@
+//! A mock MCP server (rmcp) for the tools suites: over stdio (the `mock-mcp`
+//! binary) or streamable HTTP (in process, [`serve_http`]).
+//!
+//! Its tools:
+//! - `echo {text}`: answers `echo: <text>`;
+//! - `whereami`: its working directory and the names of its environment's
+//!   variables, as `cwd=<dir> env=<A,B,…>`;
+//! - `fail`: an error result (`isError`), `it failed on purpose`;
+//! - `slow {ms}`: answers `slept <ms> ms` after that long;
+//! - `unlock`: offers one more tool, `door` (answering `opened`), and tells
+//!   the client its tool list changed.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::{Value, json};
+
+/// The mock server's state: whether `door` is offered yet.
+#[derive(Clone, Debug, Default)]
+pub struct MockMcp {
+    unlocked: Arc<AtomicBool>,
+}
+
+fn tool(name: &'static str, description: &'static str, schema: Value) -> Tool {
+    let Value::Object(schema) = schema else {
+        unreachable!("tool schemas are objects")
+    };
+    Tool::new(name, description, Arc::new(schema))
+}
+
+impl MockMcp {
+    fn tools(&self) -> Vec<Tool> {
+        let mut tools = vec![
+            tool(
+                "echo",
+                "Echoes a text.",
+                json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
+            ),
+            tool("whereami", "Says where the server runs.", json!({"type": "object"})),
+            tool("fail", "Always fails.", json!({"type": "object"})),
+            tool(
+                "slow",
+                "Answers after a while.",
+                json!({"type": "object", "properties": {"ms": {"type": "integer"}}}),
+            ),
+            tool("unlock", "Offers one more tool.", json!({"type": "object"})),
+        ];
+        if self.unlocked.load(Ordering::SeqCst) {
+            tools.push(tool("door", "Opens.", json!({"type": "object"})));
+        }
+        tools
+    }
+}
+
+fn text(text: impl Into<String>) -> Result<CallToolResponse, ErrorData> {
+    Ok(CallToolResult::success(vec![ContentBlock::text(text)]).into())
+}
+
+impl ServerHandler for MockMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult {
+            tools: self.tools(),
+            ..Default::default()
+        })
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let arguments = Value::Object(request.arguments.unwrap_or_default());
+        match request.name.as_ref() {
+            "echo" => text(format!("echo: {}", arguments["text"].as_str().unwrap_or_default())),
+            "whereami" => {
+                let cwd = std::env::current_dir()
+                    .map(|dir| dir.display().to_string())
+                    .unwrap_or_default();
+                let mut names: Vec<String> = std::env::vars_os()
+                    .map(|(name, _)| name.to_string_lossy().into_owned())
+                    .collect();
+                names.sort();
+                text(format!("cwd={cwd} env={}", names.join(",")))
+            }
+            "fail" => Ok(CallToolResult::error(vec![ContentBlock::text("it failed on purpose")]).into()),
+            "slow" => {
+                let ms = arguments["ms"].as_u64().unwrap_or(1000);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                text(format!("slept {ms} ms"))
+            }
+            "unlock" => {
+                self.unlocked.store(true, Ordering::SeqCst);
+                let _ = context.peer.notify_tool_list_changed().await;
+                text("unlocked")
+            }
+            "door" if self.unlocked.load(Ordering::SeqCst) => text("opened"),
+            other => Err(ErrorData::invalid_params(format!("no tool {other:?}"), None)),
+        }
+    }
+}
+
+/// Serves the mock over streamable HTTP at `http://<addr>/mcp` until the
+/// returned task is dropped or aborted.
+pub async fn serve_http() -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    use rmcp::transport::streamable_http_server::{StreamableHttpService, session::local::LocalSessionManager};
+    let service: StreamableHttpService<MockMcp, LocalSessionManager> =
+        StreamableHttpService::new(|| Ok(MockMcp::default()), Default::default(), Default::default());
+    let router = axum::Router::new().nest_service("/mcp", service);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok((addr, task))
+}

@@ -1,0 +1,187 @@
+//! Tools from MCP servers: a stdio server an operator published, a
+//! streamable HTTP server, the list changing mid-turn, and what is refused
+//! (a tenant's own command, an internal address) before anything starts.
+
+use anyhow::Context;
+use avm_tests::cluster::{Cluster, Mode, Options};
+use avm_tests::mock_llm::MockApi;
+use serde_json::{Value, json};
+
+use crate::both_modes;
+use crate::support::{call, send_and_finish, streamed_text, types};
+use crate::tools::{open_chat, start_with};
+
+/// The mock MCP server's binary, built with the tests.
+const MOCK_MCP: &str = env!("CARGO_BIN_EXE_mock-mcp");
+
+/// Publishes a tool resource named `name` whose server is `server`; public
+/// ones take an operator (the cluster's admin is one).
+async fn mcp_tool(cluster: &Cluster, name: &str, server: Value, public: bool) -> anyhow::Result<String> {
+    let body = json!({"kind": "tool", "name": name, "version": "1.0.0", "public": public, "content": {
+        "name": name, "inputSchema": {"type": "object"}, "mcpServer": server}});
+    let (status, created) = call(cluster, "POST", "/v1/resources", Some(body)).await?;
+    anyhow::ensure!(status == 201, "tool {name}: {created}");
+    Ok(format!("resource://tools/{name}@1"))
+}
+
+/// Returns an image's workspace directory, if it has one.
+fn workspace_of(cluster: &Cluster, image_id: &str) -> Option<std::path::PathBuf> {
+    let tenants = std::fs::read_dir(cluster.data_dir().join("workspaces")).ok()?;
+    tenants
+        .flatten()
+        .map(|tenant| tenant.path().join(image_id))
+        .find(|dir| dir.is_dir())
+}
+
+/// Returns the results of a turn's tool calls, in order, with their error flags.
+fn results(frames: &[Value]) -> Vec<(String, bool)> {
+    frames
+        .iter()
+        .filter(|f| f["type"] == "tool_result")
+        .map(|f| {
+            (
+                f["data"]["result"].as_str().unwrap_or_default().to_owned(),
+                f["data"]["isError"] == true,
+            )
+        })
+        .collect()
+}
+
+both_modes!(an_operators_stdio_server_serves_tools_in_the_sandbox, stdio);
+
+async fn stdio(mode: Mode) -> anyhow::Result<()> {
+    let (mock, cluster) = start_with(mode, MockApi::Anthropic, Options::default()).await?;
+    let server = json!({"command": MOCK_MCP, "env": {"GREETING": "hi"}});
+    let tool = mcp_tool(&cluster, "mock", server, true).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
+
+    // Two calls in one reply: the server answers both, from the workspace.
+    let script = r#"[mock call='mcp__mock__echo:{"text": "hello"}' call='mcp__mock__whereami:{}']"#;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
+    let answered = results(&frames);
+    assert_eq!(answered.len(), 2, "{:?}", types(&frames));
+    assert_eq!(answered[0], ("echo: hello".to_owned(), false));
+    let (whereami, failed) = &answered[1];
+    assert!(!failed, "{whereami}");
+    let workspace = workspace_of(&cluster, &chat.image_id).context("the workspace")?;
+    assert_eq!(
+        whereami,
+        &format!("cwd={} env=GREETING,HOME,LANG,PATH,TMPDIR", workspace.display()),
+        "the server runs in the workspace with a clean environment and its own variables"
+    );
+    let requests = mock.requests();
+    let offered: Vec<&str> = requests[0].body["tools"]
+        .as_array()
+        .context("tools offered")?
+        .iter()
+        .filter_map(|tool| tool["name"].as_str())
+        .collect();
+    assert_eq!(
+        offered,
+        [
+            "mcp__mock__echo",
+            "mcp__mock__whereami",
+            "mcp__mock__fail",
+            "mcp__mock__slow",
+            "mcp__mock__unlock"
+        ]
+    );
+
+    // A tool the server adds mid-turn is offered on the next call of the turn.
+    let script = r#"[mock call='mcp__mock__unlock:{}' call='2:mcp__mock__door:{}' call='3:mcp__mock__fail:{}']"#;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
+    assert_eq!(
+        results(&frames),
+        [
+            ("unlocked".to_owned(), false),
+            ("opened".to_owned(), false),
+            ("it failed on purpose".to_owned(), true),
+        ],
+        "{:?}",
+        types(&frames)
+    );
+    assert_eq!(frames.last().context("frames")?["type"], "conversation_end");
+    let last = mock.requests().last().context("requests")?.body["tools"].clone();
+    assert!(
+        last.as_array()
+            .is_some_and(|tools| tools.iter().any(|tool| tool["name"] == "mcp__mock__door")),
+        "{last}"
+    );
+    Ok(())
+}
+
+both_modes!(a_tenants_own_command_is_refused_and_nothing_runs, refused_command);
+
+async fn refused_command(mode: Mode) -> anyhow::Result<()> {
+    let (_mock, cluster) = start_with(mode, MockApi::OpenAi, Options::default()).await?;
+    let marker = cluster.data_dir().join("spawned");
+    let server = json!({"command": "/bin/sh", "args": ["-c", format!("touch {}", marker.display())]});
+    let tool = mcp_tool(&cluster, "mine", server, false).await?;
+    let (_client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
+    let (status, refused) = call(
+        &cluster,
+        "POST",
+        &format!("/v1/images/{}/messages", chat.image_id),
+        Some(json!({"content": "hello"})),
+    )
+    .await?;
+    assert_eq!(
+        (status, refused["error"]["code"].clone()),
+        (400, json!("MCP_COMMAND_NOT_APPROVED")),
+        "{refused}"
+    );
+    assert!(!marker.exists(), "the command ran");
+    assert!(workspace_of(&cluster, &chat.image_id).is_none(), "no workspace was made");
+    Ok(())
+}
+
+both_modes!(a_streamable_http_server_serves_tools, http);
+
+async fn http(mode: Mode) -> anyhow::Result<()> {
+    let (addr, _server) = avm_tests::mock_mcp::serve_http().await?;
+    let options = Options {
+        network_allow: vec![addr.ip().to_string()],
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
+    let tool = mcp_tool(
+        &cluster,
+        "remote",
+        json!({"type": "http", "url": format!("http://{addr}/mcp")}),
+        false,
+    )
+    .await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
+    let script = r#"[mock call='mcp__remote__echo:{"text": "over http"}']"#;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
+    assert_eq!(results(&frames), [("echo: over http".to_owned(), false)]);
+    assert_eq!(streamed_text(&frames), "Tool results: echo: over http");
+    Ok(())
+}
+
+both_modes!(an_internal_server_address_is_refused, internal_url);
+
+async fn internal_url(mode: Mode) -> anyhow::Result<()> {
+    let (addr, _server) = avm_tests::mock_mcp::serve_http().await?;
+    let (_mock, cluster) = start_with(mode, MockApi::Anthropic, Options::default()).await?;
+    for (name, url) in [
+        ("loopback", format!("http://{addr}/mcp")),
+        ("metadata", "http://169.254.169.254/mcp".to_owned()),
+    ] {
+        let tool = mcp_tool(&cluster, name, json!({"type": "http", "url": url}), true).await?;
+        let (_client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
+        let (status, refused) = call(
+            &cluster,
+            "POST",
+            &format!("/v1/images/{}/messages", chat.image_id),
+            Some(json!({"content": "hello"})),
+        )
+        .await?;
+        assert_eq!(
+            (status, refused["error"]["code"].clone()),
+            (400, json!("MCP_SERVER_REFUSED")),
+            "{refused}"
+        );
+    }
+    Ok(())
+}
