@@ -124,6 +124,11 @@ pub struct SandboxLimits {
     pub file_mb: u64,
     /// Bytes of stdout and of stderr kept, each; the rest is cut with a marker.
     pub output_bytes: usize,
+    /// The workspace's disk quota, in MiB: the files of an image's workspace together.
+    pub disk_mb: u64,
+    /// Whether commands and `fetch_url` reach the network; without, commands
+    /// run in a network namespace of their own (nothing but a down loopback).
+    pub network: bool,
 }
 
 impl Default for SandboxLimits {
@@ -135,6 +140,49 @@ impl Default for SandboxLimits {
             processes: 256,
             file_mb: 100,
             output_bytes: 32 * 1024,
+            disk_mb: 1024,
+            network: true,
+        }
+    }
+}
+
+/// What an agent's `resource://sandboxes/…` asks for (its `limits`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SandboxRequest {
+    /// CPU time per process, in milliseconds (rlimits count whole seconds).
+    pub cpu_millis: Option<u64>,
+    pub memory_mb: Option<u64>,
+    pub disk_mb: Option<u64>,
+    pub timeout_seconds: Option<u64>,
+    pub network: Option<bool>,
+}
+
+impl SandboxRequest {
+    /// Reads a sandbox resource's content (`{"limits": {…}}`).
+    pub fn from_content(content: &Value) -> Self {
+        let limits = &content["limits"];
+        Self {
+            cpu_millis: limits["cpuMillis"].as_u64(),
+            memory_mb: limits["memoryMb"].as_u64(),
+            disk_mb: limits["diskMb"].as_u64(),
+            timeout_seconds: limits["timeoutSeconds"].as_u64(),
+            network: limits["network"].as_bool(),
+        }
+    }
+}
+
+impl SandboxLimits {
+    /// Returns these limits narrowed by what a sandbox resource asks: it may
+    /// lower each limit, never raise one above the server's.
+    pub fn narrowed(&self, request: &SandboxRequest) -> Self {
+        let lower = |limit: u64, asked: Option<u64>| asked.map_or(limit, |asked| asked.clamp(1, limit));
+        Self {
+            timeout_seconds: lower(self.timeout_seconds, request.timeout_seconds),
+            cpu_seconds: lower(self.cpu_seconds, request.cpu_millis.map(|ms| ms.div_ceil(1000))),
+            memory_mb: lower(self.memory_mb, request.memory_mb),
+            disk_mb: lower(self.disk_mb, request.disk_mb),
+            network: self.network && request.network.unwrap_or(true),
+            ..self.clone()
         }
     }
 }

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::error::RuntimeError;
 use crate::peers::{ImageInfo, Resources};
-use crate::tools::{Builtin, McpServerSpec, unknown_tool};
+use crate::tools::{Builtin, McpServerSpec, SandboxRequest, unknown_tool};
 
 /// What a system prompt that names a resource starts with.
 pub const RESOURCE_URI_PREFIX: &str = "resource://";
@@ -26,6 +26,8 @@ pub struct AgentPlan {
     pub tools: Vec<String>,
     /// The MCP servers its tools come from, likewise.
     pub mcp_servers: Vec<McpServerSpec>,
+    /// What its definition's sandbox asks of the limits.
+    pub sandbox: Option<SandboxRequest>,
 }
 
 /// Returns what an image's agent runs with: its agent definition (when it
@@ -42,6 +44,10 @@ pub async fn plan(resources: &Resources, ctx: &RequestContext, image: &ImageInfo
             .as_u64()
             .and_then(|n| u32::try_from(n).ok());
         plan.resources.extend(resolved.uris);
+        plan.sandbox = resolved
+            .sandbox
+            .as_deref()
+            .map(|content| SandboxRequest::from_content(&serde_json::from_str(content).unwrap_or_default()));
         for tool in &resolved.tools {
             plan.add_tool(&tool.content, tool.public)?;
         }

@@ -178,7 +178,14 @@ impl AgentPool {
         let plan = crate::plan::plan(&self.inner.resources, ctx, &image).await?;
         let history = self.sessions().list_messages(ctx, &image.session_id).await?;
         let workspace = self.workspace(&ctx.tenant_id, image_id);
-        let tools = Toolbox::new(&plan.tools, &plan.mcp_servers, workspace, &self.inner.tools)?.map(Arc::new);
+        let tools = Toolbox::new(
+            &plan.tools,
+            &plan.mcp_servers,
+            plan.sandbox.as_ref(),
+            workspace,
+            &self.inner.tools,
+        )?
+        .map(Arc::new);
         let agent_id = new_id("agent");
         let hub = self.inner.hubs.get_or_create(&image.session_id);
         let messages = history.len();

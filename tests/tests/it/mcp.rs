@@ -131,7 +131,10 @@ async fn refused_command(mode: Mode) -> anyhow::Result<()> {
         "{refused}"
     );
     assert!(!marker.exists(), "the command ran");
-    assert!(workspace_of(&cluster, &chat.image_id).is_none(), "no workspace was made");
+    assert!(
+        workspace_of(&cluster, &chat.image_id).is_none(),
+        "no workspace was made"
+    );
     Ok(())
 }
 

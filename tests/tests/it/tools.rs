@@ -705,3 +705,55 @@ async fn fetch_refused(mode: Mode) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+both_modes!(an_agents_sandbox_resource_sets_its_limits, sandbox_limits);
+
+async fn sandbox_limits(mode: Mode) -> anyhow::Result<()> {
+    let (_mock, cluster) = start(mode, MockApi::OpenAi).await?;
+    let sandbox = json!({"kind": "sandbox", "name": "offline", "version": "1.0.0",
+        "content": {"limits": {"network": false, "timeoutSeconds": 1, "diskMb": 1}}});
+    let prompt = json!({"kind": "prompt", "name": "offline", "version": "1.0.0",
+        "content": {"template": "You have no network."}});
+    for body in [sandbox, prompt] {
+        let (status, created) = call(&cluster, "POST", "/v1/resources", Some(body)).await?;
+        anyhow::ensure!(status == 201, "{created}");
+    }
+    let agent = json!({"kind": "agent", "name": "offline", "version": "1.0.0", "content": {
+        "prompt": "resource://prompts/offline@1", "sandbox": "resource://sandboxes/offline@1"}});
+    let (status, created) = call(&cluster, "POST", "/v1/resources", Some(agent)).await?;
+    anyhow::ensure!(status == 201, "{created}");
+    let (mut client, chat) = open_chat(
+        &cluster,
+        json!({"agent": "resource://agents/offline@1", "tools": ["run_command", "fetch_url"]}),
+    )
+    .await?;
+    let script = r#"[mock call='run_command:{"command": "sed 1,2d /proc/net/dev | cut -d: -f1 | tr -d [:blank:]"}' call='fetch_url:{"url": "https://example.com/"}' call='run_command:{"command": "sleep 5"}' call='run_command:{"command": "head -c 2000000 /dev/zero > big"}']"#;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
+    let results: Vec<(&str, bool)> = frames
+        .iter()
+        .filter(|f| f["type"] == "tool_result")
+        .map(|f| {
+            (
+                f["data"]["result"].as_str().unwrap_or_default(),
+                f["data"]["isError"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(results.len(), 4, "{:?}", types(&frames));
+    assert_eq!(results[0], ("exit code 0\nstdout:\nlo\n", false), "only a loopback");
+    assert_eq!(
+        results[1],
+        ("this agent's sandbox has no network (network: false)", true)
+    );
+    assert_eq!(
+        results[2],
+        ("the command did not finish within 1 s and was killed", true)
+    );
+    assert!(results[3].1, "{}", results[3].0);
+    let big = find_file(&cluster.data_dir().join("workspaces"), "big").context("big")?;
+    assert!(
+        std::fs::metadata(big)?.len() <= 1024 * 1024,
+        "the file stopped at the disk quota"
+    );
+    Ok(())
+}

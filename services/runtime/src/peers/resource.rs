@@ -9,6 +9,8 @@ use crate::error::RuntimeError;
 
 /// What the URI of a tool resource starts with.
 const TOOL_URI_PREFIX: &str = "resource://tools/";
+/// What a sandbox resource's URI starts with.
+const SANDBOX_URI_PREFIX: &str = "resource://sandboxes/";
 
 /// A reference resolved at exact versions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,6 +25,8 @@ pub struct Resolved {
     pub tools: Vec<ToolResource>,
     /// Whether the root resource is public (published by an operator).
     pub root_public: bool,
+    /// The content of the sandbox among the dependencies (an agent's), if any.
+    pub sandbox: Option<String>,
 }
 
 /// A tool resource's content (a JSON object) and whether it is public.
@@ -63,7 +67,11 @@ impl Resources {
         let root_public = public(&root.uri);
         let mut uris = vec![root.uri];
         let mut tools = Vec::new();
+        let mut sandbox = None;
         for dependency in response.dependencies {
+            if sandbox.is_none() && dependency.uri.starts_with(SANDBOX_URI_PREFIX) {
+                sandbox = Some(dependency.content_json.clone());
+            }
             if dependency.uri.starts_with(TOOL_URI_PREFIX) {
                 tools.push(ToolResource {
                     public: public(&dependency.uri),
@@ -78,6 +86,7 @@ impl Resources {
             uris,
             tools,
             root_public,
+            sandbox,
         })
     }
 }

@@ -101,6 +101,9 @@ pub fn write(workspace: &Workspace, path: &str, content: &[u8]) -> Result<Entry,
         return Err(AccessError::Refused("a file path is required".to_owned()));
     }
     workspace.ensure().map_err(AccessError::Failed)?;
+    workspace
+        .check_room(&resolved, content.len() as u64)
+        .map_err(AccessError::TooLarge)?;
     if let Some(parent) = resolved.parent() {
         fs::create_dir_all(parent).map_err(|err| AccessError::Failed(err.to_string()))?;
     }

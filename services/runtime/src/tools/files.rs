@@ -87,6 +87,7 @@ fn write_file(workspace: &Workspace, path: &str, content: &str) -> Result<(), To
     if resolved == workspace.dir() {
         return Err("a file path is required".to_owned());
     }
+    workspace.check_room(&resolved, content.len() as u64)?;
     if let Some(parent) = resolved.parent() {
         fs::create_dir_all(parent).map_err(|err| format!("{path}: {err}"))?;
     }

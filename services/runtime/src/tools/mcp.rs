@@ -28,7 +28,7 @@ use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
 use super::fetch::Fetcher;
-use super::process::{GroupGuard, sandboxed, spawn_failure};
+use super::process::{GroupGuard, NO_NETWORK_ISOLATION, network_isolation, sandboxed, spawn_failure};
 use super::workspace::Workspace;
 use crate::config::{McpConfig, SandboxLimits};
 use crate::error::RuntimeError;
@@ -343,7 +343,11 @@ impl McpServer {
         match &self.spec.transport {
             McpTransport::Stdio { command, args, env } => {
                 reach.workspace.ensure().map_err(|why| (why, false))?;
-                let mut process = sandboxed(reach.workspace.dir(), reach.limits, command, args);
+                if !reach.limits.network && !network_isolation().await {
+                    return Err((NO_NETWORK_ISOLATION.to_owned(), false));
+                }
+                let file_bytes = reach.limits.file_mb.saturating_mul(1024 * 1024);
+                let mut process = sandboxed(reach.workspace.dir(), reach.limits, file_bytes, command, args);
                 process
                     .envs(env)
                     .stdin(std::process::Stdio::piped())

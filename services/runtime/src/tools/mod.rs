@@ -19,7 +19,7 @@ mod mcp;
 mod process;
 mod workspace;
 
-pub use crate::config::{McpConfig, SandboxLimits};
+pub use crate::config::{McpConfig, SandboxLimits, SandboxRequest};
 pub use fetch::{AddressGuard, Fetcher};
 use mcp::McpServer;
 pub use mcp::{McpServerSpec, McpTransport, ServerState};
@@ -177,6 +177,8 @@ pub struct ToolContext {
 #[derive(Debug)]
 pub struct Toolbox {
     tools: Vec<Builtin>,
+    /// The server's limits narrowed by the agent's sandbox resource.
+    limits: SandboxLimits,
     servers: Vec<McpServer>,
     /// The built-in tools' specs, then every reachable server's tools.
     specs: Mutex<Arc<Vec<ToolSpec>>>,
@@ -191,6 +193,7 @@ impl Toolbox {
     pub fn new(
         names: &[String],
         servers: &[McpServerSpec],
+        sandbox: Option<&SandboxRequest>,
         workspace: Workspace,
         context: &ToolContext,
     ) -> Result<Option<Self>, RuntimeError> {
@@ -208,8 +211,14 @@ impl Toolbox {
             server.check(&context.mcp, &context.fetcher)?;
         }
         let specs = Mutex::new(Arc::new(tools.iter().map(|tool| tool.spec()).collect()));
+        let limits = match sandbox {
+            Some(request) => context.limits.narrowed(request),
+            None => context.limits.clone(),
+        };
+        let workspace = workspace.with_quota_mb(limits.disk_mb);
         Ok(Some(Self {
             tools,
+            limits,
             servers: servers.iter().cloned().map(McpServer::new).collect(),
             specs,
             workspace,
@@ -230,7 +239,7 @@ impl Toolbox {
         }
         let reach = mcp::Reach {
             workspace: &self.workspace,
-            limits: &self.context.limits,
+            limits: &self.limits,
             fetcher: &self.context.fetcher,
             config: &self.context.mcp,
         };
@@ -269,14 +278,20 @@ impl Toolbox {
             return ToolReply::error(format!("unknown tool {:?}: this agent has no such tool", call.name));
         };
         match tool {
-            Builtin::FetchUrl => {
-                ToolReply::of(async { self.context.fetcher.fetch(text_field(&call.input, "url")?).await }.await)
-            }
+            Builtin::FetchUrl => ToolReply::of(
+                async {
+                    if !self.limits.network {
+                        return Err("this agent's sandbox has no network (network: false)".to_owned());
+                    }
+                    self.context.fetcher.fetch(text_field(&call.input, "url")?).await
+                }
+                .await,
+            ),
             Builtin::RunCommand => ToolReply::of(
                 async {
                     self.workspace.ensure()?;
                     let command = text_field(&call.input, "command")?;
-                    process::run_command(&self.workspace, command, &self.context.limits).await
+                    process::run_command(&self.workspace, command, &self.limits).await
                 }
                 .await,
             ),
@@ -345,8 +360,12 @@ mod tests {
             fetcher: Fetcher::new(&Default::default()).unwrap(),
             mcp: McpConfig::default(),
         };
-        assert!(Toolbox::new(&[], &[], workspace.clone(), &context).unwrap().is_none());
-        let err = Toolbox::new(&["read_file".into(), "rm_rf".into()], &[], workspace, &context).unwrap_err();
+        assert!(
+            Toolbox::new(&[], &[], None, workspace.clone(), &context)
+                .unwrap()
+                .is_none()
+        );
+        let err = Toolbox::new(&["read_file".into(), "rm_rf".into()], &[], None, workspace, &context).unwrap_err();
         assert!(
             matches!(
                 err,

@@ -19,6 +19,8 @@ use tokio::process::Command;
 
 use super::workspace::{ToolFailure, Workspace};
 use crate::config::SandboxLimits;
+#[cfg(test)]
+use crate::config::SandboxRequest;
 
 /// Kills the command's process group when the call ends, however it ends
 /// (done, timed out, or dropped by an interrupted turn).
@@ -32,15 +34,58 @@ impl GroupGuard {
     }
 }
 
+/// Returns whether commands can be run without the network: an unprivileged
+/// user namespace with a network namespace of its own (`unshare`). Checked
+/// once.
+pub(super) async fn network_isolation() -> bool {
+    static AVAILABLE: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
+    *AVAILABLE
+        .get_or_init(|| async {
+            let status = Command::new("unshare")
+                .args(["--net", "--map-root-user", "--", "true"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .await;
+            let available = status.is_ok_and(|status| status.success());
+            if !available {
+                tracing::warn!(
+                    "network namespaces are not available: sandboxes with network: false cannot run commands"
+                );
+            }
+            available
+        })
+        .await
+}
+
+/// Says why a command needing no network cannot run here.
+pub(super) const NO_NETWORK_ISOLATION: &str = "this agent's sandbox has no network (network: false), and this \
+    server cannot take the network away from a command (no user or network namespaces): nothing was run";
+
 /// Returns the command that runs `program` in `dir` under `limits`' rlimits
-/// (through `prlimit`), with a clean environment, in a process group of its
-/// own, killed when dropped; the caller sets its standard streams.
-pub(super) fn sandboxed(dir: &Path, limits: &SandboxLimits, program: &str, args: &[String]) -> Command {
-    let mut command = Command::new("prlimit");
+/// (through `prlimit`; files up to `file_bytes`), with a clean environment,
+/// in a process group of its own, killed when dropped, and without the
+/// network when `limits.network` is off (check [`network_isolation`] first);
+/// the caller sets its standard streams.
+pub(super) fn sandboxed(
+    dir: &Path,
+    limits: &SandboxLimits,
+    file_bytes: u64,
+    program: &str,
+    args: &[String],
+) -> Command {
+    let mut command = if limits.network {
+        Command::new("prlimit")
+    } else {
+        let mut unshare = Command::new("unshare");
+        unshare.args(["--net", "--map-root-user", "--", "prlimit"]);
+        unshare
+    };
     command
         .arg(format!("--cpu={}", limits.cpu_seconds))
         .arg(format!("--as={}", limits.memory_mb.saturating_mul(1024 * 1024)))
-        .arg(format!("--fsize={}", limits.file_mb.saturating_mul(1024 * 1024)))
+        .arg(format!("--fsize={}", file_bytes.max(1)))
         .arg(format!("--nproc={}", limits.processes))
         .arg("--core=0")
         .arg("--")
@@ -84,17 +129,22 @@ pub async fn run_command(
     if command.trim().is_empty() {
         return Err("`command` must not be empty".to_owned());
     }
-    let mut child = sandboxed(
-        workspace.dir(),
-        limits,
-        "/bin/sh",
-        &["-c".to_owned(), command.to_owned()],
-    )
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .map_err(|err| spawn_failure("run_command", &err))?;
+    if !limits.network && !network_isolation().await {
+        return Err(NO_NETWORK_ISOLATION.to_owned());
+    }
+    // A command may fill what is left of the workspace's quota, no more.
+    let file_bytes = limits.file_mb.saturating_mul(1024 * 1024);
+    let file_bytes = match workspace.quota() {
+        Some(quota) => file_bytes.min(quota.saturating_sub(workspace.usage())),
+        None => file_bytes,
+    };
+    let script = ["-c".to_owned(), command.to_owned()];
+    let mut child = sandboxed(workspace.dir(), limits, file_bytes, "/bin/sh", &script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|err| spawn_failure("run_command", &err))?;
     let _group = GroupGuard::of(&child);
     let stdout = read_capped(child.stdout.take(), limits.output_bytes);
     let stderr = read_capped(child.stderr.take(), limits.output_bytes);
@@ -126,7 +176,18 @@ pub async fn run_command(
             text.push_str(&format!("\n{name}:\n{output}"));
         }
     }
-    Ok((text, !status.success()))
+    let mut failed = !status.success();
+    if let Some(quota) = workspace.quota() {
+        let used = workspace.usage();
+        if used > quota {
+            text.push_str(&format!(
+                "\n[the workspace now holds {used} bytes, over its quota of {quota} bytes: remove files; \
+                 writes are refused until then]"
+            ));
+            failed = true;
+        }
+    }
+    Ok((text, failed))
 }
 
 /// Reads a stream to its end, keeping its first `cap` bytes and counting the rest.
@@ -189,5 +250,73 @@ mod tests {
         assert!(text.ends_with("[… 99900 more bytes not shown]"), "{text}");
         let err = run_command(&ws, "sleep 30", &limits).await.unwrap_err();
         assert!(err.contains("did not finish within 1 s"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_without_network_has_only_a_down_loopback() {
+        let (_temp, ws) = workspace();
+        let isolated = SandboxLimits {
+            network: false,
+            ..SandboxLimits::default()
+        };
+        let script = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '";
+        if !network_isolation().await {
+            assert_eq!(
+                run_command(&ws, script, &isolated).await.unwrap_err(),
+                NO_NETWORK_ISOLATION
+            );
+            return;
+        }
+        let (text, failed) = run_command(&ws, script, &isolated).await.unwrap();
+        assert!(!failed, "{text}");
+        assert_eq!(text, "exit code 0\nstdout:\nlo\n", "only a loopback interface");
+    }
+
+    #[tokio::test]
+    async fn a_memory_hog_is_stopped_at_its_limit() {
+        let (_temp, ws) = workspace();
+        let limits = SandboxLimits {
+            memory_mb: 256,
+            ..SandboxLimits::default()
+        };
+        let hog = "python3 -c 'b = bytearray(1024 * 1024 * 1024); print(len(b))'";
+        let (text, failed) = run_command(&ws, hog, &limits).await.unwrap();
+        assert!(failed && text.contains("MemoryError"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn commands_fill_the_workspace_up_to_its_quota() {
+        let (_temp, ws) = workspace();
+        let ws = ws.with_quota_mb(1);
+        let (text, failed) = run_command(&ws, "head -c 3000000 /dev/zero > big", &SandboxLimits::default())
+            .await
+            .unwrap();
+        assert!(failed, "{text}");
+        let size = std::fs::metadata(ws.dir().join("big")).unwrap().len();
+        assert!(size <= 1024 * 1024, "the file stopped at the quota: {size}");
+        // Over the quota (a file written some other way), a command is told so.
+        std::fs::write(ws.dir().join("more"), vec![0_u8; 600 * 1024]).unwrap();
+        let (text, failed) = run_command(&ws, "true", &SandboxLimits::default()).await.unwrap();
+        assert!(failed && text.contains("over its quota of 1048576 bytes"), "{text}");
+        assert!(ws.check_room(&ws.dir().join("x"), 1).is_err());
+    }
+
+    #[test]
+    fn a_sandbox_resource_lowers_limits_and_never_raises_them() {
+        let server = SandboxLimits::default();
+        let asked = SandboxRequest::from_content(&serde_json::json!({"limits": {
+            "cpuMillis": 1500, "memoryMb": 100_000, "diskMb": 10, "timeoutSeconds": 5, "network": false}}));
+        let limits = server.narrowed(&asked);
+        assert_eq!(
+            (
+                limits.cpu_seconds,
+                limits.memory_mb,
+                limits.disk_mb,
+                limits.timeout_seconds,
+                limits.network
+            ),
+            (2, server.memory_mb, 10, 5, false)
+        );
+        assert_eq!(server.narrowed(&SandboxRequest::default()), server);
     }
 }

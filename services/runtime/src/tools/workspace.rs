@@ -16,12 +16,68 @@ pub type ToolFailure = String;
 #[derive(Clone, Debug)]
 pub struct Workspace {
     dir: PathBuf,
+    /// The most bytes its files may take together.
+    quota: Option<u64>,
 }
+
+/// Most entries a usage count visits; a workspace with more is over any quota.
+const MAX_COUNTED_ENTRIES: usize = 100_000;
 
 impl Workspace {
     /// Returns the workspace at `dir`; nothing is created yet.
     pub fn new(dir: PathBuf) -> Self {
-        Self { dir }
+        Self { dir, quota: None }
+    }
+
+    /// Returns the workspace with a disk quota of `mb` MiB.
+    pub fn with_quota_mb(mut self, mb: u64) -> Self {
+        self.quota = Some(mb.saturating_mul(1024 * 1024));
+        self
+    }
+
+    /// Returns the quota, in bytes.
+    pub fn quota(&self) -> Option<u64> {
+        self.quota
+    }
+
+    /// Returns the bytes the workspace's files take (links are not followed);
+    /// `u64::MAX` past [`MAX_COUNTED_ENTRIES`] entries.
+    pub fn usage(&self) -> u64 {
+        let mut total = 0_u64;
+        let mut seen = 0_usize;
+        let mut pending = vec![self.dir.clone()];
+        while let Some(dir) = pending.pop() {
+            let Ok(entries) = fs::read_dir(&dir) else { continue };
+            for entry in entries.flatten() {
+                seen += 1;
+                if seen > MAX_COUNTED_ENTRIES {
+                    return u64::MAX;
+                }
+                let Ok(meta) = entry.metadata() else { continue };
+                if meta.is_dir() {
+                    pending.push(entry.path());
+                } else {
+                    total = total.saturating_add(meta.len());
+                }
+            }
+        }
+        total
+    }
+
+    /// Refuses writing `bytes` to `target` (replacing what it holds) when the
+    /// workspace would go over its quota.
+    pub fn check_room(&self, target: &Path, bytes: u64) -> Result<(), ToolFailure> {
+        let Some(quota) = self.quota else { return Ok(()) };
+        let replaced = fs::symlink_metadata(target).map(|meta| meta.len()).unwrap_or(0);
+        let after = self.usage().saturating_sub(replaced).saturating_add(bytes);
+        if after > quota {
+            return Err(format!(
+                "the workspace would hold {} bytes, over its quota of {quota} bytes ({} MiB); remove files first",
+                after,
+                quota / (1024 * 1024)
+            ));
+        }
+        Ok(())
     }
 
     /// Returns the directory.
