@@ -49,6 +49,10 @@ pub struct ImageUpdate {
     pub name: Option<String>,
     /// An empty description clears it.
     pub description: Option<String>,
+    /// New tools, replacing the image's (`[]`: none), checked as at creation;
+    /// its running agent is stopped (a running turn interrupted) and the next
+    /// message starts it with them.
+    pub tools: Option<Vec<String>>,
 }
 
 /// An image as the protocol's `record` shows it.
@@ -238,19 +242,21 @@ pub async fn list(peers: &Peers, ctx: &RequestContext, container_id: Option<Stri
     })
 }
 
-/// Changes an image's name or description.
+/// Changes an image's name, description or tools.
 pub async fn update(
     peers: &Peers,
     ctx: &RequestContext,
     image_id: String,
     update: ImageUpdate,
 ) -> Result<ImageRecord, ApiError> {
-    let request = ctx.request(ss::UpdateImageRequest {
+    // The runtime stops the agent whose tools change.
+    let request = ctx.request(rt::UpdateImageRequest {
         image_id: image_id.clone(),
         name: update.name,
         description: update.description,
+        tools: update.tools.map(|tools| ss::ToolList { tools }),
     });
-    peers.session.update_image(request).await?;
+    peers.runtime.update_image(request).await?;
     get(peers, ctx, image_id).await
 }
 

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 use crate::agent::AgentInfo;
 use crate::error::{AgentTarget, RuntimeError};
 use crate::hub::{SessionEvent, Subscription};
-use crate::peers::content;
+use crate::peers::{ImageChanges, content};
 use crate::pool::{AgentPool, ImageView};
 
 /// Returns the runtime's gRPC server with the shared message-size limits;
@@ -189,6 +189,21 @@ impl RuntimeService for RuntimeGrpc {
         Ok(Response::new(pb::ListImagesResponse {
             images: views.into_iter().map(image_pb).collect(),
         }))
+    }
+
+    async fn update_image(
+        &self,
+        request: Request<pb::UpdateImageRequest>,
+    ) -> Result<Response<pb::UpdateImageResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let changes = ImageChanges {
+            name: request.name,
+            description: request.description,
+            tools: request.tools.map(|list| list.tools),
+        };
+        let stopped = self.pool.update_image(&ctx, &request.image_id, changes).await?;
+        Ok(Response::new(pb::UpdateImageResponse { stopped }))
     }
 
     async fn delete_image(

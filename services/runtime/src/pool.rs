@@ -22,7 +22,7 @@ use crate::error::{AgentTarget, RuntimeError};
 use crate::hub::{Hubs, Subscription};
 use crate::message::{Content, Message, MessageBody};
 use crate::metering::Metering;
-use crate::peers::{Deletion, ImageInfo, Resources, Sessions};
+use crate::peers::{Deletion, ImageChanges, ImageInfo, Resources, Sessions};
 use crate::settings::LlmSettings;
 use crate::tools::{Fetcher, ToolContext, Toolbox, Workspace, access};
 use crate::turn::{self, TurnLimits, TurnPorts};
@@ -493,6 +493,32 @@ impl AgentPool {
         match self.lookup(&ctx.tenant_id, &AgentTarget::Image(image_id.to_owned())) {
             Some(agent) => {
                 self.retire(&agent, "stopped");
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Changes an image; new tools stop its agent (interrupting a running
+    /// turn), so the next message starts it with them. Returns whether an
+    /// agent was stopped.
+    #[instrument(name = "runtime.update_image", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn update_image(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        changes: ImageChanges,
+    ) -> Result<bool, RuntimeError> {
+        ctx.require(Scopes::WRITE)?;
+        validate_id("IMAGE_NOT_FOUND", "image", image_id)?;
+        let retools = changes.tools.is_some();
+        self.sessions().update_image(ctx, image_id, changes).await?;
+        if !retools {
+            return Ok(false);
+        }
+        match self.lookup(&ctx.tenant_id, &AgentTarget::Image(image_id.to_owned())) {
+            Some(agent) => {
+                self.retire(&agent, "tools changed");
                 Ok(true)
             }
             None => Ok(false),

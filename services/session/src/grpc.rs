@@ -222,6 +222,7 @@ impl SessionApi for SessionGrpc {
         let update = ImageUpdate {
             name: request.name,
             description: request.description,
+            tools: request.tools.map(|list| list.tools),
         };
         let image = self.service.update_image(&ctx, &request.image_id, update).await?;
         Ok(Response::new(pb::UpdateImageResponse {

@@ -67,6 +67,8 @@ pub struct ImageUpdate {
     pub name: Option<String>,
     /// A new description; an empty one clears it.
     pub description: Option<String>,
+    /// New tools, replacing the image's (empty: none).
+    pub tools: Option<Vec<String>>,
 }
 
 /// One entry of a session's history as stored.

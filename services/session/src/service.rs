@@ -278,7 +278,9 @@ impl SessionService {
         self.store.list_images(&scope(ctx), container_id).await
     }
 
-    /// Changes an image's name or description; an empty description clears it.
+    /// Changes an image's name, description or tools; an empty description
+    /// clears it, an empty tool list leaves the image without tools. Tools
+    /// are checked as at creation.
     #[instrument(
         name = "session.update_image",
         skip_all,
@@ -294,7 +296,13 @@ impl SessionService {
         let update = ImageUpdate {
             name: update.name.map(validate_name).transpose()?,
             description: update.description.map(validate_description).transpose()?,
+            tools: update.tools.map(validate_tools).transpose()?,
         };
+        if let (Some(references), Some(tools)) = (&self.references, &update.tools) {
+            for uri in tools.iter().filter(|tool| tool.starts_with(RESOURCE_URI_PREFIX)) {
+                references.check(ctx, uri, "").await.map_err(SessionError::Peer)?;
+            }
+        }
         let image = self
             .store
             .update_image(&scope(ctx), image_id, &update, now_ms())

@@ -974,7 +974,8 @@ impl<'a> Attacker<'a> {
                 session.list_images(ss::ListImagesRequest { container_id: Some(container()) }),
             unary "session.UpdateImage" =>
                 session.update_image(ss::UpdateImageRequest {
-                    image_id: image(), name: Some(planted()), description: Some(planted())
+                    image_id: image(), name: Some(planted()), description: Some(planted()),
+                    tools: Some(ss::ToolList { tools: vec![] }),
                 }),
             unary "session.DeleteImage" =>
                 session.delete_image(ss::DeleteImageRequest { image_id: image() }),
@@ -986,6 +987,11 @@ impl<'a> Attacker<'a> {
                 runtime.get_image(rt::GetImageRequest { image_id: image() }),
             unary "runtime.ListImages" =>
                 runtime.list_images(rt::ListImagesRequest { container_id: Some(container()) }),
+            unary "runtime.UpdateImage" =>
+                runtime.update_image(rt::UpdateImageRequest {
+                    image_id: image(), name: Some(planted()), description: Some(planted()),
+                    tools: Some(ss::ToolList { tools: vec![] }),
+                }),
             unary "runtime.DeleteImage" =>
                 runtime.delete_image(rt::DeleteImageRequest { image_id: image() }),
             unary "runtime.DeleteContainer" =>

@@ -757,3 +757,48 @@ async fn sandbox_limits(mode: Mode) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+both_modes!(an_images_tools_change_after_creation, changed_tools);
+
+async fn changed_tools(mode: Mode) -> anyhow::Result<()> {
+    let (mock, cluster) = start(mode, MockApi::Anthropic).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"name": "plain"})).await?;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!("hello")).await?;
+    assert_eq!(frames.last().context("frames")?["type"], "conversation_end");
+    assert!(
+        mock.requests()[0].body.get("tools").is_none(),
+        "a tool-free agent is offered none"
+    );
+
+    // Over the WebSocket: the running agent restarts with the new tools.
+    let updated = client
+        .request(
+            "image_update",
+            json!({"imageId": chat.image_id, "updates": {"tools": ["write_file"]}}),
+        )
+        .await?;
+    assert_eq!(updated["record"]["tools"], json!(["write_file"]), "{updated}");
+    let script = r#"[mock call='write_file:{"path": "later.txt", "content": "now"}']"#;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
+    assert_eq!(streamed_text(&frames), "Tool results: wrote 3 bytes to later.txt");
+
+    // Over REST: none again, and unknown names refused.
+    let path = format!("/v1/images/{}", chat.image_id);
+    let (status, refused) = call(&cluster, "PATCH", &path, Some(json!({"tools": ["format_disk"]}))).await?;
+    assert_eq!(
+        (status, refused["error"]["code"].clone()),
+        (400, json!("UNKNOWN_TOOL")),
+        "{refused}"
+    );
+    let (status, record) = call(&cluster, "PATCH", &path, Some(json!({"tools": []}))).await?;
+    assert_eq!(status, 200, "{record}");
+    assert!(
+        record.get("tools").is_none(),
+        "a record without tools shows none: {record}"
+    );
+    let frames = send_and_finish(&mut client, &chat.image_id, json!("and now?")).await?;
+    assert_eq!(frames.last().context("frames")?["type"], "conversation_end");
+    let last = mock.requests().last().context("requests")?.body.clone();
+    assert!(last.get("tools").is_none(), "no tools after they were removed: {last}");
+    Ok(())
+}

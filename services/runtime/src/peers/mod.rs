@@ -11,5 +11,5 @@ mod usage;
 pub use config::{ConfigEntry, ConfigSource, ConfigUpdate, Configs};
 pub use resource::{Resolved, Resources};
 pub(crate) use session::content;
-pub use session::{Deletion, ImageInfo, Sessions};
+pub use session::{Deletion, ImageChanges, ImageInfo, Sessions};
 pub use usage::{BudgetAnswer, BudgetUpdate, CallStatus, UsageRecord, Usages};

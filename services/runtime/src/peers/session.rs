@@ -80,6 +80,14 @@ pub enum Deletion {
     },
 }
 
+/// What changes in an image: its name, description (empty clears it) or tools.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImageChanges {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub tools: Option<Vec<String>>,
+}
+
 /// The session service as the runtime uses it; cheap to clone.
 #[derive(Clone)]
 pub struct Sessions {
@@ -160,6 +168,23 @@ impl Sessions {
         });
         let stored = self.service.append_message(request).await?.into_inner().message;
         Ok(message_of(stored.ok_or_else(missing)?))
+    }
+
+    /// Changes an image; the session service checks the changes.
+    pub async fn update_image(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        update: ImageChanges,
+    ) -> Result<(), RuntimeError> {
+        let request = ctx.request(pb::UpdateImageRequest {
+            image_id: image_id.to_owned(),
+            name: update.name,
+            description: update.description,
+            tools: update.tools.map(|tools| pb::ToolList { tools }),
+        });
+        self.service.update_image(request).await?;
+        Ok(())
     }
 
     /// Deletes an image with its session and messages.

@@ -123,7 +123,8 @@ macro_rules! image_visible {
 pub(super) const UPDATE_IMAGE: &str = concat!(
     "UPDATE images SET name = COALESCE($3, name), \
                        description = CASE WHEN $4 THEN $5 ELSE description END, \
-                       updated_at_ms = $6 \
+                       updated_at_ms = $6, \
+                       tools_json = COALESCE($8, tools_json) \
      WHERE tenant_id = $1 AND image_id = $2 AND ",
     image_visible!("$7")
 );
@@ -552,6 +553,10 @@ macro_rules! impl_session_store {
                 use $crate::store::sql;
                 let mut tx = self.pool.begin().await?;
                 let description = update.description.as_deref().filter(|d| !d.is_empty());
+                let tools_json = update
+                    .tools
+                    .as_ref()
+                    .map(|tools| serde_json::to_string(tools).unwrap_or_else(|_| "[]".to_owned()));
                 let updated = sqlx::query(sql::UPDATE_IMAGE)
                     .bind(scope.tenant_id)
                     .bind(image_id)
@@ -560,6 +565,7 @@ macro_rules! impl_session_store {
                     .bind(description)
                     .bind(now_ms)
                     .bind(scope.user_id)
+                    .bind(tools_json)
                     .execute(&mut *tx)
                     .await?
                     .rows_affected();

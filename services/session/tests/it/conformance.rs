@@ -224,6 +224,7 @@ async fn tenants_never_see_each_other(store: Arc<dyn SessionStore>) {
     let rename = || ImageUpdate {
         name: Some("mine now".into()),
         description: None,
+        tools: None,
     };
     same(
         api_err(service.update_image(&ctx(B), image_id, rename()).await),
@@ -356,6 +357,7 @@ async fn images_update_and_delete(store: Arc<dyn SessionStore>) {
     let described = ImageUpdate {
         name: Some("Renamed".into()),
         description: Some("about it".into()),
+        tools: None,
     };
     let renamed = service.update_image(&ctx(A), &image.image_id, described).await.unwrap();
     assert_eq!(renamed.name, "Renamed");
@@ -380,9 +382,37 @@ async fn images_update_and_delete(store: Arc<dyn SessionStore>) {
     let cleared = ImageUpdate {
         name: None,
         description: Some(String::new()),
+        tools: None,
     };
     let cleared = service.update_image(&ctx(A), &image.image_id, cleared).await.unwrap();
     assert_eq!((cleared.name.as_str(), cleared.description), ("Renamed", None));
+
+    // Tools are replaced as a whole, checked as at creation; unset, they stay.
+    let tools = ImageUpdate {
+        tools: Some(vec!["read_file".into(), "run_command".into(), "read_file".into()]),
+        ..ImageUpdate::default()
+    };
+    let tooled = service.update_image(&ctx(A), &image.image_id, tools).await.unwrap();
+    assert_eq!(tooled.tools, ["read_file", "run_command"]);
+    let kept = service
+        .update_image(&ctx(A), &image.image_id, ImageUpdate::default())
+        .await
+        .unwrap();
+    assert_eq!(kept.tools, ["read_file", "run_command"]);
+    let unknown = ImageUpdate {
+        tools: Some(vec!["format_disk".into()]),
+        ..ImageUpdate::default()
+    };
+    assert_eq!(
+        reason(service.update_image(&ctx(A), &image.image_id, unknown).await),
+        "UNKNOWN_TOOL"
+    );
+    let none = ImageUpdate {
+        tools: Some(Vec::new()),
+        ..ImageUpdate::default()
+    };
+    let toolless = service.update_image(&ctx(A), &image.image_id, none).await.unwrap();
+    assert!(toolless.tools.is_empty());
 
     service.delete_image(&ctx(A), &image.image_id).await.unwrap();
     assert_eq!(
@@ -396,6 +426,7 @@ async fn images_update_and_delete(store: Arc<dyn SessionStore>) {
     let update = ImageUpdate {
         name: Some("x".into()),
         description: None,
+        tools: None,
     };
     assert_eq!(
         reason(service.update_image(&ctx(A), &image.image_id, update).await),
@@ -479,6 +510,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
             ImageUpdate {
                 name: Some(String::new()),
                 description: None,
+                tools: None,
             },
             "INVALID_IMAGE_NAME",
         ),
@@ -486,6 +518,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
             ImageUpdate {
                 name: Some(" \t".into()),
                 description: None,
+                tools: None,
             },
             "INVALID_IMAGE_NAME",
         ),
@@ -493,6 +526,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
             ImageUpdate {
                 name: Some("n".repeat(257)),
                 description: None,
+                tools: None,
             },
             "INVALID_IMAGE_NAME",
         ),
@@ -500,6 +534,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
             ImageUpdate {
                 name: None,
                 description: Some("d".repeat(4097)),
+                tools: None,
             },
             "INVALID_IMAGE_DESCRIPTION",
         ),

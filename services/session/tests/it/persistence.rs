@@ -23,6 +23,7 @@ async fn sqlite_data_survives_reopen() {
     let update = ImageUpdate {
         name: None,
         description: Some("still here".into()),
+        tools: None,
     };
     let image = service.update_image(&ctx("t"), &image.image_id, update).await.unwrap();
     let mut appended = Vec::new();
