@@ -118,7 +118,7 @@ pub struct SandboxLimits {
     pub cpu_seconds: u64,
     /// Address space of each process, in MiB.
     pub memory_mb: u64,
-    /// Processes of the server's user at once (not enforced for root).
+    /// Processes of a command together (its cgroup), or of the server's user (rlimit, not for root).
     pub processes: u64,
     /// Largest file a command may write, in MiB.
     pub file_mb: u64,

@@ -27,6 +27,7 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
+use super::cgroup::Cgroup;
 use super::fetch::Fetcher;
 use super::process::{GroupGuard, NO_NETWORK_ISOLATION, network_isolation, sandboxed, spawn_failure};
 use super::workspace::Workspace;
@@ -199,6 +200,7 @@ impl ClientHandler for Listener {
 struct Session {
     service: RunningService<RoleClient, Listener>,
     _group: Option<GroupGuard>,
+    _cgroup: Option<Cgroup>,
     _child: Option<tokio::process::Child>,
 }
 
@@ -347,7 +349,7 @@ impl McpServer {
                     return Err((NO_NETWORK_ISOLATION.to_owned(), false));
                 }
                 let file_bytes = reach.limits.file_mb.saturating_mul(1024 * 1024);
-                let mut process = sandboxed(reach.workspace.dir(), reach.limits, file_bytes, command, args);
+                let (mut process, cgroup) = sandboxed(reach.workspace.dir(), reach.limits, file_bytes, command, args);
                 process
                     .envs(env)
                     .stdin(std::process::Stdio::piped())
@@ -366,6 +368,7 @@ impl McpServer {
                     Ok(service) => Ok(Session {
                         service,
                         _group: Some(group),
+                        _cgroup: cgroup,
                         _child: Some(child),
                     }),
                     Err(err) => {
@@ -406,6 +409,7 @@ impl McpServer {
                 Ok(Session {
                     service,
                     _group: None,
+                    _cgroup: None,
                     _child: None,
                 })
             }

@@ -13,6 +13,7 @@ use crate::error::RuntimeError;
 use crate::llm::{ToolCall, ToolSpec};
 
 pub mod access;
+mod cgroup;
 mod fetch;
 mod files;
 mod mcp;

@@ -17,6 +17,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
+use super::cgroup::Cgroup;
 use super::workspace::{ToolFailure, Workspace};
 use crate::config::SandboxLimits;
 #[cfg(test)]
@@ -64,33 +65,52 @@ pub(super) const NO_NETWORK_ISOLATION: &str = "this agent's sandbox has no netwo
     server cannot take the network away from a command (no user or network namespaces): nothing was run";
 
 /// Returns the command that runs `program` in `dir` under `limits`' rlimits
-/// (through `prlimit`; files up to `file_bytes`), with a clean environment,
-/// in a process group of its own, killed when dropped, and without the
-/// network when `limits.network` is off (check [`network_isolation`] first);
-/// the caller sets its standard streams.
+/// (through `prlimit`; files up to `file_bytes`), in a control group of its
+/// own where the server can make one (returned: keep it while the command
+/// runs), with a clean environment, in a process group of its own, killed
+/// when dropped, and without the network when `limits.network` is off (check
+/// [`network_isolation`] first); the caller sets its standard streams.
 pub(super) fn sandboxed(
     dir: &Path,
     limits: &SandboxLimits,
     file_bytes: u64,
     program: &str,
     args: &[String],
-) -> Command {
-    let mut command = if limits.network {
-        Command::new("prlimit")
-    } else {
-        let mut unshare = Command::new("unshare");
-        unshare.args(["--net", "--map-root-user", "--", "prlimit"]);
-        unshare
+) -> (Command, Option<Cgroup>) {
+    let cgroup = Cgroup::create(limits);
+    let mut words: Vec<String> = Vec::new();
+    if !limits.network {
+        words.extend(["unshare", "--net", "--map-root-user", "--"].map(str::to_owned));
+    }
+    words.extend([
+        "prlimit".to_owned(),
+        format!("--cpu={}", limits.cpu_seconds),
+        format!("--as={}", limits.memory_mb.saturating_mul(1024 * 1024)),
+        format!("--fsize={}", file_bytes.max(1)),
+        format!("--nproc={}", limits.processes),
+        "--core=0".to_owned(),
+        "--".to_owned(),
+        program.to_owned(),
+    ]);
+    words.extend(args.iter().cloned());
+    let mut command = match &cgroup {
+        // The shell joins the group, then becomes the command: nothing runs outside it.
+        Some(group) => {
+            let mut shell = Command::new("/bin/sh");
+            shell
+                .arg("-c")
+                .arg(group.enter_script())
+                .arg("avm-sandbox")
+                .args(&words);
+            shell
+        }
+        None => {
+            let mut direct = Command::new(&words[0]);
+            direct.args(&words[1..]);
+            direct
+        }
     };
     command
-        .arg(format!("--cpu={}", limits.cpu_seconds))
-        .arg(format!("--as={}", limits.memory_mb.saturating_mul(1024 * 1024)))
-        .arg(format!("--fsize={}", file_bytes.max(1)))
-        .arg(format!("--nproc={}", limits.processes))
-        .arg("--core=0")
-        .arg("--")
-        .arg(program)
-        .args(args)
         .current_dir(dir)
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -99,7 +119,7 @@ pub(super) fn sandboxed(
         .env("LANG", "C.UTF-8")
         .process_group(0)
         .kill_on_drop(true);
-    command
+    (command, cgroup)
 }
 
 /// Says why a sandboxed program could not start.
@@ -110,12 +130,19 @@ pub(super) fn spawn_failure(what: &str, err: &std::io::Error) -> String {
     }
 }
 
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
+impl GroupGuard {
+    /// Kills the group now (again when dropped: harmless).
+    pub(super) fn kill(&self) {
         if let Some(group) = self.0 {
             // ESRCH: the group is gone already.
             let _ = killpg(group, Signal::SIGKILL);
         }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 
@@ -139,30 +166,34 @@ pub async fn run_command(
         None => file_bytes,
     };
     let script = ["-c".to_owned(), command.to_owned()];
-    let mut child = sandboxed(workspace.dir(), limits, file_bytes, "/bin/sh", &script)
+    let (mut command, cgroup) = sandboxed(workspace.dir(), limits, file_bytes, "/bin/sh", &script);
+    let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|err| spawn_failure("run_command", &err))?;
-    let _group = GroupGuard::of(&child);
-    let stdout = read_capped(child.stdout.take(), limits.output_bytes);
-    let stderr = read_capped(child.stderr.take(), limits.output_bytes);
+    let group = GroupGuard::of(&child);
+    let stdout = tokio::spawn(read_capped(child.stdout.take(), limits.output_bytes));
+    let stderr = tokio::spawn(read_capped(child.stderr.take(), limits.output_bytes));
     let timeout = Duration::from_secs(limits.timeout_seconds.max(1));
-    let run = async {
-        let (stdout, stderr, status) = tokio::join!(stdout, stderr, child.wait());
-        (stdout, stderr, status)
-    };
-    let (stdout, stderr, status) = match tokio::time::timeout(timeout, run).await {
-        Ok(done) => done,
+    let status = match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(status) => status.map_err(|err| format!("cannot wait for the command: {err}"))?,
         Err(_) => {
+            stdout.abort();
+            stderr.abort();
             return Err(format!(
                 "the command did not finish within {} s and was killed",
                 timeout.as_secs()
             ));
         }
     };
-    let status = status.map_err(|err| format!("cannot wait for the command: {err}"))?;
+    // The shell is done: what it left running goes with it, so its output ends.
+    group.kill();
+    if let Some(cgroup) = &cgroup {
+        cgroup.kill_all();
+    }
+    let (stdout, stderr) = (stdout.await.unwrap_or_default(), stderr.await.unwrap_or_default());
     let code = match status.code() {
         Some(code) => format!("exit code {code}"),
         None => {
@@ -270,6 +301,41 @@ mod tests {
         let (text, failed) = run_command(&ws, script, &isolated).await.unwrap();
         assert!(!failed, "{text}");
         assert_eq!(text, "exit code 0\nstdout:\nlo\n", "only a loopback interface");
+    }
+
+    #[tokio::test]
+    async fn a_fork_bomb_is_bounded_and_nothing_outlives_the_command() {
+        let (_temp, ws) = workspace();
+        let limits = SandboxLimits {
+            processes: 16,
+            timeout_seconds: 20,
+            ..SandboxLimits::default()
+        };
+        // 200 sleepers asked for; a child that leaves the process group
+        // (setsid) is still the command's.
+        let bomb =
+            "setsid sleep 300 & echo $! > escaped; n=0; while [ $n -lt 200 ]; do sleep 2 & n=$((n+1)); done; wait";
+        let (text, _) = run_command(&ws, bomb, &limits).await.unwrap();
+        if Cgroup::create(&limits).is_none() {
+            // Without a writable cgroup hierarchy only rlimits apply (not to root).
+            return;
+        }
+        assert!(text.contains("Cannot fork"), "the processes were bounded: {text}");
+        let escaped = std::fs::read_to_string(ws.dir().join("escaped")).unwrap();
+        let proc_dir = std::path::Path::new("/proc").join(escaped.trim());
+        // The group is killed as the call ends; the kernel reaps it right after.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while proc_dir.exists() && !is_zombie(&proc_dir) && std::time::Instant::now() < deadline {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            !proc_dir.exists() || is_zombie(&proc_dir),
+            "the escaped process was killed"
+        );
+    }
+
+    fn is_zombie(proc_dir: &std::path::Path) -> bool {
+        std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|stat| stat.contains(") Z "))
     }
 
     #[tokio::test]
