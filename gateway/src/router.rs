@@ -18,7 +18,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::http::{RequestId, request_id_from_headers};
-use crate::rest::{self, auth, conversations as conv, resources, settings, usage, workspace};
+use crate::rest::{self, auth, conversations as conv, credentials, resources, settings, usage, workspace};
 use crate::state::GatewayState;
 
 /// Returns every route (with the OpenAPI document they make) before state is given.
@@ -79,6 +79,9 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
         // Configuration.
         .routes(routes!(settings::get_config, settings::put_config))
         .routes(routes!(settings::get_config_key))
+        // MCP servers' credentials.
+        .routes(routes!(credentials::list_credentials))
+        .routes(routes!(credentials::put_credential, credentials::delete_credential))
         // Usage, budgets, the summary and logs.
         .routes(routes!(usage::query_usage))
         .routes(routes!(usage::list_usage_records))

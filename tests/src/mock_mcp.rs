@@ -121,12 +121,42 @@ impl ServerHandler for MockMcp {
 }
 
 /// Serves the mock over streamable HTTP at `http://<addr>/mcp` until the
-/// returned task is dropped or aborted.
+/// returned task is aborted.
 pub async fn serve_http() -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    serve_http_with(None).await
+}
+
+/// Serves the mock over streamable HTTP, answering 401 (with a
+/// `WWW-Authenticate` challenge) to requests without `Authorization: Bearer
+/// <token>` when a token is given.
+pub async fn serve_http_with(token: Option<String>) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
     use rmcp::transport::streamable_http_server::{StreamableHttpService, session::local::LocalSessionManager};
     let service: StreamableHttpService<MockMcp, LocalSessionManager> =
         StreamableHttpService::new(|| Ok(MockMcp::default()), Default::default(), Default::default());
-    let router = axum::Router::new().nest_service("/mcp", service);
+    let expected = token.map(|token| format!("Bearer {token}"));
+    let router = axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let expected = expected.clone();
+                async move {
+                    let given = request
+                        .headers()
+                        .get(header::AUTHORIZATION)
+                        .and_then(|v| v.to_str().ok());
+                    match expected {
+                        Some(expected) if given != Some(expected.as_str()) => (
+                            StatusCode::UNAUTHORIZED,
+                            [(header::WWW_AUTHENTICATE, "Bearer realm=\"mock\"")],
+                        )
+                            .into_response(),
+                        _ => next.run(request).await,
+                    }
+                }
+            },
+        ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let task = tokio::spawn(async move {

@@ -17,6 +17,7 @@ use utoipa::ToSchema;
 pub mod agents;
 pub mod auth;
 pub mod containers;
+pub mod credentials;
 pub mod images;
 pub mod messages;
 pub mod resources;

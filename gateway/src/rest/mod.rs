@@ -15,6 +15,7 @@ use crate::state::GatewayState;
 
 pub mod auth;
 pub mod conversations;
+pub mod credentials;
 pub mod resources;
 pub mod settings;
 pub mod usage;

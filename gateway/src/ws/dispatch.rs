@@ -84,6 +84,24 @@ struct ImageFilter {
     container_id: Option<String>,
 }
 
+/// `credential_set_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CredentialSet {
+    server: String,
+    scope: Option<String>,
+    bearer_token: Option<String>,
+    headers: Option<std::collections::BTreeMap<String, String>>,
+}
+
+/// `credential_delete_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CredentialRef {
+    server: String,
+    scope: Option<String>,
+}
+
 /// `image_update_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -296,6 +314,26 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, name: &str, data: Val
             answer(ContainerDone { container_id })
         }
         "quota_get" => answer(api::auth::quota(peers, ctx, decode(data)?).await?),
+        "credential_set" => {
+            let CredentialSet {
+                server,
+                scope,
+                bearer_token,
+                headers,
+            } = decode(data)?;
+            let input = api::credentials::CredentialInput {
+                scope,
+                bearer_token,
+                headers,
+            };
+            answer(api::credentials::set(peers, ctx, server, input).await?)
+        }
+        "credential_list" => answer(api::credentials::list(peers, ctx).await?),
+        "credential_delete" => {
+            let CredentialRef { server, scope } = decode(data)?;
+            let query = api::credentials::CredentialScopeQuery { scope };
+            answer(api::credentials::delete(peers, ctx, server, query).await?)
+        }
         "workspace_list" => {
             let WorkspaceRef { image_id, path } = decode(data)?;
             answer(workspace::list(peers, ctx, image_id, WorkspacePath { path }).await?)

@@ -8,6 +8,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tonic::{Request, Response, Status};
 
+use crate::credentials::{CredentialInfo, CredentialScope};
 use crate::service::{ConfigService, EntryView, Snapshot, Source, UpdateScope, WatchUpdate};
 
 /// Returns the `avm.config.v1.ConfigService` server over `service`, with the
@@ -110,6 +111,86 @@ impl ConfigApi for ConfigGrpc {
             Err(err) => Err(Status::from(err)),
         });
         Ok(Response::new(stream.boxed()))
+    }
+
+    async fn set_credential(
+        &self,
+        request: Request<pb::SetCredentialRequest>,
+    ) -> Result<Response<pb::SetCredentialResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let scope = scope_of(request.scope)?;
+        let headers = request.headers.into_iter().collect();
+        let stored = self
+            .service
+            .set_credential(&ctx, &request.server, scope, headers)
+            .await?;
+        Ok(Response::new(pb::SetCredentialResponse {
+            credential: Some(credential_pb(stored)),
+        }))
+    }
+
+    async fn list_credentials(
+        &self,
+        request: Request<pb::ListCredentialsRequest>,
+    ) -> Result<Response<pb::ListCredentialsResponse>, Status> {
+        let ctx = caller(&request)?;
+        let listed = self.service.list_credentials(&ctx).await?;
+        Ok(Response::new(pb::ListCredentialsResponse {
+            credentials: listed.into_iter().map(credential_pb).collect(),
+        }))
+    }
+
+    async fn delete_credential(
+        &self,
+        request: Request<pb::DeleteCredentialRequest>,
+    ) -> Result<Response<pb::DeleteCredentialResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.get_ref();
+        let scope = scope_of(request.scope)?;
+        self.service.delete_credential(&ctx, &request.server, scope).await?;
+        Ok(Response::new(pb::DeleteCredentialResponse {}))
+    }
+
+    async fn resolve_credential(
+        &self,
+        request: Request<pb::ResolveCredentialRequest>,
+    ) -> Result<Response<pb::ResolveCredentialResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.get_ref();
+        let headers = self
+            .service
+            .resolve_credential(&ctx, &request.tenant_id, &request.user_id, &request.server)
+            .await?;
+        Ok(Response::new(pb::ResolveCredentialResponse {
+            found: headers.is_some(),
+            headers: headers.unwrap_or_default().into_iter().collect(),
+        }))
+    }
+}
+
+/// Returns the scope a request names; unset means the caller's own.
+fn scope_of(scope: i32) -> Result<CredentialScope, Status> {
+    match pb::CredentialScope::try_from(scope) {
+        Ok(pb::CredentialScope::Unspecified | pb::CredentialScope::User) => Ok(CredentialScope::User),
+        Ok(pb::CredentialScope::Tenant) => Ok(CredentialScope::Tenant),
+        Err(_) => Err(avm_common::ApiError::invalid(
+            "INVALID_SCOPE",
+            "scope must be CREDENTIAL_SCOPE_USER or CREDENTIAL_SCOPE_TENANT",
+        )
+        .into()),
+    }
+}
+
+fn credential_pb(credential: CredentialInfo) -> pb::Credential {
+    let scope = match credential.scope {
+        CredentialScope::User => pb::CredentialScope::User,
+        CredentialScope::Tenant => pb::CredentialScope::Tenant,
+    };
+    pb::Credential {
+        server: credential.server,
+        scope: scope as i32,
+        header_names: credential.header_names,
     }
 }
 

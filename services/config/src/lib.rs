@@ -8,11 +8,13 @@
 //! service.rs  layering, validation, permissions, watch
 //! schema.rs   every key of the tree: what it holds, who may change it, checks
 //! cipher.rs   sealing of stored secrets
+//! credentials.rs  MCP servers' credentials per user or tenant, sealed
 //! store.rs    the ConfigStore trait; store/{sqlite,postgres}.rs behind it
 //! ```
 
 mod cipher;
 mod config;
+mod credentials;
 mod error;
 mod grpc;
 pub mod schema;
@@ -21,6 +23,7 @@ mod store;
 
 pub use cipher::{MIN_SECRET_KEY_CHARS, SecretCipher};
 pub use config::ConfigServiceConfig;
+pub use credentials::{CredentialInfo, CredentialScope, MAX_CREDENTIAL_HEADERS};
 pub use error::ConfigError;
 pub use grpc::{ConfigGrpc, grpc_server};
 pub use service::{

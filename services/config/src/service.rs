@@ -124,6 +124,21 @@ impl ConfigService {
         })
     }
 
+    /// Returns the store (for the credentials, which keep beside the overrides).
+    pub(crate) fn store(&self) -> &dyn ConfigStore {
+        self.inner.store.as_ref()
+    }
+
+    /// Seals a value bound to its scope and key, as secrets are.
+    pub(crate) fn seal(&self, scope: &str, key: &str, plain: &str) -> Result<String, ConfigError> {
+        self.inner.cipher.seal(&seal_context(scope, key), plain)
+    }
+
+    /// Opens a value sealed by [`Self::seal`].
+    pub(crate) fn open(&self, scope: &str, key: &str, sealed: &str) -> Result<String, ConfigError> {
+        self.inner.cipher.open(&seal_context(scope, key), key, sealed)
+    }
+
     /// Follows every replica's changes (Postgres `LISTEN`) until `shutdown`;
     /// a finished task when changes stay in process (SQLite).
     pub fn spawn_background(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {

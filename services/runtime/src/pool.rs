@@ -82,6 +82,7 @@ impl AgentPool {
             limits: config.sandbox.clone(),
             fetcher: Fetcher::new(&config.fetch)?,
             mcp: config.mcp.clone(),
+            credentials: Arc::new(crate::peers::StoredCredentials::new(llm.configs(), identity.clone())),
         };
         let hubs = Hubs::new(config.event_retention, config.subscriber_queue);
         let limits = TurnLimits {

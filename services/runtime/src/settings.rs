@@ -63,6 +63,11 @@ pub struct LlmSettings {
 }
 
 impl LlmSettings {
+    /// Returns the config service these settings are read from.
+    pub(crate) fn configs(&self) -> Configs {
+        self.inner.config.clone()
+    }
+
     /// Returns settings read from the config service.
     pub fn new(config: Configs, identity: ServiceIdentity) -> Self {
         let (system, _) = watch::channel(None);

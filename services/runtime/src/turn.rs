@@ -34,7 +34,7 @@ use crate::message::{self, Message, MessageBody};
 use crate::metering::{Metering, Tokens, charge, estimate_tokens};
 use crate::peers::{CallStatus, Sessions, UsageRecord};
 use crate::settings::TenantLlm;
-use crate::tools::ToolReply;
+use crate::tools::{Caller, ServerState, ToolReply, Toolbox};
 
 /// What a turn needs of the world: where messages are stored, where usage
 /// is reported, and the runtime's own credential (a reply is stored whether
@@ -149,6 +149,29 @@ impl Reply {
     }
 }
 
+/// Reaches the agent's MCP servers with the turn's caller's credentials; a
+/// server left unavailable (unreachable, or refusing its credentials:
+/// `needs_auth`) is told to the session's subscribers.
+async fn prepare_tools(agent: &Agent, tools: &Toolbox, ctx: &RequestContext) {
+    let caller = Caller {
+        tenant_id: &ctx.tenant_id,
+        user_id: &ctx.principal.user_id,
+    };
+    for (server, state) in tools.prepare(caller).await {
+        let reason = match &state {
+            ServerState::NeedsAuth => {
+                format!("the MCP server {server} refused its credentials; store one with PUT /v1/credentials/{server}")
+            }
+            ServerState::Failed(why) => format!("the MCP server {server} is unavailable: {why}"),
+            _ => String::new(),
+        };
+        agent.emit(
+            "mcp_server_state",
+            &json!({"agentId": agent.agent_id, "server": server, "state": state.as_str(), "message": reason}),
+        );
+    }
+}
+
 /// Runs one turn to its end, whoever is listening.
 pub(crate) async fn run(
     ports: TurnPorts,
@@ -163,7 +186,7 @@ pub(crate) async fn run(
     // MCP servers are reached when the first turn needs them, and listed
     // again when their tools changed.
     if let Some(tools) = &agent.tools {
-        tools.prepare().await;
+        prepare_tools(&agent, tools, &ctx).await;
         request.tools = tools.specs();
     }
     let mut steps = 0;
@@ -207,7 +230,7 @@ pub(crate) async fn run(
                 agent.extend_history(LlmRole::Assistant, said);
                 let (history, interrupted) = run_tools(&ports, &ctx, &agent, &reply.calls, &cancel).await;
                 if let Some(tools) = &agent.tools {
-                    tools.prepare().await;
+                    prepare_tools(&agent, tools, &ctx).await;
                 }
                 request = self::request(&llm.config, &agent, history);
                 if interrupted {

@@ -188,3 +188,79 @@ async fn internal_url(mode: Mode) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+both_modes!(a_refused_credential_shows_needs_auth_until_one_is_stored, credentials);
+
+async fn credentials(mode: Mode) -> anyhow::Result<()> {
+    let token = "tok-mcp-canary-81f2";
+    let (addr, _server) = avm_tests::mock_mcp::serve_http_with(Some(token.to_owned())).await?;
+    let options = Options {
+        network_allow: vec![addr.ip().to_string()],
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
+    let tool = mcp_tool(
+        &cluster,
+        "secure",
+        json!({"type": "http", "url": format!("http://{addr}/mcp")}),
+        false,
+    )
+    .await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
+    let script = r#"[mock call='mcp__secure__echo:{"text": "let me in"}']"#;
+
+    // Without a credential: the turn goes on, the server is shown needing one.
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
+    let state = frames
+        .iter()
+        .find(|f| f["type"] == "mcp_server_state")
+        .context("mcp_server_state")?;
+    assert_eq!(
+        (&state["data"]["server"], &state["data"]["state"]),
+        (&json!("secure"), &json!("needs_auth")),
+        "{state}"
+    );
+    assert_eq!(results(&frames).len(), 1);
+    assert!(results(&frames)[0].1, "the call was not served");
+    assert_eq!(frames.last().context("frames")?["type"], "conversation_end");
+
+    // The user stores a token: write-only, listed by header name.
+    let (status, stored) = call(
+        &cluster,
+        "PUT",
+        "/v1/credentials/secure",
+        Some(json!({"bearerToken": token})),
+    )
+    .await?;
+    assert_eq!(status, 200, "{stored}");
+    assert_eq!(
+        stored,
+        json!({"server": "secure", "scope": "user", "headerNames": ["Authorization"]})
+    );
+    let (status, listed) = call(&cluster, "GET", "/v1/credentials", None).await?;
+    assert_eq!(status, 200);
+    assert_eq!(listed["credentials"][0]["server"], "secure", "{listed}");
+    assert!(!listed.to_string().contains(token), "a credential is never shown");
+    let listed_ws = client.request("credential_list", json!({})).await?;
+    assert_eq!(listed_ws["credentials"], listed["credentials"]);
+
+    // The next turn reaches the server with it.
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
+    assert!(
+        frames.iter().all(|f| f["type"] != "mcp_server_state"),
+        "{:?}",
+        types(&frames)
+    );
+    assert_eq!(results(&frames), [("echo: let me in".to_owned(), false)]);
+
+    // Removed, it is gone; a missing one is NOT_FOUND.
+    let (status, _) = call(&cluster, "DELETE", "/v1/credentials/secure", None).await?;
+    assert_eq!(status, 200);
+    let (status, missing) = call(&cluster, "DELETE", "/v1/credentials/secure", None).await?;
+    assert_eq!(
+        (status, missing["error"]["code"].clone()),
+        (404, json!("CREDENTIAL_NOT_FOUND")),
+        "{missing}"
+    );
+    Ok(())
+}

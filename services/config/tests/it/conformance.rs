@@ -50,7 +50,72 @@ conformance!(
     secrets_are_write_only_and_sealed,
     only_the_right_callers_change_what,
     watchers_see_the_changes_that_concern_them,
+    credentials_belong_to_a_user_or_the_tenant,
 );
+
+async fn credentials_belong_to_a_user_or_the_tenant(h: Harness) {
+    use avm_config::CredentialScope::{Tenant, User};
+    let headers = |value: &str| std::collections::BTreeMap::from([("Authorization".to_owned(), value.to_owned())]);
+    let (alice, bob) = (member_ctx(A, "usr_alice"), member_ctx(A, "usr_bob"));
+    let stored = h
+        .service
+        .set_credential(&alice, "search", User, headers(CANARY))
+        .await
+        .unwrap();
+    assert_eq!(stored.header_names, ["Authorization"]);
+    // Members may not set the tenant's; admins may.
+    let err = api_err(h.service.set_credential(&bob, "search", Tenant, headers("x")).await);
+    assert_eq!(err.code, Code::PermissionDenied);
+    h.service
+        .set_credential(&admin_ctx(A), "search", Tenant, headers("Bearer tenant-wide"))
+        .await
+        .unwrap();
+
+    // The runtime reads a user's own, else the tenant's; another tenant's users get none.
+    let runtime = service_ctx(A);
+    let resolve = |user: &'static str, tenant: &'static str| {
+        let service = h.service.clone();
+        let runtime = runtime.clone();
+        async move {
+            service
+                .resolve_credential(&runtime, tenant, user, "search")
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(resolve("usr_alice", A).await, Some(headers(CANARY)));
+    assert_eq!(resolve("usr_bob", A).await, Some(headers("Bearer tenant-wide")));
+    assert_eq!(resolve("usr_alice", B).await, None);
+    // Nobody else reads them: not a user, not an admin, not an operator.
+    for ctx in [alice.clone(), admin_ctx(A), operator_ctx(OPS)] {
+        let err = api_err(h.service.resolve_credential(&ctx, A, "usr_alice", "search").await);
+        assert_eq!(err.code, Code::PermissionDenied);
+    }
+
+    // Listed by name, never by value; sealed at rest.
+    let listed = h.service.list_credentials(&alice).await.unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(!format!("{listed:?}").contains(CANARY));
+    assert_eq!(h.service.list_credentials(&bob).await.unwrap().len(), 1);
+    assert!(
+        h.service
+            .list_credentials(&member_ctx(B, "usr_alice"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let sealed = h.store.overrides(&format!("credentials/{A}/usr_alice")).await.unwrap();
+    assert!(sealed[0].encrypted && !sealed[0].value.contains("canary"));
+
+    // Removed, the tenant's applies again; a second removal is NOT_FOUND.
+    h.service.delete_credential(&alice, "search", User).await.unwrap();
+    assert_eq!(resolve("usr_alice", A).await, Some(headers("Bearer tenant-wide")));
+    let err = api_err(h.service.delete_credential(&alice, "search", User).await);
+    assert_eq!(
+        (err.code, err.reason.as_ref()),
+        (Code::NotFound, "CREDENTIAL_NOT_FOUND")
+    );
+}
 
 async fn layers_stack_in_order(h: Harness) {
     let config = h.service.get(&admin_ctx(A), "", false, "").await.unwrap();

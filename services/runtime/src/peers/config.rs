@@ -107,3 +107,46 @@ fn entry(entry: pb::Entry) -> Option<ConfigEntry> {
         source,
     })
 }
+
+/// The credentials users stored for MCP servers, read from the config
+/// service with the runtime's own identity.
+pub struct StoredCredentials {
+    configs: Configs,
+    identity: avm_common::auth::ServiceIdentity,
+}
+
+impl StoredCredentials {
+    /// Reads through `configs` as `identity`.
+    pub fn new(configs: Configs, identity: avm_common::auth::ServiceIdentity) -> Self {
+        Self { configs, identity }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::tools::CredentialSource for StoredCredentials {
+    async fn headers(
+        &self,
+        tenant_id: &str,
+        user_id: &str,
+        server: &str,
+    ) -> Result<Option<std::collections::BTreeMap<String, String>>, String> {
+        let ctx = self
+            .identity
+            .tenant_context(tenant_id)
+            .await
+            .map_err(|err| err.message.clone())?;
+        let request = ctx.request(pb::ResolveCredentialRequest {
+            tenant_id: tenant_id.to_owned(),
+            user_id: user_id.to_owned(),
+            server: server.to_owned(),
+        });
+        let response = self
+            .configs
+            .service
+            .resolve_credential(request)
+            .await
+            .map_err(|status| status.message().to_owned())?
+            .into_inner();
+        Ok(response.found.then(|| response.headers.into_iter().collect()))
+    }
+}

@@ -8,7 +8,7 @@ mod resource;
 mod session;
 mod usage;
 
-pub use config::{ConfigEntry, ConfigSource, ConfigUpdate, Configs};
+pub use config::{ConfigEntry, ConfigSource, ConfigUpdate, Configs, StoredCredentials};
 pub use resource::{Resolved, Resources};
 pub(crate) use session::content;
 pub use session::{Deletion, ImageChanges, ImageInfo, Sessions};

@@ -199,6 +199,8 @@ impl ClientHandler for Listener {
 /// A live session with a server, and the process behind a stdio one.
 struct Session {
     service: RunningService<RoleClient, Listener>,
+    /// The user whose credentials opened it (HTTP servers).
+    user_id: Option<String>,
     _group: Option<GroupGuard>,
     _cgroup: Option<Cgroup>,
     _child: Option<tokio::process::Child>,
@@ -230,12 +232,46 @@ impl std::fmt::Debug for McpServer {
     }
 }
 
+/// Where the credentials users stored for servers are read.
+#[async_trait::async_trait]
+pub trait CredentialSource: Send + Sync {
+    /// Returns the headers `user_id`'s requests send to `server`, if any
+    /// credential is stored for it. The error says why none could be read.
+    async fn headers(
+        &self,
+        tenant_id: &str,
+        user_id: &str,
+        server: &str,
+    ) -> Result<Option<BTreeMap<String, String>>, String>;
+}
+
+/// No stored credentials, for tests.
+#[cfg(test)]
+pub struct NoCredentials;
+
+#[cfg(test)]
+#[async_trait::async_trait]
+impl CredentialSource for NoCredentials {
+    async fn headers(&self, _: &str, _: &str, _: &str) -> Result<Option<BTreeMap<String, String>>, String> {
+        Ok(None)
+    }
+}
+
+/// Whose turn reaches a server: its credentials are used.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller<'a> {
+    pub tenant_id: &'a str,
+    pub user_id: &'a str,
+}
+
 /// What reaching a server needs from its agent.
 pub struct Reach<'a> {
     pub workspace: &'a Workspace,
     pub limits: &'a SandboxLimits,
     pub fetcher: &'a Fetcher,
     pub config: &'a McpConfig,
+    pub credentials: &'a dyn CredentialSource,
+    pub caller: Caller<'a>,
 }
 
 impl McpServer {
@@ -281,6 +317,13 @@ impl McpServer {
     /// they changed; returns whether its tools changed.
     pub async fn prepare(&self, reach: &Reach<'_>) -> bool {
         let mut session = self.session.lock().await;
+        // Another user's turn does not use the session opened with someone's credentials.
+        if session
+            .as_ref()
+            .is_some_and(|live| live.user_id.as_deref().is_some_and(|user| user != reach.caller.user_id))
+        {
+            *session = None;
+        }
         if session.is_some() && !self.stale.swap(false, Ordering::SeqCst) {
             return false;
         }
@@ -367,6 +410,7 @@ impl McpServer {
                 match listener.serve((stdout, stdin)).await {
                     Ok(service) => Ok(Session {
                         service,
+                        user_id: None,
                         _group: Some(group),
                         _cgroup: cgroup,
                         _child: Some(child),
@@ -392,7 +436,15 @@ impl McpServer {
             }
             McpTransport::Http { url, headers } => {
                 let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
-                for (name, value) in headers {
+                let stored = reach
+                    .credentials
+                    .headers(reach.caller.tenant_id, reach.caller.user_id, &self.spec.name)
+                    .await
+                    .map_err(|why| (format!("its credential could not be read: {why}"), false))?;
+                // A stored credential's headers win over the resource's own.
+                let mut headers = headers.clone();
+                headers.extend(stored.unwrap_or_default());
+                for (name, value) in &headers {
                     let (Ok(name), Ok(value)) = (
                         reqwest::header::HeaderName::try_from(name.as_str()),
                         reqwest::header::HeaderValue::try_from(value.as_str()),
@@ -408,6 +460,7 @@ impl McpServer {
                     .map_err(|err| (format!("{url}: {err}"), err.is_authorization_required()))?;
                 Ok(Session {
                     service,
+                    user_id: Some(reach.caller.user_id.to_owned()),
                     _group: None,
                     _cgroup: None,
                     _child: None,

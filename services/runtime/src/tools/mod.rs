@@ -23,7 +23,7 @@ mod workspace;
 pub use crate::config::{McpConfig, SandboxLimits, SandboxRequest};
 pub use fetch::{AddressGuard, Fetcher};
 use mcp::McpServer;
-pub use mcp::{McpServerSpec, McpTransport, ServerState};
+pub use mcp::{Caller, CredentialSource, McpServerSpec, McpTransport, ServerState};
 pub use workspace::Workspace;
 
 /// Most bytes of a tool result the model is sent; the rest is cut with a marker.
@@ -172,6 +172,14 @@ pub struct ToolContext {
     pub limits: SandboxLimits,
     pub fetcher: Fetcher,
     pub mcp: McpConfig,
+    /// The credentials users stored for MCP servers.
+    pub credentials: Arc<dyn CredentialSource>,
+}
+
+impl std::fmt::Debug for dyn CredentialSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CredentialSource")
+    }
 }
 
 /// The tools of one agent, over its image's workspace.
@@ -232,19 +240,30 @@ impl Toolbox {
         Arc::clone(&self.specs.lock().unwrap_or_else(|poison| poison.into_inner()))
     }
 
-    /// Reaches the MCP servers not reached yet and lists again the tools of
-    /// those that said theirs changed; nothing to do without servers.
-    pub async fn prepare(&self) {
+    /// Reaches the MCP servers not reached yet (with `caller`'s credentials)
+    /// and lists again the tools of those that said theirs changed; returns
+    /// the servers this left unavailable, with their state. Nothing to do
+    /// without servers.
+    pub async fn prepare(&self, caller: Caller<'_>) -> Vec<(String, ServerState)> {
         if self.servers.is_empty() {
-            return;
+            return Vec::new();
         }
         let reach = mcp::Reach {
             workspace: &self.workspace,
             limits: &self.limits,
             fetcher: &self.context.fetcher,
             config: &self.context.mcp,
+            credentials: self.context.credentials.as_ref(),
+            caller,
         };
         let changed = futures::future::join_all(self.servers.iter().map(|server| server.prepare(&reach))).await;
+        let unavailable = self
+            .servers
+            .iter()
+            .zip(&changed)
+            .filter(|(server, changed)| **changed && server.state() != ServerState::Connected)
+            .map(|(server, _)| (server.name().to_owned(), server.state()))
+            .collect();
         if changed.contains(&true) {
             let mut specs: Vec<ToolSpec> = self.tools.iter().map(|tool| tool.spec()).collect();
             for server in &self.servers {
@@ -252,6 +271,7 @@ impl Toolbox {
             }
             *self.specs.lock().unwrap_or_else(|poison| poison.into_inner()) = Arc::new(specs);
         }
+        unavailable
     }
 
     /// Returns each MCP server's name and state.
@@ -360,6 +380,7 @@ mod tests {
             limits: SandboxLimits::default(),
             fetcher: Fetcher::new(&Default::default()).unwrap(),
             mcp: McpConfig::default(),
+            credentials: Arc::new(mcp::NoCredentials),
         };
         assert!(
             Toolbox::new(&[], &[], None, workspace.clone(), &context)
