@@ -1,5 +1,6 @@
 //! A mock MCP server (rmcp) for the tools suites: over stdio (the `mock-mcp`
-//! binary) or streamable HTTP (in process, [`serve_http`]).
+//! binary), streamable HTTP ([`serve_http`], in process, optionally behind a
+//! bearer token) or the legacy HTTP+SSE transport ([`serve_sse`]).
 //!
 //! Its tools:
 //! - `echo {text}`: answers `echo: <text>`;
@@ -157,6 +158,93 @@ pub async fn serve_http_with(token: Option<String>) -> anyhow::Result<(SocketAdd
                 }
             },
         ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok((addr, task))
+}
+
+/// Serves the mock over the legacy HTTP+SSE transport: `GET /sse` opens a
+/// session's event stream (its first event, `endpoint`, names where to post),
+/// `POST /messages?sessionId=…` takes the client's messages.
+pub async fn serve_sse() -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use axum::extract::{Query, State};
+    use axum::http::StatusCode;
+    use axum::response::sse::{Event, Sse};
+    use rmcp::ServiceExt;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, WriteHalf};
+
+    type Sessions = Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<WriteHalf<tokio::io::DuplexStream>>>>>>;
+    let sessions: Sessions = Arc::default();
+
+    async fn open(State(sessions): State<Sessions>) -> impl axum::response::IntoResponse {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = format!("s{}", NEXT.fetch_add(1, Ordering::SeqCst));
+        let (client_side, server_side) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(async move {
+            if let Ok(service) = MockMcp::default().serve(server_side).await {
+                let _ = service.waiting().await;
+            }
+        });
+        let (read, write) = tokio::io::split(client_side);
+        sessions
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .insert(id.clone(), Arc::new(tokio::sync::Mutex::new(write)));
+        let endpoint = futures::stream::once(async move {
+            Ok::<_, std::convert::Infallible>(
+                Event::default()
+                    .event("endpoint")
+                    .data(format!("/messages?sessionId={id}")),
+            )
+        });
+        let lines =
+            tokio_stream_lines(BufReader::new(read)).map(|line| Ok(Event::default().event("message").data(line)));
+        Sse::new(endpoint.chain(lines))
+    }
+
+    fn tokio_stream_lines(
+        reader: BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+    ) -> impl futures::Stream<Item = String> {
+        futures::stream::unfold(reader.lines(), |mut lines| async move {
+            lines.next_line().await.ok().flatten().map(|line| (line, lines))
+        })
+    }
+
+    async fn post(
+        State(sessions): State<Sessions>,
+        Query(query): Query<HashMap<String, String>>,
+        body: bytes::Bytes,
+    ) -> StatusCode {
+        let session = query.get("sessionId").and_then(|id| {
+            sessions
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner())
+                .get(id)
+                .cloned()
+        });
+        let Some(session) = session else {
+            return StatusCode::NOT_FOUND;
+        };
+        let mut write = session.lock().await;
+        let mut line = body.to_vec();
+        line.push(b'\n');
+        match write.write_all(&line).await {
+            Ok(()) => StatusCode::ACCEPTED,
+            Err(_) => StatusCode::GONE,
+        }
+    }
+
+    use futures::StreamExt;
+    let router = axum::Router::new()
+        .route("/sse", axum::routing::get(open))
+        .route("/messages", axum::routing::post(post))
+        .with_state(sessions);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let task = tokio::spawn(async move {

@@ -162,6 +162,37 @@ async fn http(mode: Mode) -> anyhow::Result<()> {
     Ok(())
 }
 
+both_modes!(a_legacy_sse_server_serves_tools, sse);
+
+async fn sse(mode: Mode) -> anyhow::Result<()> {
+    let (addr, _server) = avm_tests::mock_mcp::serve_sse().await?;
+    let options = Options {
+        network_allow: vec![addr.ip().to_string()],
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(mode, MockApi::Anthropic, options).await?;
+    let tool = mcp_tool(
+        &cluster,
+        "legacy",
+        json!({"type": "sse", "url": format!("http://{addr}/sse")}),
+        false,
+    )
+    .await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
+    let script = r#"[mock call='mcp__legacy__echo:{"text": "over sse"}' call='mcp__legacy__fail:{}']"#;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
+    assert_eq!(
+        results(&frames),
+        [
+            ("echo: over sse".to_owned(), false),
+            ("it failed on purpose".to_owned(), true)
+        ],
+        "{:?}",
+        types(&frames)
+    );
+    Ok(())
+}
+
 both_modes!(an_internal_server_address_is_refused, internal_url);
 
 async fn internal_url(mode: Mode) -> anyhow::Result<()> {

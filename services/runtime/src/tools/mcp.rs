@@ -10,9 +10,11 @@
 //! (only operators publish those) or a command the operator allows
 //! (`[runtime.mcp] allowed_commands`), in the agent's workspace under the
 //! sandbox's limits, with a clean environment plus the resource's `env`.
-//! HTTP servers' addresses pass `fetch_url`'s address guard. A server that
-//! cannot be reached is left out of the turn's tools (and tried again next
-//! turn); one that refuses its credentials is in the `needs_auth` state.
+//! HTTP servers (streamable HTTP, or the legacy SSE transport, spoken by
+//! `mcp_sse.rs`) are reached through `fetch_url`'s address guard, with the
+//! caller's stored credential. A server that cannot be reached is left out
+//! of the turn's tools (and tried again next turn); one that refuses its
+//! credentials is in the `needs_auth` state.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +31,7 @@ use tokio::io::AsyncReadExt;
 
 use super::cgroup::Cgroup;
 use super::fetch::Fetcher;
+use super::mcp_sse::SseTransport;
 use super::process::{GroupGuard, NO_NETWORK_ISOLATION, network_isolation, sandboxed, spawn_failure};
 use super::workspace::Workspace;
 use crate::config::{McpConfig, SandboxLimits};
@@ -128,7 +131,7 @@ impl McpServerSpec {
                     ))
                 }
             }
-            McpTransport::Http { url, .. } => {
+            McpTransport::Http { url, .. } | McpTransport::Sse { url, .. } => {
                 let parsed = reqwest::Url::parse(url)
                     .map_err(|err| RuntimeError::invalid("TOOL_UNAVAILABLE", format!("{url:?} is not a URL: {err}")))?;
                 fetcher
@@ -136,14 +139,6 @@ impl McpServerSpec {
                     .check_url(&parsed)
                     .map_err(|refusal| RuntimeError::invalid("MCP_SERVER_REFUSED", refusal))
             }
-            McpTransport::Sse { .. } => Err(RuntimeError::invalid(
-                "TOOL_UNAVAILABLE",
-                format!(
-                    "the tool {:?} is served over the legacy HTTP+SSE transport, which this runtime does not \
-                     speak yet; use its streamable HTTP endpoint (\"type\": \"http\")",
-                    self.name
-                ),
-            )),
         }
     }
 }
@@ -434,8 +429,7 @@ impl McpServer {
                     }
                 }
             }
-            McpTransport::Http { url, headers } => {
-                let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+            McpTransport::Http { url, headers } | McpTransport::Sse { url, headers } => {
                 let stored = reach
                     .credentials
                     .headers(reach.caller.tenant_id, reach.caller.user_id, &self.spec.name)
@@ -444,20 +438,29 @@ impl McpServer {
                 // A stored credential's headers win over the resource's own.
                 let mut headers = headers.clone();
                 headers.extend(stored.unwrap_or_default());
-                for (name, value) in &headers {
-                    let (Ok(name), Ok(value)) = (
-                        reqwest::header::HeaderName::try_from(name.as_str()),
-                        reqwest::header::HeaderValue::try_from(value.as_str()),
-                    ) else {
-                        return Err((format!("the header {name:?} cannot be sent"), false));
-                    };
-                    config.custom_headers.insert(name, value);
-                }
-                let transport = StreamableHttpClientTransport::with_client(reach.fetcher.mcp_client(), config);
-                let service = listener
-                    .serve(transport)
-                    .await
-                    .map_err(|err| (format!("{url}: {err}"), err.is_authorization_required()))?;
+                let service = if matches!(self.spec.transport, McpTransport::Sse { .. }) {
+                    let transport = SseTransport::connect(reach.fetcher.mcp_client(), url, &headers).await?;
+                    listener
+                        .serve(transport)
+                        .await
+                        .map_err(|err| (format!("{url}: {err}"), false))?
+                } else {
+                    let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+                    for (name, value) in &headers {
+                        let (Ok(name), Ok(value)) = (
+                            reqwest::header::HeaderName::try_from(name.as_str()),
+                            reqwest::header::HeaderValue::try_from(value.as_str()),
+                        ) else {
+                            return Err((format!("the header {name:?} cannot be sent"), false));
+                        };
+                        config.custom_headers.insert(name, value);
+                    }
+                    let transport = StreamableHttpClientTransport::with_client(reach.fetcher.mcp_client(), config);
+                    listener
+                        .serve(transport)
+                        .await
+                        .map_err(|err| (format!("{url}: {err}"), err.is_authorization_required()))?
+                };
                 Ok(Session {
                     service,
                     user_id: Some(reach.caller.user_id.to_owned()),
@@ -466,7 +469,6 @@ impl McpServer {
                     _child: None,
                 })
             }
-            McpTransport::Sse { url, .. } => Err((format!("{url}: the legacy SSE transport is not spoken"), false)),
         }
     }
 

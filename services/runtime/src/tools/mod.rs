@@ -17,6 +17,7 @@ mod cgroup;
 mod fetch;
 mod files;
 mod mcp;
+mod mcp_sse;
 mod process;
 mod workspace;
 
