@@ -82,6 +82,7 @@ async fn stdio(mode: Mode) -> anyhow::Result<()> {
             "mcp__mock__echo",
             "mcp__mock__whereami",
             "mcp__mock__fail",
+            "mcp__mock__pid",
             "mcp__mock__slow",
             "mcp__mock__unlock"
         ]
@@ -108,6 +109,42 @@ async fn stdio(mode: Mode) -> anyhow::Result<()> {
         "{last}"
     );
     Ok(())
+}
+
+both_modes!(a_stdio_server_stops_with_its_agent, stops_when_idle);
+
+async fn stops_when_idle(mode: Mode) -> anyhow::Result<()> {
+    let options = Options {
+        agent_idle_timeout: Some(std::time::Duration::from_millis(300)),
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
+    let tool = mcp_tool(&cluster, "mock", json!({"command": MOCK_MCP}), true).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
+    let pid_of_server = async |client: &mut avm_tests::ws_client::WsClient| -> anyhow::Result<String> {
+        let frames = send_and_finish(client, &chat.image_id, json!("[mock call='mcp__mock__pid:{}']")).await?;
+        let answered = results(&frames);
+        anyhow::ensure!(answered.len() == 1 && !answered[0].1, "{answered:?}");
+        Ok(answered[0].0.clone())
+    };
+    let first = pid_of_server(&mut client).await?;
+    let proc_dir = std::path::Path::new("/proc").join(&first);
+    assert!(proc_dir.exists(), "the server runs while its agent does");
+    // The agent goes idle and is dropped: its server goes with it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while proc_dir.exists() && !is_zombie(&proc_dir) {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the server outlived its agent");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The next message starts the agent, and a new server, again.
+    let second = pid_of_server(&mut client).await?;
+    assert_ne!(first, second);
+    Ok(())
+}
+
+/// Returns whether a process has exited and waits to be reaped.
+fn is_zombie(proc_dir: &std::path::Path) -> bool {
+    std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|stat| stat.contains(") Z "))
 }
 
 both_modes!(a_tenants_own_command_is_refused_and_nothing_runs, refused_command);
