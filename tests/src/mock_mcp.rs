@@ -7,7 +7,6 @@
 //! - `whereami`: its working directory and the names of its environment's
 //!   variables, as `cwd=<dir> env=<A,B,…>`;
 //! - `fail`: an error result (`isError`), `it failed on purpose`;
-//! - `pid`: the server's process id;
 //! - `slow {ms}`: answers `slept <ms> ms` after that long;
 //! - `unlock`: offers one more tool, `door` (answering `opened`), and tells
 //!   the client its tool list changed.
@@ -48,7 +47,6 @@ impl MockMcp {
             ),
             tool("whereami", "Says where the server runs.", json!({"type": "object"})),
             tool("fail", "Always fails.", json!({"type": "object"})),
-            tool("pid", "Says the server's process id.", json!({"type": "object"})),
             tool(
                 "slow",
                 "Answers after a while.",
@@ -107,7 +105,6 @@ impl ServerHandler for MockMcp {
                 text(format!("cwd={cwd} env={}", names.join(",")))
             }
             "fail" => Ok(CallToolResult::error(vec![ContentBlock::text("it failed on purpose")]).into()),
-            "pid" => text(std::process::id().to_string()),
             "slow" => {
                 let ms = arguments["ms"].as_u64().unwrap_or(1000);
                 tokio::time::sleep(Duration::from_millis(ms)).await;

@@ -269,9 +269,19 @@ impl RuntimePeers {
     fn pool(self, config: &AvmConfig, identity: &ServiceIdentity) -> anyhow::Result<avm_runtime::AgentPool> {
         use avm_runtime::peers::{Configs, Resources, Sessions, Usages};
         let mut runtime = config.runtime.clone();
-        if runtime.workspace_root.is_none() {
-            runtime.workspace_root = Some(config.server.data_dir().join("workspaces"));
+        let data_dir = std::path::absolute(config.server.data_dir())?;
+        let workspace_root = match &runtime.workspace_root {
+            Some(root) => std::path::absolute(root)?,
+            None => data_dir.join("workspaces"),
+        };
+        // Commands never see the server's data (its keys, databases, other
+        // images' workspaces) nor its configuration file.
+        let sandbox = &mut runtime.sandbox;
+        sandbox.hide.extend([data_dir, workspace_root.clone()]);
+        if let Some(file) = std::env::var_os("AVM_CONFIG") {
+            sandbox.hide.push(std::path::absolute(file)?);
         }
+        runtime.workspace_root = Some(workspace_root);
         avm_runtime::AgentPool::new(
             runtime,
             avm_runtime::LlmSettings::new(Configs::new(self.config), identity.clone()),

@@ -129,6 +129,13 @@ pub struct SandboxLimits {
     /// Whether commands and `fetch_url` reach the network; without, commands
     /// run in a network namespace of their own (nothing but a down loopback).
     pub network: bool,
+    /// Whether commands (and stdio MCP servers) run in user, mount and PID
+    /// namespaces of their own, where `hide` is covered and no other process
+    /// is seen; where the server cannot make them, commands are refused.
+    pub isolate: bool,
+    /// Paths commands must not see (besides the data directory, the
+    /// workspace root and the server's home, which are always added).
+    pub hide: Vec<std::path::PathBuf>,
 }
 
 impl Default for SandboxLimits {
@@ -142,6 +149,8 @@ impl Default for SandboxLimits {
             output_bytes: 32 * 1024,
             disk_mb: 1024,
             network: true,
+            isolate: true,
+            hide: Vec::new(),
         }
     }
 }

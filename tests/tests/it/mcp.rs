@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::both_modes;
 use crate::support::{call, send_and_finish, streamed_text, types};
-use crate::tools::{open_chat, start_with};
+use crate::tools::{is_running, open_chat, processes_in, start_with};
 
 /// The mock MCP server's binary, built with the tests.
 const MOCK_MCP: &str = env!("CARGO_BIN_EXE_mock-mcp");
@@ -82,7 +82,6 @@ async fn stdio(mode: Mode) -> anyhow::Result<()> {
             "mcp__mock__echo",
             "mcp__mock__whereami",
             "mcp__mock__fail",
-            "mcp__mock__pid",
             "mcp__mock__slow",
             "mcp__mock__unlock"
         ]
@@ -121,30 +120,25 @@ async fn stops_when_idle(mode: Mode) -> anyhow::Result<()> {
     let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
     let tool = mcp_tool(&cluster, "mock", json!({"command": MOCK_MCP}), true).await?;
     let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
-    let pid_of_server = async |client: &mut avm_tests::ws_client::WsClient| -> anyhow::Result<String> {
-        let frames = send_and_finish(client, &chat.image_id, json!("[mock call='mcp__mock__pid:{}']")).await?;
-        let answered = results(&frames);
-        anyhow::ensure!(answered.len() == 1 && !answered[0].1, "{answered:?}");
-        Ok(answered[0].0.clone())
-    };
-    let first = pid_of_server(&mut client).await?;
-    let proc_dir = std::path::Path::new("/proc").join(&first);
-    assert!(proc_dir.exists(), "the server runs while its agent does");
+    let script = json!("[mock call='mcp__mock__echo:{\"text\": \"hi\"}']");
+    let frames = send_and_finish(&mut client, &chat.image_id, script.clone()).await?;
+    assert_eq!(results(&frames), [("echo: hi".to_owned(), false)]);
+    let workspace = workspace_of(&cluster, &chat.image_id).context("the workspace")?;
+    let first = processes_in(&workspace, MOCK_MCP);
+    assert_eq!(first.len(), 1, "the server runs while its agent does");
     // The agent goes idle and is dropped: its server goes with it.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    while proc_dir.exists() && !is_zombie(&proc_dir) {
+    while is_running(&first[0]) {
         anyhow::ensure!(std::time::Instant::now() < deadline, "the server outlived its agent");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     // The next message starts the agent, and a new server, again.
-    let second = pid_of_server(&mut client).await?;
+    let frames = send_and_finish(&mut client, &chat.image_id, script).await?;
+    assert_eq!(results(&frames), [("echo: hi".to_owned(), false)]);
+    let second = processes_in(&workspace, MOCK_MCP);
+    assert_eq!(second.len(), 1);
     assert_ne!(first, second);
     Ok(())
-}
-
-/// Returns whether a process has exited and waits to be reaped.
-fn is_zombie(proc_dir: &std::path::Path) -> bool {
-    std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|stat| stat.contains(") Z "))
 }
 
 both_modes!(a_tenants_own_command_is_refused_and_nothing_runs, refused_command);

@@ -385,6 +385,26 @@ async fn commands(mode: Mode) -> anyhow::Result<()> {
     let admin_key = std::fs::read_to_string(cluster.data_dir().join("admin.key"))?;
     assert!(!env.contains(admin_key.trim()));
 
+    // Nor its files: the data directory (keys, databases, other workspaces)
+    // is out of sight, and so are its processes and their environments.
+    let peek = format!(
+        "cat {data}/admin.key; ls {data}; cat /proc/*/environ 2>/dev/null | grep -ac LLM_",
+        data = cluster.data_dir().display()
+    );
+    let frames = send_and_finish(
+        &mut client,
+        &chat.image_id,
+        json!(format!("[mock call='run_command:{}']", json!({"command": peek}))),
+    )
+    .await?;
+    let result = frames
+        .iter()
+        .find(|f| f["type"] == "tool_result")
+        .context("tool_result")?;
+    let seen = result["data"]["result"].as_str().context("result text")?;
+    assert!(!seen.contains(admin_key.trim()), "{seen}");
+    assert!(seen.contains("No such file") && seen.contains("\n0\n"), "{seen}");
+
     // A failing command is a result the model reads, not a failed turn.
     let frames = send_and_finish(
         &mut client,
@@ -418,11 +438,14 @@ async fn interrupt_command(mode: Mode) -> anyhow::Result<()> {
         .send_request("message_send", json!({"imageId": chat.image_id, "content": script}))
         .await?;
     client.frames_until("message_stop").await?;
-    // The command has started once it wrote its pid.
+    // The command has started once it wrote its pid (in its own PID
+    // namespace): find its sleeper from here by what it runs and where.
     let pid_file = find_file_eventually(&cluster.data_dir().join("workspaces"), "sleeper.pid").await?;
-    let pid = wait_for_content(&pid_file).await?;
-    let proc_dir = Path::new("/proc").join(pid.trim());
-    assert!(proc_dir.exists(), "the command runs");
+    wait_for_content(&pid_file).await?;
+    let workspace = pid_file.parent().context("the workspace")?;
+    let sleepers = processes_in(workspace, "sleep");
+    assert_eq!(sleepers.len(), 1, "the command runs");
+    let proc_dir = sleepers[0].clone();
 
     let started = std::time::Instant::now();
     let answer = client
@@ -460,7 +483,28 @@ async fn interrupt_command(mode: Mode) -> anyhow::Result<()> {
 }
 
 /// Returns whether a process exists and is not a zombie.
-fn is_running(proc_dir: &Path) -> bool {
+/// Returns the live processes (their `/proc` directories) running `program`
+/// with `dir` as their working directory.
+pub(crate) fn processes_in(dir: &Path, program: &str) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|proc_dir| {
+            let runs = std::fs::read(proc_dir.join("cmdline")).is_ok_and(|cmdline| {
+                cmdline
+                    .split(|byte| *byte == 0)
+                    .next()
+                    .is_some_and(|first| first.ends_with(program.as_bytes()))
+            });
+            runs && std::fs::read_link(proc_dir.join("cwd")).is_ok_and(|cwd| cwd == dir) && is_running(proc_dir)
+        })
+        .collect()
+}
+
+pub(crate) fn is_running(proc_dir: &Path) -> bool {
     std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|stat| {
         stat.rsplit(')')
             .next()

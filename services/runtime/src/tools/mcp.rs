@@ -31,8 +31,9 @@ use tokio::io::AsyncReadExt;
 
 use super::cgroup::Cgroup;
 use super::fetch::Fetcher;
+use super::isolation;
 use super::mcp_sse::SseTransport;
-use super::process::{GroupGuard, NO_NETWORK_ISOLATION, network_isolation, sandboxed, spawn_failure};
+use super::process::{GroupGuard, sandboxed, spawn_failure};
 use super::workspace::Workspace;
 use crate::config::{McpConfig, SandboxLimits};
 use crate::error::RuntimeError;
@@ -383,9 +384,7 @@ impl McpServer {
         match &self.spec.transport {
             McpTransport::Stdio { command, args, env } => {
                 reach.workspace.ensure().map_err(|why| (why, false))?;
-                if !reach.limits.network && !network_isolation().await {
-                    return Err((NO_NETWORK_ISOLATION.to_owned(), false));
-                }
+                isolation::check(reach.limits).await.map_err(|why| (why, false))?;
                 let file_bytes = reach.limits.file_mb.saturating_mul(1024 * 1024);
                 let (mut process, cgroup) = sandboxed(reach.workspace.dir(), reach.limits, file_bytes, command, args);
                 process

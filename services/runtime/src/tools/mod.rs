@@ -16,6 +16,7 @@ pub mod access;
 mod cgroup;
 mod fetch;
 mod files;
+mod isolation;
 mod mcp;
 mod mcp_sse;
 mod process;

@@ -4,9 +4,11 @@
 //! space, file size, processes, no core files), in its own process group,
 //! with the workspace as its working directory and a clean environment
 //! (`PATH`, `HOME` and `TMPDIR` at the workspace, `LANG`: none of the
-//! server's variables, so no key). The whole group is killed when the
-//! command ends, times out or its turn is interrupted, so nothing it started
-//! outlives the call. Its output is cut at a limit, with a marker.
+//! server's variables, so no key), in the namespaces of `isolation.rs` and
+//! the control group of `cgroup.rs` where the server can make them. Whatever
+//! it started is killed when the command ends, times out or its turn is
+//! interrupted, so nothing outlives the call. Its output is cut at a limit,
+//! with a marker.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -18,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
 use super::cgroup::Cgroup;
+use super::isolation;
 use super::workspace::{ToolFailure, Workspace};
 use crate::config::SandboxLimits;
 #[cfg(test)]
@@ -35,41 +38,12 @@ impl GroupGuard {
     }
 }
 
-/// Returns whether commands can be run without the network: an unprivileged
-/// user namespace with a network namespace of its own (`unshare`). Checked
-/// once.
-pub(super) async fn network_isolation() -> bool {
-    static AVAILABLE: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
-    *AVAILABLE
-        .get_or_init(|| async {
-            let status = Command::new("unshare")
-                .args(["--net", "--map-root-user", "--", "true"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .await;
-            let available = status.is_ok_and(|status| status.success());
-            if !available {
-                tracing::warn!(
-                    "network namespaces are not available: sandboxes with network: false cannot run commands"
-                );
-            }
-            available
-        })
-        .await
-}
-
-/// Says why a command needing no network cannot run here.
-pub(super) const NO_NETWORK_ISOLATION: &str = "this agent's sandbox has no network (network: false), and this \
-    server cannot take the network away from a command (no user or network namespaces): nothing was run";
-
 /// Returns the command that runs `program` in `dir` under `limits`' rlimits
 /// (through `prlimit`; files up to `file_bytes`), in a control group of its
 /// own where the server can make one (returned: keep it while the command
-/// runs), with a clean environment, in a process group of its own, killed
-/// when dropped, and without the network when `limits.network` is off (check
-/// [`network_isolation`] first); the caller sets its standard streams.
+/// runs), in the namespaces `limits` ask for (check [`isolation::check`]
+/// first), with a clean environment, in a process group of its own, killed
+/// when dropped; the caller sets its standard streams.
 pub(super) fn sandboxed(
     dir: &Path,
     limits: &SandboxLimits,
@@ -78,10 +52,7 @@ pub(super) fn sandboxed(
     args: &[String],
 ) -> (Command, Option<Cgroup>) {
     let cgroup = Cgroup::create(limits);
-    let mut words: Vec<String> = Vec::new();
-    if !limits.network {
-        words.extend(["unshare", "--net", "--map-root-user", "--"].map(str::to_owned));
-    }
+    let mut words = isolation::words(limits, dir);
     words.extend([
         "prlimit".to_owned(),
         format!("--cpu={}", limits.cpu_seconds),
@@ -156,9 +127,7 @@ pub async fn run_command(
     if command.trim().is_empty() {
         return Err("`command` must not be empty".to_owned());
     }
-    if !limits.network && !network_isolation().await {
-        return Err(NO_NETWORK_ISOLATION.to_owned());
-    }
+    isolation::check(limits).await?;
     // A command may fill what is left of the workspace's quota, no more.
     let file_bytes = limits.file_mb.saturating_mul(1024 * 1024);
     let file_bytes = match workspace.quota() {
@@ -291,16 +260,54 @@ mod tests {
             ..SandboxLimits::default()
         };
         let script = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '";
-        if !network_isolation().await {
-            assert_eq!(
-                run_command(&ws, script, &isolated).await.unwrap_err(),
-                NO_NETWORK_ISOLATION
-            );
+        if let Err(refused) = isolation::check(&isolated).await {
+            assert_eq!(run_command(&ws, script, &isolated).await.unwrap_err(), refused);
             return;
         }
         let (text, failed) = run_command(&ws, script, &isolated).await.unwrap();
         assert!(!failed, "{text}");
         assert_eq!(text, "exit code 0\nstdout:\nlo\n", "only a loopback interface");
+    }
+
+    #[tokio::test]
+    async fn the_servers_files_and_processes_are_out_of_sight() {
+        let temp = tempfile::tempdir().unwrap();
+        let data = temp.path().join("data");
+        let ws = Workspace::new(data.join("workspaces/ten_a/img_1"));
+        ws.ensure().unwrap();
+        std::fs::write(data.join("admin.key"), "the-admin-key").unwrap();
+        std::fs::create_dir_all(data.join("workspaces/ten_b/img_2")).unwrap();
+        std::fs::write(data.join("workspaces/ten_b/img_2/theirs.txt"), "theirs").unwrap();
+        std::fs::write(ws.dir().join("mine.txt"), "mine").unwrap();
+        let limits = SandboxLimits {
+            hide: vec![data.clone()],
+            ..SandboxLimits::default()
+        };
+        if let Err(refused) = isolation::check(&limits).await {
+            assert_eq!(run_command(&ws, "true", &limits).await.unwrap_err(), refused);
+            return;
+        }
+        let server = std::process::id();
+        let script = format!(
+            "cat mine.txt; echo; cat {admin} 2>&1; ls {others} 2>&1; cat /proc/{server}/environ 2>&1 | head -c 40; echo; \
+             ls /proc | grep -c '^[0-9]'; echo new > new.txt; pwd",
+            admin = data.join("admin.key").display(),
+            others = data.join("workspaces/ten_b").display(),
+        );
+        let (text, _) = run_command(&ws, &script, &limits).await.unwrap();
+        assert!(text.contains("mine\n"), "{text}");
+        assert!(!text.contains("the-admin-key") && !text.contains("theirs"), "{text}");
+        assert!(
+            !text.contains("CARGO"),
+            "the server's environment is out of sight: {text}"
+        );
+        assert!(text.contains(&ws.dir().display().to_string()), "{text}");
+        assert_eq!(std::fs::read_to_string(ws.dir().join("new.txt")).unwrap(), "new\n");
+        assert_eq!(
+            std::fs::read_to_string(data.join("admin.key")).unwrap(),
+            "the-admin-key",
+            "nothing outside changed"
+        );
     }
 
     #[tokio::test]
@@ -312,26 +319,37 @@ mod tests {
             ..SandboxLimits::default()
         };
         // 200 sleepers asked for; a child that leaves the process group
-        // (setsid) is still the command's.
-        let bomb =
-            "setsid sleep 300 & echo $! > escaped; n=0; while [ $n -lt 200 ]; do sleep 2 & n=$((n+1)); done; wait";
+        // (setsid) is still the command's. Its odd duration marks it.
+        let bomb = "setsid sleep 313 & n=0; while [ $n -lt 200 ]; do sleep 2 & n=$((n+1)); done; wait";
         let (text, _) = run_command(&ws, bomb, &limits).await.unwrap();
         if Cgroup::create(&limits).is_none() {
             // Without a writable cgroup hierarchy only rlimits apply (not to root).
             return;
         }
         assert!(text.contains("Cannot fork"), "the processes were bounded: {text}");
-        let escaped = std::fs::read_to_string(ws.dir().join("escaped")).unwrap();
-        let proc_dir = std::path::Path::new("/proc").join(escaped.trim());
-        // The group is killed as the call ends; the kernel reaps it right after.
+        // Everything is killed as the call ends; the kernel reaps it right after.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while proc_dir.exists() && !is_zombie(&proc_dir) && std::time::Instant::now() < deadline {
+        while !escaped_sleepers().is_empty() && std::time::Instant::now() < deadline {
             tokio::task::yield_now().await;
         }
-        assert!(
-            !proc_dir.exists() || is_zombie(&proc_dir),
+        assert_eq!(
+            escaped_sleepers(),
+            Vec::<std::path::PathBuf>::new(),
             "the escaped process was killed"
         );
+    }
+
+    /// Returns the live `sleep 313` processes.
+    fn escaped_sleepers() -> Vec<std::path::PathBuf> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|dir| {
+                std::fs::read(dir.join("cmdline")).is_ok_and(|cmdline| cmdline == b"sleep\x00313\x00")
+                    && !is_zombie(dir)
+            })
+            .collect()
     }
 
     fn is_zombie(proc_dir: &std::path::Path) -> bool {
