@@ -3,9 +3,9 @@
 //! sees only its own processes, so no other process's environment, and all
 //! of them end with it), a mount namespace in which the server's own paths
 //! (`[runtime.sandbox] hide`: the data directory with every other
-//! workspace, the server's home, …) are covered by empty directories and the
-//! image's workspace is mounted back where it was, and, without network, a
-//! network namespace of its own.
+//! workspace, …) are covered by empty directories, the image's workspace is
+//! mounted back where it was and every other mount is read-only, and,
+//! without network, a network namespace of its own.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -95,7 +95,8 @@ pub(super) fn words(limits: &SandboxLimits, dir: &Path) -> Vec<String> {
 }
 
 /// Returns the script that covers the hidden paths, mounts the workspace
-/// (`dir`, the shell's working directory) back and runs its arguments.
+/// (`dir`, the shell's working directory) back as the one writable place,
+/// makes every other mount read-only, and runs its arguments.
 fn setup_script(hide: &[PathBuf], dir: &Path) -> String {
     // Existing paths only, and none inside another (covered already).
     let mut covered: Vec<&PathBuf> = hide.iter().filter(|path| path.is_absolute() && path.exists()).collect();
@@ -112,15 +113,18 @@ fn setup_script(hide: &[PathBuf], dir: &Path) -> String {
             script.push_str(&format!("mount --bind /dev/null {}; ", quoted(path)));
         }
     }
-    if covered.iter().any(|path| dir.starts_with(path)) {
-        // The shell still stands in the workspace: mount that directory back
-        // (the magic link, not its name, which now leads into the cover).
-        let dir = quoted(dir);
-        script.push_str(&format!(
-            "mkdir -p {dir}; mount --no-canonicalize --bind /proc/self/cwd {dir}; cd {dir}; "
-        ));
-    }
-    script.push_str("unset PWD OLDPWD; exec \"$@\"");
+    // The shell still stands in the workspace: mount that directory (the
+    // magic link, not its name, which may lead into a cover now) at its name.
+    let ws = quoted(dir);
+    script.push_str(&format!(
+        "mkdir -p {ws}; mount --no-canonicalize --bind /proc/self/cwd {ws}; cd {ws}; "
+    ));
+    // Everything else read-only: the root strictly, the mounts below it where the kernel lets us.
+    script.push_str(&format!(
+        "mount -o remount,bind,ro /; for mp in $(cut -d' ' -f5 /proc/self/mountinfo); do \
+         [ \"$mp\" = {ws} ] || mount -o remount,bind,ro \"$mp\" 2>/dev/null || true; done; "
+    ));
+    script.push_str("unset PWD OLDPWD mp; exec \"$@\"");
     script
 }
 
@@ -146,6 +150,7 @@ mod tests {
         assert_eq!(script.matches("mount -t tmpfs").count(), 1, "{script}");
         assert_eq!(script.matches("mount --bind /dev/null").count(), 1, "{script}");
         assert!(script.contains("--bind /proc/self/cwd"), "{script}");
+        assert!(script.contains("mount -o remount,bind,ro /;"), "{script}");
         assert!(!script.contains("missing") && !script.contains("relative"), "{script}");
         assert_eq!(quoted(Path::new("/a'b")), r"'/a'\''b'");
         let open = SandboxLimits {

@@ -290,7 +290,8 @@ mod tests {
         let server = std::process::id();
         let script = format!(
             "cat mine.txt; echo; cat {admin} 2>&1; ls {others} 2>&1; cat /proc/{server}/environ 2>&1 | head -c 40; echo; \
-             ls /proc | grep -c '^[0-9]'; echo new > new.txt; pwd",
+             echo new > new.txt; touch {outside} 2>&1; pwd",
+            outside = temp.path().join("planted").display(),
             admin = data.join("admin.key").display(),
             others = data.join("workspaces/ten_b").display(),
         );
@@ -303,6 +304,11 @@ mod tests {
         );
         assert!(text.contains(&ws.dir().display().to_string()), "{text}");
         assert_eq!(std::fs::read_to_string(ws.dir().join("new.txt")).unwrap(), "new\n");
+        assert!(
+            text.contains("Read-only file system"),
+            "nothing outside is writable: {text}"
+        );
+        assert!(!temp.path().join("planted").exists());
         assert_eq!(
             std::fs::read_to_string(data.join("admin.key")).unwrap(),
             "the-admin-key",
