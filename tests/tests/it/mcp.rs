@@ -224,6 +224,37 @@ async fn sse(mode: Mode) -> anyhow::Result<()> {
     Ok(())
 }
 
+both_modes!(an_unreachable_server_is_left_out_and_not_retried_at_once, unreachable);
+
+async fn unreachable(mode: Mode) -> anyhow::Result<()> {
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let options = Options {
+        network_allow: vec!["127.0.0.1".to_owned()],
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(mode, MockApi::Anthropic, options).await?;
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let tool = mcp_tool(&cluster, "gone", json!({"type": "http", "url": url}), false).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool, "list_files"]})).await?;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!("hello")).await?;
+    let state = frames
+        .iter()
+        .find(|f| f["type"] == "mcp_server_state")
+        .context("mcp_server_state")?;
+    assert_eq!(state["data"]["state"], "failed", "{state}");
+    assert_eq!(frames.last().context("frames")?["type"], "conversation_end");
+    // The next turn does not wait for it again.
+    let frames = send_and_finish(&mut client, &chat.image_id, json!("again")).await?;
+    assert!(
+        frames.iter().all(|f| f["type"] != "mcp_server_state"),
+        "{:?}",
+        types(&frames)
+    );
+    assert_eq!(frames.last().context("frames")?["type"], "conversation_end");
+    Ok(())
+}
+
 both_modes!(an_internal_server_address_is_refused, internal_url);
 
 async fn internal_url(mode: Mode) -> anyhow::Result<()> {

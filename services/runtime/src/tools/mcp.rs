@@ -13,8 +13,8 @@
 //! HTTP servers (streamable HTTP, or the legacy SSE transport, spoken by
 //! `mcp_sse.rs`) are reached through `fetch_url`'s address guard, with the
 //! caller's stored credential. A server that cannot be reached is left out
-//! of the turn's tools (and tried again next turn); one that refuses its
-//! credentials is in the `needs_auth` state.
+//! of the turn's tools (and tried again 30 s later); one that refuses its
+//! credentials is in the `needs_auth` state (tried again next turn).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -217,7 +217,12 @@ pub struct McpServer {
     state: Mutex<ServerState>,
     tools: Mutex<Vec<ListedTool>>,
     stale: Arc<AtomicBool>,
+    /// When an unreachable server is tried again.
+    retry_at: Mutex<Option<std::time::Instant>>,
 }
+
+/// How long an unreachable server is left out before it is tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for McpServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -281,6 +286,7 @@ impl McpServer {
             state: Mutex::new(ServerState::Idle),
             tools: Mutex::new(Vec::new()),
             stale: Arc::new(AtomicBool::new(false)),
+            retry_at: Mutex::new(None),
         }
     }
 
@@ -323,6 +329,12 @@ impl McpServer {
         if session.is_some() && !self.stale.swap(false, Ordering::SeqCst) {
             return false;
         }
+        // A server that could not be reached is tried again after a while,
+        // not at every turn (a refused credential at once: one may be stored now).
+        let retry_at = *self.retry_at.lock().unwrap_or_else(|poison| poison.into_inner());
+        if session.is_none() && retry_at.is_some_and(|at| std::time::Instant::now() < at) {
+            return false;
+        }
         let timeout = Duration::from_secs(reach.config.connect_timeout_seconds.max(1));
         let result = tokio::time::timeout(timeout, async {
             if session.is_none() {
@@ -343,6 +355,7 @@ impl McpServer {
         .unwrap_or_else(|_| Err((format!("no answer within {} s", timeout.as_secs()), false)));
         match result {
             Ok(listed) => {
+                *self.retry_at.lock().unwrap_or_else(|poison| poison.into_inner()) = None;
                 let tools = listed
                     .into_iter()
                     .map(|tool| {
@@ -365,6 +378,8 @@ impl McpServer {
             Err((why, needs_auth)) => {
                 tracing::warn!(server = %self.spec.name, needs_auth, "MCP server unavailable: {why}");
                 *session = None;
+                *self.retry_at.lock().unwrap_or_else(|poison| poison.into_inner()) =
+                    (!needs_auth).then(|| std::time::Instant::now() + RETRY_AFTER);
                 self.tools.lock().unwrap_or_else(|poison| poison.into_inner()).clear();
                 self.set_state(if needs_auth {
                     ServerState::NeedsAuth
