@@ -260,9 +260,11 @@ both_modes!(an_internal_server_address_is_refused, internal_url);
 async fn internal_url(mode: Mode) -> anyhow::Result<()> {
     let (addr, _server) = avm_tests::mock_mcp::serve_http().await?;
     let (_mock, cluster) = start_with(mode, MockApi::Anthropic, Options::default()).await?;
+    // Addresses are refused before the agent starts.
     for (name, url) in [
         ("loopback", format!("http://{addr}/mcp")),
         ("metadata", "http://169.254.169.254/mcp".to_owned()),
+        ("private", "http://10.1.2.3/mcp".to_owned()),
     ] {
         let tool = mcp_tool(&cluster, name, json!({"type": "http", "url": url}), true).await?;
         let (_client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
@@ -279,6 +281,36 @@ async fn internal_url(mode: Mode) -> anyhow::Result<()> {
             "{refused}"
         );
     }
+    // A name is refused once resolved, with no connection made.
+    let internal = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = internal.local_addr()?.port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = std::sync::Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while internal.accept().await.is_ok() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let url = format!("http://localhost:{port}/mcp");
+    let tool = mcp_tool(&cluster, "named", json!({"type": "http", "url": url}), true).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!("hello")).await?;
+    let state = frames
+        .iter()
+        .find(|f| f["type"] == "mcp_server_state")
+        .context("mcp_server_state")?;
+    assert_eq!(state["data"]["state"], "failed", "{state}");
+    assert!(
+        state["data"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("refused: localhost is a loopback address")),
+        "{state}"
+    );
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no connection was made"
+    );
     Ok(())
 }
 

@@ -199,30 +199,30 @@ impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let guard = Arc::clone(&self.0);
         Box::pin(async move {
-            let host = name.as_str().to_owned();
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if guard.host_allowed(&host) {
-                return Ok(Box::new(found.into_iter()) as Addrs);
-            }
-            let mut refusal = None;
-            let public: Vec<SocketAddr> = found
-                .into_iter()
-                .filter(|addr| match guard.refusal(addr.ip()) {
-                    Some(reason) => {
-                        refusal.get_or_insert_with(|| refused(&host, addr.ip(), reason));
-                        false
-                    }
-                    None => true,
-                })
-                .collect();
-            match refusal {
-                // One internal address among public ones still refuses the
-                // name: which one a connection would use is not ours to pick.
-                Some(refusal) => Err(Box::new(Refused(refusal)) as _),
-                None => Ok(Box::new(public.into_iter()) as Addrs),
-            }
+            let addrs = resolve_checked(&guard, name.as_str()).await?;
+            Ok(Box::new(addrs.into_iter()) as Addrs)
         })
     }
+}
+
+/// Resolves a host name and returns its addresses if the guard lets them all
+/// through (or the name is allowed).
+async fn resolve_checked(
+    guard: &AddressGuard,
+    host: &str,
+) -> Result<Vec<SocketAddr>, Box<dyn std::error::Error + Send + Sync>> {
+    let found: Vec<SocketAddr> = tokio::net::lookup_host((host, 0)).await?.collect();
+    if guard.host_allowed(host) {
+        return Ok(found);
+    }
+    // One internal address among public ones still refuses the name: which
+    // one a connection would use is not ours to pick.
+    for addr in &found {
+        if let Some(reason) = guard.refusal(addr.ip()) {
+            return Err(Box::new(Refused(refused(host, addr.ip(), reason))));
+        }
+    }
+    Ok(found)
 }
 
 /// Fetches URLs for agents: one HTTP client for the runtime.
@@ -267,6 +267,22 @@ impl Fetcher {
     /// Returns the address guard.
     pub fn guard(&self) -> &AddressGuard {
         &self.guard
+    }
+
+    /// Refuses a URL the guard would refuse, names resolved: for a clear
+    /// reason before a client whose errors hide it connects (the client's
+    /// own resolution is guarded as well).
+    pub async fn precheck(&self, url: &str) -> Result<(), ToolFailure> {
+        let url = Url::parse(url).map_err(|err| format!("{url:?} is not a URL: {err}"))?;
+        self.guard.check_url(&url)?;
+        let host = url.host_str().unwrap_or_default();
+        if host.starts_with('[') || host.parse::<IpAddr>().is_ok() {
+            return Ok(());
+        }
+        match resolve_checked(&self.guard, host).await {
+            Ok(_) => Ok(()),
+            Err(err) => Err(refusal_in(err.as_ref()).unwrap_or_else(|| format!("{url}: {err}"))),
+        }
     }
 
     /// Returns the HTTP client MCP servers are reached with: behind the
@@ -355,16 +371,28 @@ impl Fetcher {
 /// client's error with its causes (no URL credentials: reqwest strips none,
 /// but agents' URLs are their own).
 fn failure(url: &Url, err: &reqwest::Error) -> String {
+    if let Some(refused) = refusal_in(err) {
+        return refused;
+    }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     let mut causes = Vec::new();
     while let Some(cause) = source {
-        if let Some(refused) = cause.downcast_ref::<Refused>() {
-            return refused.0.clone();
-        }
         causes.push(cause.to_string());
         source = cause.source();
     }
     format!("{url}: {}", causes.last().map_or("request failed", String::as_str))
+}
+
+/// Returns the guard's refusal if it is among an error's causes.
+pub fn refusal_in(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut source = Some(err);
+    while let Some(cause) = source {
+        if let Some(refused) = cause.downcast_ref::<Refused>() {
+            return Some(refused.0.clone());
+        }
+        source = cause.source();
+    }
+    None
 }
 
 #[cfg(test)]

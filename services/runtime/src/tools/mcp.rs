@@ -30,7 +30,7 @@ use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
 use super::cgroup::Cgroup;
-use super::fetch::Fetcher;
+use super::fetch::{Fetcher, refusal_in};
 use super::isolation;
 use super::mcp_sse::SseTransport;
 use super::process::{GroupGuard, sandboxed, spawn_failure};
@@ -449,6 +449,7 @@ impl McpServer {
                     .headers(reach.caller.tenant_id, reach.caller.user_id, &self.spec.name)
                     .await
                     .map_err(|why| (format!("its credential could not be read: {why}"), false))?;
+                reach.fetcher.precheck(url).await.map_err(|why| (why, false))?;
                 // A stored credential's headers win over the resource's own.
                 let mut headers = headers.clone();
                 headers.extend(stored.unwrap_or_default());
@@ -470,10 +471,10 @@ impl McpServer {
                         config.custom_headers.insert(name, value);
                     }
                     let transport = StreamableHttpClientTransport::with_client(reach.fetcher.mcp_client(), config);
-                    listener
-                        .serve(transport)
-                        .await
-                        .map_err(|err| (format!("{url}: {err}"), err.is_authorization_required()))?
+                    listener.serve(transport).await.map_err(|err| {
+                        let why = refusal_in(&err).unwrap_or_else(|| format!("{url}: {err}"));
+                        (why, err.is_authorization_required())
+                    })?
                 };
                 Ok(Session {
                     service,

@@ -15,6 +15,8 @@ use rmcp::RoleClient;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::Transport;
 
+use super::fetch::refusal_in;
+
 /// Why a message could not be posted.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -55,7 +57,7 @@ impl SseTransport {
             .header(reqwest::header::ACCEPT, "text/event-stream")
             .send()
             .await
-            .map_err(|err| (format!("{url}: {err}"), false))?;
+            .map_err(|err| (refusal_in(&err).unwrap_or_else(|| format!("{url}: {err}")), false))?;
         let status = response.status();
         if !status.is_success() {
             let refused = matches!(status.as_u16(), 401 | 403);
