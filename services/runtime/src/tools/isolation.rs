@@ -119,10 +119,16 @@ fn setup_script(hide: &[PathBuf], dir: &Path) -> String {
     script.push_str(&format!(
         "mkdir -p {ws}; mount --no-canonicalize --bind /proc/self/cwd {ws}; cd {ws}; "
     ));
-    // Everything else read-only: the root strictly, the mounts below it where the kernel lets us.
+    // The control groups are out of reach (a command must not leave its own).
+    if Path::new("/sys/fs/cgroup").is_dir() {
+        script.push_str("mount -t tmpfs -o ro,size=4k avm-hidden /sys/fs/cgroup; ");
+    }
+    // Everything else read-only: the root strictly, the mounts below it where
+    // the kernel lets us (not the command's own /proc, nor what is covered).
     script.push_str(&format!(
         "mount -o remount,bind,ro /; for mp in $(cut -d' ' -f5 /proc/self/mountinfo); do \
-         [ \"$mp\" = {ws} ] || mount -o remount,bind,ro \"$mp\" 2>/dev/null || true; done; "
+         case \"$mp\" in {ws}|/|/proc|/proc/*|/sys/fs/cgroup|/sys/fs/cgroup/*) ;; \
+         *) mount -o remount,bind,ro \"$mp\" 2>/dev/null || true;; esac; done; "
     ));
     script.push_str("unset PWD OLDPWD mp; exec \"$@\"");
     script
@@ -147,7 +153,7 @@ mod tests {
             PathBuf::from("relative"),
         ];
         let script = setup_script(&hide, &ws);
-        assert_eq!(script.matches("mount -t tmpfs").count(), 1, "{script}");
+        assert_eq!(script.matches("mount -t tmpfs -o size=64k").count(), 1, "{script}");
         assert_eq!(script.matches("mount --bind /dev/null").count(), 1, "{script}");
         assert!(script.contains("--bind /proc/self/cwd"), "{script}");
         assert!(script.contains("mount -o remount,bind,ro /;"), "{script}");

@@ -309,6 +309,9 @@ mod tests {
             "nothing outside is writable: {text}"
         );
         assert!(!temp.path().join("planted").exists());
+        // Nor its control groups: a command cannot leave its own.
+        let (text, _) = run_command(&ws, "ls -A /sys/fs/cgroup | wc -l", &limits).await.unwrap();
+        assert_eq!(text, "exit code 0\nstdout:\n0\n");
         assert_eq!(
             std::fs::read_to_string(data.join("admin.key")).unwrap(),
             "the-admin-key",
