@@ -4,12 +4,13 @@
 
 use anyhow::Context;
 use avm_tests::cluster::{Cluster, Mode, Options};
-use avm_tests::mock_llm::MockApi;
+use avm_tests::mock_llm::{MockApi, MockLlm};
+use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
 use crate::both_modes;
-use crate::support::{call, send_and_finish, streamed_text, types};
-use crate::tools::{is_running, open_chat, processes_in, start_with};
+use crate::support::{Conversation, call, send_and_finish, streamed_text, types};
+use crate::tools::{counting_listener, is_running, open_chat, processes_in, start_with};
 
 /// The mock MCP server's binary, built with the tests.
 const MOCK_MCP: &str = env!("CARGO_BIN_EXE_mock-mcp");
@@ -31,6 +32,28 @@ fn workspace_of(cluster: &Cluster, image_id: &str) -> Option<std::path::PathBuf>
         .flatten()
         .map(|tenant| tenant.path().join(image_id))
         .find(|dir| dir.is_dir())
+}
+
+/// Starts a cluster that may reach `allow` (an internal address, as the
+/// test servers' are), publishes the tool resource `name` for `server`, and
+/// opens a conversation with it (and `more` tools).
+async fn remote_chat(
+    mode: Mode,
+    api: MockApi,
+    allow: &str,
+    name: &str,
+    server: Value,
+    more: &[&str],
+) -> anyhow::Result<(MockLlm, Cluster, WsClient, Conversation)> {
+    let options = Options {
+        network_allow: vec![allow.to_owned()],
+        ..Options::default()
+    };
+    let (mock, cluster) = start_with(mode, api, options).await?;
+    let mut tools = vec![mcp_tool(&cluster, name, server, false).await?];
+    tools.extend(more.iter().map(|tool| (*tool).to_owned()));
+    let (client, chat) = open_chat(&cluster, json!({"tools": tools})).await?;
+    Ok((mock, cluster, client, chat))
 }
 
 /// Returns the results of a turn's tool calls, in order, with their error flags.
@@ -173,19 +196,9 @@ both_modes!(a_streamable_http_server_serves_tools, http);
 
 async fn http(mode: Mode) -> anyhow::Result<()> {
     let (addr, _server) = avm_tests::mock_mcp::serve_http().await?;
-    let options = Options {
-        network_allow: vec![addr.ip().to_string()],
-        ..Options::default()
-    };
-    let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
-    let tool = mcp_tool(
-        &cluster,
-        "remote",
-        json!({"type": "http", "url": format!("http://{addr}/mcp")}),
-        false,
-    )
-    .await?;
-    let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
+    let server = json!({"type": "http", "url": format!("http://{addr}/mcp")});
+    let (_mock, _cluster, mut client, chat) =
+        remote_chat(mode, MockApi::OpenAi, &addr.ip().to_string(), "remote", server, &[]).await?;
     let script = r#"[mock call='mcp__remote__echo:{"text": "over http"}']"#;
     let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
     assert_eq!(results(&frames), [("echo: over http".to_owned(), false)]);
@@ -197,19 +210,9 @@ both_modes!(a_legacy_sse_server_serves_tools, sse);
 
 async fn sse(mode: Mode) -> anyhow::Result<()> {
     let (addr, _server) = avm_tests::mock_mcp::serve_sse().await?;
-    let options = Options {
-        network_allow: vec![addr.ip().to_string()],
-        ..Options::default()
-    };
-    let (_mock, cluster) = start_with(mode, MockApi::Anthropic, options).await?;
-    let tool = mcp_tool(
-        &cluster,
-        "legacy",
-        json!({"type": "sse", "url": format!("http://{addr}/sse")}),
-        false,
-    )
-    .await?;
-    let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
+    let server = json!({"type": "sse", "url": format!("http://{addr}/sse")});
+    let (_mock, _cluster, mut client, chat) =
+        remote_chat(mode, MockApi::Anthropic, &addr.ip().to_string(), "legacy", server, &[]).await?;
     let script = r#"[mock call='mcp__legacy__echo:{"text": "over sse"}' call='mcp__legacy__fail:{}']"#;
     let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
     assert_eq!(
@@ -229,14 +232,9 @@ both_modes!(an_unreachable_server_is_left_out_and_not_retried_at_once, unreachab
 async fn unreachable(mode: Mode) -> anyhow::Result<()> {
     // A port nothing listens on.
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let options = Options {
-        network_allow: vec!["127.0.0.1".to_owned()],
-        ..Options::default()
-    };
-    let (_mock, cluster) = start_with(mode, MockApi::Anthropic, options).await?;
-    let url = format!("http://127.0.0.1:{port}/mcp");
-    let tool = mcp_tool(&cluster, "gone", json!({"type": "http", "url": url}), false).await?;
-    let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool, "list_files"]})).await?;
+    let server = json!({"type": "http", "url": format!("http://127.0.0.1:{port}/mcp")});
+    let (_mock, _cluster, mut client, chat) =
+        remote_chat(mode, MockApi::Anthropic, "127.0.0.1", "gone", server, &["list_files"]).await?;
     let frames = send_and_finish(&mut client, &chat.image_id, json!("hello")).await?;
     let state = frames
         .iter()
@@ -282,15 +280,7 @@ async fn internal_url(mode: Mode) -> anyhow::Result<()> {
         );
     }
     // A name is refused once resolved, with no connection made.
-    let internal = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let port = internal.local_addr()?.port();
-    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = std::sync::Arc::clone(&accepted);
-    tokio::spawn(async move {
-        while internal.accept().await.is_ok() {
-            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    });
+    let (port, accepted) = counting_listener().await?;
     let url = format!("http://localhost:{port}/mcp");
     let tool = mcp_tool(&cluster, "named", json!({"type": "http", "url": url}), true).await?;
     let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
@@ -319,19 +309,9 @@ both_modes!(a_refused_credential_shows_needs_auth_until_one_is_stored, credentia
 async fn credentials(mode: Mode) -> anyhow::Result<()> {
     let token = "tok-mcp-canary-81f2";
     let (addr, _server) = avm_tests::mock_mcp::serve_http_with(Some(token.to_owned())).await?;
-    let options = Options {
-        network_allow: vec![addr.ip().to_string()],
-        ..Options::default()
-    };
-    let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
-    let tool = mcp_tool(
-        &cluster,
-        "secure",
-        json!({"type": "http", "url": format!("http://{addr}/mcp")}),
-        false,
-    )
-    .await?;
-    let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
+    let server = json!({"type": "http", "url": format!("http://{addr}/mcp")});
+    let (_mock, cluster, mut client, chat) =
+        remote_chat(mode, MockApi::OpenAi, &addr.ip().to_string(), "secure", server, &[]).await?;
     let script = r#"[mock call='mcp__secure__echo:{"text": "let me in"}']"#;
 
     // Without a credential: the turn goes on, the server is shown needing one.

@@ -483,6 +483,21 @@ async fn interrupt_command(mode: Mode) -> anyhow::Result<()> {
 }
 
 /// Returns whether a process exists and is not a zombie.
+/// Listens on a loopback port, counting the connections it accepts: an
+/// internal service that must not be reached.
+pub(crate) async fn counting_listener() -> anyhow::Result<(u16, std::sync::Arc<std::sync::atomic::AtomicUsize>)> {
+    let internal = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = internal.local_addr()?.port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = std::sync::Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while internal.accept().await.is_ok() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    Ok((port, accepted))
+}
+
 /// Returns the live processes (their `/proc` directories) running `program`
 /// with `dir` as their working directory.
 pub(crate) fn processes_in(dir: &Path, program: &str) -> Vec<std::path::PathBuf> {
@@ -710,15 +725,7 @@ both_modes!(fetch_url_refuses_internal_addresses_without_connecting, fetch_refus
 async fn fetch_refused(mode: Mode) -> anyhow::Result<()> {
     let (_mock, cluster) = start(mode, MockApi::Anthropic).await?;
     // An internal service the agent must not reach; it counts connections.
-    let internal = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let port = internal.local_addr()?.port();
-    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = std::sync::Arc::clone(&accepted);
-    tokio::spawn(async move {
-        while internal.accept().await.is_ok() {
-            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    });
+    let (port, accepted) = counting_listener().await?;
     let (mut client, chat) = open_chat(&cluster, json!({"tools": ["fetch_url"]})).await?;
     // Two calls in one reply: the loopback service, by name, and the cloud metadata address.
     let script = format!(
