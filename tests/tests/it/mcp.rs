@@ -56,6 +56,25 @@ async fn remote_chat(
     Ok((mock, cluster, client, chat))
 }
 
+/// Opens a conversation with `tool` and sends it a message over REST, which
+/// must be refused (400) with `code`; returns the image's id.
+async fn refused_message(cluster: &Cluster, tool: &str, code: &str) -> anyhow::Result<String> {
+    let (_client, chat) = open_chat(cluster, json!({"tools": [tool]})).await?;
+    let (status, refused) = call(
+        cluster,
+        "POST",
+        &format!("/v1/images/{}/messages", chat.image_id),
+        Some(json!({"content": "hello"})),
+    )
+    .await?;
+    assert_eq!(
+        (status, refused["error"]["code"].clone()),
+        (400, json!(code)),
+        "{refused}"
+    );
+    Ok(chat.image_id)
+}
+
 /// Returns the results of a turn's tool calls, in order, with their error flags.
 fn results(frames: &[Value]) -> Vec<(String, bool)> {
     frames
@@ -171,24 +190,9 @@ async fn refused_command(mode: Mode) -> anyhow::Result<()> {
     let marker = cluster.data_dir().join("spawned");
     let server = json!({"command": "/bin/sh", "args": ["-c", format!("touch {}", marker.display())]});
     let tool = mcp_tool(&cluster, "mine", server, false).await?;
-    let (_client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
-    let (status, refused) = call(
-        &cluster,
-        "POST",
-        &format!("/v1/images/{}/messages", chat.image_id),
-        Some(json!({"content": "hello"})),
-    )
-    .await?;
-    assert_eq!(
-        (status, refused["error"]["code"].clone()),
-        (400, json!("MCP_COMMAND_NOT_APPROVED")),
-        "{refused}"
-    );
+    let image_id = refused_message(&cluster, &tool, "MCP_COMMAND_NOT_APPROVED").await?;
     assert!(!marker.exists(), "the command ran");
-    assert!(
-        workspace_of(&cluster, &chat.image_id).is_none(),
-        "no workspace was made"
-    );
+    assert!(workspace_of(&cluster, &image_id).is_none(), "no workspace was made");
     Ok(())
 }
 
@@ -265,19 +269,7 @@ async fn internal_url(mode: Mode) -> anyhow::Result<()> {
         ("private", "http://10.1.2.3/mcp".to_owned()),
     ] {
         let tool = mcp_tool(&cluster, name, json!({"type": "http", "url": url}), true).await?;
-        let (_client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
-        let (status, refused) = call(
-            &cluster,
-            "POST",
-            &format!("/v1/images/{}/messages", chat.image_id),
-            Some(json!({"content": "hello"})),
-        )
-        .await?;
-        assert_eq!(
-            (status, refused["error"]["code"].clone()),
-            (400, json!("MCP_SERVER_REFUSED")),
-            "{refused}"
-        );
+        refused_message(&cluster, &tool, "MCP_SERVER_REFUSED").await?;
     }
     // A name is refused once resolved, with no connection made.
     let (port, accepted) = counting_listener().await?;
