@@ -337,14 +337,11 @@ impl McpServer {
         }
         let timeout = Duration::from_secs(reach.config.connect_timeout_seconds.max(1));
         let result = tokio::time::timeout(timeout, async {
-            if session.is_none() {
-                *session = Some(self.connect(reach).await?);
-            }
-            let service = &session.as_ref().map(|live| &live.service);
-            let Some(service) = service else {
-                return Err(("the session ended".to_owned(), false));
+            let live = match &mut *session {
+                Some(live) => live,
+                empty => empty.insert(self.connect(reach).await?),
             };
-            service.list_all_tools().await.map_err(|err| {
+            live.service.list_all_tools().await.map_err(|err| {
                 (
                     format!("listing its tools failed: {err}"),
                     err.auth_challenge().is_some(),

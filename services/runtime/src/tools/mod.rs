@@ -276,14 +276,6 @@ impl Toolbox {
         unavailable
     }
 
-    /// Returns each MCP server's name and state.
-    pub fn server_states(&self) -> Vec<(String, ServerState)> {
-        self.servers
-            .iter()
-            .map(|server| (server.name().to_owned(), server.state()))
-            .collect()
-    }
-
     /// Returns the workspace.
     pub fn workspace(&self) -> &Workspace {
         &self.workspace
