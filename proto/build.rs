@@ -112,13 +112,18 @@ pub type {name}Handle = std::sync::Arc<{name}Api>;
 /// Calls `{name}` in another process over gRPC.
 #[derive(Clone, Debug)]
 pub struct {name}Remote {{
-    client: {client}<tonic::transport::Channel>,
+    client: {client}<crate::Transport>,
 }}
 
 impl {name}Remote {{
     /// Returns a client over `channel` that sends and accepts messages up to `max_message_bytes`.
     pub fn new(channel: tonic::transport::Channel, max_message_bytes: usize) -> Self {{
-        let client = {client}::new(channel)
+        Self::over(crate::transport(channel), max_message_bytes)
+    }}
+
+    /// Returns a client over any transport (several peers behind one, say).
+    pub fn over(transport: crate::Transport, max_message_bytes: usize) -> Self {{
+        let client = {client}::new(transport)
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
         Self {{ client }}

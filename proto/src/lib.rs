@@ -12,6 +12,36 @@ use std::pin::Pin;
 /// A stream of a server-streaming RPC, as every peer returns it.
 pub type BoxStream<T> = Pin<Box<dyn tonic::codegen::tokio_stream::Stream<Item = Result<T, tonic::Status>> + Send>>;
 
+/// What a `<Service>Remote` sends its calls through: a channel to one peer,
+/// or anything else that carries gRPC requests (several peers behind one).
+pub type Transport = tower::util::BoxCloneSyncService<
+    http::Request<tonic::body::Body>,
+    http::Response<tonic::body::Body>,
+    TransportError,
+>;
+
+/// Why a [`Transport`] could not carry a call.
+#[derive(Debug)]
+pub struct TransportError(pub Box<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for TransportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for TransportError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+/// Returns `channel` as a [`Transport`].
+pub fn transport(channel: tonic::transport::Channel) -> Transport {
+    use tower::ServiceExt;
+    Transport::new(channel.map_err(|err| TransportError(Box::new(err))))
+}
+
 /// Watches the calls a `<Service>Local` makes in process, as the gRPC server
 /// watches the calls it serves (a span in the caller's trace, metrics).
 pub trait Observe: Send + Sync + 'static {

@@ -57,6 +57,9 @@ pub struct Options {
     pub network_allow: Vec<String>,
     /// Commands tenants' tool resources may start (`[runtime.mcp] allowed_commands`).
     pub mcp_commands: Vec<String>,
+    /// Runtime replicas of a per-component cluster (at least one; several
+    /// need `redis`), all named to the gateway in `AVM_RUNTIME_ADDR`.
+    pub runtimes: usize,
 }
 
 impl Default for Options {
@@ -75,6 +78,7 @@ impl Default for Options {
             serve_process: false,
             network_allow: Vec::new(),
             mcp_commands: Vec::new(),
+            runtimes: 1,
         }
     }
 }
@@ -112,8 +116,12 @@ pub struct Cluster {
     pub gateway_url: String,
     /// `http://127.0.0.1:PORT` of the session service's gRPC.
     pub session_grpc: String,
-    /// `http://127.0.0.1:PORT` of the runtime's gRPC.
+    /// `http://127.0.0.1:PORT` of the runtime's gRPC (the first replica's).
     pub runtime_grpc: String,
+    /// Every runtime replica's gRPC URL (per-component clusters).
+    pub runtimes: Vec<String>,
+    /// Where each runtime replica is among the processes.
+    runtime_slots: Vec<usize>,
     /// `http://127.0.0.1:PORT` of the auth service's gRPC.
     pub auth_grpc: String,
     /// `http://127.0.0.1:PORT` of the resource service's gRPC.
@@ -205,6 +213,8 @@ impl Cluster {
             gateway_url: String::new(),
             session_grpc: String::new(),
             runtime_grpc: String::new(),
+            runtimes: Vec::new(),
+            runtime_slots: Vec::new(),
             auth_grpc: String::new(),
             resource_grpc: String::new(),
             config_grpc: String::new(),
@@ -266,6 +276,26 @@ impl Cluster {
         let (child, url) = spawn_component("gateway", &self.gateway_env, logs).await?;
         children.push(child);
         Ok(url)
+    }
+
+    /// Kills runtime replica `index` (SIGKILL, no drain) and waits for it to die.
+    pub async fn kill_runtime(&mut self, index: usize) -> anyhow::Result<()> {
+        let child = self.runtime_process(index)?;
+        child.kill().await.context("cannot kill the runtime")?;
+        Ok(())
+    }
+
+    /// Stops runtime replica `index` with SIGTERM; fails unless it exits 0.
+    pub async fn terminate_runtime(&mut self, index: usize) -> anyhow::Result<()> {
+        terminate(self.runtime_process(index)?).await
+    }
+
+    fn runtime_process(&mut self, index: usize) -> anyhow::Result<&mut Child> {
+        let slot = *self.runtime_slots.get(index).context("no such runtime replica")?;
+        match &mut self.running {
+            Some(Running::Processes { children }) => children.get_mut(slot).context("no such process"),
+            _ => bail!("runtime replicas need a per-component cluster"),
+        }
     }
 
     /// Returns the auth service's current signing key, read from its
@@ -552,12 +582,16 @@ impl Cluster {
             ("AVM_SESSION_ADDR".into(), self.session_grpc.clone()),
             ("AVM_CONFIG_ADDR".into(), self.config_grpc.clone()),
         ]);
-        let (child, runtime) = spawn_component("runtime", &env, logs.clone()).await?;
-        children.push(child);
-        self.runtime_grpc = runtime;
+        for _ in 0..self.options.runtimes.max(1) {
+            let (child, runtime) = spawn_component("runtime", &env, logs.clone()).await?;
+            self.runtime_slots.push(children.len());
+            children.push(child);
+            self.runtimes.push(runtime);
+        }
+        self.runtime_grpc = self.runtimes[0].clone();
 
         let mut gateway_env = env;
-        gateway_env.push(("AVM_RUNTIME_ADDR".into(), self.runtime_grpc.clone()));
+        gateway_env.push(("AVM_RUNTIME_ADDR".into(), self.runtimes.join(",")));
         let (child, gateway) = spawn_component("gateway", &gateway_env, logs).await?;
         self.gateway_env = gateway_env;
         children.push(child);

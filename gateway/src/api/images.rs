@@ -334,9 +334,17 @@ pub async fn send(
                 kind: Some(rt::send_message_response::Kind::Event(event)),
             }) => Some(Ok(event)),
             Ok(_) => None,
-            Err(status) => Some(Err(ApiError::from_status(&status))),
+            Err(status) => Some(Err(status)),
         }
     });
+    let events = resumable(
+        peers.clone(),
+        ctx.clone(),
+        agent.session_id.clone(),
+        Box::pin(events),
+        Some(accepted.cursor.clone()),
+        true,
+    );
     let accepted = MessageAccepted {
         image_id,
         agent_id: agent.agent_id,
@@ -344,7 +352,7 @@ pub async fn send(
         cursor: accepted.cursor,
         session_id: agent.session_id,
     };
-    Ok((accepted, Box::pin(events)))
+    Ok((accepted, events))
 }
 
 /// Names an agent by its image or its own id.
@@ -377,19 +385,127 @@ pub async fn subscribe(
     session_id: String,
     after_cursor: Option<String>,
 ) -> Result<EventStream, ApiError> {
-    let request = ctx.request(rt::SubscribeEventsRequest {
+    let first = follow(peers, ctx, &session_id, after_cursor.clone()).await?;
+    Ok(resumable(
+        peers.clone(),
+        ctx.clone(),
         session_id,
+        first,
+        after_cursor,
+        false,
+    ))
+}
+
+/// A session's events as a runtime streams them.
+type RawEvents = Pin<Box<dyn Stream<Item = Result<rt::Event, tonic::Status>> + Send>>;
+
+/// Subscribes to a session's events through any runtime.
+async fn follow(
+    peers: &Peers,
+    ctx: &RequestContext,
+    session_id: &str,
+    after_cursor: Option<String>,
+) -> Result<RawEvents, ApiError> {
+    let request = ctx.request(rt::SubscribeEventsRequest {
+        session_id: session_id.to_owned(),
         after_cursor,
     });
     let stream = peers.runtime.subscribe_events(request).await?.into_inner();
-    let events = futures::StreamExt::filter_map(stream, |item| async move {
+    Ok(Box::pin(futures::StreamExt::filter_map(stream, |item| async move {
         match item {
             Ok(rt::SubscribeEventsResponse { event: Some(event) }) => Some(Ok(event)),
             Ok(_) => None,
-            Err(status) => Some(Err(ApiError::from_status(&status))),
+            Err(status) => Some(Err(status)),
         }
-    });
-    Ok(Box::pin(events))
+    })))
+}
+
+/// Times in a row a broken event stream is followed again before its error
+/// goes to the client.
+const RESUMES: u32 = 5;
+
+/// Whether a stream broke because its runtime went away (rather than
+/// ending with the runtime's own answer).
+fn broken(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+    )
+}
+
+struct Resume {
+    peers: Peers,
+    ctx: RequestContext,
+    session_id: String,
+    stream: Option<RawEvents>,
+    cursor: Option<String>,
+    resumes: u32,
+    until_turn_end: bool,
+    done: bool,
+}
+
+/// Keeps following a session's events when their runtime goes away: the
+/// stream is followed again, through another runtime, after the last cursor
+/// it delivered, so the client misses nothing and gets nothing twice (a turn
+/// its runtime was running when it died ends there with `RUNTIME_LOST`).
+/// Any other error, or a stream that keeps breaking, ends it with a typed
+/// error. With `until_turn_end`, it ends after the turn's last event.
+fn resumable(
+    peers: Peers,
+    ctx: RequestContext,
+    session_id: String,
+    first: RawEvents,
+    cursor: Option<String>,
+    until_turn_end: bool,
+) -> EventStream {
+    let state = Resume {
+        peers,
+        ctx,
+        session_id,
+        stream: Some(first),
+        cursor,
+        resumes: 0,
+        until_turn_end,
+        done: false,
+    };
+    Box::pin(futures::stream::unfold(state, |mut state| async move {
+        loop {
+            if state.done {
+                return None;
+            }
+            let next = match state.stream.as_mut() {
+                Some(stream) => futures::StreamExt::next(stream).await,
+                None => None,
+            };
+            let cut = match next {
+                Some(Ok(event)) => {
+                    state.resumes = 0;
+                    state.cursor = Some(event.cursor.clone());
+                    state.done =
+                        state.until_turn_end && matches!(event.r#type.as_str(), "conversation_end" | "error_occurred");
+                    return Some((Ok(event), state));
+                }
+                Some(Err(status)) if !broken(&status) => {
+                    state.done = true;
+                    return Some((Err(ApiError::from_status(&status)), state));
+                }
+                Some(Err(status)) => ApiError::from_status(&status),
+                // A stream the runtime ended without a turn's end: cut too.
+                None => ApiError::unavailable("EVENT_STREAM_ENDED", "the event stream ended"),
+            };
+            if state.resumes >= RESUMES {
+                state.done = true;
+                return Some((Err(cut), state));
+            }
+            state.resumes += 1;
+            tracing::info!(session_id = %state.session_id, resumes = state.resumes, error = %cut.message, "event stream cut; following it again");
+            // A moment for a runtime to notice another is gone.
+            tokio::time::sleep(std::time::Duration::from_millis(200) * state.resumes).await;
+            state.stream = follow(&state.peers, &state.ctx, &state.session_id, state.cursor.clone())
+                .await
+                .ok();
+        }
+    }))
 }
 
 /// Follows an image's events after an optional cursor, then live.

@@ -266,7 +266,12 @@ struct RuntimePeers {
 }
 
 impl RuntimePeers {
-    fn pool(self, config: &AvmConfig, identity: &ServiceIdentity) -> anyhow::Result<avm_runtime::AgentPool> {
+    fn pool(
+        self,
+        config: &AvmConfig,
+        identity: &ServiceIdentity,
+        replicas: Option<avm_runtime::replicas::Replicas>,
+    ) -> anyhow::Result<avm_runtime::AgentPool> {
         use avm_runtime::peers::{Configs, Resources, Sessions, Usages};
         let mut runtime = config.runtime.clone();
         let data_dir = std::path::absolute(config.server.data_dir())?;
@@ -289,6 +294,7 @@ impl RuntimePeers {
             Sessions::new(self.session),
             Resources::new(self.resource),
             identity.clone(),
+            replicas,
         )
         .map_err(|err| anyhow::anyhow!(err))
     }
@@ -301,7 +307,7 @@ fn run_pool(app: &mut App, pool: &avm_runtime::AgentPool, drain_timeout: std::ti
     app.background(pool.spawn_background(app.background_stop()));
     let pool = pool.clone();
     app.on_drain(move || async move {
-        pool.interrupt_all();
+        pool.drain(drain_timeout).await;
         let deadline = tokio::time::Instant::now() + drain_timeout;
         while pool.any_running() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -349,7 +355,7 @@ async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Resu
         config: config_handle.clone(),
         observability: observability_handle.clone(),
     }
-    .pool(&config, &credentials.identity)?;
+    .pool(&config, &credentials.identity, None)?;
     let runtime_handle = RuntimeServiceLocal::new(avm_runtime::RuntimeGrpc::new(pool.clone()), LocalCalls).handle();
 
     app.background(auth.spawn_background(app.background_stop()));
@@ -533,7 +539,11 @@ async fn runtime_app(config: AvmConfig) -> anyhow::Result<App> {
         })?,
         observability: observability.clone(),
     }
-    .pool(&config, &credentials.identity)?;
+    .pool(
+        &config,
+        &credentials.identity,
+        runtime_replicas(&config, &listener).await?,
+    )?;
     run_pool(&mut app, &pool, config.grpc.drain_timeout);
     forward_logs(&mut app, Some(observability), &credentials.identity);
     let server = GrpcServer::new(&config.grpc).add_service(avm_runtime::grpc_server(
@@ -546,6 +556,43 @@ async fn runtime_app(config: AvmConfig) -> anyhow::Result<App> {
     println!("listening: grpc {url}");
     tracing::info!(addr = %url, "runtime ready");
     Ok(app)
+}
+
+/// Returns this runtime's place among its replicas, when Redis is configured
+/// (`AVM_REDIS_URL`): it registers at `AVM_SERVER_ADVERTISE`, else at its
+/// listen address (which must then be one others can reach).
+async fn runtime_replicas(
+    config: &AvmConfig,
+    listener: &TcpListener,
+) -> anyhow::Result<Option<avm_runtime::replicas::Replicas>> {
+    let Some(url) = config.redis.url.as_ref().and_then(Secret::expose) else {
+        tracing::info!("AVM_REDIS_URL is not set: this runtime runs alone (no replicas)");
+        return Ok(None);
+    };
+    let advertise = match &config.server.advertise {
+        Some(addr) => addr.clone(),
+        None => {
+            let url = local_url(listener)?;
+            if listener.local_addr()?.ip().is_unspecified() {
+                bail!(
+                    "the runtime listens on {url} and shares agents through redis: set AVM_SERVER_ADVERTISE \
+                     to the address other replicas and gateways reach it at (in Kubernetes, the pod IP)"
+                );
+            }
+            url
+        }
+    };
+    let settings = avm_runtime::replicas::ReplicaSettings {
+        redis_url: url.to_owned(),
+        key_prefix: config.redis.key_prefix.clone(),
+        advertise,
+    };
+    let runtime = &config.runtime;
+    let replicas =
+        avm_runtime::replicas::Replicas::connect(settings, runtime.event_retention, runtime.event_retention_period)
+            .await
+            .map_err(|err| anyhow::anyhow!("{}", err.message))?;
+    Ok(Some(replicas))
 }
 
 /// The gateway alone, over its peers' gRPC.
@@ -563,7 +610,7 @@ async fn gateway_app(config: AvmConfig) -> anyhow::Result<App> {
     let channels = avm_gateway::PeerChannels {
         auth: addr(&peers.auth, "AVM_AUTH_ADDR")?,
         session: addr(&peers.session, "AVM_SESSION_ADDR")?,
-        runtime: addr(&peers.runtime, "AVM_RUNTIME_ADDR")?,
+        runtime: avm_common::grpc::channels(&peer_addr(&peers.runtime, "AVM_RUNTIME_ADDR")?, &config.grpc)?,
         resource: addr(&peers.resource, "AVM_RESOURCE_ADDR")?,
         config: addr(&peers.config, "AVM_CONFIG_ADDR")?,
         observability: addr(&peers.observability, "AVM_OBSERVABILITY_ADDR")?,
@@ -575,7 +622,7 @@ async fn gateway_app(config: AvmConfig) -> anyhow::Result<App> {
         avm_gateway::serve(
             listener,
             config.gateway.clone(),
-            avm_gateway::Peers::remote(channels, &config.grpc),
+            avm_gateway::Peers::remote(channels, &config.grpc)?,
             credentials.authenticator(&config),
             rate_limiter(&config).await?,
             app.servers_stop(),

@@ -230,6 +230,10 @@ pub struct ServerConfig {
     pub data_dir: String,
     /// Listen address of a single component (`avm <component>`).
     pub listen: Option<String>,
+    /// The address other processes reach this one at (`AVM_SERVER_ADVERTISE`,
+    /// e.g. `http://10.0.0.5:7000`): runtime replicas give it to each other
+    /// and to the gateways. Default: the listen address.
+    pub advertise: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -240,6 +244,7 @@ impl Default for ServerConfig {
             grpc_port: 7000,
             data_dir: "~/.agentvm".to_owned(),
             listen: None,
+            advertise: None,
         }
     }
 }

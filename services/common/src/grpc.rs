@@ -305,6 +305,132 @@ pub fn channel(addr: &str, config: &GrpcConfig) -> Result<Channel, ApiError> {
         .connect_lazy())
 }
 
+/// Returns one transport over several replicas of a peer: each call goes to
+/// a replica picked at random among those not known to be down, and a call
+/// that a replica could not take (no connection, or it went away before
+/// answering) goes to the next one, so
+/// callers keep working while any replica is alive. A replica that failed is
+/// skipped for a second, unless every replica is down.
+///
+/// The request is kept until a replica answered, which the peers' unary
+/// requests allow (no RPC here streams its request).
+pub fn failover(replicas: &[(String, Channel)]) -> Result<avm_proto::Transport, ApiError> {
+    if replicas.is_empty() {
+        return Err(ApiError::invalid("INVALID_PEER_ADDRESS", "no peer address given"));
+    }
+    let replicas = replicas
+        .iter()
+        .map(|(addr, channel)| Replica {
+            addr: addr.clone(),
+            channel: channel.clone(),
+            down_until_ms: std::sync::atomic::AtomicI64::new(0),
+        })
+        .collect::<Vec<_>>();
+    Ok(avm_proto::Transport::new(Failover {
+        replicas: replicas.into(),
+    }))
+}
+
+/// Returns a channel (as [`channel`]) to each address of a comma-separated list.
+pub fn channels(list: &str, config: &GrpcConfig) -> Result<Vec<(String, Channel)>, ApiError> {
+    addresses(list)
+        .into_iter()
+        .map(|addr| Ok((addr.clone(), channel(&addr, config)?)))
+        .collect()
+}
+
+/// Splits a comma-separated list of peer addresses.
+pub fn addresses(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|addr| !addr.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+struct Replica {
+    addr: String,
+    channel: Channel,
+    down_until_ms: std::sync::atomic::AtomicI64,
+}
+
+#[derive(Clone)]
+struct Failover {
+    replicas: std::sync::Arc<[Replica]>,
+}
+
+/// How long a replica that failed a call is passed over.
+const REPLICA_DOWN_MS: i64 = 1000;
+
+impl Failover {
+    /// Returns the replicas to try, in order: from one picked at random,
+    /// those known to be down last.
+    fn order(&self) -> Vec<usize> {
+        use std::sync::atomic::Ordering;
+        let count = self.replicas.len();
+        let start = rand::random_range(0..count);
+        let now = crate::now_ms();
+        let (mut up, down): (Vec<usize>, Vec<usize>) = (0..count)
+            .map(|offset| (start + offset) % count)
+            .partition(|&index| self.replicas[index].down_until_ms.load(Ordering::Relaxed) <= now);
+        up.extend(down);
+        up
+    }
+
+    async fn send(self, request: http::Request<Body>) -> Result<http::Response<Body>, avm_proto::TransportError> {
+        use http_body_util::BodyExt;
+        use std::sync::atomic::Ordering;
+        use tower::ServiceExt;
+        let (parts, body) = request.into_parts();
+        let bytes = body
+            .collect()
+            .await
+            .map_err(|err| avm_proto::TransportError(Box::new(err)))?
+            .to_bytes();
+        let mut last = None;
+        for index in self.order() {
+            let replica = &self.replicas[index];
+            let mut request = http::Request::new(Body::new(http_body_util::Full::new(bytes.clone())));
+            *request.method_mut() = parts.method.clone();
+            *request.uri_mut() = parts.uri.clone();
+            *request.version_mut() = parts.version;
+            *request.headers_mut() = parts.headers.clone();
+            *request.extensions_mut() = parts.extensions.clone();
+            match replica.channel.clone().oneshot(request).await {
+                Ok(response) => {
+                    replica.down_until_ms.store(0, Ordering::Relaxed);
+                    return Ok(response);
+                }
+                Err(err) => {
+                    let now = crate::now_ms();
+                    let was_up = replica.down_until_ms.swap(now + REPLICA_DOWN_MS, Ordering::Relaxed) <= now;
+                    if was_up {
+                        tracing::warn!(peer = %replica.addr, error = %err, "a peer replica did not take a call; using the others");
+                    }
+                    last = Some(err);
+                }
+            }
+        }
+        Err(avm_proto::TransportError(
+            last.map_or_else(|| "no peer replica".into(), |err| Box::new(err) as _),
+        ))
+    }
+}
+
+impl tower::Service<http::Request<Body>> for Failover {
+    type Response = http::Response<Body>;
+    type Error = avm_proto::TransportError;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        Box::pin(self.clone().send(request))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::avm_method;

@@ -39,6 +39,8 @@ pub(crate) struct Agent {
     pub(crate) context: Arc<EventContext>,
     pub(crate) hub: Arc<SessionHub>,
     state: Mutex<AgentState>,
+    /// Woken when a turn ends.
+    stopped: tokio::sync::Notify,
 }
 
 struct AgentState {
@@ -75,6 +77,7 @@ impl Agent {
             plan,
             tools,
             image,
+            stopped: tokio::sync::Notify::new(),
             state: Mutex::new(AgentState {
                 history,
                 turn: None,
@@ -151,6 +154,19 @@ impl Agent {
         }
         state.turn = None;
         state.last_active = Instant::now();
+        drop(state);
+        self.stopped.notify_waiters();
+    }
+
+    /// Waits until no turn runs.
+    pub(crate) async fn stopped(&self) {
+        loop {
+            let notified = self.stopped.notified();
+            if !self.is_running() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Interrupts the running turn; `false` when the agent was idle.

@@ -39,6 +39,12 @@ pub enum RuntimeError {
     /// What another service (or a permission check) answered, passed on as it is.
     #[error(transparent)]
     Api(#[from] ApiError),
+    /// Another runtime replica holds the image's agent (at this address).
+    #[error("another runtime replica holds the agent")]
+    Elsewhere(String),
+    /// This replica is shutting down and no other takes the agent.
+    #[error("this runtime is shutting down; retry")]
+    Draining,
 }
 
 fn agent_not_found(target: &AgentTarget) -> String {
@@ -68,7 +74,10 @@ impl RuntimeError {
             RuntimeError::Invalid { .. } => Code::InvalidArgument,
             RuntimeError::TooLongId { .. } | RuntimeError::AgentNotFound(_) => Code::NotFound,
             RuntimeError::AgentBusy | RuntimeError::LlmMisconfigured(_) => Code::FailedPrecondition,
-            RuntimeError::AgentRestarting | RuntimeError::ConfigUnavailable => Code::Unavailable,
+            RuntimeError::AgentRestarting
+            | RuntimeError::ConfigUnavailable
+            | RuntimeError::Elsewhere(_)
+            | RuntimeError::Draining => Code::Unavailable,
             RuntimeError::SubscriberTooSlow => Code::ResourceExhausted,
             RuntimeError::Api(err) => err.code,
         }
@@ -87,6 +96,10 @@ impl From<RuntimeError> for ApiError {
             RuntimeError::LlmMisconfigured(_) => ApiError::new(code, "LLM_MISCONFIGURED", err.to_string()),
             RuntimeError::ConfigUnavailable => ApiError::new(code, "CONFIG_UNAVAILABLE", err.to_string()),
             RuntimeError::SubscriberTooSlow => ApiError::new(code, "SUBSCRIBER_TOO_SLOW", err.to_string()),
+            RuntimeError::Elsewhere(_) => {
+                ApiError::new(code, "AGENT_MOVING", "the agent is moving between runtimes; retry")
+            }
+            RuntimeError::Draining => ApiError::new(code, "RUNTIME_DRAINING", err.to_string()),
             RuntimeError::Api(err) => err,
         }
     }

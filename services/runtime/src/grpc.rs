@@ -1,16 +1,21 @@
 //! The gRPC adapter of the runtime: proto ⇄ domain, the caller's context,
 //! errors → status. With `peers/`, the only place that sees protos.
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use avm_common::auth::{Authenticated, TokenVerifier, caller};
 use avm_common::config::GrpcConfig;
 use avm_proto::runtime::v1 as pb;
+use avm_proto::runtime::v1::RuntimeServiceRemote;
 use avm_proto::runtime::v1::runtime_service_server::{RuntimeService, RuntimeServiceServer};
 use futures::Stream;
 use tonic::{Request, Response, Status};
+
+use avm_common::RequestContext;
 
 use crate::agent::AgentInfo;
 use crate::error::{AgentTarget, RuntimeError};
@@ -25,7 +30,11 @@ pub fn grpc_server(
     verifier: TokenVerifier,
     config: &GrpcConfig,
 ) -> Authenticated<RuntimeServiceServer<RuntimeGrpc>> {
-    let server = RuntimeServiceServer::new(RuntimeGrpc::new(pool))
+    let forwarder = pool.replicated().then(|| Forwarder {
+        config: config.clone(),
+        remotes: Mutex::new(HashMap::new()),
+    });
+    let server = RuntimeServiceServer::new(RuntimeGrpc { pool, forwarder })
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
     Authenticated::new(server, verifier)
@@ -34,14 +43,81 @@ pub fn grpc_server(
 /// Serves `avm.runtime.v1.RuntimeService` from an [`AgentPool`].
 pub struct RuntimeGrpc {
     pool: AgentPool,
+    /// With replicas: calls for an agent another replica holds go there.
+    forwarder: Option<Forwarder>,
 }
 
 impl RuntimeGrpc {
     /// Returns the adapter over `pool`: what the gRPC server serves, and what
     /// `avm serve` calls in process.
     pub fn new(pool: AgentPool) -> Self {
-        Self { pool }
+        Self { pool, forwarder: None }
     }
+
+    /// Returns the replica to send a call about an image to, when another
+    /// one holds its agent; never for a call that was already sent on.
+    async fn holder<T>(
+        &self,
+        request: &Request<T>,
+        ctx: &RequestContext,
+        image_id: &str,
+    ) -> Result<Option<RuntimeServiceRemote>, Status> {
+        if self.forwarder.is_none() || forwarded(request) {
+            return Ok(None);
+        }
+        match self.pool.held_elsewhere(&ctx.tenant_id, image_id).await? {
+            Some(addr) => Ok(Some(self.remote(&addr)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Returns the client of the replica at `addr`, when the call may go on.
+    fn remote_for<T>(&self, request: &Request<T>, addr: &str) -> Option<Result<RuntimeServiceRemote, Status>> {
+        (self.forwarder.is_some() && !forwarded(request)).then(|| self.remote(addr))
+    }
+
+    fn remote(&self, addr: &str) -> Result<RuntimeServiceRemote, Status> {
+        let forwarder = self
+            .forwarder
+            .as_ref()
+            .ok_or_else(|| Status::internal("no forwarder"))?;
+        let mut remotes = forwarder.remotes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(remote) = remotes.get(addr) {
+            return Ok(remote.clone());
+        }
+        let channel = avm_common::grpc::channel(addr, &forwarder.config).map_err(Status::from)?;
+        let remote = RuntimeServiceRemote::new(channel, forwarder.config.max_message_bytes);
+        remotes.insert(addr.to_owned(), remote.clone());
+        Ok(remote)
+    }
+}
+
+/// Clients of the other runtime replicas, by address.
+struct Forwarder {
+    config: GrpcConfig,
+    remotes: Mutex<HashMap<String, RuntimeServiceRemote>>,
+}
+
+/// Marks a call one replica sent on to another.
+const FORWARDED: &str = "avm-forwarded";
+
+fn forwarded<T>(request: &Request<T>) -> bool {
+    request.metadata().contains_key(FORWARDED)
+}
+
+/// Returns the call to send on: the caller's metadata (its token, its
+/// trace) and message, marked as sent on.
+fn relay<T: Clone>(request: &Request<T>) -> Request<T> {
+    relay_message(request.metadata(), request.get_ref().clone())
+}
+
+fn relay_message<U>(metadata: &tonic::metadata::MetadataMap, message: U) -> Request<U> {
+    let mut relayed = Request::new(message);
+    *relayed.metadata_mut() = metadata.clone();
+    relayed
+        .metadata_mut()
+        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    relayed
 }
 
 type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -131,6 +207,9 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::ListWorkspaceRequest>,
     ) -> Result<Response<pb::ListWorkspaceResponse>, Status> {
         let ctx = caller(&request)?;
+        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
+            return remote.list_workspace(relay(&request)).await;
+        }
         let request = request.get_ref();
         let entries = self.pool.list_workspace(&ctx, &request.image_id, &request.path).await?;
         Ok(Response::new(pb::ListWorkspaceResponse {
@@ -143,6 +222,9 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::ReadWorkspaceFileRequest>,
     ) -> Result<Response<pb::ReadWorkspaceFileResponse>, Status> {
         let ctx = caller(&request)?;
+        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
+            return remote.read_workspace_file(relay(&request)).await;
+        }
         let request = request.get_ref();
         let (entry, content) = self
             .pool
@@ -159,6 +241,9 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::WriteWorkspaceFileRequest>,
     ) -> Result<Response<pb::WriteWorkspaceFileResponse>, Status> {
         let ctx = caller(&request)?;
+        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
+            return remote.write_workspace_file(relay(&request)).await;
+        }
         let request = request.into_inner();
         let entry = self
             .pool
@@ -196,6 +281,9 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::UpdateImageRequest>,
     ) -> Result<Response<pb::UpdateImageResponse>, Status> {
         let ctx = caller(&request)?;
+        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
+            return remote.update_image(relay(&request)).await;
+        }
         let request = request.into_inner();
         let changes = ImageChanges {
             name: request.name,
@@ -211,6 +299,9 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::DeleteImageRequest>,
     ) -> Result<Response<pb::DeleteImageResponse>, Status> {
         let ctx = caller(&request)?;
+        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
+            return remote.delete_image(relay(&request)).await;
+        }
         let stopped = self.pool.delete_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::DeleteImageResponse { stopped }))
     }
@@ -229,7 +320,12 @@ impl RuntimeService for RuntimeGrpc {
 
     async fn run_image(&self, request: Request<pb::RunImageRequest>) -> Result<Response<pb::RunImageResponse>, Status> {
         let ctx = caller(&request)?;
-        let (agent, reused) = self.pool.run_image(&ctx, &request.get_ref().image_id).await?;
+        let (agent, reused) = match self.pool.run_image(&ctx, &request.get_ref().image_id).await {
+            Err(RuntimeError::Elsewhere(addr)) if let Some(remote) = self.remote_for(&request, &addr) => {
+                return remote?.run_image(relay(&request)).await;
+            }
+            result => result?,
+        };
         Ok(Response::new(pb::RunImageResponse {
             agent: Some(agent_pb(agent)),
             reused,
@@ -241,6 +337,9 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::StopImageRequest>,
     ) -> Result<Response<pb::StopImageResponse>, Status> {
         let ctx = caller(&request)?;
+        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
+            return remote.stop_image(relay(&request)).await;
+        }
         let stopped = self.pool.stop_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::StopImageResponse { stopped }))
     }
@@ -250,9 +349,37 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<Self::SendMessageStream>, Status> {
         let ctx = caller(&request)?;
-        let message = request.into_inner();
-        let content = content(message.content, message.plain_text);
-        let accepted = self.pool.send_message(&ctx, &message.image_id, content).await?;
+        let may_forward = self.forwarder.is_some() && !forwarded(&request);
+        let (metadata, _, message) = request.into_parts();
+        let accepted = if may_forward {
+            // The holder may have just died: its lease lapses with its
+            // heartbeat, then this replica claims the agent.
+            let deadline = tokio::time::Instant::now() + crate::replicas::HEARTBEAT_TTL + Duration::from_secs(2);
+            loop {
+                let content = content(message.content.clone(), message.plain_text);
+                match self.pool.send_message(&ctx, &message.image_id, content).await {
+                    Err(RuntimeError::Elsewhere(addr)) => {
+                        let sent = self
+                            .remote(&addr)?
+                            .send_message(relay_message(&metadata, message.clone()))
+                            .await;
+                        match sent {
+                            Err(status)
+                                if status.code() == tonic::Code::Unavailable
+                                    && tokio::time::Instant::now() < deadline =>
+                            {
+                                tokio::time::sleep(Duration::from_millis(250)).await;
+                            }
+                            sent => return sent,
+                        }
+                    }
+                    result => break result?,
+                }
+            }
+        } else {
+            let content = content(message.content, message.plain_text);
+            self.pool.send_message(&ctx, &message.image_id, content).await?
+        };
         let first = pb::SendMessageResponse {
             kind: Some(pb::send_message_response::Kind::Accepted(pb::SendMessageAccepted {
                 agent: Some(agent_pb(accepted.agent)),
@@ -274,6 +401,11 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::InterruptAgentRequest>,
     ) -> Result<Response<pb::InterruptAgentResponse>, Status> {
         let ctx = caller(&request)?;
+        if let Some(pb::interrupt_agent_request::Target::ImageId(image_id)) = &request.get_ref().target
+            && let Some(remote) = self.holder(&request, &ctx, image_id).await?
+        {
+            return remote.interrupt_agent(relay(&request)).await;
+        }
         let target = match request.into_inner().target {
             Some(pb::interrupt_agent_request::Target::ImageId(id)) => AgentTarget::Image(id),
             Some(pb::interrupt_agent_request::Target::AgentId(id)) => AgentTarget::Agent(id),

@@ -1,13 +1,17 @@
 //! Per-session event hubs: every event of a session gets the next cursor, is
 //! kept in a bounded window of recent events for resuming subscribers, and is
-//! offered to each live subscriber's bounded queue.
+//! offered to each live subscriber's bounded queue. With several replicas,
+//! hubs also send their events to, and take the others' from, the fan-out
+//! (`replicas::fanout`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{OnceCell, mpsc, oneshot};
+
+use crate::replicas::Fanout;
 
 /// Which conversation an event belongs to.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -53,6 +57,7 @@ struct Subscriber {
 }
 
 struct HubState {
+    /// The cursor of the latest event (published here or taken from another replica).
     next_cursor: u64,
     recent: VecDeque<Arc<SessionEvent>>,
     subscribers: Vec<Subscriber>,
@@ -63,21 +68,36 @@ pub struct SessionHub {
     state: Mutex<HubState>,
     retention: usize,
     queue_capacity: usize,
+    /// The lowest cursor this hub publishes: the time it was made, in
+    /// microseconds, so cursors keep rising across hub restarts (a hub is
+    /// rebuilt after idling or a process restart).
+    floor: u64,
+    /// Where its events go for other replicas, when there are any.
+    fanout: Option<Fanout>,
+    /// Set once the hub follows its session's events on the fan-out and
+    /// holds those retained there.
+    ready: OnceCell<()>,
+    /// The fan-out's confirmation that it follows the session.
+    following: Mutex<Option<oneshot::Receiver<()>>>,
 }
 
 impl SessionHub {
-    fn new(retention: usize, queue_capacity: usize) -> Self {
-        // Cursors start at the current time in microseconds so they keep rising
-        // across hub restarts (a hub is rebuilt after idling or a process restart).
-        let start = u64::try_from(avm_common::now_ms()).unwrap_or(0).saturating_mul(1000);
+    fn new(retention: usize, queue_capacity: usize, fanout: Option<Fanout>) -> Self {
+        let floor = u64::try_from(avm_common::now_ms()).unwrap_or(0).saturating_mul(1000);
         Self {
             state: Mutex::new(HubState {
-                next_cursor: start,
+                // With replicas, a new hub takes the cursors of the events
+                // other replicas published (all above what it starts with).
+                next_cursor: if fanout.is_some() { 0 } else { floor },
                 recent: VecDeque::new(),
                 subscribers: Vec::new(),
             }),
             retention: retention.max(1),
             queue_capacity: queue_capacity.max(1),
+            floor,
+            fanout,
+            ready: OnceCell::new(),
+            following: Mutex::new(None),
         }
     }
 
@@ -90,7 +110,7 @@ impl SessionHub {
     pub fn publish(&self, kind: &'static str, context: &Arc<EventContext>, data: &Value) -> Arc<SessionEvent> {
         let data_json = data.to_string();
         let mut state = self.lock();
-        state.next_cursor += 1;
+        state.next_cursor = (state.next_cursor + 1).max(self.floor);
         let event = Arc::new(SessionEvent {
             kind,
             cursor: state.next_cursor,
@@ -98,13 +118,50 @@ impl SessionHub {
             context: Arc::clone(context),
             data_json,
         });
+        self.deliver(&mut state, &event);
+        // Still locked: the session's events leave in cursor order.
+        if let Some(fanout) = &self.fanout {
+            fanout.publish(&event);
+        }
+        event
+    }
+
+    /// Takes an event another replica published, unless this hub has it.
+    pub fn inject(&self, event: Arc<SessionEvent>) {
+        let mut state = self.lock();
+        if event.cursor <= state.next_cursor {
+            return;
+        }
+        state.next_cursor = event.cursor;
+        self.deliver(&mut state, &event);
+    }
+
+    /// Adds retained events (from the fan-out, oldest first) to the window,
+    /// in cursor order, without offering them to subscribers.
+    pub fn seed(&self, events: Vec<SessionEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        let mut state = self.lock();
+        let mut merged: Vec<Arc<SessionEvent>> = state.recent.drain(..).collect();
+        merged.extend(events.into_iter().map(Arc::new));
+        merged.sort_by_key(|event| event.cursor);
+        merged.dedup_by_key(|event| event.cursor);
+        let skip = merged.len().saturating_sub(self.retention);
+        state.recent = merged.into_iter().skip(skip).collect();
+        let newest = state.recent.back().map_or(0, |event| event.cursor);
+        state.next_cursor = state.next_cursor.max(newest);
+    }
+
+    /// Keeps an event in the window and offers it to every subscriber.
+    fn deliver(&self, state: &mut HubState, event: &Arc<SessionEvent>) {
         if state.recent.len() == self.retention {
             state.recent.pop_front();
         }
-        state.recent.push_back(Arc::clone(&event));
+        state.recent.push_back(Arc::clone(event));
         state
             .subscribers
-            .retain(|subscriber| match subscriber.queue.try_send(Arc::clone(&event)) {
+            .retain(|subscriber| match subscriber.queue.try_send(Arc::clone(event)) {
                 Ok(()) => true,
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     subscriber.overflowed.store(true, Ordering::Release);
@@ -112,7 +169,6 @@ impl SessionHub {
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => false,
             });
-        event
     }
 
     /// Subscribes, replaying retained events after `after` (when given).
@@ -177,16 +233,42 @@ pub struct Hubs {
     hubs: Mutex<HashMap<String, Arc<SessionHub>>>,
     retention: usize,
     queue_capacity: usize,
+    fanout: Option<Fanout>,
 }
 
 impl Hubs {
-    /// Returns an empty set of hubs.
-    pub fn new(retention: usize, queue_capacity: usize) -> Self {
+    /// Returns an empty set of hubs; with a fan-out, they share their
+    /// sessions' events with other replicas.
+    pub fn new(retention: usize, queue_capacity: usize, fanout: Option<Fanout>) -> Self {
         Self {
             hubs: Mutex::new(HashMap::new()),
             retention,
             queue_capacity,
+            fanout,
         }
+    }
+
+    /// Returns the hub of a session, if there is one.
+    pub fn get(&self, session_id: &str) -> Option<Arc<SessionHub>> {
+        self.lock().get(session_id).cloned()
+    }
+
+    /// Returns the hub of a session, creating it when needed; with a fan-out,
+    /// once it follows the session there and holds the events retained there.
+    pub async fn open(&self, session_id: &str) -> Arc<SessionHub> {
+        let hub = self.get_or_create(session_id);
+        if let Some(fanout) = &self.fanout {
+            hub.ready
+                .get_or_init(|| async {
+                    let following = hub.following.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some(following) = following {
+                        let _ = following.await;
+                    }
+                    hub.seed(fanout.history(session_id).await);
+                })
+                .await;
+        }
+        hub
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<SessionHub>>> {
@@ -199,15 +281,28 @@ impl Hubs {
         if let Some(hub) = hubs.get(session_id) {
             return Arc::clone(hub);
         }
-        let hub = Arc::new(SessionHub::new(self.retention, self.queue_capacity));
+        let hub = Arc::new(SessionHub::new(
+            self.retention,
+            self.queue_capacity,
+            self.fanout.clone(),
+        ));
+        if let Some(fanout) = &self.fanout {
+            // Sent under the lock: follows and unfollows stay in order.
+            *hub.following.lock().unwrap_or_else(|p| p.into_inner()) = Some(fanout.follow(session_id));
+        }
         hubs.insert(session_id.to_owned(), Arc::clone(&hub));
         hub
     }
 
     /// Drops the hubs nobody listens to, except those of `active` sessions.
     pub fn prune(&self, active: &dyn Fn(&str) -> bool) {
-        self.lock()
-            .retain(|session_id, hub| active(session_id) || hub.has_subscribers());
+        self.lock().retain(|session_id, hub| {
+            let keep = active(session_id) || hub.has_subscribers();
+            if !keep && let Some(fanout) = &self.fanout {
+                fanout.unfollow(session_id);
+            }
+            keep
+        });
     }
 
     /// Drops every hub's retained events older than `cutoff_ms`.
@@ -229,6 +324,22 @@ impl Hubs {
     }
 }
 
+/// Returns the `&'static` name of an event type another replica sent: the
+/// protocol's few names, each kept once.
+pub(crate) fn intern(kind: &str) -> &'static str {
+    static KINDS: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut kinds = KINDS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(known) = kinds.iter().find(|known| **known == kind) {
+        return known;
+    }
+    if kinds.len() >= 256 {
+        return "unknown";
+    }
+    let name: &'static str = Box::leak(kind.to_owned().into_boxed_str());
+    kinds.push(name);
+    name
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -244,7 +355,7 @@ mod tests {
 
     #[test]
     fn cursors_rise_and_resume_replays_what_was_missed() {
-        let hub = SessionHub::new(8, 8);
+        let hub = SessionHub::new(8, 8, None);
         let ctx = context();
         let first = hub.publish("text_delta", &ctx, &json!({"text": "a"}));
         let second = hub.publish("text_delta", &ctx, &json!({"text": "b"}));
@@ -256,7 +367,7 @@ mod tests {
 
     #[test]
     fn retention_is_bounded() {
-        let hub = SessionHub::new(3, 8);
+        let hub = SessionHub::new(3, 8, None);
         let ctx = context();
         for i in 0..10 {
             hub.publish("text_delta", &ctx, &json!({"i": i}));
@@ -267,7 +378,7 @@ mod tests {
 
     #[test]
     fn old_events_are_trimmed() {
-        let hub = SessionHub::new(8, 8);
+        let hub = SessionHub::new(8, 8, None);
         let ctx = context();
         let event = hub.publish("text_delta", &ctx, &json!({}));
         hub.trim(event.timestamp_ms);
@@ -280,7 +391,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_subscriber_that_falls_behind_is_cut_off() {
-        let hub = SessionHub::new(8, 2);
+        let hub = SessionHub::new(8, 2, None);
         let ctx = context();
         let mut sub = hub.subscribe(None);
         for i in 0..3 {

@@ -10,6 +10,7 @@
 //! message.rs   what users send (and its rules) and what agents answer
 //! plan.rs      an image's resource:// references, resolved at start
 //! hub.rs       each session's events: cursors, retention, subscribers
+//! replicas/    several runtimes: leases, heartbeats, lost turns, events over Redis
 //! settings.rs  each tenant's LLM settings, followed live
 //! metering.rs  prices, the usage queue, budget checks
 //! llm/         the provider drivers
@@ -28,6 +29,7 @@ pub mod metering;
 pub mod peers;
 mod plan;
 mod pool;
+pub mod replicas;
 pub mod settings;
 pub mod tools;
 mod turn;

@@ -19,10 +19,11 @@ use crate::agent::{Agent, AgentInfo};
 use crate::config::RuntimeConfig;
 use crate::context::history_to_llm;
 use crate::error::{AgentTarget, RuntimeError};
-use crate::hub::{Hubs, Subscription};
+use crate::hub::{EventContext, Hubs, Subscription};
 use crate::message::{Content, Message, MessageBody};
 use crate::metering::Metering;
 use crate::peers::{Deletion, ImageChanges, ImageInfo, Resources, Sessions};
+use crate::replicas::{Placement, Replicas, TurnRecord};
 use crate::settings::LlmSettings;
 use crate::tools::{Fetcher, ToolContext, Toolbox, Workspace, access};
 use crate::turn::{self, TurnLimits, TurnPorts};
@@ -52,7 +53,9 @@ struct PoolInner {
     /// What a turn needs: sessions, metering, the runtime's own credential.
     ports: TurnPorts,
     resources: Resources,
-    hubs: Hubs,
+    hubs: Arc<Hubs>,
+    /// The other runtime replicas and the leases of this one, when replicated.
+    replicas: Option<Replicas>,
     /// What every agent's tools run with (`fetch_url`'s client among it).
     tools: ToolContext,
     /// Agents by (tenant, image id); the cell makes concurrent starts share one hydration.
@@ -77,6 +80,7 @@ impl AgentPool {
         sessions: Sessions,
         resources: Resources,
         identity: ServiceIdentity,
+        replicas: Option<Replicas>,
     ) -> Result<Self, RuntimeError> {
         let tools = ToolContext {
             limits: config.sandbox.clone(),
@@ -84,7 +88,11 @@ impl AgentPool {
             mcp: config.mcp.clone(),
             credentials: Arc::new(crate::peers::StoredCredentials::new(llm.configs(), identity.clone())),
         };
-        let hubs = Hubs::new(config.event_retention, config.subscriber_queue);
+        let hubs = Arc::new(Hubs::new(
+            config.event_retention,
+            config.subscriber_queue,
+            replicas.as_ref().map(|replicas| replicas.fanout().clone()),
+        ));
         let limits = TurnLimits {
             max_steps: config.max_tool_steps.max(1),
             tool_concurrency: config.tool_concurrency.max(1),
@@ -101,6 +109,7 @@ impl AgentPool {
                 },
                 resources,
                 hubs,
+                replicas,
                 tools,
                 agents: Mutex::new(HashMap::new()),
                 agent_ids: Mutex::new(HashMap::new()),
@@ -150,12 +159,15 @@ impl AgentPool {
                 Ok((Arc::clone(agent), reused))
             }
             Err(err) => {
-                let mut agents = self.agents();
-                if agents
-                    .get(&key)
-                    .is_some_and(|c| Arc::ptr_eq(c, &cell) && !c.initialized())
-                {
-                    agents.remove(&key);
+                let removed = {
+                    let mut agents = self.agents();
+                    let unused = agents
+                        .get(&key)
+                        .is_some_and(|c| Arc::ptr_eq(c, &cell) && !c.initialized());
+                    unused && agents.remove(&key).is_some()
+                };
+                if removed && let Some(replicas) = &self.inner.replicas {
+                    replicas.release(&key.0, &key.1).await;
                 }
                 Err(err)
             }
@@ -173,8 +185,35 @@ impl AgentPool {
         Workspace::new(root.join(tenant_id).join(image_id))
     }
 
-    /// Loads an image and its history and makes it a live agent.
+    /// Loads an image and its history and makes it a live agent. With
+    /// replicas, this one claims the image first: an image another live
+    /// replica holds is `Elsewhere`, and a turn a dead holder left is ended.
     async fn hydrate(&self, ctx: &RequestContext, image_id: &str, key: AgentKey) -> Result<Arc<Agent>, RuntimeError> {
+        if let Some(replicas) = &self.inner.replicas {
+            if replicas.draining() && !replicas.holds(&ctx.tenant_id, image_id) {
+                let others = replicas.others().await?;
+                return Err(others
+                    .into_iter()
+                    .next()
+                    .map_or(RuntimeError::Draining, RuntimeError::Elsewhere));
+            }
+            match replicas.claim(&ctx.tenant_id, image_id).await? {
+                Placement::Elsewhere(addr) => return Err(RuntimeError::Elsewhere(addr)),
+                Placement::Here { lost_from: None } => {}
+                Placement::Here { lost_from: Some(dead) } => {
+                    let field = format!("{}/{image_id}", ctx.tenant_id);
+                    if let Some((_, record)) = replicas
+                        .lost_turns(&dead)
+                        .await?
+                        .into_iter()
+                        .find(|(name, _)| *name == field)
+                        && replicas.take_lost_turn(&dead, &field).await
+                    {
+                        self.end_lost_turn(&dead, record).await;
+                    }
+                }
+            }
+        }
         let image = self.sessions().get_image(ctx, image_id).await?;
         let plan = crate::plan::plan(&self.inner.resources, ctx, &image).await?;
         let history = self.sessions().list_messages(ctx, &image.session_id).await?;
@@ -188,7 +227,7 @@ impl AgentPool {
         )?
         .map(Arc::new);
         let agent_id = new_id("agent");
-        let hub = self.inner.hubs.get_or_create(&image.session_id);
+        let hub = self.inner.hubs.open(&image.session_id).await;
         let messages = history.len();
         let agent = Arc::new(Agent::new(
             agent_id.clone(),
@@ -270,18 +309,35 @@ impl AgentPool {
         let request = turn::request(&llm.config, &agent, history);
         let events = agent.hub.subscribe(Some(cursor));
         tracing::info!(image_id = %agent.image.image_id, message_id = %user_message_id, "turn started");
-        // The turn outlives this call; it stays in the request's trace.
-        tokio::spawn(
-            turn::run(
-                self.inner.ports.clone(),
-                Arc::clone(&agent),
-                ctx.clone(),
-                llm,
-                request,
-                cancel,
-            )
-            .instrument(tracing::Span::current()),
+        let turn = turn::run(
+            self.inner.ports.clone(),
+            Arc::clone(&agent),
+            ctx.clone(),
+            llm,
+            request,
+            cancel,
         );
+        match &self.inner.replicas {
+            // The turn outlives this call; it stays in the request's trace.
+            None => drop(tokio::spawn(turn.instrument(tracing::Span::current()))),
+            Some(replicas) => {
+                // Recorded, so a survivor ends it if this replica dies.
+                replicas.turn_started(&TurnRecord {
+                    tenant_id: agent.tenant_id.clone(),
+                    container_id: agent.image.container_id.clone(),
+                    image_id: agent.image.image_id.clone(),
+                    agent_id: agent.agent_id.clone(),
+                    session_id: agent.image.session_id.clone(),
+                });
+                let replicas = replicas.clone();
+                let (tenant_id, image_id) = (agent.tenant_id.clone(), agent.image.image_id.clone());
+                let recorded = async move {
+                    turn.await;
+                    replicas.turn_ended(&tenant_id, &image_id);
+                };
+                drop(tokio::spawn(recorded.instrument(tracing::Span::current())));
+            }
+        }
         Ok(SendAccepted {
             agent: agent.info(),
             user_message_id,
@@ -619,6 +675,14 @@ impl AgentPool {
             "agent_unregistered",
             &json!({"containerId": agent.image.container_id, "agentId": agent.agent_id}),
         );
+        if let Some(replicas) = &self.inner.replicas {
+            let (replicas, agent) = (replicas.clone(), Arc::clone(agent));
+            // Once its turn (interrupted) has stored what it had.
+            tokio::spawn(async move {
+                agent.stopped().await;
+                replicas.release(&agent.tenant_id, &agent.image.image_id).await;
+            });
+        }
         tracing::info!(agent_id = %agent.agent_id, image_id = %agent.image.image_id, why, "agent removed");
     }
 
@@ -641,7 +705,7 @@ impl AgentPool {
         validate_id("SESSION_NOT_FOUND", "session", session_id)?;
         // Ownership: the session must be one the caller may see.
         self.sessions().get_session(ctx, session_id).await?;
-        Ok(self.inner.hubs.get_or_create(session_id).subscribe(after))
+        Ok(self.inner.hubs.open(session_id).await.subscribe(after))
     }
 
     /// Drops agents idle longer than the configured timeout, retained events
@@ -673,6 +737,12 @@ impl AgentPool {
         self.inner.llm.spawn_watch(shutdown.clone());
         self.inner.ports.metering.spawn(shutdown.clone());
         tokio::spawn(self.clone().follow_deletions(shutdown.clone()));
+        if let Some(replicas) = &self.inner.replicas {
+            replicas
+                .fanout()
+                .spawn(replicas.client(), Arc::clone(&self.inner.hubs), shutdown.clone());
+            tokio::spawn(self.clone().keep_replica(replicas.clone(), shutdown.clone()));
+        }
         let pool = self.clone();
         let config = &pool.inner.config;
         let period = (config.agent_idle_timeout.min(config.event_retention_period) / 2)
@@ -748,6 +818,141 @@ impl AgentPool {
                 self.retire(&agent, "image deleted");
             }
         }
+    }
+
+    /// Returns the address of the live replica that holds an image's agent,
+    /// when another one does (and only with replicas).
+    pub async fn held_elsewhere(&self, tenant_id: &str, image_id: &str) -> Result<Option<String>, RuntimeError> {
+        let Some(replicas) = &self.inner.replicas else {
+            return Ok(None);
+        };
+        if self
+            .lookup(tenant_id, &AgentTarget::Image(image_id.to_owned()))
+            .is_some()
+        {
+            return Ok(None);
+        }
+        Ok(replicas.owner(tenant_id, image_id).await?)
+    }
+
+    /// Returns whether this runtime shares its agents with other replicas.
+    pub fn replicated(&self) -> bool {
+        self.inner.replicas.is_some()
+    }
+
+    /// Keeps this replica registered, and ends the turns of replicas that
+    /// died, until `shutdown`.
+    async fn keep_replica(self, replicas: Replicas, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(crate::replicas::HEARTBEAT_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            match replicas.heartbeat().await {
+                Ok(true) => {}
+                Ok(false) => {
+                    // Survivors may hold this replica's images now.
+                    tracing::error!("this runtime replica's heartbeat lapsed; dropping its agents");
+                    for agent in self.live_agents() {
+                        self.retire(&agent, "lease lapsed");
+                    }
+                }
+                Err(_) => continue,
+            }
+            let Ok(dead) = replicas.dead_replicas().await else {
+                continue;
+            };
+            for replica in dead {
+                let Ok(turns) = replicas.lost_turns(&replica).await else {
+                    continue;
+                };
+                for (field, record) in turns {
+                    if replicas.take_lost_turn(&replica, &field).await {
+                        self.end_lost_turn(&replica, record).await;
+                    }
+                }
+                replicas.forget(&replica).await;
+            }
+        }
+    }
+
+    /// Ends a turn a dead replica was running: an error message in history
+    /// (the user's message stays) and `RUNTIME_LOST` on the session's events.
+    async fn end_lost_turn(&self, replica: &str, record: TurnRecord) {
+        tracing::warn!(
+            replica,
+            image_id = %record.image_id,
+            session_id = %record.session_id,
+            "a turn was lost with its runtime replica"
+        );
+        metrics::counter!("avm_runtime_turns_lost_total").increment(1);
+        let text = "the runtime running this turn stopped; the reply was lost. Send the message again.";
+        let message = Message {
+            message_id: new_id("msg"),
+            session_id: record.session_id.clone(),
+            created_at_ms: avm_common::now_ms(),
+            body: MessageBody::Error {
+                text: text.to_owned(),
+                error_code: "RUNTIME_LOST".to_owned(),
+            },
+        };
+        let stored = match self.inner.ports.identity.tenant_context(&record.tenant_id).await {
+            Ok(ctx) => self.sessions().append(&ctx, &message).await.map(|_| ()),
+            Err(err) => Err(err.into()),
+        };
+        if let Err(err) = stored {
+            tracing::error!(session_id = %record.session_id, error = %err, "cannot store the lost turn's error");
+        }
+        let hub = self.inner.hubs.open(&record.session_id).await;
+        let context = Arc::new(EventContext {
+            container_id: record.container_id,
+            image_id: record.image_id,
+            agent_id: record.agent_id,
+            session_id: record.session_id,
+        });
+        hub.publish(
+            "error_received",
+            &context,
+            &json!({"message": text, "errorCode": "RUNTIME_LOST"}),
+        );
+        hub.publish("error_message", &context, &message.object());
+        hub.publish(
+            "error_occurred",
+            &context,
+            &json!({"code": "RUNTIME_LOST", "message": text, "recoverable": true}),
+        );
+    }
+
+    /// Drains at shutdown (SIGTERM): with replicas, takes no new agent, lets
+    /// running turns finish for at most `grace` (then interrupts them, so they
+    /// store what they have), drops its agents and releases their leases, and
+    /// leaves; without, interrupts running turns at once.
+    pub async fn drain(&self, grace: Duration) {
+        let Some(replicas) = &self.inner.replicas else {
+            self.interrupt_all();
+            return;
+        };
+        replicas.drain();
+        tracing::info!(
+            running = self.live_agents().iter().filter(|a| a.is_running()).count(),
+            "draining"
+        );
+        let deadline = tokio::time::Instant::now() + grace;
+        for agent in self.live_agents() {
+            if tokio::time::timeout_at(deadline, agent.stopped()).await.is_err() {
+                agent.interrupt();
+            }
+        }
+        for agent in self.live_agents() {
+            agent.stopped().await;
+            self.retire(&agent, "draining");
+        }
+        for (tenant_id, image_id) in replicas.held() {
+            replicas.release(&tenant_id, &image_id).await;
+        }
+        replicas.deregister().await;
     }
 
     /// Interrupts every running turn (used at shutdown so partial replies are stored).

@@ -22,6 +22,7 @@ mod resources;
 mod rest;
 mod resume;
 mod rules;
+mod scale;
 mod support;
 mod telemetry;
 mod tools;
