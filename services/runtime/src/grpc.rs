@@ -76,6 +76,32 @@ impl RuntimeGrpc {
         (self.forwarder.is_some() && !forwarded(request)).then(|| self.remote(addr))
     }
 
+    /// Returns the other live replicas, for a call that is not itself sent on.
+    async fn others<T>(&self, request: &Request<T>) -> Result<Vec<RuntimeServiceRemote>, Status> {
+        if self.forwarder.is_none() || forwarded(request) {
+            return Ok(Vec::new());
+        }
+        let addrs = self.pool.other_replicas().await?;
+        addrs.iter().map(|addr| self.remote(addr)).collect()
+    }
+
+    /// Asks the other replicas in turn, for an agent this one does not hold:
+    /// the first answer but NOT_FOUND, else `None`.
+    async fn ask_others<T, U, F, Fut>(&self, request: &Request<T>, call: F) -> Result<Option<Response<U>>, Status>
+    where
+        T: Clone,
+        F: Fn(RuntimeServiceRemote, Request<T>) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<U>, Status>>,
+    {
+        for remote in self.others(request).await? {
+            match call(remote, relay(request)).await {
+                Err(status) if status.code() == tonic::Code::NotFound => {}
+                answer => return answer.map(Some),
+            }
+        }
+        Ok(None)
+    }
+
     fn remote(&self, addr: &str) -> Result<RuntimeServiceRemote, Status> {
         let forwarder = self
             .forwarder
@@ -256,6 +282,9 @@ impl RuntimeService for RuntimeGrpc {
 
     async fn get_image(&self, request: Request<pb::GetImageRequest>) -> Result<Response<pb::GetImageResponse>, Status> {
         let ctx = caller(&request)?;
+        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
+            return remote.get_image(relay(&request)).await;
+        }
         let view = self.pool.get_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::GetImageResponse {
             image: Some(image_pb(view)),
@@ -401,17 +430,28 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::InterruptAgentRequest>,
     ) -> Result<Response<pb::InterruptAgentResponse>, Status> {
         let ctx = caller(&request)?;
-        if let Some(pb::interrupt_agent_request::Target::ImageId(image_id)) = &request.get_ref().target
+        let target = match &request.get_ref().target {
+            Some(pb::interrupt_agent_request::Target::ImageId(id)) => AgentTarget::Image(id.clone()),
+            Some(pb::interrupt_agent_request::Target::AgentId(id)) => AgentTarget::Agent(id.clone()),
+            None => return Err(RuntimeError::invalid("MISSING_ID", "image_id or agent_id is required").into()),
+        };
+        if let AgentTarget::Image(image_id) = &target
             && let Some(remote) = self.holder(&request, &ctx, image_id).await?
         {
             return remote.interrupt_agent(relay(&request)).await;
         }
-        let target = match request.into_inner().target {
-            Some(pb::interrupt_agent_request::Target::ImageId(id)) => AgentTarget::Image(id),
-            Some(pb::interrupt_agent_request::Target::AgentId(id)) => AgentTarget::Agent(id),
-            None => return Err(RuntimeError::invalid("MISSING_ID", "image_id or agent_id is required").into()),
+        let (agent, interrupted) = match self.pool.interrupt(&ctx, &target).await {
+            Err(err @ RuntimeError::AgentNotFound(AgentTarget::Agent(_))) => {
+                return match self
+                    .ask_others(&request, |remote, call| async move { remote.interrupt_agent(call).await })
+                    .await?
+                {
+                    Some(answer) => Ok(answer),
+                    None => Err(err.into()),
+                };
+            }
+            result => result?,
         };
-        let (agent, interrupted) = self.pool.interrupt(&ctx, &target).await?;
         Ok(Response::new(pb::InterruptAgentResponse {
             agent: Some(agent_pb(agent)),
             interrupted,
@@ -420,7 +460,15 @@ impl RuntimeService for RuntimeGrpc {
 
     async fn get_agent(&self, request: Request<pb::GetAgentRequest>) -> Result<Response<pb::GetAgentResponse>, Status> {
         let ctx = caller(&request)?;
-        let agent = self.pool.get_agent(&ctx, &request.get_ref().agent_id).await?;
+        let agent = match self.pool.get_agent(&ctx, &request.get_ref().agent_id).await {
+            Err(err @ RuntimeError::AgentNotFound(_)) => {
+                return match self.ask_others(&request, |remote, call| async move { remote.get_agent(call).await }).await? {
+                    Some(answer) => Ok(answer),
+                    None => Err(err.into()),
+                };
+            }
+            result => result?,
+        };
         Ok(Response::new(pb::GetAgentResponse {
             agent: Some(agent_pb(agent)),
         }))
@@ -435,9 +483,17 @@ impl RuntimeService for RuntimeGrpc {
             .pool
             .list_agents(&ctx, request.get_ref().container_id.as_deref())
             .await?;
-        Ok(Response::new(pb::ListAgentsResponse {
-            agents: agents.into_iter().map(agent_pb).collect(),
-        }))
+        let mut agents: Vec<pb::Agent> = agents.into_iter().map(agent_pb).collect();
+        // With replicas: theirs too.
+        for remote in self.others(&request).await? {
+            agents.extend(remote.list_agents(relay(&request)).await?.into_inner().agents);
+        }
+        agents.sort_by(|a, b| {
+            a.started_at_ms
+                .cmp(&b.started_at_ms)
+                .then_with(|| a.agent_id.cmp(&b.agent_id))
+        });
+        Ok(Response::new(pb::ListAgentsResponse { agents }))
     }
 
     async fn destroy_agent(
@@ -445,7 +501,15 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::DestroyAgentRequest>,
     ) -> Result<Response<pb::DestroyAgentResponse>, Status> {
         let ctx = caller(&request)?;
-        self.pool.destroy_agent(&ctx, &request.get_ref().agent_id).await?;
+        match self.pool.destroy_agent(&ctx, &request.get_ref().agent_id).await {
+            Err(err @ RuntimeError::AgentNotFound(_)) => {
+                return match self.ask_others(&request, |remote, call| async move { remote.destroy_agent(call).await }).await? {
+                    Some(answer) => Ok(answer),
+                    None => Err(err.into()),
+                };
+            }
+            result => result?,
+        }
         Ok(Response::new(pb::DestroyAgentResponse { destroyed: true }))
     }
 
@@ -454,7 +518,10 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::DestroyAllAgentsRequest>,
     ) -> Result<Response<pb::DestroyAllAgentsResponse>, Status> {
         let ctx = caller(&request)?;
-        let destroyed = self.pool.destroy_all(&ctx, &request.get_ref().container_id).await?;
+        let mut destroyed = self.pool.destroy_all(&ctx, &request.get_ref().container_id).await?;
+        for remote in self.others(&request).await? {
+            destroyed += remote.destroy_all_agents(relay(&request)).await?.into_inner().destroyed;
+        }
         Ok(Response::new(pb::DestroyAllAgentsResponse { destroyed }))
     }
 

@@ -835,6 +835,14 @@ impl AgentPool {
         Ok(replicas.owner(tenant_id, image_id).await?)
     }
 
+    /// Returns the addresses of the other live runtime replicas.
+    pub async fn other_replicas(&self) -> Result<Vec<String>, RuntimeError> {
+        match &self.inner.replicas {
+            Some(replicas) => Ok(replicas.others().await?),
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// Returns whether this runtime shares its agents with other replicas.
     pub fn replicated(&self) -> bool {
         self.inner.replicas.is_some()

@@ -13,7 +13,7 @@ use avm_tests::ws_client::WsClient;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::support::{conversation, send_and_finish, streamed_text};
+use crate::support::{call, conversation, send_and_finish, streamed_text};
 
 /// Returns whether Postgres and Redis are configured, saying loudly when they
 /// are not; with `AVM_TEST_REQUIRE_EXTERNAL=1` a missing one is a failure.
@@ -126,6 +126,16 @@ async fn either_gateway_serves_every_conversation_and_its_events() -> anyhow::Re
     // Both runtimes hold agents: the gateways spread the new conversations.
     for runtime in &cluster.runtimes {
         assert!(active_agents(runtime).await? > 0.0, "runtime {runtime} holds no agent");
+    }
+    // Whichever runtime answers, it lists and finds every replica's agents.
+    let (status, listed) = call(&cluster, "GET", "/v1/agents", None).await?;
+    assert_eq!(status, 200, "{listed}");
+    let agents = listed["agents"].as_array().cloned().unwrap_or_default();
+    assert_eq!(agents.len(), 100, "every agent is listed: {listed}");
+    for agent in agents.iter().take(10) {
+        let id = agent["agentId"].as_str().unwrap_or_default();
+        let (status, found) = call(&cluster, "GET", &format!("/v1/agents/{id}"), None).await?;
+        assert_eq!((status, found["agentId"].as_str()), (200, Some(id)), "{found}");
     }
     Ok(())
 }
