@@ -8,6 +8,9 @@
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use super::disk::{DiskError, DiskLease};
 
 /// A refused path or a failed file operation, as the model is told it.
 pub type ToolFailure = String;
@@ -18,15 +21,49 @@ pub struct Workspace {
     dir: PathBuf,
     /// The most bytes its files may take together.
     quota: Option<u64>,
+    /// Where it persists between agents, when a workspace store is configured.
+    disk: Option<Arc<DiskLease>>,
 }
 
 /// Most entries a usage count visits; a workspace with more is over any quota.
-const MAX_COUNTED_ENTRIES: usize = 100_000;
+pub(super) const MAX_COUNTED_ENTRIES: usize = 100_000;
 
 impl Workspace {
     /// Returns the workspace at `dir`; nothing is created yet.
     pub fn new(dir: PathBuf) -> Self {
-        Self { dir, quota: None }
+        Self {
+            dir,
+            quota: None,
+            disk: None,
+        }
+    }
+
+    /// Returns the workspace kept in a store through `lease` (held by its clones).
+    pub(super) fn kept_by(mut self, lease: DiskLease) -> Self {
+        self.disk = Some(Arc::new(lease));
+        self
+    }
+
+    /// Makes the directory hold what the workspace store keeps of it, once,
+    /// before anything touches it; nothing to do without a store.
+    pub async fn load(&self) -> Result<(), ToolFailure> {
+        match &self.disk {
+            Some(disk) => disk
+                .load()
+                .await
+                .map_err(|err| format!("the workspace could not be restored: {err}")),
+            None => Ok(()),
+        }
+    }
+
+    /// Saves the workspace to its store if it changed since it was restored
+    /// or last saved; `false` when nothing was written (no store, never
+    /// loaded, unchanged).
+    pub async fn save(&self) -> Result<bool, DiskError> {
+        match &self.disk {
+            Some(disk) => disk.save().await,
+            None => Ok(false),
+        }
     }
 
     /// Returns the workspace with a disk quota of `mb` MiB.
