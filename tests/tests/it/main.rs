@@ -25,3 +25,4 @@ mod rules;
 mod support;
 mod telemetry;
 mod tools;
+mod workspaces;
