@@ -55,7 +55,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::runtime::Handle;
 
-use super::workspace::{MAX_COUNTED_ENTRIES, Workspace};
+use super::workspace::{Keeper, MAX_COUNTED_ENTRIES, Workspace};
 use crate::config::RuntimeConfig;
 use crate::error::RuntimeError;
 
@@ -352,21 +352,22 @@ impl std::fmt::Debug for DiskLease {
     }
 }
 
-impl DiskLease {
+#[async_trait::async_trait]
+impl Keeper for DiskLease {
     /// Restores the workspace unless it was (the local directory is then the workspace).
-    pub(super) async fn load(&self) -> Result<(), DiskError> {
+    async fn load(&self) -> Result<(), String> {
         let mut state = self.disk.state.lock().await;
         if state.is_none() {
-            *state = Some(self.disk.restore().await?);
+            *state = Some(self.disk.restore().await.map_err(|err| err.to_string())?);
         }
         Ok(())
     }
 
     /// Saves the workspace if it was restored and changed since.
-    pub(super) async fn save(&self) -> Result<bool, DiskError> {
+    async fn save(&self) -> Result<bool, String> {
         let mut state = self.disk.state.lock().await;
         match state.as_mut() {
-            Some(saved) => self.disk.save(saved).await,
+            Some(saved) => self.disk.save(saved).await.map_err(|err| err.to_string()),
             None => Ok(false),
         }
     }
@@ -1544,10 +1545,8 @@ mod tests {
         big.load().await.unwrap();
         big.ensure().unwrap();
         write(big.dir(), "big.txt", &[b'x'; 9]);
-        assert!(matches!(
-            big.save().await,
-            Err(DiskError::TooLarge { bytes: 9, limit: 8 })
-        ));
+        let err = big.save().await.unwrap_err();
+        assert!(err.contains("holds 9 bytes, over the 8 bytes"), "{err}");
         let restored = small.workspace(TENANT, IMAGE, place.temp.path().join("small").join(IMAGE));
         let err = restored.load().await.unwrap_err();
         assert!(err.contains("over the 8 bytes"), "{err}");

@@ -24,7 +24,7 @@ mod process;
 mod workspace;
 
 pub use crate::config::{McpConfig, SandboxLimits, SandboxRequest};
-pub use disk::{DiskError, WorkspaceStore};
+pub use disk::WorkspaceStore;
 pub use fetch::{AddressGuard, Fetcher};
 use mcp::McpServer;
 pub use mcp::{Caller, CredentialSource, McpServerSpec, McpTransport, ServerState};

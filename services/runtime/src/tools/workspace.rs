@@ -10,8 +10,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use super::disk::{DiskError, DiskLease};
-
 /// A refused path or a failed file operation, as the model is told it.
 pub type ToolFailure = String;
 
@@ -22,7 +20,18 @@ pub struct Workspace {
     /// The most bytes its files may take together.
     quota: Option<u64>,
     /// Where it persists between agents, when a workspace store is configured.
-    disk: Option<Arc<DiskLease>>,
+    keeper: Option<Arc<dyn Keeper>>,
+}
+
+/// What keeps a workspace between agents (the workspace store's hold on it,
+/// which lets go when the last clone of the workspace is dropped).
+#[async_trait::async_trait]
+pub trait Keeper: Send + Sync + std::fmt::Debug {
+    /// Makes the directory hold what is kept of it, once.
+    async fn load(&self) -> Result<(), String>;
+    /// Keeps what changed since it was loaded or last saved; `false` when
+    /// nothing was written.
+    async fn save(&self) -> Result<bool, String>;
 }
 
 /// Most entries a usage count visits; a workspace with more is over any quota.
@@ -34,21 +43,21 @@ impl Workspace {
         Self {
             dir,
             quota: None,
-            disk: None,
+            keeper: None,
         }
     }
 
-    /// Returns the workspace kept in a store through `lease` (held by its clones).
-    pub(super) fn kept_by(mut self, lease: DiskLease) -> Self {
-        self.disk = Some(Arc::new(lease));
+    /// Returns the workspace kept by `keeper` (held by its clones).
+    pub fn kept_by(mut self, keeper: impl Keeper + 'static) -> Self {
+        self.keeper = Some(Arc::new(keeper));
         self
     }
 
     /// Makes the directory hold what the workspace store keeps of it, once,
     /// before anything touches it; nothing to do without a store.
     pub async fn load(&self) -> Result<(), ToolFailure> {
-        match &self.disk {
-            Some(disk) => disk
+        match &self.keeper {
+            Some(keeper) => keeper
                 .load()
                 .await
                 .map_err(|err| format!("the workspace could not be restored: {err}")),
@@ -59,9 +68,9 @@ impl Workspace {
     /// Saves the workspace to its store if it changed since it was restored
     /// or last saved; `false` when nothing was written (no store, never
     /// loaded, unchanged).
-    pub async fn save(&self) -> Result<bool, DiskError> {
-        match &self.disk {
-            Some(disk) => disk.save().await,
+    pub async fn save(&self) -> Result<bool, String> {
+        match &self.keeper {
+            Some(keeper) => keeper.save().await,
             None => Ok(false),
         }
     }
