@@ -60,6 +60,9 @@ pub struct Options {
     /// Runtime replicas of a per-component cluster (at least one; several
     /// need `redis`), all named to the gateway in `AVM_RUNTIME_ADDR`.
     pub runtimes: usize,
+    /// Where workspaces persist between agents (`[runtime] workspace_store`,
+    /// `AVM_RUNTIME_WORKSPACE_STORE`); its settings go in `env`.
+    pub workspace_store: Option<String>,
 }
 
 impl Default for Options {
@@ -79,6 +82,7 @@ impl Default for Options {
             network_allow: Vec::new(),
             mcp_commands: Vec::new(),
             runtimes: 1,
+            workspace_store: None,
         }
     }
 }
@@ -406,6 +410,7 @@ impl Cluster {
             config.redis.key_prefix.clone_from(prefix);
         }
         config.runtime.fetch.allow.clone_from(&self.options.network_allow);
+        config.runtime.workspace_store.clone_from(&self.options.workspace_store);
         config
             .runtime
             .mcp
@@ -483,6 +488,9 @@ impl Cluster {
         }
         if let Some(limit) = self.options.max_frame_bytes {
             env.push(("AVM_GATEWAY_MAX_FRAME_BYTES".into(), limit.to_string()));
+        }
+        if let Some(store) = &self.options.workspace_store {
+            env.push(("AVM_RUNTIME_WORKSPACE_STORE".into(), store.clone()));
         }
         if let Some(rate) = self.options.messages_per_second {
             env.push(("AVM_GATEWAY_MESSAGES_PER_SECOND".into(), rate.to_string()));

@@ -301,8 +301,9 @@ impl RuntimePeers {
 }
 
 /// Runs the agent pool's background work, and at shutdown interrupts running
-/// turns so their partial replies are stored and sends the usage of every
-/// call, before the services it reports to stop.
+/// turns so their partial replies are stored, saves the workspaces kept in
+/// an object store and sends the usage of every call, before the services it
+/// reports to stop.
 fn run_pool(app: &mut App, pool: &avm_runtime::AgentPool, drain_timeout: std::time::Duration) {
     app.background(pool.spawn_background(app.background_stop()));
     let pool = pool.clone();
@@ -312,6 +313,8 @@ fn run_pool(app: &mut App, pool: &avm_runtime::AgentPool, drain_timeout: std::ti
         while pool.any_running() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+        // Workspaces kept in an object store follow their agents to another replica.
+        pool.save_workspaces(drain_timeout).await;
         pool.flush_usage(drain_timeout).await;
     });
 }

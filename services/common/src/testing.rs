@@ -136,3 +136,134 @@ pub fn bearer(
         Ok(request)
     }
 }
+
+/// An S3-compatible server for the suites: moto's (`python3 -m moto.server`,
+/// which `.ci/run` installs with `pip install 'moto[server]'`), on a free
+/// loopback port, with its objects in memory; stopped when dropped.
+pub struct S3Server {
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    _child: tokio::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+impl S3Server {
+    /// Starts a server, or returns `None` after saying loudly that the test
+    /// is skipped when moto is not installed; with
+    /// `AVM_TEST_REQUIRE_EXTERNAL=1` a missing server fails the test instead.
+    pub async fn start() -> Option<S3Server> {
+        match Self::spawn().await {
+            Ok(server) => Some(server),
+            Err(why) => {
+                let required = std::env::var("AVM_TEST_REQUIRE_EXTERNAL").is_ok_and(|v| v == "1");
+                assert!(
+                    !required,
+                    "AVM_TEST_REQUIRE_EXTERNAL=1 but no S3-compatible server could be started: {why}"
+                );
+                eprintln!("SKIPPED: no S3-compatible server ({why}); pip install 'moto[server]'");
+                None
+            }
+        }
+    }
+
+    async fn spawn() -> Result<S3Server, String> {
+        let log = std::env::temp_dir().join(format!("{}.log", crate::ids::new_id("moto")));
+        let file = std::fs::File::create(&log).map_err(|err| format!("cannot make {}: {err}", log.display()))?;
+        let errors = file.try_clone().map_err(|err| err.to_string())?;
+        let mut child = tokio::process::Command::new("python3")
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", "0"])
+            .stdin(std::process::Stdio::null())
+            .stdout(file)
+            .stderr(errors)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|err| format!("cannot run python3: {err}"))?;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(address) = said
+                .split_once("Running on http://")
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+            {
+                return Ok(S3Server {
+                    endpoint: format!("http://{address}"),
+                    _child: child,
+                    log,
+                });
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                let _ = std::fs::remove_file(&log);
+                return Err(format!("python3 -m moto.server exited ({status}): {}", said.trim()));
+            }
+            if tokio::time::Instant::now() > deadline {
+                let _ = std::fs::remove_file(&log);
+                return Err("python3 -m moto.server did not start within 30 s".to_owned());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Returns the variables that point an object store at this server.
+    pub fn env(&self) -> Vec<(String, String)> {
+        [
+            ("AWS_ENDPOINT", self.endpoint.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing-secret"),
+            ("AWS_REGION", "us-east-1"),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect()
+    }
+
+    /// Creates a bucket.
+    pub async fn create_bucket(&self, bucket: &str) {
+        let (status, body) = self.request("PUT", &format!("/{bucket}")).await;
+        assert_eq!(status, 200, "cannot create bucket {bucket}: {body}");
+    }
+
+    /// Returns the keys under `prefix` in `bucket`.
+    pub async fn keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
+        let (status, body) = self
+            .request("GET", &format!("/{bucket}?list-type=2&prefix={prefix}"))
+            .await;
+        assert_eq!(status, 200, "cannot list bucket {bucket}: {body}");
+        body.split("<Key>")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("</Key>").map(|(key, _)| key.to_owned()))
+            .collect()
+    }
+
+    /// Sends a bodiless, unsigned request (moto does not check signatures).
+    async fn request(&self, method: &str, target: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let address = self.endpoint.trim_start_matches("http://");
+        let mut stream = tokio::net::TcpStream::connect(address)
+            .await
+            .unwrap_or_else(|err| panic!("cannot reach the S3 server: {err}"));
+        let request =
+            format!("{method} {target} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .unwrap_or_else(|err| panic!("cannot send to the S3 server: {err}"));
+        let mut answer = String::new();
+        stream
+            .read_to_string(&mut answer)
+            .await
+            .unwrap_or_else(|err| panic!("no answer from the S3 server: {err}"));
+        let status = answer
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or(0);
+        (status, answer)
+    }
+}

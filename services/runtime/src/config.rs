@@ -28,6 +28,12 @@ pub struct RuntimeConfig {
     /// Where images' workspaces live (`<root>/<tenant>/<image>`); the
     /// server's data directory's `workspaces` when unset.
     pub workspace_root: Option<std::path::PathBuf>,
+    /// Where workspaces persist between agents, so that an image's follows
+    /// its agent to whichever replica runs it next: an object store URL
+    /// (`s3://bucket/prefix`, `gs://…`, `az://…`, `file:///path`), its
+    /// credentials and settings from the standard `AWS_*`, `GOOGLE_*` or
+    /// `AZURE_*` variables. Unset: on this server's disk only.
+    pub workspace_store: Option<String>,
     /// LLM calls one turn may make before it ends with `TOOL_LOOP_LIMIT`.
     pub max_tool_steps: u32,
     /// Tool calls of one reply run at once, at most.
@@ -48,6 +54,7 @@ impl Default for RuntimeConfig {
             event_retention_period: Duration::from_secs(120),
             subscriber_queue: 1024,
             workspace_root: None,
+            workspace_store: None,
             max_tool_steps: 25,
             tool_concurrency: 4,
             sandbox: SandboxLimits::default(),

@@ -87,6 +87,7 @@ impl AgentPool {
             fetcher: Fetcher::new(&config.fetch)?,
             mcp: config.mcp.clone(),
             credentials: Arc::new(crate::peers::StoredCredentials::new(llm.configs(), identity.clone())),
+            store: crate::tools::disk::open(&config)?,
         };
         let hubs = Arc::new(Hubs::new(
             config.event_retention,
@@ -182,7 +183,11 @@ impl AgentPool {
             .workspace_root
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join("avm-workspaces"));
-        Workspace::new(root.join(tenant_id).join(image_id))
+        let dir = root.join(tenant_id).join(image_id);
+        match &self.inner.tools.store {
+            Some(store) => store.workspace(tenant_id, image_id, dir),
+            None => Workspace::new(dir),
+        }
     }
 
     /// Loads an image and its history and makes it a live agent. With
@@ -502,7 +507,10 @@ impl AgentPool {
     ) -> Result<access::Entry, RuntimeError> {
         let workspace = self.workspace_of(ctx, image_id, Scopes::WRITE).await?;
         let path = path.to_owned();
-        blocking(move || access::write(&workspace, &path, &content)).await
+        let kept = workspace.clone();
+        let entry = blocking(move || access::write(&workspace, &path, &content)).await?;
+        kept.save().await.map_err(|_| crate::tools::disk::unavailable())?;
+        Ok(entry)
     }
 
     /// Returns the workspace of an image the caller may reach with `scope`;
@@ -515,7 +523,10 @@ impl AgentPool {
     ) -> Result<Workspace, RuntimeError> {
         ctx.require(scope)?;
         let image = self.sessions().get_image(ctx, image_id).await?;
-        Ok(self.workspace(&ctx.tenant_id, &image.image_id))
+        let workspace = self.workspace(&ctx.tenant_id, &image.image_id);
+        // Kept in a store: restored first, as for a tool (unless its agent runs here).
+        workspace.load().await.map_err(|_| crate::tools::disk::unavailable())?;
+        Ok(workspace)
     }
 
     /// Lists images, newest first, of one container or of all the caller's,
@@ -613,6 +624,11 @@ impl AgentPool {
 
     /// Deletes an image's workspace, if it has one; a failure is logged.
     async fn remove_workspace(&self, tenant_id: &str, image_id: &str) {
+        if let Some(store) = &self.inner.tools.store
+            && let Err(err) = store.delete(tenant_id, image_id).await
+        {
+            tracing::warn!(image_id, error = %err, "cannot delete the image's workspace from the store");
+        }
         let dir = self.workspace(tenant_id, image_id).dir().to_owned();
         let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
             Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err),
@@ -675,7 +691,8 @@ impl AgentPool {
             "agent_unregistered",
             &json!({"containerId": agent.image.container_id, "agentId": agent.agent_id}),
         );
-        if let Some(replicas) = &self.inner.replicas {
+        // A draining replica releases its leases itself, once its workspaces are saved.
+        if let Some(replicas) = self.inner.replicas.as_ref().filter(|replicas| !replicas.draining()) {
             let (replicas, agent) = (replicas.clone(), Arc::clone(agent));
             // Once its turn (interrupted) has stored what it had.
             tokio::spawn(async move {
@@ -957,6 +974,8 @@ impl AgentPool {
             agent.stopped().await;
             self.retire(&agent, "draining");
         }
+        // Their workspaces are saved before another replica may claim them.
+        self.save_workspaces(grace).await;
         for (tenant_id, image_id) in replicas.held() {
             replicas.release(&tenant_id, &image_id).await;
         }
@@ -974,6 +993,15 @@ impl AgentPool {
     /// reported (at shutdown, before the services it reports to stop).
     pub async fn flush_usage(&self, limit: Duration) -> bool {
         self.inner.ports.metering.flush(limit).await
+    }
+
+    /// Saves, within `limit`, the workspaces that changed since their last
+    /// save (at shutdown, once turns ended); `true` without a store.
+    pub async fn save_workspaces(&self, limit: Duration) -> bool {
+        match &self.inner.tools.store {
+            Some(store) => store.flush(limit).await,
+            None => true,
+        }
     }
 
     /// Returns whether any turn is still running.

@@ -300,6 +300,11 @@ pub(crate) async fn run(
         }
     }
     in_flight.decrement(1.0);
+    // What the turn's tools changed goes to the workspace store, if one is
+    // configured (a failure is logged; the next save tries again).
+    if let Some(tools) = &agent.tools {
+        let _ = tools.workspace().save().await;
+    }
 }
 
 /// Ends a turn with an error: `error_received → error_message → error_occurred`.

@@ -26,3 +26,4 @@ mod scale;
 mod support;
 mod telemetry;
 mod tools;
+mod workspaces;

@@ -395,6 +395,7 @@ impl McpServer {
         };
         match &self.spec.transport {
             McpTransport::Stdio { command, args, env } => {
+                reach.workspace.load().await.map_err(|why| (why, false))?;
                 reach.workspace.ensure().map_err(|why| (why, false))?;
                 isolation::check(reach.limits).await.map_err(|why| (why, false))?;
                 let file_bytes = reach.limits.file_mb.saturating_mul(1024 * 1024);

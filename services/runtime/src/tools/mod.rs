@@ -14,6 +14,7 @@ use crate::llm::{ToolCall, ToolSpec};
 
 pub mod access;
 mod cgroup;
+pub(crate) mod disk;
 mod fetch;
 mod files;
 mod isolation;
@@ -23,6 +24,7 @@ mod process;
 mod workspace;
 
 pub use crate::config::{McpConfig, SandboxLimits, SandboxRequest};
+pub use disk::WorkspaceStore;
 pub use fetch::{AddressGuard, Fetcher};
 use mcp::McpServer;
 pub use mcp::{Caller, CredentialSource, McpServerSpec, McpTransport, ServerState};
@@ -176,6 +178,9 @@ pub struct ToolContext {
     pub mcp: McpConfig,
     /// The credentials users stored for MCP servers.
     pub credentials: Arc<dyn CredentialSource>,
+    /// Where workspaces persist between agents (`[runtime] workspace_store`);
+    /// `None`: on this replica's disk only.
+    pub store: Option<WorkspaceStore>,
 }
 
 impl std::fmt::Debug for dyn CredentialSource {
@@ -304,6 +309,7 @@ impl Toolbox {
             ),
             Builtin::RunCommand => ToolReply::of(
                 async {
+                    self.workspace.load().await?;
                     self.workspace.ensure()?;
                     let command = text_field(&call.input, "command")?;
                     process::run_command(&self.workspace, command, &self.limits).await
@@ -316,6 +322,9 @@ impl Toolbox {
 
     /// Runs a file tool, off the async threads.
     async fn call_file_tool(&self, tool: Builtin, call: &ToolCall) -> ToolReply {
+        if let Err(failure) = self.workspace.load().await {
+            return ToolReply::error(failure);
+        }
         let workspace = self.workspace.clone();
         let input = call.input.clone();
         let run = tokio::task::spawn_blocking(move || {
@@ -375,6 +384,7 @@ mod tests {
             fetcher: Fetcher::new(&Default::default()).unwrap(),
             mcp: McpConfig::default(),
             credentials: Arc::new(mcp::NoCredentials),
+            store: None,
         };
         assert!(
             Toolbox::new(&[], &[], None, workspace.clone(), &context)

@@ -8,6 +8,7 @@
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 /// A refused path or a failed file operation, as the model is told it.
 pub type ToolFailure = String;
@@ -18,15 +19,60 @@ pub struct Workspace {
     dir: PathBuf,
     /// The most bytes its files may take together.
     quota: Option<u64>,
+    /// Where it persists between agents, when a workspace store is configured.
+    keeper: Option<Arc<dyn Keeper>>,
+}
+
+/// What keeps a workspace between agents (the workspace store's hold on it,
+/// which lets go when the last clone of the workspace is dropped).
+#[async_trait::async_trait]
+pub trait Keeper: Send + Sync + std::fmt::Debug {
+    /// Makes the directory hold what is kept of it, once.
+    async fn load(&self) -> Result<(), String>;
+    /// Keeps what changed since it was loaded or last saved; `false` when
+    /// nothing was written.
+    async fn save(&self) -> Result<bool, String>;
 }
 
 /// Most entries a usage count visits; a workspace with more is over any quota.
-const MAX_COUNTED_ENTRIES: usize = 100_000;
+pub(super) const MAX_COUNTED_ENTRIES: usize = 100_000;
 
 impl Workspace {
     /// Returns the workspace at `dir`; nothing is created yet.
     pub fn new(dir: PathBuf) -> Self {
-        Self { dir, quota: None }
+        Self {
+            dir,
+            quota: None,
+            keeper: None,
+        }
+    }
+
+    /// Returns the workspace kept by `keeper` (held by its clones).
+    pub fn kept_by(mut self, keeper: impl Keeper + 'static) -> Self {
+        self.keeper = Some(Arc::new(keeper));
+        self
+    }
+
+    /// Makes the directory hold what the workspace store keeps of it, once,
+    /// before anything touches it; nothing to do without a store.
+    pub async fn load(&self) -> Result<(), ToolFailure> {
+        match &self.keeper {
+            Some(keeper) => keeper
+                .load()
+                .await
+                .map_err(|err| format!("the workspace could not be restored: {err}")),
+            None => Ok(()),
+        }
+    }
+
+    /// Saves the workspace to its store if it changed since it was restored
+    /// or last saved; `false` when nothing was written (no store, never
+    /// loaded, unchanged).
+    pub async fn save(&self) -> Result<bool, String> {
+        match &self.keeper {
+            Some(keeper) => keeper.save().await,
+            None => Ok(false),
+        }
     }
 
     /// Returns the workspace with a disk quota of `mb` MiB.
