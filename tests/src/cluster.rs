@@ -791,3 +791,49 @@ async fn terminate(child: &mut Child) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+// Replicas of the services that keep data: another process of a component
+// beside a running cluster, on the same database, and processes of a
+// component started together.
+
+impl Cluster {
+    /// Starts another replica of `component` (`auth`, `session`, `resource`,
+    /// `config`, `observability` or `gateway`) of a per-component cluster,
+    /// with the environment the cluster gives its components and `overrides`
+    /// on top (say `AVM_AUTH_ADDR` naming another auth replica); returns its
+    /// URL. It stops with the cluster.
+    pub async fn spawn_replica(&mut self, component: &str, overrides: &[(&str, &str)]) -> anyhow::Result<String> {
+        let mut env = self.process_env();
+        let peers = [
+            ("AVM_AUTH_ADDR", &self.auth_grpc),
+            ("AVM_OBSERVABILITY_ADDR", &self.observability_grpc),
+            ("AVM_RESOURCE_ADDR", &self.resource_grpc),
+            ("AVM_SESSION_ADDR", &self.session_grpc),
+            ("AVM_CONFIG_ADDR", &self.config_grpc),
+            ("AVM_RUNTIME_ADDR", &self.runtime_grpc),
+        ];
+        env.extend(peers.map(|(name, url)| (name.to_owned(), url.clone())));
+        if component == "config" {
+            env.push(("AVM_CONFIG_SECRET_KEY".into(), TEST_CONFIG_SECRET_KEY.into()));
+            env.extend(self.llm_env());
+        }
+        for (name, value) in overrides {
+            env.retain(|(key, _)| key != name);
+            env.push(((*name).to_owned(), (*value).to_owned()));
+        }
+        let logs = self.options.capture_logs.then(|| Arc::clone(&self.logs));
+        let Some(Running::Processes { children }) = &mut self.running else {
+            bail!("replicas need a per-component cluster");
+        };
+        let (child, url) = spawn_component(component, &env, logs).await?;
+        children.push(child);
+        Ok(url)
+    }
+}
+
+/// Spawns `avm <component> --listen 127.0.0.1:0` with `env` (and none of the
+/// developer's own `AVM_*` or `LLM_*`); returns it, killed when dropped, with
+/// its URL once it listens.
+pub async fn spawn_process(component: &str, env: &[(String, String)]) -> anyhow::Result<(Child, String)> {
+    spawn_component(component, env, None).await
+}

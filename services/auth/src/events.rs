@@ -1,5 +1,6 @@
-//! Auth events (revocations, deletions, tenant updates, quota changes); they
-//! travel on the shared feed of `avm_common::events`.
+//! Auth events (revocations, deletions, tenant updates, quota changes,
+//! signing-key rotations); they travel on the shared feed of
+//! `avm_store::events`, which reaches every replica.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,8 @@ pub enum AuthEventKind {
     QuotaExhausted(QuotaState),
     /// The tenant (or key) may use tokens again.
     QuotaRestored(QuotaState),
+    /// Every replica signs with this new key (its kid) from now on.
+    SigningKeyRotated(String),
 }
 
 impl AuthEventKind {
@@ -42,6 +45,7 @@ impl AuthEventKind {
             AuthEventKind::TenantUpdated(_) => "tenant_updated",
             AuthEventKind::QuotaExhausted(_) => "quota_exhausted",
             AuthEventKind::QuotaRestored(_) => "quota_restored",
+            AuthEventKind::SigningKeyRotated(_) => "signing_key_rotated",
         }
     }
 }

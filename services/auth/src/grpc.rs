@@ -415,6 +415,7 @@ fn event_pb(event: AuthEvent) -> pb::AuthEvent {
         AuthEventKind::TenantUpdated(id) => Kind::TenantUpdated(id),
         AuthEventKind::QuotaExhausted(quota) => Kind::QuotaExhausted(quota_pb(quota)),
         AuthEventKind::QuotaRestored(quota) => Kind::QuotaRestored(quota_pb(quota)),
+        AuthEventKind::SigningKeyRotated(kid) => Kind::SigningKeyRotated(kid),
     };
     pb::AuthEvent {
         at_ms: event.at_ms,

@@ -111,7 +111,8 @@ impl AuthService {
             .as_ref()
             .map(|oidc| ExternalIssuer::new(oidc, config.leeway_secs()))
             .transpose()?;
-        let signing = Arc::new(SigningKeys::new(Arc::clone(&store), &config));
+        let events = Arc::new(EventBus::new("auth", store.event_transport()));
+        let signing = Arc::new(SigningKeys::new(Arc::clone(&store), Arc::clone(&events), &config));
         let kid = signing.current_kid().await?;
         let verifier = TokenVerifier::new(
             &config,
@@ -119,7 +120,6 @@ impl AuthService {
                 keys: Arc::clone(&signing),
             }),
         );
-        let events = Arc::new(EventBus::new("auth", store.event_transport()));
         tracing::debug!(kid = %kid, "auth service ready");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -202,14 +202,23 @@ impl AuthService {
         Ok(key.secret)
     }
 
-    /// Follows every replica's events (Postgres `LISTEN`) until `shutdown`;
-    /// returns a finished task when events stay in process (SQLite).
+    /// Follows every replica's events (Postgres `LISTEN`) until `shutdown`,
+    /// and with them the signing-key rotations of other replicas.
     ///
     /// Call it once per service: on Postgres, `WatchAuthEvents` answers
     /// UNAVAILABLE until this listens, since events reach watchers only
-    /// through it.
+    /// through it; until then, too, the current signing key is re-read from
+    /// the store every second.
     pub fn spawn_background(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
-        Arc::clone(&self.inner.events).spawn_listener(shutdown)
+        let listener = Arc::clone(&self.inner.events).spawn_listener(shutdown.clone());
+        let rotations = tokio::spawn(Arc::clone(&self.inner.signing).follow(shutdown));
+        tokio::spawn(async move {
+            for task in [listener, rotations] {
+                if let Err(err) = task.await {
+                    tracing::error!(error = %err, "auth background task failed");
+                }
+            }
+        })
     }
 
     /// Creates a tenant with its first admin and that admin's key (operators only).

@@ -1,21 +1,40 @@
 //! The keys that sign access tokens: Ed25519, kept in the store so every
 //! replica signs with the same current key and publishes the same JWKS.
+//!
+//! Each replica keeps the current key in memory. A rotation (by an operator,
+//! or because the key is due) is announced on the auth feed, which reaches
+//! every replica: each drops its copy and reads the new key at its next
+//! signature. While the feed is not live, the copy is trusted for a second
+//! only.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use avm_common::auth::{AuthConfig, Claims, KeySource, SigningKey};
 use avm_common::{ApiError, now_ms};
+use avm_store::events::EventBus;
+use futures::StreamExt;
 use jsonwebtoken::jwk::{Jwk, JwkSet};
+use tokio_util::sync::CancellationToken;
 
 use crate::error::AuthError;
+use crate::events::{AuthEvent, AuthEventKind};
 use crate::record::SigningKeyRecord;
 use crate::store::AuthStore;
 
-/// How long the current key is trusted from memory; another replica's
-/// rotation is seen within this.
+/// How long the current key is trusted from memory while rotations reach
+/// this replica through the feed: a bound for a rotation whose announcement
+/// was lost (its replica stopped between storing the key and announcing it).
 pub(crate) const CURRENT_KEY_REFRESH: Duration = Duration::from_secs(60);
+
+/// How long the current key is trusted from memory while the feed is not
+/// live, so another replica's rotation is seen within it.
+const UNFOLLOWED_KEY_REFRESH: Duration = Duration::from_secs(1);
+
+/// How long the follower waits for the feed before trying again.
+const FEED_READY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The key signing now, as read from the store.
 struct ActiveKey {
@@ -28,6 +47,8 @@ struct ActiveKey {
 /// publishes the keys that still verify live tokens.
 pub(crate) struct SigningKeys {
     store: Arc<dyn AuthStore>,
+    /// Where rotations are announced to every replica (this one included).
+    events: Arc<EventBus<AuthEvent>>,
     rotation_ms: i64,
     /// How long a retired key stays published: its last tokens' life, the
     /// verifiers' leeway, and the time another replica may still sign with it
@@ -35,18 +56,28 @@ pub(crate) struct SigningKeys {
     retired_window_ms: i64,
     current: RwLock<Option<Arc<ActiveKey>>>,
     refresh: tokio::sync::Mutex<()>,
+    /// Bumped whenever the cached key is dropped, so a store read that raced
+    /// with a rotation elsewhere is used once but not cached.
+    epoch: AtomicU64,
+    /// Whether rotations of other replicas reach this one now.
+    following: AtomicBool,
 }
 
 impl SigningKeys {
     /// Returns the signing keys of `store`.
-    pub(crate) fn new(store: Arc<dyn AuthStore>, config: &AuthConfig) -> Self {
+    pub(crate) fn new(store: Arc<dyn AuthStore>, events: Arc<EventBus<AuthEvent>>, config: &AuthConfig) -> Self {
         let window = config.token_ttl + Duration::from_secs(config.leeway_secs()) + CURRENT_KEY_REFRESH;
+        // In process (SQLite) this replica is the only one: it always follows.
+        let following = !store.event_transport().shares_events();
         Self {
             store,
+            events,
             rotation_ms: millis(config.key_rotation),
             retired_window_ms: millis(window),
             current: RwLock::new(None),
             refresh: tokio::sync::Mutex::new(()),
+            epoch: AtomicU64::new(0),
+            following: AtomicBool::new(following),
         }
     }
 
@@ -93,6 +124,7 @@ impl SigningKeys {
         if let Some(key) = self.cached() {
             return Ok(key);
         }
+        let epoch = self.epoch.load(Ordering::SeqCst);
         let key = match self.store.current_signing_key().await? {
             Some(stored) if !self.is_due(stored.created_at_ms) => Arc::new(active(&stored)?),
             stored => {
@@ -105,27 +137,96 @@ impl SigningKeys {
                 key
             }
         };
-        *self.current.write().unwrap_or_else(|poison| poison.into_inner()) = Some(Arc::clone(&key));
+        let mut current = self.current.write().unwrap_or_else(|poison| poison.into_inner());
+        if self.epoch.load(Ordering::SeqCst) == epoch {
+            *current = Some(Arc::clone(&key));
+        }
         Ok(key)
     }
 
     /// Returns the cached key while it is fresh and not due for rotation.
     fn cached(&self) -> Option<Arc<ActiveKey>> {
+        let trusted_for = if self.following.load(Ordering::Acquire) {
+            CURRENT_KEY_REFRESH
+        } else {
+            UNFOLLOWED_KEY_REFRESH
+        };
         let current = self.current.read().unwrap_or_else(|poison| poison.into_inner());
         current
             .as_ref()
-            .filter(|key| key.read_at.elapsed() < CURRENT_KEY_REFRESH && !self.is_due(key.created_at_ms))
+            .filter(|key| key.read_at.elapsed() < trusted_for && !self.is_due(key.created_at_ms))
             .cloned()
+    }
+
+    /// Drops the cached key unless it is `kid` (this replica's own rotation).
+    fn rotated(&self, kid: &str) {
+        let mut current = self.current.write().unwrap_or_else(|poison| poison.into_inner());
+        if current.as_ref().is_some_and(|key| key.key.kid() == kid) {
+            return;
+        }
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        *current = None;
+        tracing::debug!(kid, "signing key rotated by another replica");
+    }
+
+    /// Drops the cached key whatever it is: rotations may have been missed.
+    fn forget(&self) {
+        let mut current = self.current.write().unwrap_or_else(|poison| poison.into_inner());
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        *current = None;
+    }
+
+    /// Follows the rotations announced on the feed until `shutdown`; while
+    /// the feed is not live the cached key is trusted for a second only.
+    pub(crate) async fn follow(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let live = tokio::select! {
+                () = shutdown.cancelled() => return,
+                live = self.events.wait_live(FEED_READY_TIMEOUT) => live,
+            };
+            if live.is_ok() {
+                let mut feed = std::pin::pin!(self.events.subscribe());
+                // What happened before the subscription is read from the store.
+                self.forget();
+                self.following.store(true, Ordering::Release);
+                loop {
+                    let item = tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        item = feed.next() => item,
+                    };
+                    match item {
+                        Some(Ok(AuthEvent {
+                            kind: AuthEventKind::SigningKeyRotated(kid),
+                            ..
+                        })) => self.rotated(&kid),
+                        Some(Ok(_)) => {}
+                        Some(Err(_)) | None => break,
+                    }
+                }
+                self.following.store(false, Ordering::Release);
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
     }
 
     fn is_due(&self, created_at_ms: i64) -> bool {
         now_ms().saturating_sub(created_at_ms) >= self.rotation_ms
     }
 
+    /// Stores a new key, retiring the others, and announces it to every replica.
     async fn insert_new(&self) -> Result<Arc<ActiveKey>, AuthError> {
         let now = now_ms();
         let record = generate(now)?;
         self.store.insert_signing_key(&record, now).await?;
+        self.events
+            .emit(AuthEvent {
+                at_ms: now_ms(),
+                kind: AuthEventKind::SigningKeyRotated(record.kid.clone()),
+            })
+            .await;
         Ok(Arc::new(active(&record)?))
     }
 }

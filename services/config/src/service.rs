@@ -15,7 +15,7 @@ use avm_common::auth::{Role, Scopes};
 use avm_common::config::REDACTED;
 use avm_store::events::EventBus;
 use futures::stream::BoxStream;
-use futures::{StreamExt, future};
+use futures::{FutureExt, StreamExt, future};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
@@ -312,41 +312,50 @@ impl ConfigService {
         // between; a change in both is skipped by its revision.
         let live = events.subscribe();
         let first = self.snapshot(tenant.as_deref(), reveal).await?;
-        let mut seen = first.revision;
+        // Each change is announced after its commit by the replica that made
+        // it, so announcements may arrive out of revision order (6 before 5).
+        // A state re-read after a change covers every change up to the
+        // revision it read, whatever order they were announced in; a
+        // tenant's change that a whole-deployment watch only notices is
+        // covered by nothing but its own notice (or the first snapshot).
+        let since = first.revision;
+        let mut read = first.revision;
         let service = self.clone();
-        let updates = live
-            .filter(move |event| {
-                let fresh = match event {
-                    Ok(change) if change.revision <= seen => false,
-                    Ok(change) => {
-                        seen = change.revision;
-                        true
-                    }
-                    Err(_) => true,
-                };
-                future::ready(fresh)
-            })
-            .filter_map(move |event| {
-                let service = service.clone();
-                let tenant = tenant.clone();
-                async move {
-                    let change = match event {
-                        Ok(change) => change,
-                        Err(err) => return Some(Err(ConfigError::from(err))),
-                    };
-                    match (&tenant, change.tenant_id) {
-                        (None, Some(tenant_id)) => Some(Ok(WatchUpdate::TenantChanged {
-                            revision: change.revision,
-                            tenant_id,
-                        })),
-                        (Some(watched), Some(changed)) if *watched != changed => None,
-                        (_, _) => Some(service.snapshot(tenant.as_deref(), reveal).await.map(|mut state| {
-                            state.revision = state.revision.max(change.revision);
-                            WatchUpdate::Entries { snapshot: false, state }
-                        })),
-                    }
-                }
-            });
+        let updates = live.filter_map(move |event| {
+            let change = match event {
+                Ok(change) => change,
+                Err(err) => return future::ready(Some(Err(ConfigError::from(err)))).left_future(),
+            };
+            let notice = match (&tenant, &change.tenant_id) {
+                (None, Some(tenant_id)) => Some(tenant_id.clone()),
+                _ => None,
+            };
+            if let Some(tenant_id) = notice {
+                let news = (change.revision > since).then_some(Ok(WatchUpdate::TenantChanged {
+                    revision: change.revision,
+                    tenant_id,
+                }));
+                return future::ready(news).left_future();
+            }
+            let concerns = match (&tenant, &change.tenant_id) {
+                (Some(watched), Some(changed)) => watched == changed,
+                _ => true,
+            };
+            if !concerns || change.revision <= read {
+                return future::ready(None).left_future();
+            }
+            // Read ahead of the state, which covers at least this change.
+            read = change.revision;
+            let service = service.clone();
+            let tenant = tenant.clone();
+            async move {
+                Some(service.snapshot(tenant.as_deref(), reveal).await.map(|mut state| {
+                    state.revision = state.revision.max(change.revision);
+                    WatchUpdate::Entries { snapshot: false, state }
+                }))
+            }
+            .right_future()
+        });
         let first = WatchUpdate::Entries {
             snapshot: true,
             state: first,

@@ -17,18 +17,29 @@
 //! the database between a flush's commit and the moment the flush moves its
 //! records from "buffered" to "cached": each record is counted at least once
 //! at every instant, and exactly once outside that conservative window.
+//!
+//! With replicas on one database, each flush also announces on the feed whose
+//! spends it changed, and every other replica drops those from its cache, so
+//! a budget checked on any replica counts a call within the writer's flush
+//! interval. The cache is still trusted for a second at most, which bounds
+//! what a lost announcement (a writer stopping between its commit and its
+//! announcement, a broken feed) can leave stale.
 
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use avm_store::events::EventBus;
+use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LedgerSettings;
 use crate::error::ObservabilityError;
+use crate::events::{ObservabilityEvent, SpendChanged};
 use crate::quotas::QuotaSink;
 use crate::record::UsageRecord;
 use crate::store::ObservabilityStore;
@@ -37,8 +48,12 @@ use crate::store::ObservabilityStore;
 const MAX_TRANSACTION_RECORDS: usize = 5_000;
 
 /// How long a cached month spend is trusted when other replicas write to the
-/// same database (their records reach this replica's cache only by reloading).
+/// same database: their announcements drop it sooner, this bounds what a lost
+/// one leaves stale.
 const SHARED_SPEND_TTL: Duration = Duration::from_secs(1);
+
+/// How long the spend follower waits for the feed before trying again.
+const FEED_READY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a shutdown keeps retrying to write what is buffered.
 const SHUTDOWN_FLUSH_LIMIT: Duration = Duration::from_secs(10);
@@ -124,13 +139,27 @@ pub(crate) struct Ledger {
     spend_ttl: Option<Duration>,
     /// Where calls new to the ledger go to count against token quotas.
     quotas: std::sync::OnceLock<Arc<dyn QuotaSink>>,
+    /// The feed of every replica, where flushes announce whose spends changed.
+    events: Arc<EventBus<ObservabilityEvent>>,
+    /// Names this replica in its announcements, so it skips its own.
+    replica: String,
+    /// Bumped whenever cached spends are dropped, so a load that raced with
+    /// another replica's write is answered but not cached.
+    epoch: AtomicU64,
 }
 
 impl Ledger {
     /// Returns an empty ledger over `store`.
-    pub(crate) fn new(store: Arc<dyn ObservabilityStore>, settings: &LedgerSettings) -> Self {
+    pub(crate) fn new(
+        store: Arc<dyn ObservabilityStore>,
+        events: Arc<EventBus<ObservabilityEvent>>,
+        settings: &LedgerSettings,
+    ) -> Self {
         let spend_ttl = store.event_transport().shares_events().then_some(SHARED_SPEND_TTL);
         Self {
+            events,
+            replica: avm_common::ids::new_id("obs"),
+            epoch: AtomicU64::new(0),
             store,
             state: Mutex::new(State::default()),
             gate: tokio::sync::Mutex::new(()),
@@ -199,15 +228,25 @@ impl Ledger {
     pub(crate) async fn flush(&self) -> Result<usize, ObservabilityError> {
         // Waiting for the gate also waits for a flush in progress, so what
         // that flush took is written (or back in the buffer) when this starts.
-        let _gate = self.gate.lock().await;
+        let gate = self.gate.lock().await;
         let mut batch = std::mem::take(&mut self.state().pending);
         let mut written = 0;
         let mut start = 0;
-        while start < batch.len() {
+        let mut spent = BTreeSet::new();
+        let outcome = loop {
+            if start >= batch.len() {
+                break Ok(written);
+            }
             let end = (start + MAX_TRANSACTION_RECORDS).min(batch.len());
             match self.store.insert_usage(&batch[start..end], avm_common::now_ms()).await {
                 Ok(inserted) => {
                     written += inserted.len();
+                    spent.extend(
+                        batch[start..end]
+                            .iter()
+                            .filter(|record| inserted.contains(&record.call_id))
+                            .map(|record| record.tenant_id.clone()),
+                    );
                     self.publish(&batch[start..end], &inserted);
                     if let Some(quotas) = self.quotas.get() {
                         let new: Vec<UsageRecord> = batch[start..end]
@@ -225,11 +264,74 @@ impl Ledger {
                     // Ahead of what arrived meanwhile, so the oldest go first.
                     state.pending.splice(0..0, unwritten);
                     metrics::counter!("avm_observability_usage_flush_failures_total").increment(1);
-                    return Err(err);
+                    break Err(err);
                 }
             }
+        };
+        // What was written is published: loads need not wait for the news.
+        drop(gate);
+        self.announce(spent).await;
+        outcome
+    }
+
+    /// Tells the other replicas whose month spends this replica's writes changed.
+    async fn announce(&self, tenants: BTreeSet<String>) {
+        if tenants.is_empty() || !self.events.shares_events() {
+            return;
         }
-        Ok(written)
+        for event in SpendChanged::announcing(&self.replica, tenants.into_iter().collect()) {
+            self.events.emit(ObservabilityEvent::Spent(event)).await;
+        }
+    }
+
+    /// Drops the cached spends of `tenants` (and their keys), or all of them.
+    fn forget(&self, tenants: Option<&[String]>) {
+        let mut state = self.state();
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        match tenants {
+            Some(tenants) => {
+                let tenants: HashSet<&str> = tenants.iter().map(String::as_str).collect();
+                state.flushed.retain(|key, _| !tenants.contains(key.tenant_id.as_str()));
+            }
+            None => state.flushed.clear(),
+        }
+    }
+
+    /// Drops the spends other replicas' writes changed, as they announce
+    /// them, until `shutdown`; when announcements may have been lost, drops
+    /// every cached spend.
+    pub(crate) async fn follow_spends(&self, shutdown: CancellationToken) {
+        if !self.events.shares_events() {
+            return;
+        }
+        loop {
+            let live = tokio::select! {
+                () = shutdown.cancelled() => return,
+                live = self.events.wait_live(FEED_READY_TIMEOUT) => live,
+            };
+            if live.is_ok() {
+                let mut feed = std::pin::pin!(self.events.subscribe());
+                self.forget(None);
+                loop {
+                    let item = tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        item = feed.next() => item,
+                    };
+                    match item {
+                        Some(Ok(ObservabilityEvent::Spent(spent))) if spent.writer != self.replica => {
+                            self.forget(Some(&spent.spent_tenants));
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(_)) | None => break,
+                    }
+                }
+                self.forget(None);
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
     }
 
     /// Moves written records out of the buffer, and the billed amount of
@@ -267,20 +369,23 @@ impl Ledger {
         if let Some(spent) = self.cached_spend(key) {
             return Ok(spent);
         }
+        let epoch = self.epoch.load(Ordering::SeqCst);
         let billed = self
             .store
             .month_spend(&key.tenant_id, key.key_id.as_deref(), &key.month)
             .await?;
         let mut state = self.state();
-        // Spends of past months are never asked about again.
-        state.flushed.retain(|cached, _| cached.month == key.month);
-        state.flushed.insert(
-            key.clone(),
-            Flushed {
-                billed,
-                loaded_at: Instant::now(),
-            },
-        );
+        if self.epoch.load(Ordering::SeqCst) == epoch {
+            // Spends of past months are never asked about again.
+            state.flushed.retain(|cached, _| cached.month == key.month);
+            state.flushed.insert(
+                key.clone(),
+                Flushed {
+                    billed,
+                    loaded_at: Instant::now(),
+                },
+            );
+        }
         Ok(billed + state.unflushed_billed(key))
     }
 

@@ -6,6 +6,7 @@
 //! grpc.rs     proto ⇄ domain, metadata → RequestContext, error → Status
 //! service.rs  permissions, validation, queries, budgets, logs, watch
 //! ledger.rs   the pending buffer, its background writer, month spends
+//! events.rs   what replicas tell each other: budget changes, spends written
 //! quotas.rs   token quotas derived from the ledger, counted at the auth service
 //! record.rs   the domain types
 //! forwarder.rs every process's tenant log events, sent to this service
@@ -14,6 +15,7 @@
 
 mod config;
 mod error;
+mod events;
 mod forwarder;
 mod grpc;
 mod ledger;

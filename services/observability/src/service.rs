@@ -22,12 +22,12 @@ use avm_store::events::EventBus;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use futures::{StreamExt, future};
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::instrument;
 
 use crate::config::LedgerSettings;
 use crate::error::ObservabilityError;
+use crate::events::{BudgetChanged, ObservabilityEvent};
 use crate::ledger::{Ledger, SpendKey};
 use crate::quotas::QuotaSink;
 use crate::record::{
@@ -81,21 +81,11 @@ const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
 /// How long a budget watcher waits for the cross-replica feed to go live.
 const FEED_READY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A budget change, as every replica's watchers hear it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-struct BudgetChanged {
-    tenant_id: String,
-    key_id: String,
-    /// Zero when the budget was removed.
-    monthly_limit_pico_usd: i64,
-    updated_at_ms: i64,
-}
-
 struct Inner {
     store: Arc<dyn ObservabilityStore>,
     settings: LedgerSettings,
-    ledger: Ledger,
-    events: Arc<EventBus<BudgetChanged>>,
+    ledger: Arc<Ledger>,
+    events: Arc<EventBus<ObservabilityEvent>>,
 }
 
 /// The observability service: the usage ledger, monthly spend budgets and
@@ -110,7 +100,7 @@ impl ObservabilityService {
     /// background until [`ObservabilityService::spawn_background`].
     pub fn new(store: Arc<dyn ObservabilityStore>, settings: LedgerSettings) -> Self {
         let events = Arc::new(EventBus::new("observability", store.event_transport()));
-        let ledger = Ledger::new(Arc::clone(&store), &settings);
+        let ledger = Arc::new(Ledger::new(Arc::clone(&store), Arc::clone(&events), &settings));
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -126,18 +116,24 @@ impl ObservabilityService {
         self.inner.ledger.count_quotas_with(quotas);
     }
 
-    /// Runs the ledger writer, the log pruner and the cross-replica budget
-    /// listener until `shutdown`. The task ends once everything buffered is
-    /// written (retrying for a while if the database fails); from then on
-    /// each `RecordUsage` is written before it is answered, so a report that
+    /// Runs the ledger writer, the log pruner and the cross-replica feed
+    /// (budget changes for watchers, other replicas' spends for the ledger)
+    /// until `shutdown`. The task ends once everything buffered is written
+    /// (retrying for a while if the database fails); from then on each
+    /// `RecordUsage` is written before it is answered, so a report that
     /// arrives during the drain is not lost either.
     pub fn spawn_background(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let listener = Arc::clone(&self.inner.events).spawn_listener(shutdown.clone());
         let pruner = tokio::spawn(self.clone().prune_periodically(shutdown.clone()));
+        let ledger = Arc::clone(&self.inner.ledger);
+        let spends = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { ledger.follow_spends(shutdown).await }
+        });
         let service = self.clone();
         tokio::spawn(async move {
             service.inner.ledger.run_writer(shutdown).await;
-            for task in [pruner, listener] {
+            for task in [pruner, spends, listener] {
                 if let Err(err) = task.await {
                     tracing::error!(error = %err, "observability background task failed");
                 }
@@ -372,7 +368,7 @@ impl ObservabilityService {
         if monthly_limit_pico_usd == 0 {
             if self.inner.store.delete_budget(&tenant_id, key_id).await? {
                 tracing::info!(budget_tenant = %tenant_id, key_id, "budget removed");
-                self.inner.events.emit(change).await;
+                self.inner.events.emit(ObservabilityEvent::Budget(change)).await;
             }
             return Ok(None);
         }
@@ -384,7 +380,7 @@ impl ObservabilityService {
         };
         self.inner.store.put_budget(&stored).await?;
         tracing::info!(budget_tenant = %tenant_id, key_id, monthly_limit_pico_usd, "budget set");
-        self.inner.events.emit(change).await;
+        self.inner.events.emit(ObservabilityEvent::Budget(change)).await;
         Ok(Some(self.budget(stored).await?))
     }
 
@@ -458,7 +454,15 @@ impl ObservabilityService {
             removed: false,
         };
         let service = self.clone();
-        let changes = live.then(move |event| {
+        // Other replicas' spends are the ledger's business, not watchers'.
+        let budget_changes = live.filter_map(|event| {
+            future::ready(match event {
+                Ok(ObservabilityEvent::Budget(change)) => Some(Ok(change)),
+                Ok(ObservabilityEvent::Spent(_)) => None,
+                Err(err) => Some(Err(err)),
+            })
+        });
+        let changes = budget_changes.then(move |event| {
             let service = service.clone();
             async move {
                 let change = event?;

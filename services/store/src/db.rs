@@ -75,7 +75,7 @@ pub async fn open_sqlite(url: &str, max_connections: Option<u32>) -> Result<Sqli
 }
 
 /// Opens a Postgres pool; the schema the url's `search_path` names is created
-/// when missing.
+/// when missing, safely when several replicas start at once.
 pub async fn open_postgres(url: &str, max_connections: Option<u32>) -> Result<PgPool, ApiError> {
     let options = PgConnectOptions::from_str(url)
         .map_err(|_| ApiError::invalid("INVALID_DATABASE_URL", "invalid postgres url"))?;
@@ -83,8 +83,7 @@ pub async fn open_postgres(url: &str, max_connections: Option<u32>) -> Result<Pg
         let mut connection: sqlx::PgConnection = sqlx::Connection::connect_with(&options)
             .await
             .map_err(|err| unavailable("postgres", &err))?;
-        sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
-            .execute(&mut connection)
+        create_schema(&mut connection, &schema)
             .await
             .map_err(|err| unavailable("postgres", &err))?;
         sqlx::Connection::close(connection)
@@ -97,6 +96,26 @@ pub async fn open_postgres(url: &str, max_connections: Option<u32>) -> Result<Pg
         .connect_with(options)
         .await
         .map_err(|err| unavailable("postgres", &err))
+}
+
+/// Creates `schema` unless it exists.
+///
+/// `CREATE SCHEMA IF NOT EXISTS` does not guard against itself: two replicas
+/// starting together may both find the schema missing, and the second then
+/// fails on `pg_namespace_nspname_index`. The check and the creation run
+/// under a transaction-scoped advisory lock named after the schema, so the
+/// second waits for the first to commit and finds the schema there. (The
+/// migrations that follow are serialised by sqlx's own advisory lock.)
+async fn create_schema(connection: &mut sqlx::PgConnection, schema: &str) -> Result<(), sqlx::Error> {
+    let mut tx = sqlx::Connection::begin(connection).await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(format!("avm create schema {schema}"))
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
 }
 
 /// Returns the error a caller sees when `service`'s database failed: a

@@ -99,6 +99,11 @@ where
         }
     }
 
+    /// Returns whether events travel between replicas (through the database).
+    pub fn shares_events(&self) -> bool {
+        self.transport.shares_events()
+    }
+
     /// Sends an event to every watcher of every replica.
     ///
     /// On Postgres the event goes only through `NOTIFY`, which this replica's

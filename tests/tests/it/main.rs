@@ -18,6 +18,7 @@ mod openapi;
 mod ownership;
 mod postgres;
 mod providers;
+mod replicas;
 mod resources;
 mod rest;
 mod resume;

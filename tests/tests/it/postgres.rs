@@ -10,7 +10,7 @@ use crate::support::{assert_text_turn, conversation, send_and_finish};
 
 /// Returns whether `AVM_TEST_DATABASE_URL` is set, saying loudly when it is
 /// not; with `AVM_TEST_REQUIRE_EXTERNAL=1` a missing database is a failure.
-fn postgres_configured() -> anyhow::Result<bool> {
+pub(crate) fn postgres_configured() -> anyhow::Result<bool> {
     if std::env::var("AVM_TEST_DATABASE_URL").is_ok_and(|url| !url.is_empty()) {
         return Ok(true);
     }

@@ -260,3 +260,31 @@ async fn postgres_replicas_each_see_every_event_once() {
     stop.cancel();
     listening.await.unwrap();
 }
+
+#[tokio::test]
+async fn a_key_rotated_on_one_postgres_replica_signs_on_the_other_within_a_second() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let url = db.url.clone();
+    let a = Harness::start(db, config()).await;
+    let b = AuthService::new(open_store(&url, Some(4)).await.unwrap(), config())
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let background = b.spawn_background(stop.clone());
+    let kid_of = |token: &str| jsonwebtoken::decode_header(token).unwrap().kid.unwrap();
+    // Replica B signs with the key it keeps in memory...
+    let before = b.exchange_api_key(&a.admin.secret).await.unwrap().token;
+    let rotated = a.service.rotate_signing_key(&a.operator().await).await.unwrap();
+    assert_ne!(kid_of(&before), rotated);
+    // ...until replica A's rotation reaches it (not its minute-long refresh).
+    let after = eventually(Duration::from_secs(1), "replica b signing with the new key", || async {
+        let token = b.exchange_api_key(&a.admin.secret).await.unwrap().token;
+        (kid_of(&token) == rotated).then_some(token)
+    })
+    .await;
+    // Both replicas verify what either signed.
+    a.service.verifier().verify(&after).await.unwrap();
+    b.verifier().verify(&before).await.unwrap();
+    stop.cancel();
+    background.await.unwrap();
+}

@@ -1,7 +1,8 @@
 //! Local verification of access tokens: signature against the auth service's
 //! published keys (cached, refetched on an unknown `kid` at most once a
-//! second), claims per RFC 8725, and the revocations and exhausted quotas the
-//! auth service pushes over `WatchAuthEvents`.
+//! second, or at once after a rotation the auth service announced), claims
+//! per RFC 8725, and the revocations and exhausted quotas the auth service
+//! pushes over `WatchAuthEvents`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -247,6 +248,14 @@ impl TokenVerifier {
             }
             Some(Kind::QuotaRestored(quota)) => {
                 state.exhausted.remove(&(quota.tenant_id.clone(), quota.key_id.clone()));
+            }
+            Some(Kind::SigningKeyRotated(kid)) => {
+                // The first token signed with the new key fetches the keys
+                // at once instead of waiting out the fetch interval.
+                let mut keys = self.keys_mut();
+                if !keys.keys.contains_key(kid) {
+                    keys.fetched = None;
+                }
             }
             None => {}
         }

@@ -434,3 +434,107 @@ async fn watchers_see_the_changes_that_concern_them(h: Harness) {
     listener.await.unwrap();
     replica_listener.await.unwrap();
 }
+
+/// Postgres only: each replica announces its changes after their commit, so
+/// announcements may arrive out of revision order; none is lost for that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_announced_out_of_order_all_reach_watchers() {
+    use avm_config::{Change, ConfigChanged, StoredValue};
+    use avm_store::events::EventTransport;
+
+    let Some(db) = avm_store::testing::TestDatabase::postgres("avm_config_test").await else {
+        return;
+    };
+    let h = Harness::on(db).await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let listener = h.service.spawn_background(shutdown.clone());
+    let mut all = h.service.watch(&service_ctx(OPS), "", true).await.unwrap();
+    let mut tenant_a = h.service.watch(&admin_ctx(A), "", false).await.unwrap();
+    assert!(matches!(
+        next(&mut all).await,
+        WatchUpdate::Entries { snapshot: true, .. }
+    ));
+    assert!(matches!(
+        next(&mut tenant_a).await,
+        WatchUpdate::Entries { snapshot: true, .. }
+    ));
+
+    // Changes committed as replicas would commit them (A's tenant, the
+    // system, B's tenant), announced in the reverse order.
+    let set = |key: &str, value: serde_json::Value| Change {
+        key: key.to_owned(),
+        value: Some(StoredValue {
+            key: key.to_owned(),
+            value: value.to_string(),
+            encrypted: false,
+        }),
+    };
+    let now = avm_common::now_ms();
+    let first = h
+        .store
+        .apply(A, &[set(LLM_MODEL, json!("a"))], "usr_a", now)
+        .await
+        .unwrap();
+    let second = h
+        .store
+        .apply(SYSTEM_SCOPE, &[set(DEFAULTS_MAX_TOKENS, json!(100))], "usr_ops", now)
+        .await
+        .unwrap();
+    let third = h
+        .store
+        .apply(B, &[set(LLM_MODEL, json!("b"))], "usr_b", now)
+        .await
+        .unwrap();
+    let pool = sqlx::PgPool::connect(&h.db.url).await.unwrap();
+    let EventTransport::Postgres { channel, .. } = EventTransport::postgres(&pool, "avm_config_events").await.unwrap()
+    else {
+        panic!("a postgres transport");
+    };
+    for (revision, tenant_id) in [(third, Some(B)), (second, None), (first, Some(A))] {
+        let change = ConfigChanged {
+            revision,
+            tenant_id: tenant_id.map(str::to_owned),
+        };
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(&channel)
+            .bind(serde_json::to_string(&change).unwrap())
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+
+    // The whole-deployment watcher hears of every change, late ones too.
+    match next(&mut all).await {
+        WatchUpdate::TenantChanged { tenant_id, revision } => assert_eq!((tenant_id.as_str(), revision), (B, third)),
+        other => panic!("expected B's notice, got {other:?}"),
+    }
+    let WatchUpdate::Entries { snapshot: false, state } = next(&mut all).await else {
+        panic!("the system change after B's notice");
+    };
+    assert_eq!(entry(&state, DEFAULTS_MAX_TOKENS), (json!(100), Source::System));
+    match next(&mut all).await {
+        WatchUpdate::TenantChanged { tenant_id, revision } => assert_eq!((tenant_id.as_str(), revision), (A, first)),
+        other => panic!("expected A's late notice, got {other:?}"),
+    }
+    // Tenant A's watcher gets both its changes from the state read after
+    // the system one; A's late announcement adds nothing.
+    let WatchUpdate::Entries { snapshot: false, state } = next(&mut tenant_a).await else {
+        panic!("entries after the system change");
+    };
+    assert_eq!(entry(&state, LLM_MODEL), (json!("a"), Source::Tenant));
+    assert_eq!(entry(&state, DEFAULTS_MAX_TOKENS), (json!(100), Source::System));
+    h.service
+        .update(
+            &admin_ctx(A),
+            UpdateScope::Tenant(String::new()),
+            &values(&[(LLM_MODEL, json!("a2"))]),
+        )
+        .await
+        .unwrap();
+    let WatchUpdate::Entries { state, .. } = next(&mut tenant_a).await else {
+        panic!("entries after A's next change");
+    };
+    assert_eq!(entry(&state, LLM_MODEL), (json!("a2"), Source::Tenant));
+    shutdown.cancel();
+    listener.await.unwrap();
+}

@@ -282,3 +282,43 @@ async fn reports_written_by_another_replica_count() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Postgres only: the writing replica announces whose spend it changed, so
+/// the others count it well before their cache would expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announced_spends_count_on_other_replicas_before_their_cache_expires() {
+    let Some(db) = avm_store::testing::TestDatabase::postgres("avm_obs_test").await else {
+        return;
+    };
+    let h = Harness::on(db).await;
+    let replica = h.replica().await;
+    let shutdown = CancellationToken::new();
+    let background = h.service.spawn_background(shutdown.clone());
+    let replica_background = replica.spawn_background(shutdown.clone());
+    // Both feeds live (a budget watch waits for its replica's).
+    drop(h.service.watch_budgets(&service_ctx(OPS)).await.unwrap());
+    drop(replica.watch_budgets(&service_ctx(OPS)).await.unwrap());
+    let runtime = service_ctx(A);
+    h.service.set_budget(&admin_ctx(A), "", "", 1_000).await.unwrap();
+    // This replica caches the month spend for a second...
+    assert!(h.service.check_budget(&runtime, A, "").await.unwrap().allowed);
+    // ...another one writes a call that exhausts it...
+    replica
+        .record_usage(&runtime, vec![billed("c1", A, "", 1_000)])
+        .await
+        .unwrap();
+    replica.flush().await.unwrap();
+    let written = tokio::time::Instant::now();
+    // ...and announces it, which drops this replica's cached spend.
+    let limit = Duration::from_millis(500);
+    while h.service.check_budget(&runtime, A, "").await.unwrap().allowed {
+        assert!(
+            written.elapsed() < limit,
+            "the other replica's spend counted within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    shutdown.cancel();
+    background.await.unwrap();
+    replica_background.await.unwrap();
+}
