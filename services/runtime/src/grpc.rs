@@ -443,7 +443,10 @@ impl RuntimeService for RuntimeGrpc {
         let (agent, interrupted) = match self.pool.interrupt(&ctx, &target).await {
             Err(err @ RuntimeError::AgentNotFound(AgentTarget::Agent(_))) => {
                 return match self
-                    .ask_others(&request, |remote, call| async move { remote.interrupt_agent(call).await })
+                    .ask_others(
+                        &request,
+                        |remote, call| async move { remote.interrupt_agent(call).await },
+                    )
                     .await?
                 {
                     Some(answer) => Ok(answer),
@@ -462,7 +465,10 @@ impl RuntimeService for RuntimeGrpc {
         let ctx = caller(&request)?;
         let agent = match self.pool.get_agent(&ctx, &request.get_ref().agent_id).await {
             Err(err @ RuntimeError::AgentNotFound(_)) => {
-                return match self.ask_others(&request, |remote, call| async move { remote.get_agent(call).await }).await? {
+                return match self
+                    .ask_others(&request, |remote, call| async move { remote.get_agent(call).await })
+                    .await?
+                {
                     Some(answer) => Ok(answer),
                     None => Err(err.into()),
                 };
@@ -503,7 +509,10 @@ impl RuntimeService for RuntimeGrpc {
         let ctx = caller(&request)?;
         match self.pool.destroy_agent(&ctx, &request.get_ref().agent_id).await {
             Err(err @ RuntimeError::AgentNotFound(_)) => {
-                return match self.ask_others(&request, |remote, call| async move { remote.destroy_agent(call).await }).await? {
+                return match self
+                    .ask_others(&request, |remote, call| async move { remote.destroy_agent(call).await })
+                    .await?
+                {
                     Some(answer) => Ok(answer),
                     None => Err(err.into()),
                 };
