@@ -12,17 +12,26 @@ requests and limits, the restricted security context and emptyDirs for its
 writable paths; the environment each component needs. Values the chart must
 refuse are tried too. Prints every problem and exits 1 if there is any.
 
+With `--avm PATH`, each rendered container's command line and environment
+(secrets replaced by stand-ins, the runtime's ConfigMap as its AVM_CONFIG)
+are also given to that `avm` binary with `--print-config`, which must accept
+them: the chart and the binary agree on every variable and flag.
+
 Needs `pip install helm-python-sdk kubernetes-validate pyyaml` (Helm's
 renderer and linter as a library, and the schemas, offline).
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import functools
+import os
 import pathlib
 import re
+import subprocess
 import sys
+import tempfile
 
 import helm_python as helm
 import kubernetes_validate
@@ -287,7 +296,64 @@ def check_release(check: Check, name: str, values: dict, docs: list[dict], notes
         check.expect(present == bool(merged[enabled]["enabled"]), name, f"{kind} rendered: {present}")
 
 
+# Stand-ins for what Secrets hold, shaped as the binary expects them.
+STAND_INS = {
+    "AVM_DATABASE_URL": "postgres://avm:secret@127.0.0.1:1/agentvm",
+    "AVM_REDIS_URL": "redis://127.0.0.1:1/0",
+    "LLM_API_KEY": "sk-stand-in",
+}
+
+
+def check_binary(check: Check, name: str, avm: str, docs: list[dict]) -> None:
+    """Runs `avm <args> --print-config` with each container's environment."""
+    configs = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+    for doc in docs:
+        if doc["kind"] != "Deployment":
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        for container in pod["containers"]:
+            where = f"{name}: {doc['metadata']['name']} container {container['name']}"
+            with tempfile.TemporaryDirectory() as scratch:
+                env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": scratch}
+                mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+                for volume in pod.get("volumes", []):
+                    if "configMap" in volume and volume["name"] in mounts:
+                        # The ConfigMap's files, where the container would see them.
+                        directory = pathlib.Path(scratch, mounts[volume["name"]].lstrip("/"))
+                        directory.mkdir(parents=True)
+                        for file, text in configs[volume["configMap"]["name"]].items():
+                            (directory / file).write_text(text)
+                for variable in container.get("env", []):
+                    source = variable.get("valueFrom", {})
+                    if "value" in variable:
+                        # $(VAR) refers to a variable defined before, as Kubernetes expands it.
+                        value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), variable["value"])
+                    elif "fieldRef" in source:
+                        value = "10.0.0.7"
+                    else:
+                        value = STAND_INS.get(variable["name"], "k" * 64)
+                    env[variable["name"]] = value
+                for key in ("AVM_CONFIG", "AVM_SERVER_DATA_DIR"):
+                    if key in env:
+                        env[key] = str(pathlib.Path(scratch, env[key].lstrip("/")))
+                run = subprocess.run([avm, *container["args"], "--print-config"], env=env, capture_output=True,
+                                     text=True, timeout=30)
+            if run.returncode != 0:
+                check.problems.append(f"{where}: avm refuses its configuration: {run.stderr.strip()}")
+                continue
+            printed = run.stdout
+            check.expect(f'listen = "{container["args"][-1]}"' in printed, where, "avm does not show the --listen address")
+            if container["name"] == "runtime":
+                config = next(iter(configs.values()), {}).get("avm.toml", "")
+                isolate = re.search(r"isolate = (\w+)", config)
+                check.expect(isolate is not None and f"isolate = {isolate.group(1)}" in printed, where,
+                             "avm does not read [runtime.sandbox] isolate from AVM_CONFIG")
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--avm", help="an avm binary that must accept every container's configuration")
+    args = parser.parse_args()
     check = Check()
     versions = kube_versions()
     production = yaml.safe_load((CHART / "values-production.yaml").read_text())
@@ -308,6 +374,8 @@ def main() -> int:
             continue
         validate_schemas(check, name, docs, versions)
         check_release(check, name, merge(defaults, values), docs, notes)
+        if args.avm:
+            check_binary(check, name, args.avm, docs)
         counts.append(f"{name} {len(docs)}")
     for values, reason in REFUSED:
         try:
@@ -321,7 +389,7 @@ def main() -> int:
             print(f"  {problem}", file=sys.stderr)
         return 1
     print(f"chart check: ok (manifests: {', '.join(counts)}; Kubernetes {' and '.join(versions)} schemas; "
-          f"{len(REFUSED)} bad value sets refused)")
+          f"{len(REFUSED)} bad value sets refused{'; avm accepts every configuration' if args.avm else ''})")
     return 0
 
 
