@@ -78,6 +78,9 @@ pub enum Command {
     Whoami(cli::ClientArgs),
     /// Print the OpenAPI 3.1 document of the REST API (as `GET /v1/openapi.json` serves it).
     Openapi,
+    /// Check a running process's health: exit 0 when healthy, else 1 with the reason
+    /// (for container health checks; default: gRPC health of 127.0.0.1:7000).
+    Health(crate::health::HealthArgs),
 }
 
 /// The flags of one component's process.
@@ -101,7 +104,12 @@ impl Command {
             Command::Resource(_) => Role::Resource,
             Command::Config(_) => Role::Config,
             Command::Observability(_) => Role::Observability,
-            Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) | Command::Openapi => {
+            Command::Tenants(_)
+            | Command::Users(_)
+            | Command::Keys(_)
+            | Command::Whoami(_)
+            | Command::Openapi
+            | Command::Health(_) => {
                 return None;
             }
         })
@@ -137,7 +145,12 @@ pub fn load_config(cli: &Cli) -> anyhow::Result<AvmConfig> {
         | Command::Observability(args) => {
             insert(&mut server, "listen", args.listen.clone().map(Value::from));
         }
-        Command::Tenants(_) | Command::Users(_) | Command::Keys(_) | Command::Whoami(_) | Command::Openapi => {}
+        Command::Tenants(_)
+        | Command::Users(_)
+        | Command::Keys(_)
+        | Command::Whoami(_)
+        | Command::Openapi
+        | Command::Health(_) => {}
     }
     if !server.is_empty() {
         flags.insert("server".to_owned(), Value::Object(server));

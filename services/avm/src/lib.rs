@@ -8,6 +8,7 @@
 //! storage.rs  the data dir, each service's store, opening the services
 //! config.rs   the whole configuration document
 //! cli.rs      the client commands
+//! health.rs   `avm health`, the container health check
 //! telemetry.rs the subscriber, and the OTLP exporter when configured
 //! ```
 
@@ -18,6 +19,7 @@ use clap::Parser;
 mod cli;
 mod command;
 pub mod config;
+mod health;
 mod roles;
 mod storage;
 mod telemetry;
@@ -50,6 +52,12 @@ pub fn main() -> ExitCode {
 
 /// Loads configuration and runs the chosen command until a shutdown signal.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    // A health check asks another process: it needs none of this one's
+    // configuration, and must not fail because of it.
+    if let Command::Health(args) = &cli.command {
+        println!("{}", health::check(args).await?);
+        return Ok(());
+    }
     let config = command::load_config(&cli)?;
     if cli.print_config {
         print!("{}", avm_common::config::render(&config)?);
