@@ -27,6 +27,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;
+    // The generated peers change with this script too.
+    println!("cargo:rerun-if-changed=build.rs");
     for file in files {
         println!("cargo:rerun-if-changed={file}");
     }
