@@ -330,30 +330,36 @@ impl Replicas {
 
     /// Returns the registered replicas whose heartbeat is gone.
     pub async fn dead_replicas(&self) -> Result<Vec<String>, ApiError> {
+        let others = self.other_heartbeats().await?;
+        Ok(others
+            .into_iter()
+            .filter(|(_, addr)| addr.is_none())
+            .map(|(id, _)| id)
+            .collect())
+    }
+
+    /// Returns every other registered replica with its advertised address,
+    /// `None` once its heartbeat is gone.
+    async fn other_heartbeats(&self) -> Result<Vec<(String, Option<String>)>, ApiError> {
         let mut conn = self.inner.conn.clone();
         let members: Vec<String> = redis::cmd("SMEMBERS")
             .arg(self.key("replicas"))
             .query_async(&mut conn)
             .await
             .map_err(|err| redis_error("cannot list the runtime replicas", &err))?;
-        let others: Vec<&String> = members.iter().filter(|id| **id != self.inner.id).collect();
+        let others: Vec<String> = members.into_iter().filter(|id| *id != self.inner.id).collect();
         if others.is_empty() {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
         for id in &others {
-            pipe.cmd("EXISTS").arg(format!("{}{id}", self.heartbeat_prefix()));
+            pipe.cmd("GET").arg(format!("{}{id}", self.heartbeat_prefix()));
         }
-        let alive: Vec<i64> = pipe
+        let addrs: Vec<Option<String>> = pipe
             .query_async(&mut conn)
             .await
             .map_err(|err| redis_error("cannot check the runtime replicas", &err))?;
-        Ok(others
-            .into_iter()
-            .zip(alive)
-            .filter(|(_, alive)| *alive == 0)
-            .map(|(id, _)| id.clone())
-            .collect())
+        Ok(others.into_iter().zip(addrs).collect())
     }
 
     /// Returns the turns a dead replica was running, by record field.
@@ -398,25 +404,8 @@ impl Replicas {
 
     /// Returns the addresses of the other live replicas.
     pub async fn others(&self) -> Result<Vec<String>, ApiError> {
-        let mut conn = self.inner.conn.clone();
-        let members: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(self.key("replicas"))
-            .query_async(&mut conn)
-            .await
-            .map_err(|err| redis_error("cannot list the runtime replicas", &err))?;
-        let others: Vec<String> = members.into_iter().filter(|id| *id != self.inner.id).collect();
-        if others.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for id in &others {
-            pipe.cmd("GET").arg(format!("{}{id}", self.heartbeat_prefix()));
-        }
-        let addrs: Vec<Option<String>> = pipe
-            .query_async(&mut conn)
-            .await
-            .map_err(|err| redis_error("cannot list the runtime replicas", &err))?;
-        Ok(addrs.into_iter().flatten().collect())
+        let others = self.other_heartbeats().await?;
+        Ok(others.into_iter().filter_map(|(_, addr)| addr).collect())
     }
 
     /// Stops taking agents (SIGTERM).
