@@ -1,0 +1,206 @@
+//! The bench's side of the wire: REST calls and turns through a gateway,
+//! and the same streaming call made straight to the mock LLM.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+/// Calls one deployment's gateway as its operator admin.
+#[derive(Clone)]
+pub struct Api {
+    pub client: reqwest::Client,
+    pub url: String,
+    key: String,
+}
+
+/// What a streamed turn showed the client.
+pub struct Streamed {
+    /// From sending the request to the first text delta.
+    pub first: Duration,
+    /// Between consecutive text deltas, in arrival order.
+    pub gaps: Vec<Duration>,
+}
+
+impl Api {
+    pub fn new(url: &str, key: &str) -> anyhow::Result<Self> {
+        Ok(Self {
+            client: client()?,
+            url: url.to_owned(),
+            key: key.to_owned(),
+        })
+    }
+
+    pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        self.client.get(format!("{}{path}", self.url)).bearer_auth(&self.key)
+    }
+
+    pub fn post(&self, path: &str) -> reqwest::RequestBuilder {
+        self.client.post(format!("{}{path}", self.url)).bearer_auth(&self.key)
+    }
+
+    /// The WebSocket endpoint, authenticated.
+    pub fn ws_url(&self) -> String {
+        format!("{}/ws?token={}", self.url.replacen("http://", "ws://", 1), self.key)
+    }
+
+    /// Makes the `bench` container unless it exists.
+    pub async fn container(&self) -> anyhow::Result<()> {
+        let response = self
+            .post("/v1/containers")
+            .json(&json!({"containerId": "bench"}))
+            .send()
+            .await?;
+        let status = response.status();
+        ensure!(
+            status.is_success() || status == reqwest::StatusCode::CONFLICT,
+            "cannot create the container: {status} {}",
+            response.text().await.unwrap_or_default()
+        );
+        Ok(())
+    }
+
+    /// Makes `count` conversations in the `bench` container.
+    pub async fn images(&self, count: usize) -> anyhow::Result<Vec<String>> {
+        let made = futures::stream::iter(0..count)
+            .map(|_| async {
+                let image: Value = self
+                    .post("/v1/containers/bench/images")
+                    .json(&json!({"name": "bench"}))
+                    .send()
+                    .await?
+                    .error_for_status()?
+                    .json()
+                    .await?;
+                Ok::<_, anyhow::Error>(image["imageId"].as_str().context("no imageId")?.to_owned())
+            })
+            .buffered(16)
+            .collect::<Vec<_>>()
+            .await;
+        made.into_iter().collect()
+    }
+
+    /// Runs one turn in each image, `lanes` at a time.
+    pub async fn turns(&self, images: &[String], lanes: usize) -> anyhow::Result<()> {
+        let results = futures::stream::iter(images)
+            .map(|image| self.turn(image))
+            .buffer_unordered(lanes.max(1))
+            .collect::<Vec<_>>()
+            .await;
+        for result in results {
+            result?;
+        }
+        Ok(())
+    }
+
+    /// Runs one turn over REST + SSE, to its `conversation_end`.
+    ///
+    /// A server that still holds the image's previous turn for a moment after
+    /// its `conversation_end` (409 `AGENT_BUSY`; builds before aa2dfb0) is
+    /// asked again, as a client would, and the wait counts in the figures.
+    pub async fn turn(&self, image: &str) -> anyhow::Result<Streamed> {
+        let started = Instant::now();
+        let mut attempts = 0;
+        let response = loop {
+            let response = self
+                .post(&format!("/v1/images/{image}/messages"))
+                .json(&json!({"content": "hello"}))
+                .send()
+                .await?;
+            attempts += 1;
+            if response.status() == reqwest::StatusCode::CONFLICT && attempts < 100 {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            break response;
+        };
+        let status = response.status();
+        ensure!(
+            status.is_success(),
+            "{}: message refused: {status} {}",
+            self.url,
+            response.text().await.unwrap_or_default()
+        );
+        stream(response, started, b"event: text_delta", b"event: conversation_end").await
+    }
+
+    /// Drops the image's agent, so its next message starts one from stored history.
+    pub async fn stop(&self, image: &str) -> anyhow::Result<()> {
+        self.post(&format!("/v1/images/{image}/stop"))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+}
+
+/// An HTTP client with Nagle off, as every socket on the path.
+pub fn client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(usize::MAX)
+        .build()?)
+}
+
+/// One streaming call straight to the mock (Anthropic API), to its `message_stop`.
+pub async fn direct(client: &reqwest::Client, mock_url: &str) -> anyhow::Result<Streamed> {
+    let started = Instant::now();
+    let response = client
+        .post(format!("{mock_url}/v1/messages"))
+        .header("x-api-key", "bench")
+        .header("anthropic-version", "2023-06-01")
+        .json(&json!({
+            "model": "claude-sonnet-4-20250514",
+            "max_tokens": 1024,
+            "stream": true,
+            "messages": [{"role": "user", "content": "hello"}],
+        }))
+        .send()
+        .await?;
+    ensure!(
+        response.status().is_success(),
+        "the mock refused: {}",
+        response.status()
+    );
+    stream(response, started, b"content_block_delta", b"message_stop").await
+}
+
+/// Reads a streamed response to `end` (or its end), noting when each `marker` arrived.
+async fn stream(response: reqwest::Response, started: Instant, marker: &[u8], end: &[u8]) -> anyhow::Result<Streamed> {
+    let mut body = response.bytes_stream();
+    let mut seen = Vec::new();
+    let mut scanned = 0;
+    let mut arrivals = Vec::new();
+    while let Some(chunk) = body.next().await {
+        let end_from = seen.len().saturating_sub(end.len());
+        seen.extend_from_slice(&chunk?);
+        let now = started.elapsed();
+        while let Some(at) = find(&seen[scanned..], marker) {
+            arrivals.push(now);
+            scanned += at + marker.len();
+        }
+        scanned = scanned.max(seen.len().saturating_sub(marker.len()));
+        if find(&seen[end_from..], end).is_some() {
+            break;
+        }
+    }
+    let first = *arrivals.first().with_context(|| {
+        format!(
+            "no {} in {}",
+            String::from_utf8_lossy(marker),
+            String::from_utf8_lossy(&seen)
+        )
+    })?;
+    let gaps = arrivals.windows(2).map(|pair| pair[1] - pair[0]).collect();
+    Ok(Streamed { first, gaps })
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|window| window == needle)
+}
+
+/// Milliseconds, for figures.
+pub fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}

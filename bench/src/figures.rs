@@ -1,0 +1,559 @@
+//! The figures, each measured for every target in the same batch as its
+//! baseline.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use avm_tests::mock_llm::{MockBehavior, MockLlm};
+use avm_tests::ws_client::WsClient;
+use futures::StreamExt;
+
+use crate::client::{self, Api, ms};
+use crate::deploy::{Backing, Deployment, Mode};
+use crate::{Args, Results, SETTLE, quantile, system};
+
+/// The target name of the figures' baselines.
+pub const BASELINE: &str = "baseline";
+
+/// Deltas added per turn to find the cost of one relayed delta.
+const EXTRA_DELTAS: usize = 100;
+/// A 50 tokens/s stream.
+const STREAM_INTERVAL: Duration = Duration::from_millis(20);
+/// Deltas per stream in the streams-per-core figure (a 1 s stream).
+const STREAM_DELTAS: usize = 50;
+/// Conversations stopped and woken per wake-from-zero measurement.
+const WAKES: usize = 10;
+
+/// The goal of a figure (from the issue that set them), shown beside it.
+pub fn goal(figure: &str) -> Option<&'static str> {
+    let goals: [(&str, &str); 8] = [
+        ("ttft_added_p50_ms", "<= 0.3 ms"),
+        ("ttft_added_p99_ms", "<= 1 ms at 200"),
+        ("control_plane_ratio", ">= 0.4"),
+        ("cpu_per_delta_us{process=all}", "<= 12 us"),
+        ("idle_ws_kib", "<= 3 KiB"),
+        ("idle_agent_kib", "<= 1 KiB"),
+        ("idle_wakeups_per_s", "0"),
+        ("db_writes_per_token", "0"),
+    ];
+    goals
+        .iter()
+        .find(|(prefix, _)| figure.starts_with(prefix))
+        .map(|(_, goal)| *goal)
+}
+
+/// The counts of one run, from the arguments.
+pub struct Plan {
+    concurrency: Vec<usize>,
+    first_token_ms: Vec<u64>,
+    tokens: usize,
+    cpu_turns: usize,
+    cpu_concurrency: usize,
+    idle_sockets: usize,
+    idle_agents: usize,
+    history: usize,
+    streams: Vec<usize>,
+    rps_seconds: f64,
+}
+
+impl From<&Args> for Plan {
+    fn from(args: &Args) -> Self {
+        Self {
+            concurrency: args.concurrency.clone(),
+            first_token_ms: args.first_token_ms.clone(),
+            tokens: args.tokens,
+            cpu_turns: args.cpu_turns,
+            cpu_concurrency: args.cpu_concurrency,
+            idle_sockets: args.idle_sockets,
+            idle_agents: args.idle_agents,
+            history: args.history.max(20),
+            streams: args.streams.clone(),
+            rps_seconds: args.rps_seconds,
+        }
+    }
+}
+
+/// A deployment with its conversations ready.
+pub struct Bench {
+    pub deployment: Deployment,
+    api: Api,
+    /// `label/mode`.
+    name: String,
+    /// Conversations with a hydrated agent.
+    images: Vec<String>,
+    /// A conversation of 10 messages and one of `history`.
+    short: String,
+    long: String,
+}
+
+fn behavior(tokens: usize, first_token_ms: u64) -> MockBehavior {
+    MockBehavior {
+        tokens,
+        first_token_delay: Duration::from_millis(first_token_ms),
+        input_tokens: Some(10),
+        ..MockBehavior::default()
+    }
+}
+
+impl Bench {
+    /// Reads the idle figures of a fresh deployment, then makes and warms
+    /// its conversations.
+    pub async fn prepare(
+        deployment: Deployment,
+        mock: &MockLlm,
+        plan: &Plan,
+        results: &mut Results,
+    ) -> anyhow::Result<Self> {
+        let name = format!("{}/{}", deployment.label, deployment.mode.name());
+        let api = Api::new(&deployment.url, &deployment.admin_key)?;
+        api.container().await?;
+        idle(&deployment, &name, 0, results).await?;
+        mock.set_behavior(behavior(1, 0));
+        let most = plan
+            .concurrency
+            .iter()
+            .copied()
+            .chain([plan.cpu_concurrency, WAKES])
+            .max()
+            .unwrap_or(1);
+        let images = api.images(most).await?;
+        api.turns(&images, 16).await?;
+        let conversations = api.images(2).await?;
+        let (short, long) = (conversations[0].clone(), conversations[1].clone());
+        eprintln!("{name}: writing a conversation of {} messages", plan.history);
+        grow(&api, &short, 10).await?;
+        grow(&api, &long, plan.history).await?;
+        Ok(Self {
+            deployment,
+            api,
+            name,
+            images,
+            short,
+            long,
+        })
+    }
+
+    /// Makes sure `count` conversations with hydrated agents exist.
+    async fn hydrated(&mut self, count: usize) -> anyhow::Result<&[String]> {
+        if self.images.len() < count {
+            let more = self.api.images(count - self.images.len()).await?;
+            self.api.turns(&more, 16).await?;
+            self.images.extend(more);
+        }
+        Ok(&self.images[..count])
+    }
+}
+
+/// Runs turns in `image` until it holds `messages` messages (two per turn).
+async fn grow(api: &Api, image: &str, messages: usize) -> anyhow::Result<()> {
+    for _ in 0..messages.div_ceil(2) {
+        api.turn(image).await?;
+    }
+    Ok(())
+}
+
+/// One round of every figure, every target in turn.
+pub async fn round(
+    benches: &mut [Bench],
+    mock: &MockLlm,
+    plan: &Plan,
+    backing: &Backing,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let direct_client = client::client()?;
+    let mock_url = mock.anthropic_base_url();
+    for &first_token in &plan.first_token_ms {
+        mock.set_behavior(behavior(plan.tokens, first_token));
+        for &level in &plan.concurrency {
+            let labels = format!("{{first_token={first_token}ms,concurrent={level}}}");
+            for bench in benches.iter_mut() {
+                let direct = firsts(
+                    futures::future::join_all((0..level).map(|_| client::direct(&direct_client, &mock_url))).await,
+                )?;
+                let images = bench.hydrated(level).await?.to_vec();
+                let through =
+                    firsts(futures::future::join_all(images.iter().map(|image| bench.api.turn(image))).await)?;
+                for (name, q) in [("p50", 0.5), ("p99", 0.99)] {
+                    results.add(
+                        format!("ttft_added_{name}_ms{labels}"),
+                        &bench.name,
+                        quantile(&through, q) - quantile(&direct, q),
+                    );
+                }
+                results.add(format!("ttft_direct_p50_ms{labels}"), BASELINE, quantile(&direct, 0.5));
+            }
+        }
+    }
+    for bench in benches.iter_mut() {
+        cpu(bench, mock, plan, backing, results).await?;
+        bare_consumer(&direct_client, mock, plan, results).await?;
+    }
+    for bench in benches.iter_mut() {
+        control_plane(bench, plan, results).await?;
+    }
+    for bench in benches.iter_mut() {
+        idle_sockets(bench, plan, results).await?;
+    }
+    mock.set_behavior(behavior(1, 0));
+    for bench in benches.iter_mut() {
+        wake_from_zero(bench, results).await?;
+        history(bench, plan, results).await?;
+    }
+    for bench in benches.iter_mut() {
+        idle_agents(bench, plan, results).await?;
+    }
+    for bench in benches.iter_mut() {
+        streams_per_core(bench, mock, plan, results).await?;
+    }
+    Ok(())
+}
+
+fn firsts(turns: Vec<anyhow::Result<client::Streamed>>) -> anyhow::Result<Vec<f64>> {
+    turns.into_iter().map(|turn| turn.map(|turn| ms(turn.first))).collect()
+}
+
+/// What `turns` turns of `tokens` deltas cost: CPU seconds per process role,
+/// Redis's CPU seconds and the database's write transactions.
+struct Spent {
+    cpu: Vec<(String, f64)>,
+    redis: Option<f64>,
+    writes: Option<f64>,
+}
+
+async fn spend(bench: &Bench, mock: &MockLlm, plan: &Plan, backing: &Backing, tokens: usize) -> anyhow::Result<Spent> {
+    mock.set_behavior(behavior(tokens, 0));
+    let deployment = &bench.deployment;
+    let roles = deployment.roles();
+    let redis_pid = match (&backing.redis_url, deployment.mode) {
+        (Some(url), Mode::Replicated) => Some(redis_pid(url).await?),
+        _ => None,
+    };
+    let cpu_of = |roles: &[String]| -> anyhow::Result<Vec<f64>> {
+        roles
+            .iter()
+            .map(|role| system::cpu_seconds_of(&deployment.pids(Some(role))))
+            .collect()
+    };
+    let redis_before = redis_pid.map(system::cpu_seconds).transpose()?;
+    let writes_before = transactions(deployment).await?;
+    let before = cpu_of(&roles)?;
+    let lanes = plan.cpu_concurrency.min(bench.images.len()).max(1);
+    let per_lane = plan.cpu_turns.div_ceil(lanes);
+    let runs = bench.images[..lanes].iter().map(|image| async move {
+        for _ in 0..per_lane {
+            bench.api.turn(image).await?;
+        }
+        Ok::<_, anyhow::Error>(())
+    });
+    for run in futures::future::join_all(runs).await {
+        run?;
+    }
+    let after = cpu_of(&roles)?;
+    let writes_after = transactions(deployment).await?;
+    let redis_after = redis_pid.map(system::cpu_seconds).transpose()?;
+    let turns = (per_lane * lanes) as f64;
+    Ok(Spent {
+        cpu: roles
+            .into_iter()
+            .zip(before.iter().zip(&after))
+            .map(|(role, (before, after))| (role, (after - before) / turns))
+            .collect(),
+        redis: redis_before
+            .zip(redis_after)
+            .map(|(before, after)| (after - before) / turns),
+        // The second txid_current takes an id of its own.
+        writes: writes_before
+            .zip(writes_after)
+            .map(|(before, after)| (after - before - 1) as f64 / turns),
+    })
+}
+
+/// CPU per turn and per relayed delta (all processes and each role), the
+/// database's writes and Redis's CPU, from turns of `tokens` and of
+/// `tokens + 100` deltas.
+async fn cpu(
+    bench: &Bench,
+    mock: &MockLlm,
+    plan: &Plan,
+    backing: &Backing,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let few = spend(bench, mock, plan, backing, plan.tokens).await?;
+    let many = spend(bench, mock, plan, backing, plan.tokens + EXTRA_DELTAS).await?;
+    let total = |spent: &Spent| spent.cpu.iter().map(|(_, cpu)| cpu).sum::<f64>();
+    results.add(
+        format!("cpu_per_turn_us{{tokens={}}}", plan.tokens),
+        &bench.name,
+        total(&few) * 1e6,
+    );
+    results.add(
+        "cpu_per_delta_us{process=all}",
+        &bench.name,
+        (total(&many) - total(&few)) * 1e6 / EXTRA_DELTAS as f64,
+    );
+    if bench.deployment.mode != Mode::Serve {
+        for ((role, few), (_, many)) in few.cpu.iter().zip(&many.cpu) {
+            results.add(
+                format!("cpu_per_delta_us{{process={role}}}"),
+                &bench.name,
+                (many - few) * 1e6 / EXTRA_DELTAS as f64,
+            );
+        }
+    }
+    if let (Some(few), Some(many)) = (few.redis, many.redis) {
+        results.add(
+            "cpu_per_delta_us{process=redis}",
+            &bench.name,
+            (many - few) * 1e6 / EXTRA_DELTAS as f64,
+        );
+    }
+    if let (Some(few_writes), Some(many_writes)) = (few.writes, many.writes) {
+        results.add("db_writes_per_turn", &bench.name, few_writes);
+        results.add(
+            "db_writes_per_token",
+            &bench.name,
+            (many_writes - few_writes) / EXTRA_DELTAS as f64,
+        );
+    }
+    Ok(())
+}
+
+/// The baseline of CPU per delta: this process streaming from the mock
+/// directly (the mock and its consumer), the same turns as `cpu`.
+async fn bare_consumer(
+    client: &reqwest::Client,
+    mock: &MockLlm,
+    plan: &Plan,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let url = mock.anthropic_base_url();
+    let mut spent = Vec::new();
+    for tokens in [plan.tokens, plan.tokens + EXTRA_DELTAS] {
+        mock.set_behavior(behavior(tokens, 0));
+        let before = system::own_cpu_seconds();
+        let lanes = plan.cpu_concurrency.max(1);
+        let per_lane = plan.cpu_turns.div_ceil(lanes);
+        let runs = (0..lanes).map(|_| async {
+            for _ in 0..per_lane {
+                client::direct(client, &url).await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        });
+        for run in futures::future::join_all(runs).await {
+            run?;
+        }
+        spent.push((system::own_cpu_seconds() - before) / (per_lane * lanes) as f64);
+    }
+    results.add(
+        "cpu_per_delta_us{process=all}",
+        BASELINE,
+        (spent[1] - spent[0]) * 1e6 / EXTRA_DELTAS as f64,
+    );
+    Ok(())
+}
+
+/// Write transactions so far in the deployment's Postgres (none on SQLite).
+async fn transactions(deployment: &Deployment) -> anyhow::Result<Option<i64>> {
+    let Some((url, _)) = &deployment.database else {
+        return Ok(None);
+    };
+    let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(url).await?;
+    let (id,): (i64,) = sqlx::query_as("SELECT txid_current()")
+        .fetch_one(&mut connection)
+        .await?;
+    Ok(Some(id))
+}
+
+/// The pid of the Redis server (on this machine).
+async fn redis_pid(url: &str) -> anyhow::Result<u32> {
+    let client = redis::Client::open(url)?;
+    let mut connection = client.get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO").arg("server").query_async(&mut connection).await?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .context("Redis did not say its process id")?
+        .trim()
+        .parse()
+        .context("malformed Redis process id")
+}
+
+/// Requests/s of `GET /v1/containers` against `GET /health` on the same gateway.
+async fn control_plane(bench: &Bench, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
+    let seconds = Duration::from_secs_f64(plan.rps_seconds);
+    let listed = rate(&bench.api, "/v1/containers", seconds).await?;
+    let health = rate(&bench.api, "/health", seconds).await?;
+    results.add("control_plane_rps{route=/v1/containers}", &bench.name, listed);
+    results.add("control_plane_rps{route=/health}", BASELINE, health);
+    results.add("control_plane_ratio", &bench.name, listed / health);
+    Ok(())
+}
+
+/// Requests/s of `GET path` with 32 requests in flight for `duration`.
+async fn rate(api: &Api, path: &str, duration: Duration) -> anyhow::Result<f64> {
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let workers = (0..32).map(|_| {
+        let done = Arc::clone(&done);
+        async move {
+            while started.elapsed() < duration {
+                api.get(path).send().await?.error_for_status()?.bytes().await?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, anyhow::Error>(())
+        }
+    });
+    for worker in futures::future::join_all(workers).await {
+        worker?;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The edge's resident memory per idle, authenticated WebSocket.
+async fn idle_sockets(bench: &Bench, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
+    let pid = bench.deployment.edge_pid();
+    let url = bench.api.ws_url();
+    tokio::time::sleep(SETTLE).await;
+    let before = system::rss_kib(pid)?;
+    let sockets = futures::stream::iter(0..plan.idle_sockets)
+        .map(|_| WsClient::connect(&url))
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    tokio::time::sleep(SETTLE).await;
+    let after = system::rss_kib(pid)?;
+    drop(sockets);
+    results.add(
+        format!("idle_ws_kib{{sockets={}}}", plan.idle_sockets),
+        &bench.name,
+        (after - before) / plan.idle_sockets as f64,
+    );
+    Ok(())
+}
+
+/// Memory per newly hydrated idle agent, then the idle CPU and wakeups of
+/// every process with all the agents it holds.
+async fn idle_agents(bench: &mut Bench, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
+    let pids = bench.deployment.agent_pids();
+    tokio::time::sleep(SETTLE).await;
+    let before: f64 = pids
+        .iter()
+        .map(|&pid| system::rss_kib(pid))
+        .sum::<anyhow::Result<f64>>()?;
+    let more = bench.api.images(plan.idle_agents).await?;
+    bench.api.turns(&more, 16).await?;
+    bench.images.extend(more);
+    tokio::time::sleep(SETTLE).await;
+    let after: f64 = pids
+        .iter()
+        .map(|&pid| system::rss_kib(pid))
+        .sum::<anyhow::Result<f64>>()?;
+    results.add(
+        format!("idle_agent_kib{{agents={}}}", plan.idle_agents),
+        &bench.name,
+        (after - before) / plan.idle_agents as f64,
+    );
+    let held = bench.images.len() + 2;
+    idle(&bench.deployment, &bench.name, held, results).await
+}
+
+/// CPU and wakeups per second of every process while nothing is asked of them.
+async fn idle(deployment: &Deployment, name: &str, agents: usize, results: &mut Results) -> anyhow::Result<()> {
+    let pids = deployment.pids(None);
+    let window = Duration::from_secs(2);
+    tokio::time::sleep(SETTLE).await;
+    let cpu = system::cpu_seconds_of(&pids)?;
+    let switches: u64 = pids
+        .iter()
+        .map(|&pid| system::context_switches(pid))
+        .sum::<anyhow::Result<u64>>()?;
+    tokio::time::sleep(window).await;
+    let cpu = system::cpu_seconds_of(&pids)? - cpu;
+    let switches = pids
+        .iter()
+        .map(|&pid| system::context_switches(pid))
+        .sum::<anyhow::Result<u64>>()?
+        - switches;
+    let seconds = window.as_secs_f64();
+    results.add(
+        format!("idle_cpu_ms_per_s{{agents={agents}}}"),
+        name,
+        cpu * 1000.0 / seconds,
+    );
+    results.add(
+        format!("idle_wakeups_per_s{{agents={agents}}}"),
+        name,
+        switches as f64 / seconds,
+    );
+    Ok(())
+}
+
+/// Time to first token of a conversation whose agent was dropped, against
+/// the same conversation's next turn with its agent hydrated.
+async fn wake_from_zero(bench: &mut Bench, results: &mut Results) -> anyhow::Result<()> {
+    let images = bench.hydrated(WAKES).await?.to_vec();
+    let (mut woken, mut hydrated) = (Vec::new(), Vec::new());
+    for image in &images {
+        bench.api.stop(image).await?;
+        woken.push(ms(bench.api.turn(image).await?.first));
+        hydrated.push(ms(bench.api.turn(image).await?.first));
+    }
+    results.add(
+        "wake_from_zero_ttft_ms{first_token=0ms}",
+        &bench.name,
+        quantile(&woken, 0.5),
+    );
+    results.add(
+        "hydrated_ttft_ms{first_token=0ms}",
+        &bench.name,
+        quantile(&hydrated, 0.5),
+    );
+    Ok(())
+}
+
+/// Appending a message (time to first token, agent hydrated) and loading
+/// the context (agent dropped first) in a short and a long conversation.
+async fn history(bench: &Bench, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
+    for (image, messages) in [(&bench.short, 10), (&bench.long, plan.history)] {
+        let append = bench.api.turn(image).await?.first;
+        bench.api.stop(image).await?;
+        let load = bench.api.turn(image).await?.first;
+        results.add(
+            format!("history_append_ms{{messages={messages}}}"),
+            &bench.name,
+            ms(append),
+        );
+        results.add(format!("history_load_ms{{messages={messages}}}"), &bench.name, ms(load));
+    }
+    Ok(())
+}
+
+/// The most concurrent 50 tokens/s streams (of those tried) whose p99 gap
+/// between deltas stays within 10x the interval, per CPU core of the machine.
+async fn streams_per_core(bench: &mut Bench, mock: &MockLlm, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
+    mock.set_behavior(MockBehavior {
+        token_interval: STREAM_INTERVAL,
+        ..behavior(STREAM_DELTAS, 0)
+    });
+    let mut held = 0;
+    for &level in &plan.streams {
+        let images = bench.hydrated(level).await?.to_vec();
+        let turns = futures::future::join_all(images.iter().map(|image| bench.api.turn(image))).await;
+        let mut gaps = Vec::new();
+        for turn in turns {
+            gaps.extend(turn?.gaps.into_iter().map(ms));
+        }
+        let p99 = quantile(&gaps, 0.99);
+        eprintln!("{}: {level} streams at 50 tokens/s: p99 gap {p99:.1} ms", bench.name);
+        if p99 > ms(STREAM_INTERVAL) * 10.0 {
+            break;
+        }
+        held = level;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    results.add("streams_per_core{50 tokens/s}", &bench.name, held as f64 / cores as f64);
+    Ok(())
+}
