@@ -40,6 +40,8 @@ pub struct Backing {
     pub database_url: Option<String>,
     /// A Redis URL: replicated deployments share leases and events there.
     pub redis_url: Option<String>,
+    /// More environment for every process.
+    pub env: Vec<(String, String)>,
 }
 
 /// One `avm` process of a deployment.
@@ -90,6 +92,7 @@ impl Deployment {
             ("AVM_AUTH_DEFAULT_REQUESTS_PER_MINUTE".into(), "0".into()),
             ("AVM_GATEWAY_MESSAGES_PER_SECOND".into(), "0".into()),
         ];
+        env.extend(backing.env.iter().cloned());
         let llm = [
             ("LLM_PROVIDER".to_owned(), "anthropic".to_owned()),
             ("LLM_BASE_URL".to_owned(), mock_url.to_owned()),

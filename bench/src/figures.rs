@@ -23,6 +23,8 @@ const EXTRA_DELTAS: usize = 100;
 const STREAM_INTERVAL: Duration = Duration::from_millis(20);
 /// Deltas per stream in the streams-per-core figure (a 1 s stream).
 const STREAM_DELTAS: usize = 50;
+/// How long after the last request an idle reading starts.
+const IDLE_AFTER: Duration = Duration::from_secs(2);
 /// Conversations stopped and woken per wake-from-zero measurement.
 const WAKES: usize = 10;
 
@@ -44,8 +46,30 @@ pub fn goal(figure: &str) -> Option<&'static str> {
         .map(|(_, goal)| *goal)
 }
 
+/// A group of figures, as `--figure` names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Figure {
+    /// Time to first token added over calling the mock directly.
+    Ttft,
+    /// CPU per turn and per delta (per process), database writes, Redis CPU.
+    Cpu,
+    /// `GET /v1/containers` against `GET /health` requests/s.
+    ControlPlane,
+    /// Memory per idle WebSocket.
+    IdleSockets,
+    /// First token of a dropped agent against a hydrated one.
+    Wake,
+    /// Append and context load at 10 messages and `--history`.
+    History,
+    /// Memory per idle agent, idle CPU and wakeups.
+    IdleAgents,
+    /// 50 tokens/s streams held per core.
+    Streams,
+}
+
 /// The counts of one run, from the arguments.
 pub struct Plan {
+    figures: Vec<Figure>,
     concurrency: Vec<usize>,
     first_token_ms: Vec<u64>,
     tokens: usize,
@@ -61,6 +85,7 @@ pub struct Plan {
 impl From<&Args> for Plan {
     fn from(args: &Args) -> Self {
         Self {
+            figures: args.figures.clone(),
             concurrency: args.concurrency.clone(),
             first_token_ms: args.first_token_ms.clone(),
             tokens: args.tokens,
@@ -72,6 +97,12 @@ impl From<&Args> for Plan {
             streams: args.streams.clone(),
             rps_seconds: args.rps_seconds,
         }
+    }
+}
+
+impl Plan {
+    fn wants(&self, figure: Figure) -> bool {
+        self.figures.contains(&figure)
     }
 }
 
@@ -122,9 +153,11 @@ impl Bench {
         api.turns(&images, 16).await?;
         let conversations = api.images(2).await?;
         let (short, long) = (conversations[0].clone(), conversations[1].clone());
-        eprintln!("{name}: writing a conversation of {} messages", plan.history);
-        grow(&api, &short, 10).await?;
-        grow(&api, &long, plan.history).await?;
+        if plan.wants(Figure::History) {
+            eprintln!("{name}: writing a conversation of {} messages", plan.history);
+            grow(&api, &short, 10).await?;
+            grow(&api, &long, plan.history).await?;
+        }
         Ok(Self {
             deployment,
             api,
@@ -164,7 +197,12 @@ pub async fn round(
 ) -> anyhow::Result<()> {
     let direct_client = client::client()?;
     let mock_url = mock.anthropic_base_url();
-    for &first_token in &plan.first_token_ms {
+    let first_tokens: &[u64] = if plan.wants(Figure::Ttft) {
+        &plan.first_token_ms
+    } else {
+        &[]
+    };
+    for &first_token in first_tokens {
         mock.set_behavior(behavior(plan.tokens, first_token));
         for &level in &plan.concurrency {
             let labels = format!("{{first_token={first_token}ms,concurrent={level}}}");
@@ -186,26 +224,24 @@ pub async fn round(
             }
         }
     }
-    for bench in benches.iter_mut() {
-        cpu(bench, mock, plan, backing, results).await?;
-        bare_consumer(&direct_client, mock, plan, results).await?;
-    }
-    for bench in benches.iter_mut() {
-        control_plane(bench, plan, results).await?;
-    }
-    for bench in benches.iter_mut() {
-        idle_sockets(bench, plan, results).await?;
-    }
-    mock.set_behavior(behavior(1, 0));
-    for bench in benches.iter_mut() {
-        wake_from_zero(bench, results).await?;
-        history(bench, plan, results).await?;
-    }
-    for bench in benches.iter_mut() {
-        idle_agents(bench, plan, results).await?;
-    }
-    for bench in benches.iter_mut() {
-        streams_per_core(bench, mock, plan, results).await?;
+    // Figure by figure, each target in turn.
+    for &figure in &plan.figures {
+        for bench in benches.iter_mut() {
+            mock.set_behavior(behavior(1, 0));
+            match figure {
+                Figure::Ttft => {}
+                Figure::Cpu => {
+                    cpu(bench, mock, plan, backing, results).await?;
+                    bare_consumer(&direct_client, mock, plan, results).await?;
+                }
+                Figure::ControlPlane => control_plane(bench, plan, results).await?,
+                Figure::IdleSockets => idle_sockets(bench, plan, results).await?,
+                Figure::Wake => wake_from_zero(bench, results).await?,
+                Figure::History => history(bench, plan, results).await?,
+                Figure::IdleAgents => idle_agents(bench, plan, results).await?,
+                Figure::Streams => streams_per_core(bench, mock, plan, results).await?,
+            }
+        }
     }
     Ok(())
 }
@@ -464,7 +500,8 @@ async fn idle_agents(bench: &mut Bench, plan: &Plan, results: &mut Results) -> a
 async fn idle(deployment: &Deployment, name: &str, agents: usize, results: &mut Results) -> anyhow::Result<()> {
     let pids = deployment.pids(None);
     let window = Duration::from_secs(2);
-    tokio::time::sleep(SETTLE).await;
+    // Past the batching delays (usage 0.2 s, tenant logs 1 s) of what came before.
+    tokio::time::sleep(IDLE_AFTER).await;
     let cpu = system::cpu_seconds_of(&pids)?;
     let switches: u64 = pids
         .iter()

@@ -52,6 +52,10 @@ struct Args {
     /// Redis for the replicated mode (a fresh key prefix).
     #[arg(long, env = "AVM_BENCH_REDIS_URL")]
     redis_url: Option<String>,
+    /// An environment variable for every `avm` process, as `KEY=VALUE`
+    /// (repeatable), e.g. to compare settings.
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
     /// How many times each figure is measured.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
@@ -83,6 +87,13 @@ struct Args {
     /// gaps exceed 10x.
     #[arg(long, value_delimiter = ',', default_value = "25,50,100,200,400,800")]
     streams: Vec<usize>,
+    /// Which figures to measure (default: all).
+    #[arg(
+        long = "figure",
+        value_delimiter = ',',
+        default_value = "ttft,cpu,control-plane,idle-sockets,wake,history,idle-agents,streams"
+    )]
+    figures: Vec<figures::Figure>,
     /// Seconds of each control-plane requests/s measurement.
     #[arg(long, default_value_t = 2.0)]
     rps_seconds: f64,
@@ -129,6 +140,15 @@ async fn main() -> anyhow::Result<()> {
     let backing = Backing {
         database_url: args.database_url.clone(),
         redis_url: args.redis_url.clone(),
+        env: args
+            .env
+            .iter()
+            .map(|pair| {
+                pair.split_once('=')
+                    .map(|(key, value)| (key.to_owned(), value.to_owned()))
+                    .with_context(|| format!("--env takes KEY=VALUE, not {pair:?}"))
+            })
+            .collect::<anyhow::Result<_>>()?,
     };
     let mock = MockLlm::start(MockBehavior::default()).await?;
     let mock_url = mock.anthropic_base_url();

@@ -126,10 +126,13 @@ impl Connection {
                 () = &mut auth_deadline, if self.caller.is_none() => {
                     Err(auth_close(&ApiError::new(Code::Unauthenticated, "UNAUTHENTICATED", "no auth frame in time")))
                 }
-                frame = socket.recv() => self.on_frame(frame, &mut socket, &mut requests, &mut subscriptions).await,
+                // Boxed: the handling of a frame or a completion is a large
+                // future, which an idle connection would otherwise carry
+                // inline all its life.
+                frame = socket.recv() => Box::pin(self.on_frame(frame, &mut socket, &mut requests, &mut subscriptions)).await,
                 Some(done) = requests.next() => {
                     let subscribed = matches!(&done, Completion::Sent { accepted: Some((id, _)), .. } if subscriptions.contains_key(id));
-                    self.on_completion(done, subscribed, &mut socket).await
+                    Box::pin(self.on_completion(done, subscribed, &mut socket)).await
                 }
                 Some((session_id, item)) = subscriptions.next() => self.on_event(&session_id, item, &mut socket).await,
                 _ = ping.tick() => self.on_ping(&mut socket, &config).await,

@@ -132,6 +132,8 @@ pub(crate) struct Ledger {
     gate: tokio::sync::Mutex<()>,
     /// Wakes the writer when a batch is ready.
     wake: Notify,
+    /// Told when a record arrives while none were buffered.
+    arrived: Notify,
     flush_interval: Duration,
     flush_batch: usize,
     max_pending: usize,
@@ -164,6 +166,7 @@ impl Ledger {
             state: Mutex::new(State::default()),
             gate: tokio::sync::Mutex::new(()),
             wake: Notify::new(),
+            arrived: Notify::new(),
             flush_interval: settings.flush_interval,
             flush_batch: settings.flush_batch.max(1),
             max_pending: settings.max_pending_records,
@@ -199,6 +202,7 @@ impl Ledger {
             return Err(ObservabilityError::Backlog(state.waiting.len()));
         }
         let accepted = fresh.len();
+        let first = state.pending.is_empty() && accepted > 0;
         for record in fresh {
             for key in SpendKey::of(&record) {
                 let unflushed = state.unflushed.entry(key).or_default();
@@ -211,6 +215,11 @@ impl Ledger {
         let ready = state.pending.len() >= self.flush_batch;
         record_depth(&state);
         drop(state);
+        // The first record wakes an idle writer, which then waits
+        // `flush_interval` for more; a full batch is written at once.
+        if first {
+            self.arrived.notify_one();
+        }
         if ready {
             self.wake.notify_one();
         }
@@ -402,6 +411,15 @@ impl Ledger {
     pub(crate) async fn run_writer(&self, shutdown: CancellationToken) {
         let mut backoff: Option<Duration> = None;
         loop {
+            if backoff.is_none() && self.state().pending.is_empty() {
+                // Nothing to write: no timer until the first record comes
+                // (an idle process is not woken up five times a second).
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => break,
+                    () = self.arrived.notified() => {}
+                }
+            }
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,

@@ -69,6 +69,9 @@ pub async fn open_sqlite(url: &str, max_connections: Option<u32>) -> Result<Sqli
         .busy_timeout(Duration::from_secs(5));
     SqlitePoolOptions::new()
         .max_connections(max_connections.unwrap_or(4))
+        // A file connection cannot go stale, and each check is a round trip
+        // to the connection's thread: a second wakeup for every query.
+        .test_before_acquire(false)
         .connect_with(options)
         .await
         .map_err(|err| unavailable("sqlite", &err))
