@@ -68,6 +68,10 @@ pub struct TurnRecord {
     pub image_id: String,
     pub agent_id: String,
     pub session_id: String,
+    /// The user message that started the turn (empty in records of older
+    /// replicas): its lost turn's error message is named after it.
+    #[serde(default)]
+    pub user_message_id: String,
 }
 
 /// The Redis side of one runtime replica; cheap to clone.
