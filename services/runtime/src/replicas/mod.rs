@@ -138,7 +138,14 @@ impl Replicas {
     ) -> Result<Self, ApiError> {
         let client = redis::Client::open(settings.redis_url.as_str())
             .map_err(|_| ApiError::invalid("INVALID_REDIS_URL", "AVM_REDIS_URL is not a redis:// URL"))?;
-        let conn = ConnectionManager::new(client.clone())
+        // Bounded, so a call that needs Redis while it is down fails
+        // (UNAVAILABLE) within 2 s rather than waiting for it to return.
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Duration::from_secs(1))
+            .set_response_timeout(Duration::from_secs(1))
+            .set_number_of_retries(2)
+            .set_max_delay(500);
+        let conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(|err| redis_error("cannot connect to redis", &err))?;
         let id = avm_common::ids::new_id("rt");
