@@ -1164,3 +1164,57 @@ async fn blocking<T: Send + 'static>(
         })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::ToolCall;
+    use crate::message::{Part, Reply};
+
+    fn message(id: &str, body: MessageBody) -> Message {
+        Message {
+            message_id: id.into(),
+            session_id: "sess_1".into(),
+            created_at_ms: 0,
+            body,
+        }
+    }
+
+    fn user(id: &str) -> Message {
+        message(
+            id,
+            MessageBody::User(Content {
+                parts: vec![Part::Text("hi".into())],
+                plain_text: true,
+            }),
+        )
+    }
+
+    #[test]
+    fn only_a_turn_that_never_ended_is_cut() {
+        let reply = message("a", MessageBody::Assistant(Reply::default()));
+        let error = message(
+            "e",
+            MessageBody::Error {
+                text: "boom".into(),
+                error_code: "LLM_TIMEOUT".into(),
+            },
+        );
+        let call = message(
+            "c",
+            MessageBody::ToolCall {
+                call: ToolCall {
+                    id: "t1".into(),
+                    name: "read_file".into(),
+                    input: json!({}),
+                },
+                parent_id: "a".into(),
+            },
+        );
+        assert_eq!(cut_turn(&[]), None);
+        assert_eq!(cut_turn(&[user("u1"), reply.clone()]), None, "answered");
+        assert_eq!(cut_turn(&[user("u1"), error]), None, "failed, and recorded");
+        assert_eq!(cut_turn(&[user("u1"), reply, user("u2")]), Some("u2"));
+        assert_eq!(cut_turn(&[user("u1"), call]), Some("u1"), "cut while a tool ran");
+    }
+}

@@ -92,13 +92,17 @@ pub async fn open_postgres(url: &str, max_connections: Option<u32>) -> Result<Pg
     }
     PgPoolOptions::new()
         .max_connections(max_connections.unwrap_or(10))
-        // sqlx keeps trying a refused connection until this passes: while
-        // the database is down, callers learn it (UNAVAILABLE) within 2 s.
-        .acquire_timeout(Duration::from_secs(1))
+        // Also how long sqlx keeps trying a refused connection: while the
+        // database is down, a call needing a new connection fails
+        // (UNAVAILABLE) after it. Shorter would turn a busy pool into errors.
+        .acquire_timeout(ACQUIRE_TIMEOUT)
         .connect_with(options)
         .await
         .map_err(|err| unavailable("postgres", &err))
 }
+
+/// How long a call waits for a pooled Postgres connection.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Creates `schema` unless it exists.
 ///
