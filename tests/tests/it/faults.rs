@@ -103,7 +103,11 @@ async fn typed_error(
     loop {
         let answer = probe(http, url).await;
         match answer {
-            Probe::Typed(status, code) => return Ok((format!("{status} {code}"), started.elapsed())),
+            Probe::Typed(status, code) => {
+                let after = started.elapsed();
+                ensure!(after <= within, "{url}: answered {status} {code} only after {after:?}");
+                return Ok((format!("{status} {code}"), after));
+            }
             Probe::Untyped(why) if unreachable => return Ok((format!("unreachable: {why}"), started.elapsed())),
             other if started.elapsed() > within => {
                 bail!("{url}: no typed error within {within:?}; last answer {other:?}")

@@ -141,10 +141,10 @@ impl Replicas {
         // Bounded, so a call that needs Redis while it is down fails
         // (UNAVAILABLE) within 2 s rather than waiting for it to return.
         let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Duration::from_secs(1))
-            .set_response_timeout(Duration::from_secs(1))
-            .set_number_of_retries(2)
-            .set_max_delay(500);
+            .set_connection_timeout(Duration::from_millis(500))
+            .set_response_timeout(Duration::from_millis(500))
+            .set_number_of_retries(1)
+            .set_max_delay(200);
         let conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(|err| redis_error("cannot connect to redis", &err))?;
