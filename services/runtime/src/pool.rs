@@ -204,7 +204,9 @@ impl AgentPool {
 
     /// Loads an image and its history and makes it a live agent. With
     /// replicas, this one claims the image first: an image another live
-    /// replica holds is `Elsewhere`, and a turn a dead holder left is ended.
+    /// replica holds is `Elsewhere`, and a turn a dead holder left is ended
+    /// (`RUNTIME_LOST`). A history that ends in a turn nobody ended (the
+    /// process running it crashed) gets its record: `TURN_LOST`.
     async fn hydrate(&self, ctx: &RequestContext, image_id: &str, key: AgentKey) -> Result<Arc<Agent>, RuntimeError> {
         if let Some(replicas) = &self.inner.replicas {
             if replicas.draining() && !replicas.holds(&ctx.tenant_id, image_id) {
