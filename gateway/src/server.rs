@@ -14,13 +14,14 @@ use crate::router;
 use crate::state::GatewayState;
 
 /// Serves the gateway on `listener` until `shutdown`, then lets in-flight
-/// HTTP requests finish.
+/// HTTP requests finish; from `stopping` on, `/ready` answers not ready.
 pub async fn serve(
     listener: TcpListener,
     config: GatewayConfig,
     peers: Peers,
     auth: Authenticator,
     limiter: RateLimiter,
+    stopping: CancellationToken,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     // Metrics recorded before the recorder exists are lost: install it now.
@@ -31,6 +32,7 @@ pub async fn serve(
         auth,
         limiter,
         connections: AtomicUsize::new(0),
+        stopping,
         shutdown: shutdown.clone(),
         openapi: router::openapi_json(),
     });

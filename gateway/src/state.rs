@@ -20,6 +20,9 @@ pub struct GatewayState {
     pub limiter: RateLimiter,
     /// Open WebSocket connections.
     pub connections: AtomicUsize,
+    /// Cancelled when the process begins to stop: `/ready` answers 503
+    /// while running turns finish.
+    pub stopping: CancellationToken,
     /// Cancelled at shutdown; open WebSockets close with 1001.
     pub shutdown: CancellationToken,
     /// The OpenAPI document, rendered once.

@@ -126,6 +126,9 @@ pub struct Cluster {
     pub runtimes: Vec<String>,
     /// Where each runtime replica is among the processes.
     runtime_slots: Vec<usize>,
+    /// How each component of a per-component cluster was started, to start
+    /// it again after a fault.
+    components: Vec<Component>,
     /// `http://127.0.0.1:PORT` of the auth service's gRPC.
     pub auth_grpc: String,
     /// `http://127.0.0.1:PORT` of the resource service's gRPC.
@@ -146,6 +149,15 @@ pub struct Cluster {
     /// Drops the Postgres schemas of a cluster that made its own.
     _schemas: Option<Arc<SchemaGuard>>,
     running: Option<Running>,
+}
+
+/// One process of a per-component cluster: what it is, its environment and
+/// where it listens, and where it is among the processes.
+struct Component {
+    name: String,
+    env: Vec<(String, String)>,
+    url: String,
+    slot: usize,
 }
 
 /// The per-service schemas (`<base>_auth`, `<base>_session`, …) a per-component
@@ -219,6 +231,7 @@ impl Cluster {
             runtime_grpc: String::new(),
             runtimes: Vec::new(),
             runtime_slots: Vec::new(),
+            components: Vec::new(),
             auth_grpc: String::new(),
             resource_grpc: String::new(),
             config_grpc: String::new(),
@@ -292,6 +305,66 @@ impl Cluster {
     /// Stops runtime replica `index` with SIGTERM; fails unless it exits 0.
     pub async fn terminate_runtime(&mut self, index: usize) -> anyhow::Result<()> {
         terminate(self.runtime_process(index)?).await
+    }
+
+    /// Kills every process of the cluster (SIGKILL: no drain, nothing
+    /// flushed), as a crash or a power cut would; [`Cluster::restart`] starts
+    /// it again on the same data.
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some(Running::Processes { children }) = &mut self.running {
+            for child in children {
+                child.kill().await.context("cannot kill a process")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills the first process of `component` (`auth`, `session`, `runtime`,
+    /// …) of a per-component cluster with SIGKILL and waits for it to die.
+    pub async fn kill_component(&mut self, component: &str) -> anyhow::Result<()> {
+        let slot = self.component(component)?.slot;
+        self.process(slot)?.kill().await.context("cannot kill the process")?;
+        Ok(())
+    }
+
+    /// Starts `component` again (after [`Cluster::kill_component`]) with its
+    /// environment, on the address it had, so its peers find it again.
+    pub async fn restart_component(&mut self, component: &str) -> anyhow::Result<()> {
+        let (env, url, slot) = {
+            let found = self.component(component)?;
+            (found.env.clone(), found.url.clone(), found.slot)
+        };
+        let listen = url
+            .strip_prefix("http://")
+            .context("a component URL is http://")?
+            .to_owned();
+        let logs = self.options.capture_logs.then(|| Arc::clone(&self.logs));
+        // The port was just freed; another process may briefly hold it (a
+        // connection of its own in TIME_WAIT does not stop a listener).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let child = loop {
+            match spawn_avm(&[component, "--listen", &listen], 1, &env, logs.clone()).await {
+                Ok((child, _)) => break child,
+                Err(err) if tokio::time::Instant::now() > deadline => return Err(err),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        *self.process(slot)? = child;
+        Ok(())
+    }
+
+    fn component(&self, component: &str) -> anyhow::Result<&Component> {
+        self.components
+            .iter()
+            .find(|c| c.name == component)
+            .with_context(|| format!("no {component} process in this cluster"))
+    }
+
+    fn process(&mut self, slot: usize) -> anyhow::Result<&mut Child> {
+        match &mut self.running {
+            Some(Running::Processes { children }) => children.get_mut(slot).context("no such process"),
+            _ => bail!("the cluster runs no processes"),
+        }
     }
 
     fn runtime_process(&mut self, index: usize) -> anyhow::Result<&mut Child> {
@@ -556,24 +629,37 @@ impl Cluster {
         let mut env = self.process_env();
         let logs = self.options.capture_logs.then(|| Arc::clone(&self.logs));
         let mut children = Vec::new();
+        let mut components = Vec::new();
+        let mut remember = |name: &str, env: &[(String, String)], url: &str, slot: usize| {
+            components.push(Component {
+                name: name.to_owned(),
+                env: env.to_vec(),
+                url: url.to_owned(),
+                slot,
+            });
+        };
         let (child, auth) = spawn_component("auth", &env, logs.clone()).await?;
+        remember("auth", &env, &auth, children.len());
         children.push(child);
         self.auth_grpc = auth;
         env.push(("AVM_AUTH_ADDR".into(), self.auth_grpc.clone()));
         // The observability service next, so everyone else can send it logs
         // (until it answers, the auth service's own are dropped: best effort).
         let (child, observability) = spawn_component("observability", &env, logs.clone()).await?;
+        remember("observability", &env, &observability, children.len());
         children.push(child);
         self.observability_grpc = observability;
         env.push(("AVM_OBSERVABILITY_ADDR".into(), self.observability_grpc.clone()));
 
         let (child, resource) = spawn_component("resource", &env, logs.clone()).await?;
+        remember("resource", &env, &resource, children.len());
         children.push(child);
         self.resource_grpc = resource;
         // The session service checks images' references with the resource service.
         env.push(("AVM_RESOURCE_ADDR".into(), self.resource_grpc.clone()));
 
         let (child, session) = spawn_component("session", &env, logs.clone()).await?;
+        remember("session", &env, &session, children.len());
         children.push(child);
         self.session_grpc = session;
 
@@ -583,6 +669,7 @@ impl Cluster {
         config_env.push(("AVM_CONFIG_SECRET_KEY".into(), TEST_CONFIG_SECRET_KEY.into()));
         config_env.extend(self.llm_env());
         let (child, config) = spawn_component("config", &config_env, logs.clone()).await?;
+        remember("config", &config_env, &config, children.len());
         children.push(child);
         self.config_grpc = config;
 
@@ -592,6 +679,7 @@ impl Cluster {
         ]);
         for _ in 0..self.options.runtimes.max(1) {
             let (child, runtime) = spawn_component("runtime", &env, logs.clone()).await?;
+            remember("runtime", &env, &runtime, children.len());
             self.runtime_slots.push(children.len());
             children.push(child);
             self.runtimes.push(runtime);
@@ -601,8 +689,10 @@ impl Cluster {
         let mut gateway_env = env;
         gateway_env.push(("AVM_RUNTIME_ADDR".into(), self.runtimes.join(",")));
         let (child, gateway) = spawn_component("gateway", &gateway_env, logs).await?;
+        remember("gateway", &gateway_env, &gateway, children.len());
         self.gateway_env = gateway_env;
         children.push(child);
+        self.components = components;
         self.gateway_url = gateway;
         self.running = Some(Running::Processes { children });
         self.wait_ready().await?;

@@ -54,7 +54,10 @@ pub async fn health() -> Response {
     responses((status = 200, description = "Every service the gateway needs answers", body = Readiness),
               (status = 503, description = "Some do not", body = Readiness)))]
 pub async fn ready(State(state): State<Arc<GatewayState>>) -> Response {
-    let failing = state.peers.unhealthy().await;
+    let mut failing = state.peers.unhealthy().await;
+    if state.stopping.is_cancelled() {
+        failing.push("stopping");
+    }
     let status = if failing.is_empty() {
         StatusCode::OK
     } else {

@@ -300,8 +300,9 @@ impl RuntimePeers {
     }
 }
 
-/// Runs the agent pool's background work, and at shutdown interrupts running
-/// turns so their partial replies are stored, saves the workspaces kept in
+/// Runs the agent pool's background work, and at shutdown lets running turns
+/// finish within the drain timeout (interrupting the rest, so their partial
+/// replies are stored), saves the workspaces kept in
 /// an object store and sends the usage of every call, before the services it
 /// reports to stop.
 fn run_pool(app: &mut App, pool: &avm_runtime::AgentPool, drain_timeout: std::time::Duration) {
@@ -408,6 +409,7 @@ async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Resu
             peers,
             authenticator,
             rate_limiter(&config).await?,
+            app.stopping(),
             app.servers_stop(),
         ),
     );
@@ -628,6 +630,7 @@ async fn gateway_app(config: AvmConfig) -> anyhow::Result<App> {
             avm_gateway::Peers::remote(channels, &config.grpc)?,
             credentials.authenticator(&config),
             rate_limiter(&config).await?,
+            app.stopping(),
             app.servers_stop(),
         ),
     );

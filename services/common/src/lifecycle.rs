@@ -5,8 +5,9 @@
 //! shutdown signal (or a server that stops on its own) and stops everything
 //! in one order, each step bounded by the drain timeout:
 //!
-//! 1. drain steps (interrupt running turns so their partial replies are
-//!    stored, send the usage of every call),
+//! 0. readiness turns not ready ([`App::stopping`]),
+//! 1. drain steps (let running turns finish, interrupting those left so
+//!    their partial replies are stored; send the usage of every call),
 //! 2. tasks that send what they hold to the services of this process (the
 //!    log forwarder),
 //! 3. the servers (health turns NOT_SERVING, in-flight calls finish),
@@ -35,6 +36,8 @@ struct Flushing {
 pub struct App {
     name: &'static str,
     drain_timeout: Duration,
+    /// Cancelled when the stop begins, before any step: readiness says no.
+    stopping: CancellationToken,
     servers_stop: CancellationToken,
     background_stop: CancellationToken,
     servers: Vec<(&'static str, JoinHandle<Result<(), BoxError>>)>,
@@ -51,6 +54,7 @@ impl App {
         Self {
             name,
             drain_timeout,
+            stopping: CancellationToken::new(),
             servers_stop: CancellationToken::new(),
             background_stop: CancellationToken::new(),
             servers: Vec::new(),
@@ -59,6 +63,13 @@ impl App {
             after_servers: Vec::new(),
             aborted: Vec::new(),
         }
+    }
+
+    /// Returns the token cancelled as the stop begins, before the drain
+    /// steps: a readiness probe answers not ready from then on, so load
+    /// balancers send no new work while running turns finish.
+    pub fn stopping(&self) -> CancellationToken {
+        self.stopping.clone()
     }
 
     /// Returns the token servers stop on (step 3).
@@ -150,6 +161,7 @@ impl App {
 
     async fn stop(self, servers: Vec<JoinHandle<Result<(), BoxError>>>) {
         let limit = self.drain_timeout;
+        self.stopping.cancel();
         for step in self.drains {
             if tokio::time::timeout(limit, step()).await.is_err() {
                 tracing::warn!(?limit, "a drain step did not finish in time");

@@ -62,6 +62,12 @@ struct PoolInner {
     agents: Mutex<HashMap<AgentKey, Arc<OnceCell<Arc<Agent>>>>>,
     /// Agent id to its key, for calls that name the agent.
     agent_ids: Mutex<HashMap<String, AgentKey>>,
+    /// Agents that left the pool while a turn of theirs still ran, until it
+    /// ends: the next agent of the image reads its history once that turn
+    /// stored what it had, and never takes it for a turn cut by a crash.
+    retiring: Mutex<HashMap<AgentKey, Arc<Agent>>>,
+    /// Set when a runtime without replicas drains: no new turn starts.
+    draining: AtomicBool,
 }
 
 /// The agent pool of one runtime process; cheap to clone.
@@ -114,6 +120,8 @@ impl AgentPool {
                 tools,
                 agents: Mutex::new(HashMap::new()),
                 agent_ids: Mutex::new(HashMap::new()),
+                retiring: Mutex::new(HashMap::new()),
+                draining: AtomicBool::new(false),
             }),
         })
     }
@@ -124,6 +132,10 @@ impl AgentPool {
 
     fn agent_ids(&self) -> MutexGuard<'_, HashMap<String, AgentKey>> {
         self.inner.agent_ids.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    fn retiring(&self) -> MutexGuard<'_, HashMap<AgentKey, Arc<Agent>>> {
+        self.inner.retiring.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
     fn sessions(&self) -> &Sessions {
@@ -192,7 +204,9 @@ impl AgentPool {
 
     /// Loads an image and its history and makes it a live agent. With
     /// replicas, this one claims the image first: an image another live
-    /// replica holds is `Elsewhere`, and a turn a dead holder left is ended.
+    /// replica holds is `Elsewhere`, and a turn a dead holder left is ended
+    /// (`RUNTIME_LOST`). A history that ends in a turn nobody ended (the
+    /// process running it crashed) gets its record: `TURN_LOST`.
     async fn hydrate(&self, ctx: &RequestContext, image_id: &str, key: AgentKey) -> Result<Arc<Agent>, RuntimeError> {
         if let Some(replicas) = &self.inner.replicas {
             if replicas.draining() && !replicas.holds(&ctx.tenant_id, image_id) {
@@ -221,7 +235,27 @@ impl AgentPool {
         }
         let image = self.sessions().get_image(ctx, image_id).await?;
         let plan = crate::plan::plan(&self.inner.resources, ctx, &image).await?;
-        let history = self.sessions().list_messages(ctx, &image.session_id).await?;
+        // A turn of the image's previous agent, interrupted when it left the
+        // pool, stores what it had before the history is read.
+        let previous = self.retiring().get(&key).cloned();
+        let settled = match previous {
+            Some(previous) => tokio::time::timeout(RETIRED_TURN_WAIT, previous.stopped())
+                .await
+                .is_ok(),
+            None => true,
+        };
+        let mut history = self.sessions().list_messages(ctx, &image.session_id).await?;
+        let lost = match cut_turn(&history) {
+            Some(user_message_id) if settled => {
+                let user_message_id = user_message_id.to_owned();
+                self.record_cut_turn(&ctx.tenant_id, &image.session_id, &user_message_id)
+                    .await
+            }
+            _ => None,
+        };
+        if let Some(message) = &lost {
+            history.push(message.clone());
+        }
         let workspace = self.workspace(&ctx.tenant_id, image_id);
         let tools = Toolbox::new(
             &plan.tools,
@@ -245,6 +279,9 @@ impl AgentPool {
         ));
         self.agent_ids().insert(agent_id.clone(), key);
         metrics::gauge!("avm_runtime_active_agents").increment(1.0);
+        if let Some(message) = &lost {
+            agent.emit("error_message", &message.object());
+        }
         agent.emit(
             "agent_registered",
             &json!({
@@ -333,6 +370,7 @@ impl AgentPool {
                     image_id: agent.image.image_id.clone(),
                     agent_id: agent.agent_id.clone(),
                     session_id: agent.image.session_id.clone(),
+                    user_message_id: user_message_id.clone(),
                 });
                 let replicas = replicas.clone();
                 let (tenant_id, image_id) = (agent.tenant_id.clone(), agent.image.image_id.clone());
@@ -357,6 +395,10 @@ impl AgentPool {
         ctx: &RequestContext,
         image_id: &str,
     ) -> Result<(Arc<Agent>, CancellationToken), RuntimeError> {
+        // A runtime alone has nobody to send the turn to while it drains.
+        if self.inner.draining.load(Ordering::Relaxed) {
+            return Err(RuntimeError::Draining);
+        }
         // An agent retired by the idle reaper between lookup and reservation is
         // replaced by a fresh one; twice in a row would be a bug, not a race.
         for _ in 0..2 {
@@ -685,6 +727,17 @@ impl AgentPool {
             }
             agents.remove(&key);
         }
+        if agent.is_running() {
+            self.retiring().insert(key.clone(), Arc::clone(agent));
+            let (pool, agent) = (self.clone(), Arc::clone(agent));
+            tokio::spawn(async move {
+                agent.stopped().await;
+                let mut retiring = pool.retiring();
+                if retiring.get(&key).is_some_and(|a| Arc::ptr_eq(a, &agent)) {
+                    retiring.remove(&key);
+                }
+            });
+        }
         self.agent_ids().remove(&agent.agent_id);
         metrics::gauge!("avm_runtime_active_agents").decrement(1.0);
         agent.emit(
@@ -914,22 +967,17 @@ impl AgentPool {
         );
         metrics::counter!("avm_runtime_turns_lost_total").increment(1);
         let text = "the runtime running this turn stopped; the reply was lost. Send the message again.";
-        let message = Message {
-            message_id: new_id("msg"),
-            session_id: record.session_id.clone(),
-            created_at_ms: avm_common::now_ms(),
-            body: MessageBody::Error {
-                text: text.to_owned(),
-                error_code: "RUNTIME_LOST".to_owned(),
-            },
-        };
-        let stored = match self.inner.ports.identity.tenant_context(&record.tenant_id).await {
-            Ok(ctx) => self.sessions().append(&ctx, &message).await.map(|_| ()),
-            Err(err) => Err(err.into()),
-        };
-        if let Err(err) = stored {
-            tracing::error!(session_id = %record.session_id, error = %err, "cannot store the lost turn's error");
-        }
+        let stored = self
+            .store_lost_turn(
+                &record.tenant_id,
+                &record.session_id,
+                &record.user_message_id,
+                "RUNTIME_LOST",
+                text,
+            )
+            .await
+            // Told to the session's subscribers anyway, as it happened.
+            .unwrap_or_else(Some);
         let hub = self.inner.hubs.open(&record.session_id).await;
         let context = Arc::new(EventContext {
             container_id: record.container_id,
@@ -937,12 +985,17 @@ impl AgentPool {
             agent_id: record.agent_id,
             session_id: record.session_id,
         });
-        hub.publish(
-            "error_received",
-            &context,
-            &json!({"message": text, "errorCode": "RUNTIME_LOST"}),
-        );
-        hub.publish("error_message", &context, &message.object());
+        // A hydration that found the turn cut may have recorded it first
+        // (`TURN_LOST`, the same message id): the turn's watchers still learn
+        // that it ended, but history keeps the one message.
+        if let Some(message) = stored {
+            hub.publish(
+                "error_received",
+                &context,
+                &json!({"message": text, "errorCode": "RUNTIME_LOST"}),
+            );
+            hub.publish("error_message", &context, &message.object());
+        }
         hub.publish(
             "error_occurred",
             &context,
@@ -950,26 +1003,75 @@ impl AgentPool {
         );
     }
 
-    /// Drains at shutdown (SIGTERM): with replicas, takes no new agent, lets
-    /// running turns finish for at most `grace` (then interrupts them, so they
-    /// store what they have), drops its agents and releases their leases, and
-    /// leaves; without, interrupts running turns at once.
+    /// Stores `TURN_LOST` after the user message of a turn that a crash cut
+    /// (found when its image's agent starts again); returns the stored
+    /// message, `None` when it could not be stored or was already.
+    async fn record_cut_turn(&self, tenant_id: &str, session_id: &str, user_message_id: &str) -> Option<Message> {
+        tracing::warn!(session_id, user_message_id, "a turn was cut by a crash; recording it");
+        metrics::counter!("avm_runtime_turns_lost_total").increment(1);
+        let text = "the server stopped while this turn ran; the reply was lost. Send the message again.";
+        self.store_lost_turn(tenant_id, session_id, user_message_id, "TURN_LOST", text)
+            .await
+            .unwrap_or(None)
+    }
+
+    /// Stores the error message of a lost turn under an id made of the
+    /// turn's user message id, so of a survivor ending a dead replica's turn
+    /// (`RUNTIME_LOST`) and the hydration that finds it cut (`TURN_LOST`),
+    /// only the first stores one (appends are idempotent on the id).
+    /// Returns the message when this call stored it, `None` when it was
+    /// there already, and the unstored message when it could not be stored
+    /// (logged).
+    async fn store_lost_turn(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        user_message_id: &str,
+        code: &str,
+        text: &str,
+    ) -> Result<Option<Message>, Message> {
+        let message_id = if user_message_id.is_empty() {
+            new_id("msg")
+        } else {
+            format!("{user_message_id}.lost")
+        };
+        let message = Message {
+            message_id,
+            session_id: session_id.to_owned(),
+            created_at_ms: avm_common::now_ms(),
+            body: MessageBody::Error {
+                text: text.to_owned(),
+                error_code: code.to_owned(),
+            },
+        };
+        let stored = match self.inner.ports.identity.tenant_context(tenant_id).await {
+            Ok(ctx) => self.sessions().append(&ctx, &message).await,
+            Err(err) => Err(err.into()),
+        };
+        match stored {
+            Ok(stored) if stored.body == message.body => Ok(Some(stored)),
+            Ok(_) => Ok(None),
+            Err(err) => {
+                tracing::error!(session_id, code, error = %err, "cannot store the lost turn's error");
+                Err(message)
+            }
+        }
+    }
+
+    /// Drains at shutdown (SIGTERM): lets running turns finish for at most
+    /// `grace` (then interrupts them, so they store what they have). With
+    /// replicas it takes no new agent (another replica does), drops its
+    /// agents, releases their leases and leaves; alone, it starts no new
+    /// turn (`RUNTIME_DRAINING`).
     pub async fn drain(&self, grace: Duration) {
+        let deadline = tokio::time::Instant::now() + grace;
         let Some(replicas) = &self.inner.replicas else {
-            self.interrupt_all();
+            self.inner.draining.store(true, Ordering::Relaxed);
+            self.finish_turns(deadline).await;
             return;
         };
         replicas.drain();
-        tracing::info!(
-            running = self.live_agents().iter().filter(|a| a.is_running()).count(),
-            "draining"
-        );
-        let deadline = tokio::time::Instant::now() + grace;
-        for agent in self.live_agents() {
-            if tokio::time::timeout_at(deadline, agent.stopped()).await.is_err() {
-                agent.interrupt();
-            }
-        }
+        self.finish_turns(deadline).await;
         for agent in self.live_agents() {
             agent.stopped().await;
             self.retire(&agent, "draining");
@@ -982,10 +1084,17 @@ impl AgentPool {
         replicas.deregister().await;
     }
 
-    /// Interrupts every running turn (used at shutdown so partial replies are stored).
-    pub fn interrupt_all(&self) {
+    /// Waits until `deadline` for running turns to end, then interrupts
+    /// those left (they store their partial replies).
+    async fn finish_turns(&self, deadline: tokio::time::Instant) {
+        tracing::info!(
+            running = self.live_agents().iter().filter(|a| a.is_running()).count(),
+            "draining"
+        );
         for agent in self.live_agents() {
-            agent.interrupt();
+            if tokio::time::timeout_at(deadline, agent.stopped()).await.is_err() {
+                agent.interrupt();
+            }
         }
     }
 
@@ -1008,6 +1117,25 @@ impl AgentPool {
     pub fn any_running(&self) -> bool {
         self.live_agents().iter().any(|agent| agent.is_running())
     }
+}
+
+/// How long a new agent waits for its predecessor's interrupted turn to
+/// store what it had; past it, the history is read without it.
+const RETIRED_TURN_WAIT: Duration = Duration::from_secs(10);
+
+/// Returns the user message id of the turn the history ends in when that
+/// turn never ended: its last message is the user's (or a tool call without
+/// its result), where every turn that ended stored a reply or an error.
+fn cut_turn(history: &[Message]) -> Option<&str> {
+    let last = history.last()?;
+    if !matches!(last.body, MessageBody::User(_) | MessageBody::ToolCall { .. }) {
+        return None;
+    }
+    history
+        .iter()
+        .rev()
+        .find(|message| matches!(message.body, MessageBody::User(_)))
+        .map(|message| message.message_id.as_str())
 }
 
 /// Rejects ids no store could hold, answering like a missing object.
@@ -1037,4 +1165,58 @@ async fn blocking<T: Send + 'static>(
             access::AccessError::Failed(message) => ApiError::internal(message),
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::ToolCall;
+    use crate::message::{Part, Reply};
+
+    fn message(id: &str, body: MessageBody) -> Message {
+        Message {
+            message_id: id.into(),
+            session_id: "sess_1".into(),
+            created_at_ms: 0,
+            body,
+        }
+    }
+
+    fn user(id: &str) -> Message {
+        message(
+            id,
+            MessageBody::User(Content {
+                parts: vec![Part::Text("hi".into())],
+                plain_text: true,
+            }),
+        )
+    }
+
+    #[test]
+    fn only_a_turn_that_never_ended_is_cut() {
+        let reply = message("a", MessageBody::Assistant(Reply::default()));
+        let error = message(
+            "e",
+            MessageBody::Error {
+                text: "boom".into(),
+                error_code: "LLM_TIMEOUT".into(),
+            },
+        );
+        let call = message(
+            "c",
+            MessageBody::ToolCall {
+                call: ToolCall {
+                    id: "t1".into(),
+                    name: "read_file".into(),
+                    input: json!({}),
+                },
+                parent_id: "a".into(),
+            },
+        );
+        assert_eq!(cut_turn(&[]), None);
+        assert_eq!(cut_turn(&[user("u1"), reply.clone()]), None, "answered");
+        assert_eq!(cut_turn(&[user("u1"), error]), None, "failed, and recorded");
+        assert_eq!(cut_turn(&[user("u1"), reply, user("u2")]), Some("u2"));
+        assert_eq!(cut_turn(&[user("u1"), call]), Some("u1"), "cut while a tool ran");
+    }
 }

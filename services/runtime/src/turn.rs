@@ -645,25 +645,39 @@ fn assistant_message(agent: &Agent, reply: &Reply, stop: StopReason, interrupted
     }
 }
 
+/// How long a turn tries to store one message before it goes on without:
+/// a database that is down makes each try wait for its pool, and the turn's
+/// subscribers wait meanwhile.
+const PERSIST_WITHIN: std::time::Duration = std::time::Duration::from_secs(8);
+
 /// Stores a finished message, retrying while the session service is briefly
-/// unavailable (appends are idempotent on the message id); a lasting failure is
-/// logged and the conversation goes on.
+/// unavailable (appends are idempotent on the message id), for at most
+/// [`PERSIST_WITHIN`]; a lasting failure is logged and the conversation goes
+/// on (the next start of the agent records the turn as lost).
 ///
 /// The runtime stores it as itself, for the caller's tenant: the caller's
 /// token may expire before a long turn ends, and the reply belongs to the
 /// conversation whether or not its caller is still there.
 async fn persist(ports: &TurnPorts, ctx: &RequestContext, message: &Message) {
     let mut backoff = std::time::Duration::from_millis(50);
+    let deadline = tokio::time::Instant::now() + PERSIST_WITHIN;
     for attempt in 1..=5 {
-        let appended = match ports.identity.context_for(ctx).await {
-            Ok(own) => ports.sessions.append(&own, message).await,
-            Err(err) => Err(err.into()),
-        };
+        let appended = tokio::time::timeout_at(deadline, async {
+            match ports.identity.context_for(ctx).await {
+                Ok(own) => ports.sessions.append(&own, message).await,
+                Err(err) => Err(err.into()),
+            }
+        })
+        .await;
         let err = match appended {
-            Ok(_) => return,
-            Err(err) => avm_common::ApiError::from(err),
+            Ok(Ok(_)) => return,
+            Ok(Err(err)) => avm_common::ApiError::from(err),
+            Err(_) => {
+                avm_common::ApiError::unavailable("PERSIST_TIMEOUT", "the session service did not store it in time")
+            }
         };
-        if attempt < 5 && matches!(err.code, Code::Unavailable | Code::DeadlineExceeded) {
+        let time_left = tokio::time::Instant::now() + backoff < deadline;
+        if attempt < 5 && time_left && matches!(err.code, Code::Unavailable | Code::DeadlineExceeded) {
             tracing::warn!(message_id = %message.message_id, attempt, error = %err, "retrying message persistence");
             tokio::time::sleep(backoff).await;
             backoff *= 2;

@@ -95,11 +95,17 @@ pub async fn open_postgres(url: &str, max_connections: Option<u32>) -> Result<Pg
     }
     PgPoolOptions::new()
         .max_connections(max_connections.unwrap_or(10))
-        .acquire_timeout(Duration::from_secs(5))
+        // Also how long sqlx keeps trying a refused connection: while the
+        // database is down, a call needing a new connection fails
+        // (UNAVAILABLE) after it. Shorter would turn a busy pool into errors.
+        .acquire_timeout(ACQUIRE_TIMEOUT)
         .connect_with(options)
         .await
         .map_err(|err| unavailable("postgres", &err))
 }
+
+/// How long a call waits for a pooled Postgres connection.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Creates `schema` unless it exists.
 ///
@@ -127,6 +133,16 @@ async fn create_schema(connection: &mut sqlx::PgConnection, schema: &str) -> Res
 pub fn database_error(service: &str, err: &sqlx::Error) -> ApiError {
     match err {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+            tracing::error!(service, error = %err, "database unavailable");
+            ApiError::unavailable("DATABASE_UNAVAILABLE", format!("the {service} database is unavailable"))
+        }
+        // A server shutting down or restarting ends its sessions with class
+        // 57 (operator intervention) or 08 (connection exception).
+        sqlx::Error::Database(db)
+            if db
+                .code()
+                .is_some_and(|code| code.starts_with("57") || code.starts_with("08")) =>
+        {
             tracing::error!(service, error = %err, "database unavailable");
             ApiError::unavailable("DATABASE_UNAVAILABLE", format!("the {service} database is unavailable"))
         }

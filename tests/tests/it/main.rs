@@ -7,6 +7,7 @@ mod binary;
 mod config_center;
 mod conversation;
 mod failures;
+mod faults;
 mod forged;
 mod interrupt;
 mod isolation;

@@ -68,6 +68,10 @@ pub struct TurnRecord {
     pub image_id: String,
     pub agent_id: String,
     pub session_id: String,
+    /// The user message that started the turn (empty in records of older
+    /// replicas): its lost turn's error message is named after it.
+    #[serde(default)]
+    pub user_message_id: String,
 }
 
 /// The Redis side of one runtime replica; cheap to clone.
@@ -134,7 +138,14 @@ impl Replicas {
     ) -> Result<Self, ApiError> {
         let client = redis::Client::open(settings.redis_url.as_str())
             .map_err(|_| ApiError::invalid("INVALID_REDIS_URL", "AVM_REDIS_URL is not a redis:// URL"))?;
-        let conn = ConnectionManager::new(client.clone())
+        // Bounded, so a call that needs Redis while it is down fails
+        // (UNAVAILABLE) within 2 s rather than waiting for it to return.
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Duration::from_millis(500))
+            .set_response_timeout(Duration::from_millis(500))
+            .set_number_of_retries(1)
+            .set_max_delay(200);
+        let conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(|err| redis_error("cannot connect to redis", &err))?;
         let id = avm_common::ids::new_id("rt");
