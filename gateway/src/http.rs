@@ -191,6 +191,56 @@ where
     }
 }
 
+/// Path parameters decoded into their typed form; a segment that is not
+/// UTF-8 once percent-decoded (`%ff`) is `INVALID_PATH` in the error
+/// document, not axum's plain-text rejection.
+pub struct Path<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for Path<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(params)) => Ok(Path(params)),
+            Err(rejection) => {
+                let RequestId(request_id) = request_id_of(parts);
+                let err = path_error(&rejection);
+                Err(error_response(&err, &request_id))
+            }
+        }
+    }
+}
+
+/// Maps axum's refusal of a path to the vocabulary: the client's mistake
+/// (`INVALID_PATH`), or a route whose parameters do not fit its handler.
+fn path_error(rejection: &axum::extract::rejection::PathRejection) -> ApiError {
+    use axum::extract::path::ErrorKind;
+    use axum::extract::rejection::PathRejection;
+    match rejection {
+        PathRejection::FailedToDeserializePathParams(failed) => match failed.kind() {
+            ErrorKind::InvalidUtf8InPathParam { key } => {
+                ApiError::invalid("INVALID_PATH", format!("path parameter {key} is not valid UTF-8"))
+            }
+            ErrorKind::ParseErrorAtKey { key, .. } | ErrorKind::DeserializeError { key, .. } => {
+                ApiError::invalid("INVALID_PATH", format!("path parameter {key} is invalid"))
+            }
+            ErrorKind::ParseErrorAtIndex { index, .. } => {
+                ApiError::invalid("INVALID_PATH", format!("path parameter {index} is invalid"))
+            }
+            ErrorKind::ParseError { .. } | ErrorKind::Message(_) => {
+                ApiError::invalid("INVALID_PATH", "the path's parameters are invalid")
+            }
+            // A handler whose parameters do not match its route is a bug of ours.
+            _ => ApiError::internal(format!("path parameters do not fit the route: {failed}")),
+        },
+        _ => ApiError::internal(format!("path parameters unavailable: {rejection}")),
+    }
+}
+
 /// Renders an operation's result: `status` with the JSON body, or the error document.
 pub fn reply<T: Serialize>(ctx: &RequestContext, status: StatusCode, result: Result<T, ApiError>) -> Response {
     match result {
