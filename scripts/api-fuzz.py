@@ -12,9 +12,14 @@ operator admin's key on every request), stops the server and fails when:
   (`error_document`, defined below);
 - the server panicked or exited during the run.
 
-The CI profile (the default) is bounded: a few examples per operation, a
-couple of minutes on two cores. `--long` fuzzes for `--max-time` seconds
-(default 30 minutes) with many more examples. Failures are printed by
+Before fuzzing it makes one of each thing a route names by id (a container,
+an image with a running agent, a tenant and its users, a key, a resource, a
+credential), and schemathesis uses those ids half of the time, so requests
+reach the services' logic and not only NOT_FOUND. Deletes run last.
+
+The CI profile (the default) is bounded: 40 examples per operation, about a
+minute on two cores. `--long` fuzzes for `--max-time` seconds (default 30
+minutes) with up to 1000 examples per operation. Failures are printed by
 schemathesis with a curl command that reproduces each.
 
 Needs `pip install schemathesis` (CI pins the version) and a built `avm`
@@ -37,6 +42,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.error
+import urllib.request
 
 import schemathesis
 
@@ -105,6 +112,79 @@ def start_server(avm: pathlib.Path, data_dir: pathlib.Path, log: pathlib.Path) -
     return server, found[0]
 
 
+def call(url: str, key: str, method: str, path: str, body: dict | None = None) -> dict:
+    """Calls the API as the operator admin; returns the JSON answer."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method)
+    request.add_header("Authorization", f"Bearer {key}")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        raise SystemExit(f"seeding: {method} {path} answered {err.code}: {err.read()[:500]!r}") from None
+
+
+def seed(url: str, key: str) -> dict[str, list[str]]:
+    """Makes one of each thing a route names by id; returns the ids by kind."""
+    call(url, key, "POST", "/v1/containers", {"containerId": "fuzz"})
+    image = call(url, key, "POST", "/v1/containers/fuzz/images", {"config": {"name": "fuzz"}})["imageId"]
+    agent = call(url, key, "POST", f"/v1/images/{image}/run")["agentId"]
+    tenant = call(url, key, "POST", "/v1/tenants", {"name": "fuzz", "adminName": "fuzz admin"})
+    tenant_id = tenant["tenant"]["tenantId"]
+    user = call(url, key, "POST", f"/v1/tenants/{tenant_id}/users", {"name": "fuzz member"})
+    # Keys of the operator's tenant the fuzzer may revoke: never the one it uses.
+    api_key = call(url, key, "POST", "/v1/auth/keys", {"name": "fuzz"})["key"]["keyId"]
+    resource = call(
+        url, key, "POST", "/v1/resources",
+        {"kind": "prompt", "name": "fuzz", "version": "1.0.0", "content": {"template": "hello {{name}}", "variables": [{"name": "name", "default": "you"}]}},
+    )["resource"]["resourceId"]
+    call(url, key, "PUT", "/v1/credentials/fuzz", {"bearerToken": "fuzz-token"})
+    return {
+        "containers": ["fuzz"],
+        "images": [image],
+        "agents": [agent],
+        "tenants": [tenant_id],
+        "users": [user["userId"], tenant["admin"]["userId"]],
+        "keys": [api_key],
+        "resources": [resource],
+        "servers": ["fuzz"],
+        "settings": ["llm.model", "defaults.maxTokens", "runtime.agentIdleTimeout"],
+    }
+
+
+def fuzz_config(ids: dict[str, list[str]], path: pathlib.Path) -> None:
+    """Writes a schemathesis configuration that uses the seeded ids half the
+    time, so operations reach their service's logic and not only NOT_FOUND."""
+    bind = lambda name: f'{{ dictionary = "{name}", probability = 0.5 }}'  # noqa: E731
+    lines = []
+    for name, values in ids.items():
+        lines += [f"[dictionaries.{name}]", f"values = {json.dumps(values)}", ""]
+    operations = [
+        ("^/v1/containers/", {"path.id": "containers", "path.user": "users"}),
+        ("^/v1/images/", {"path.id": "images"}),
+        ("^/v1/agents", {"path.id": "agents", "query.containerId": "containers"}),
+        ("^/v1/tenants/", {"path.id": "tenants", "path.user": "users"}),
+        ("^/v1/auth/keys", {"path.id": "keys", "query.userId": "users"}),
+        ("^/v1/resources/", {"path.id": "resources"}),
+        ("^/v1/credentials/", {"path.server": "servers"}),
+        ("^/v1/config/", {"path.key": "settings"}),
+    ]
+    for regex, parameters in operations:
+        lines += ["[[operations]]", f"include-path-regex = {json.dumps(regex)}"]
+        lines += [f'parameters = {{ {", ".join(f"{json.dumps(k)} = {bind(v)}" for k, v in parameters.items())} }}', ""]
+    # An event stream stays open for as long as the client reads it:
+    # schemathesis reads one event, or for two seconds.
+    lines += [
+        "[[operations]]",
+        'include-path-regex = "/events$"',
+        "request-timeout = 2",
+        "max-stream-events = 1",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+
+
 def stop_server(server: subprocess.Popen) -> int | None:
     """Stops the server with SIGTERM; returns its exit code (None if it had to be killed)."""
     if server.poll() is not None:
@@ -145,8 +225,10 @@ def main() -> int:
         code = 1
         try:
             admin_key = (data_dir / "admin.key").read_text().strip()
+            config = work / "schemathesis.toml"
+            fuzz_config(seed(url, admin_key), config)
             command = [
-                sys.executable, "-m", "schemathesis.cli", "run", str(schema),
+                sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run", str(schema),
                 "--url", url,
                 "--header", f"Authorization: Bearer {admin_key}",
                 "--checks", "not_a_server_error,error_document",
@@ -159,16 +241,22 @@ def main() -> int:
                 "--no-color",
                 "--suppress-health-check", "all",
             ]
-            if args.long:
-                command += ["--max-examples", "1000", "--max-time", str(args.max_time)]
-            else:
-                command += ["--max-examples", "15"]
+            command += ["--max-examples", "1000" if args.long else "40"]
             if args.seed is not None:
                 command += ["--seed", str(args.seed)]
             command += args.extra
             env = dict(os.environ, SCHEMATHESIS_HOOKS=str(pathlib.Path(__file__).resolve()))
-            # In the scratch directory: schemathesis keeps state in its working directory.
-            code = subprocess.run(command, env=env, cwd=work, check=False).returncode
+            # Deletes run last, on their own: a delete that finds its target
+            # (schemathesis reuses ids from earlier answers) would take it
+            # from every operation after it.
+            passes = [["--exclude-method", "DELETE"], ["--include-method", "DELETE"]]
+            if args.long:
+                passes[0] += ["--max-time", str(max(1, args.max_time * 9 // 10))]
+                passes[1] += ["--max-time", str(max(1, args.max_time // 10))]
+            code = 0
+            for selection in passes:
+                # In the scratch directory: schemathesis keeps state in its working directory.
+                code = code or subprocess.run(command + selection, env=env, cwd=work, check=False).returncode
             if server.poll() is not None:
                 print(f"avm serve exited during the run with {server.returncode}", file=sys.stderr)
                 code = code or 1
