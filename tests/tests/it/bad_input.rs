@@ -269,3 +269,44 @@ async fn refusals_of_the_router_are_error_documents() -> anyhow::Result<()> {
     assert!(listed["containers"].is_array(), "{listed}");
     Ok(())
 }
+
+/// Configuration from the environment (the property tests' findings, kept):
+/// digits given to a key that wants text stay text, and a value its key
+/// refuses is named by the variable that set it.
+#[tokio::test]
+async fn configuration_values_are_read_as_written_or_refused_by_their_variable() -> anyhow::Result<()> {
+    let output = avm_tests::cluster::avm_command()?
+        .args(["serve", "--print-config"])
+        .env("AVM_REDIS_KEY_PREFIX", "123")
+        .env("AVM_AUTH_ISSUER", "2026")
+        .env("AVM_SERVER_PORT", "8181")
+        .output()
+        .await?;
+    let stdout = String::from_utf8(output.stdout)?;
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let config: toml::Table = toml::from_str(&stdout)?;
+    assert_eq!(config["redis"]["key_prefix"].as_str(), Some("123"), "{stdout}");
+    assert_eq!(config["auth"]["issuer"].as_str(), Some("2026"), "{stdout}");
+    assert_eq!(config["server"]["port"].as_integer(), Some(8181), "{stdout}");
+
+    for (variable, value, key) in [
+        ("AVM_GATEWAY_AUTH_TIMEOUT", "soon", "gateway.auth_timeout"),
+        ("AVM_SERVER_PORT", "99999", "server.port"),
+        ("AVM_RUNTIME_ADDR", "[1, 2]", "peers.runtime"),
+        ("LLM_MAX_TOKENS", "many", "llm.max_tokens"),
+    ] {
+        let output = avm_tests::cluster::avm_command()?
+            .args(["serve", "--print-config"])
+            .env(variable, value)
+            .output()
+            .await?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{variable}={value} was accepted");
+        assert!(
+            stderr.contains(key) && stderr.contains(variable),
+            "{variable}={value}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    Ok(())
+}
