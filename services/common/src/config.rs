@@ -520,6 +520,17 @@ mod tests {
         assert!(err.contains("llm.api_key") && err.contains("MISSING"), "{err}");
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_file_string_expands_or_says_why(text in "[a-z$]{0,4}(\\$\\{[A-Z_:a-z-]{0,8}\\}?)?.{0,20}", plain in "[^$]{0,40}") {
+            let env = |name: &str| (name == "SET").then(|| "value".to_owned());
+            if let Err(why) = expand(&text, &env) {
+                proptest::prop_assert!(!why.is_empty());
+            }
+            proptest::prop_assert_eq!(expand(&plain, &env), Ok(plain.clone()));
+        }
+    }
+
     #[test]
     fn secrets_are_redacted_when_shown() {
         let secret = Secret::new("sk-live-123");
