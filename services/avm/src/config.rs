@@ -136,14 +136,6 @@ mod fuzz {
         Ok(())
     }
 
-    fn cases(default: u32) -> ProptestConfig {
-        let mut config = ProptestConfig::default();
-        if std::env::var_os("PROPTEST_CASES").is_none() {
-            config.cases = default;
-        }
-        config
-    }
-
     /// Values as people type them into variables.
     fn env_value() -> impl Strategy<Value = String> {
         prop_oneof![
@@ -191,8 +183,6 @@ mod fuzz {
     }
 
     proptest! {
-        #![proptest_config(cases(64))]
-
         #[test]
         fn any_environment_value_loads_or_names_its_key(key in prop::sample::select(keys()), value in env_value()) {
             let (section, field) = key;

@@ -160,7 +160,7 @@ fn describe(errors: figment::Error) -> ConfigError {
                 if name.contains("`AVM_`") {
                     format!("from {}", env_var_of(&err.path))
                 } else if name.contains("`LLM_`") {
-                    let key = err.path.get(1..).unwrap_or_default().join("_");
+                    let key = err.path.get(1).map_or("", String::as_str);
                     format!("from LLM_{}", key.to_ascii_uppercase())
                 } else {
                     match &metadata.source {
@@ -180,10 +180,12 @@ fn describe(errors: figment::Error) -> ConfigError {
     ConfigError::Invalid(lines.join("; "))
 }
 
-/// Returns the `AVM_` variable that sets the key at `path`.
+/// Returns the `AVM_` variable that sets the key at `path` (a variable sets a
+/// section's key; anything deeper is inside the table it spells).
 fn env_var_of(path: &[String]) -> String {
     match path {
         [section, peer, ..] if section == "peers" => format!("AVM_{}_ADDR", peer.to_ascii_uppercase()),
+        [section, key, ..] => format!("AVM_{section}_{key}").to_ascii_uppercase(),
         _ => format!("AVM_{}", path.join("_").to_ascii_uppercase()),
     }
 }
@@ -492,6 +494,15 @@ pub struct PeersConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_name_the_variable_that_set_the_key() {
+        let path = |keys: &[&str]| keys.iter().map(|k| (*k).to_owned()).collect::<Vec<_>>();
+        assert_eq!(env_var_of(&path(&["server", "grpc_port"])), "AVM_SERVER_GRPC_PORT");
+        assert_eq!(env_var_of(&path(&["peers", "runtime"])), "AVM_RUNTIME_ADDR");
+        assert_eq!(env_var_of(&path(&["auth", "oidc", "issuer"])), "AVM_AUTH_OIDC");
+        assert_eq!(env_var_of(&path(&["redis"])), "AVM_REDIS");
+    }
 
     #[test]
     fn env_keys_map_to_sections() {
