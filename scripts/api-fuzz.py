@@ -48,8 +48,11 @@ import threading
 import urllib.error
 import urllib.request
 
-import schemathesis
-from hypothesis import strategies
+try:
+    import schemathesis
+    from hypothesis import strategies
+except ImportError:
+    sys.exit("needs schemathesis: pip install schemathesis==4.32.5")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CODE = re.compile(r"^[A-Z][A-Z0-9_]*$")

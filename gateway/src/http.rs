@@ -302,3 +302,53 @@ fn rate_limited(wait: Duration, request_id: &str) -> Response {
         .insert(RETRY_AFTER, HeaderValue::from(crate::limits::retry_after_secs(wait)));
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::http::header::HeaderValue;
+    use proptest::prelude::*;
+    use proptest::test_runner::TestCaseError;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn any_authorization_header_is_a_credential_none_or_an_invalid_token(value in prop::collection::vec(any::<u8>(), 0..64), scheme in prop::sample::select(vec!["", "Bearer ", "bearer  ", "Basic "])) {
+            let mut bytes = scheme.as_bytes().to_vec();
+            bytes.extend(value);
+            let Ok(value) = HeaderValue::from_bytes(&bytes) else {
+                return Ok(());
+            };
+            let mut headers = HeaderMap::new();
+            headers.insert(AUTHORIZATION, value);
+            match bearer_credential(&headers) {
+                Ok(Some(token)) => prop_assert!(!token.is_empty() && token == token.trim()),
+                Ok(None) => {
+                    return Err(TestCaseError::fail("a header that is there is not a missing credential"));
+                }
+                Err(err) => {
+                    prop_assert_eq!(err.code, Code::Unauthenticated);
+                    prop_assert_eq!(err.reason.as_ref(), "INVALID_TOKEN");
+                }
+            }
+        }
+
+        #[test]
+        fn any_request_id_header_is_kept_or_replaced_by_a_printable_one(value in prop::collection::vec(any::<u8>(), 0..200)) {
+            let mut headers = HeaderMap::new();
+            if let Ok(value) = HeaderValue::from_bytes(&value) {
+                headers.insert(avm_common::context::REQUEST_ID_HEADER, value);
+            }
+            let id = request_id_from_headers(&headers);
+            prop_assert!(!id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()), "{:?}", id);
+            prop_assert!(HeaderValue::from_str(&id).is_ok());
+        }
+
+        #[test]
+        fn any_body_is_an_object_or_invalid_json(body in prop::collection::vec(any::<u8>(), 0..64)) {
+            if let Err(err) = json_object(&body) {
+                prop_assert_eq!(err.reason.as_ref(), "INVALID_JSON");
+            }
+        }
+    }
+}
