@@ -10,6 +10,39 @@ use serde_json::{Value, json};
 /// and never relayed as an event.
 pub const MESSAGE_ACCEPTED: &str = "message_accepted";
 
+/// Parses a client's text frame: a JSON object, or `INVALID_JSON`.
+pub fn parse_frame(text: &str) -> Result<Value, ApiError> {
+    match serde_json::from_str(text) {
+        Ok(value @ Value::Object(_)) => Ok(value),
+        _ => Err(ApiError::invalid("INVALID_JSON", "frame is not a JSON object")),
+    }
+}
+
+/// Returns a frame's `type`, or `MISSING_TYPE`.
+pub fn frame_type(frame: &Value) -> Result<&str, ApiError> {
+    frame
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid("MISSING_TYPE", "frame has no string `type`"))
+}
+
+/// Returns a `<x>_request` frame's `data.requestId` (null when absent, so
+/// even a refused request is answered with what the client sent) and its
+/// `data`, or why the request cannot run.
+pub fn request_data(frame: &Value) -> (Value, Result<Value, ApiError>) {
+    let data = frame.get("data").cloned().unwrap_or(Value::Null);
+    let request_id = data.get("requestId").cloned().unwrap_or(Value::Null);
+    if !request_id.is_string() {
+        let err = ApiError::invalid("MISSING_REQUEST_ID", "data.requestId must be a string");
+        return (request_id, Err(err));
+    }
+    if !data.is_object() {
+        let err = ApiError::invalid("INVALID_DATA", "`data` must be an object");
+        return (request_id, Err(err));
+    }
+    (request_id, Ok(data))
+}
+
 /// Returns the envelope's `source` and `category` for an event type.
 fn classify(kind: &str) -> (&'static str, &'static str) {
     match kind {
@@ -96,7 +129,75 @@ pub fn system_error_frame(error: &ApiError, request_id: Option<&Value>) -> Strin
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::testing::{json, text};
+
+    /// Request ids as clients send them: usually strings, sometimes not
+    /// (floats left out: serde_json rounds some when parsing).
+    fn request_id() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            4 => text().prop_map(Value::String),
+            1 => any::<i64>().prop_map(Value::from),
+            1 => any::<bool>().prop_map(Value::Bool),
+            1 => Just(Value::Null),
+            1 => prop::collection::vec(text().prop_map(Value::String), 0..3).prop_map(Value::Array),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn event_frames_carry_any_strings_and_data_intact(
+            kind in text(),
+            cursor in text(),
+            ids in (text(), text(), text(), text()),
+            data in json(),
+            timestamp_ms in any::<i64>(),
+        ) {
+            let event = rt::Event {
+                r#type: kind.clone(),
+                cursor: cursor.clone(),
+                timestamp_ms,
+                context: Some(rt::EventContext {
+                    container_id: ids.0.clone(),
+                    image_id: ids.1.clone(),
+                    agent_id: ids.2,
+                    session_id: ids.3,
+                }),
+                data_json: data.to_string(),
+            };
+            let frame: Value = serde_json::from_str(&event_frame(&event)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(&frame["type"], &Value::String(kind));
+            prop_assert_eq!(&frame["cursor"], &Value::String(cursor));
+            prop_assert_eq!(&frame["timestamp"], &Value::from(timestamp_ms));
+            prop_assert_eq!(&frame["context"]["containerId"], &Value::String(ids.0));
+            prop_assert_eq!(&frame["context"]["imageId"], &Value::String(ids.1));
+            // Spliced unparsed: the frame holds the runtime's text exactly (read
+            // back the same way, as serde_json rounds some floats when parsing).
+            let sent: Value = serde_json::from_str(&event.data_json).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(&frame["data"], &sent);
+        }
+
+        #[test]
+        fn response_and_error_frames_answer_any_request_id(kind in text(), request_id in request_id(), reason in "[A-Z_]{1,20}", message in text()) {
+            let frame: Value = serde_json::from_str(&response_frame(&kind, &request_id, serde_json::json!({"ok": true})))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(&frame["type"], &Value::String(format!("{kind}_response")));
+            prop_assert_eq!(&frame["data"]["requestId"], &request_id);
+            let err = ApiError::invalid("X", message.clone());
+            let err = ApiError::new(err.code, reason.clone(), err.message);
+            let frame: Value = serde_json::from_str(&error_response_frame(&kind, &request_id, &err))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(&frame["data"]["code"], &Value::String(reason.clone()));
+            prop_assert_eq!(&frame["data"]["error"], &Value::String(message));
+            prop_assert_eq!(&frame["data"]["requestId"], &request_id);
+            let frame: Value = serde_json::from_str(&system_error_frame(&err, Some(&request_id)))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(&frame["data"]["code"], &Value::String(reason));
+            prop_assert_eq!(&frame["data"]["requestId"], &request_id);
+        }
+    }
 
     #[test]
     fn event_frames_are_valid_json_with_the_envelope_fields() {

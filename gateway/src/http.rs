@@ -191,6 +191,56 @@ where
     }
 }
 
+/// Path parameters decoded into their typed form; a segment that is not
+/// UTF-8 once percent-decoded (`%ff`) is `INVALID_PATH` in the error
+/// document, not axum's plain-text rejection.
+pub struct Path<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for Path<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(params)) => Ok(Path(params)),
+            Err(rejection) => {
+                let RequestId(request_id) = request_id_of(parts);
+                let err = path_error(&rejection);
+                Err(error_response(&err, &request_id))
+            }
+        }
+    }
+}
+
+/// Maps axum's refusal of a path to the vocabulary: the client's mistake
+/// (`INVALID_PATH`), or a route whose parameters do not fit its handler.
+fn path_error(rejection: &axum::extract::rejection::PathRejection) -> ApiError {
+    use axum::extract::path::ErrorKind;
+    use axum::extract::rejection::PathRejection;
+    match rejection {
+        PathRejection::FailedToDeserializePathParams(failed) => match failed.kind() {
+            ErrorKind::InvalidUtf8InPathParam { key } => {
+                ApiError::invalid("INVALID_PATH", format!("path parameter {key} is not valid UTF-8"))
+            }
+            ErrorKind::ParseErrorAtKey { key, .. } | ErrorKind::DeserializeError { key, .. } => {
+                ApiError::invalid("INVALID_PATH", format!("path parameter {key} is invalid"))
+            }
+            ErrorKind::ParseErrorAtIndex { index, .. } => {
+                ApiError::invalid("INVALID_PATH", format!("path parameter {index} is invalid"))
+            }
+            ErrorKind::ParseError { .. } | ErrorKind::Message(_) => {
+                ApiError::invalid("INVALID_PATH", "the path's parameters are invalid")
+            }
+            // A handler whose parameters do not match its route is a bug of ours.
+            _ => ApiError::internal(format!("path parameters do not fit the route: {failed}")),
+        },
+        _ => ApiError::internal(format!("path parameters unavailable: {rejection}")),
+    }
+}
+
 /// Renders an operation's result: `status` with the JSON body, or the error document.
 pub fn reply<T: Serialize>(ctx: &RequestContext, status: StatusCode, result: Result<T, ApiError>) -> Response {
     match result {
@@ -251,4 +301,54 @@ fn rate_limited(wait: Duration, request_id: &str) -> Response {
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(crate::limits::retry_after_secs(wait)));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::header::HeaderValue;
+    use proptest::prelude::*;
+    use proptest::test_runner::TestCaseError;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn any_authorization_header_is_a_credential_none_or_an_invalid_token(value in prop::collection::vec(any::<u8>(), 0..64), scheme in prop::sample::select(vec!["", "Bearer ", "bearer  ", "Basic "])) {
+            let mut bytes = scheme.as_bytes().to_vec();
+            bytes.extend(value);
+            let Ok(value) = HeaderValue::from_bytes(&bytes) else {
+                return Ok(());
+            };
+            let mut headers = HeaderMap::new();
+            headers.insert(AUTHORIZATION, value);
+            match bearer_credential(&headers) {
+                Ok(Some(token)) => prop_assert!(!token.is_empty() && token == token.trim()),
+                Ok(None) => {
+                    return Err(TestCaseError::fail("a header that is there is not a missing credential"));
+                }
+                Err(err) => {
+                    prop_assert_eq!(err.code, Code::Unauthenticated);
+                    prop_assert_eq!(err.reason.as_ref(), "INVALID_TOKEN");
+                }
+            }
+        }
+
+        #[test]
+        fn any_request_id_header_is_kept_or_replaced_by_a_printable_one(value in prop::collection::vec(any::<u8>(), 0..200)) {
+            let mut headers = HeaderMap::new();
+            if let Ok(value) = HeaderValue::from_bytes(&value) {
+                headers.insert(avm_common::context::REQUEST_ID_HEADER, value);
+            }
+            let id = request_id_from_headers(&headers);
+            prop_assert!(!id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()), "{:?}", id);
+            prop_assert!(HeaderValue::from_str(&id).is_ok());
+        }
+
+        #[test]
+        fn any_body_is_an_object_or_invalid_json(body in prop::collection::vec(any::<u8>(), 0..64)) {
+            if let Err(err) = json_object(&body) {
+                prop_assert_eq!(err.reason.as_ref(), "INVALID_JSON");
+            }
+        }
+    }
 }

@@ -26,6 +26,8 @@ pub mod rest;
 pub mod router;
 mod server;
 mod state;
+#[cfg(test)]
+mod testing;
 pub mod ws;
 
 pub use auth::Authenticator;

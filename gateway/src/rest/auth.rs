@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
@@ -11,7 +11,7 @@ use crate::api::auth::{
     self, AccessToken, ApiKey, Caller, KeyCreated, KeyFilter, KeyList, NewKey, NewTenant, NewUser, Quota, QuotaQuery,
     Rotated, Tenant, TenantCreated, TenantDeleted, TenantList, TenantUpdate, TokenRequest, User, UserDeleted, UserList,
 };
-use crate::http::{Body, Ctx, Query, RequestId, bearer_credential, error_response, ok, reply, with_request_id};
+use crate::http::{Body, Ctx, Path, Query, RequestId, bearer_credential, error_response, ok, reply, with_request_id};
 use crate::state::GatewayState;
 
 type St = State<Arc<GatewayState>>;

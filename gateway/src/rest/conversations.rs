@@ -4,7 +4,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use avm_common::{ApiError, RequestContext};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -21,7 +21,7 @@ use crate::api::images::{
     ImageUpdate, Interrupted, MessageAccepted, MessageList, NewMessage,
 };
 use crate::frames::{MESSAGE_ACCEPTED, event_frame, system_error_frame};
-use crate::http::{Body, Ctx, Query, error_response, ok, reply, with_request_id};
+use crate::http::{Body, Ctx, Path, Query, error_response, ok, reply, with_request_id};
 use crate::state::GatewayState;
 
 type St = State<Arc<GatewayState>>;

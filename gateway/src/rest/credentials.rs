@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::Response;
 
 use crate::api::credentials::{
     self, Credential, CredentialDeleted, CredentialInput, CredentialScopeQuery, Credentials,
 };
-use crate::http::{Body, Ctx, Query, ok};
+use crate::http::{Body, Ctx, Path, Query, ok};
 use crate::state::GatewayState;
 
 type St = State<Arc<GatewayState>>;

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 
@@ -11,7 +11,7 @@ use crate::api::resources::{
     self, PublishVersion, RegisterResource, ResolveQuery, ResolveRequest, Resolved, ResourceDeleted, ResourceFilter,
     ResourcePage, ResourceWithVersion, VersionQuery,
 };
-use crate::http::{Body, Ctx, Query, ok, reply};
+use crate::http::{Body, Ctx, Path, Query, ok, reply};
 use crate::state::GatewayState;
 
 type St = State<Arc<GatewayState>>;

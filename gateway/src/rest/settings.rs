@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::Response;
 
 use crate::api::JsonObject;
 use crate::api::settings::{self, Config, ConfigScope, KeyValue};
-use crate::http::{Body, Ctx, Query, ok};
+use crate::http::{Body, Ctx, Path, Query, ok};
 use crate::state::GatewayState;
 
 type St = State<Arc<GatewayState>>;

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::api::workspace::{self, WorkspaceEntry, WorkspaceListing, WorkspacePath};
-use crate::http::{Ctx, Query, RawBody, error_response, ok, with_request_id};
+use crate::http::{Ctx, Path, Query, RawBody, error_response, ok, with_request_id};
 use crate::state::GatewayState;
 
 type St = State<Arc<GatewayState>>;

@@ -27,7 +27,7 @@ use tracing::Instrument;
 use super::dispatch;
 use crate::api::images::{self, EventStream};
 use crate::auth::Caller;
-use crate::frames::{MESSAGE_ACCEPTED, error_response_frame, event_frame, response_frame, system_error_frame};
+use crate::frames::{self, MESSAGE_ACCEPTED, error_response_frame, event_frame, response_frame, system_error_frame};
 use crate::state::GatewayState;
 
 /// What a finished background request hands back to the connection loop.
@@ -226,12 +226,9 @@ impl Connection {
             }
             return Ok(());
         }
-        let value: Value = match serde_json::from_str(text.as_str()) {
-            Ok(value @ Value::Object(_)) => value,
-            _ => {
-                let err = ApiError::invalid("INVALID_JSON", "frame is not a JSON object");
-                return self.send(socket, system_error_frame(&err, None)).await;
-            }
+        let value = match frames::parse_frame(text.as_str()) {
+            Ok(value) => value,
+            Err(err) => return self.send(socket, system_error_frame(&err, None)).await,
         };
         if let Some(msg_id) = value.get("__ack").and_then(Value::as_str) {
             self.unacked.remove(msg_id);
@@ -254,9 +251,9 @@ impl Connection {
                 None => self.send(socket, system_error_frame(&err, None)).await,
             };
         }
-        let Some(kind) = value.get("type").and_then(Value::as_str) else {
-            let err = ApiError::invalid("MISSING_TYPE", "frame has no string `type`");
-            return self.send(socket, system_error_frame(&err, None)).await;
+        let kind = match frames::frame_type(&value) {
+            Ok(kind) => kind,
+            Err(err) => return self.send(socket, system_error_frame(&err, None)).await,
         };
         if kind == "auth" {
             return self.authenticate_frame(&value).await;
@@ -410,16 +407,11 @@ impl Connection {
         socket: &mut WebSocket,
         requests: &mut FuturesUnordered<BoxFuture<'static, Completion>>,
     ) -> Result<(), Exit> {
-        let data = value.get("data").cloned().unwrap_or(Value::Null);
-        let request_id = data.get("requestId").cloned().unwrap_or(Value::Null);
-        if !request_id.is_string() {
-            let err = ApiError::invalid("MISSING_REQUEST_ID", "data.requestId must be a string");
-            return self.send(socket, error_response_frame(&name, &request_id, &err)).await;
-        }
-        if !data.is_object() {
-            let err = ApiError::invalid("INVALID_DATA", "`data` must be an object");
-            return self.send(socket, error_response_frame(&name, &request_id, &err)).await;
-        }
+        let (request_id, data) = frames::request_data(&value);
+        let data = match data {
+            Ok(data) => data,
+            Err(err) => return self.send(socket, error_response_frame(&name, &request_id, &err)).await,
+        };
         if requests.len() >= self.state.config.max_requests_in_flight {
             let err = ApiError::new(
                 Code::ResourceExhausted,

@@ -393,3 +393,181 @@ fn absent_is_none<T>(result: Result<T, ApiError>) -> Result<Option<T>, ApiError>
         Err(err) => Err(err),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The frame decoder under arbitrary input: every text frame is a request
+    //! decoded into its typed form or refused with a typed error, and valid
+    //! frames decode to what was sent.
+
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::auth::QuotaQuery;
+    use crate::frames::{frame_type, parse_frame, request_data};
+    use crate::testing::{assert_typed, content, json, nested, object, text};
+
+    /// Every request name `dispatch` and `message_send` answer.
+    const REQUESTS: &[&str] = &[
+        "container_create",
+        "container_get",
+        "container_list",
+        "image_create",
+        "image_get",
+        "image_list",
+        "image_update",
+        "image_delete",
+        "image_run",
+        "image_stop",
+        "image_messages",
+        "agent_interrupt",
+        "agent_get",
+        "agent_list",
+        "agent_destroy",
+        "agent_destroy_all",
+        "quota_get",
+        "credential_set",
+        "credential_list",
+        "credential_delete",
+        "workspace_list",
+        "workspace_read",
+        "workspace_write",
+        "message_send",
+    ];
+
+    /// Decodes a request's data as `dispatch` does before it calls a service.
+    fn decode_request(name: &str, data: Value) -> Result<(), ApiError> {
+        match name {
+            "container_create" | "container_get" | "agent_list" | "agent_destroy_all" => {
+                decode::<ContainerRef>(data).map(drop)
+            }
+            "container_list" | "credential_list" => Ok(()),
+            "image_create" => decode::<ImageCreate>(data).map(drop),
+            "image_get" | "image_delete" | "image_run" | "image_stop" | "image_messages" => {
+                decode::<ImageRef>(data).map(drop)
+            }
+            "image_list" => decode::<ImageFilter>(data).map(drop),
+            "image_update" => decode::<ImageChange>(data).map(drop),
+            "agent_interrupt" => decode::<TargetRef>(data)?.target("imageId or agentId").map(drop),
+            "agent_get" | "agent_destroy" => decode::<AgentRef>(data).map(drop),
+            "quota_get" => decode::<QuotaQuery>(data).map(drop),
+            "credential_set" => decode::<CredentialSet>(data).map(drop),
+            "credential_delete" => decode::<CredentialRef>(data).map(drop),
+            "workspace_list" | "workspace_read" => decode::<WorkspaceRef>(data).map(drop),
+            "workspace_write" => decode::<WorkspaceWrite>(data)?.upload.bytes().map(drop),
+            "message_send" => decode_message_send(data).map(drop),
+            other => Err(ApiError::invalid(
+                "UNKNOWN_REQUEST",
+                format!("unknown request type {other}_request"),
+            )),
+        }
+    }
+
+    /// Runs a text frame through the decoder as the connection does.
+    fn decode_frame(text: &str) -> Result<(), ApiError> {
+        let frame = parse_frame(text)?;
+        let kind = frame_type(&frame)?;
+        let Some(name) = kind.strip_suffix("_request") else {
+            return Ok(());
+        };
+        let (_, data) = request_data(&frame);
+        decode_request(name, data?)
+    }
+
+    fn request_name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => prop::sample::select(REQUESTS).prop_map(str::to_owned),
+            1 => text(),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn any_text_frame_decodes_or_is_refused_with_a_reason(text in any::<String>()) {
+            if let Err(err) = decode_frame(&text) {
+                assert_typed(&err)?;
+            }
+        }
+
+        #[test]
+        fn any_json_frame_decodes_or_is_refused_with_a_reason(name in request_name(), data in json(), extra in object()) {
+            let mut frame = extra;
+            frame["type"] = json!(format!("{name}_request"));
+            frame["data"] = data;
+            if let Err(err) = decode_frame(&frame.to_string()) {
+                assert_typed(&err)?;
+            }
+        }
+
+        #[test]
+        fn any_request_data_decodes_or_is_refused_with_a_reason(
+            name in prop::sample::select(REQUESTS),
+            mut data in object(),
+            request_id in text(),
+        ) {
+            data["requestId"] = json!(request_id);
+            let frame = json!({"type": format!("{name}_request"), "data": data});
+            if let Err(err) = decode_frame(&frame.to_string()) {
+                assert_typed(&err)?;
+                prop_assert_ne!(err.reason.as_ref(), "MISSING_REQUEST_ID");
+            }
+        }
+
+        #[test]
+        fn deep_nesting_is_refused_or_decoded_without_overflow(
+            name in prop::sample::select(REQUESTS),
+            depth in 0usize..=126,
+            objects in any::<bool>(),
+            field in prop::sample::select(&["content", "config", "updates", "headers", "mcpServers", "imageId"][..]),
+        ) {
+            let frame = json!({"type": format!("{name}_request"), "data": {"requestId": "r", field: nested(depth, objects)}});
+            if let Err(err) = decode_frame(&frame.to_string()) {
+                assert_typed(&err)?;
+            }
+        }
+
+        #[test]
+        fn brackets_beyond_the_parser_depth_are_invalid_json(depth in 100usize..20_000, open in prop::sample::select(vec!["[", "{\"a\":"])) {
+            let text = format!("{{\"type\":\"message_send_request\",\"data\":{}", open.repeat(depth));
+            let reason = decode_frame(&text).err().map(|e| e.reason.into_owned());
+            prop_assert_eq!(reason.as_deref(), Some("INVALID_JSON"));
+        }
+
+        #[test]
+        fn a_valid_message_send_frame_round_trips(
+            image_id in text(),
+            content in content(),
+            request_id in text(),
+            as_agent in any::<bool>(),
+        ) {
+            let target = if as_agent { "agentId" } else { "imageId" };
+            let frame = json!({
+                "type": "message_send_request",
+                "data": {"requestId": request_id, target: image_id, "content": content},
+            })
+            .to_string();
+            let parsed = parse_frame(&frame).map_err(|e| TestCaseError::fail(e.message))?;
+            prop_assert_eq!(frame_type(&parsed).ok(), Some("message_send_request"));
+            let (id, data) = request_data(&parsed);
+            prop_assert_eq!(id, json!(request_id));
+            let data = data.map_err(|e| TestCaseError::fail(e.message))?;
+            let sent = decode_message_send(data).map_err(|e| TestCaseError::fail(e.message))?;
+            let named = if as_agent { sent.agent_id } else { sent.image_id };
+            prop_assert_eq!(named, Some(image_id));
+            prop_assert_eq!(sent.content, content);
+        }
+    }
+
+    #[test]
+    fn frames_without_a_string_request_id_are_refused_with_null_as_the_id() {
+        for data in [json!(null), json!([1]), json!({}), json!({"requestId": 7})] {
+            let (id, result) = request_data(&json!({"type": "image_get_request", "data": data}));
+            assert!(id.is_null() || id == json!(7), "{id}");
+            assert_eq!(
+                result.err().map(|e| e.reason.into_owned()).as_deref(),
+                Some("MISSING_REQUEST_ID")
+            );
+        }
+    }
+}

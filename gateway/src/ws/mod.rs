@@ -8,14 +8,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use avm_common::{ApiError, Code};
+use axum::extract::State;
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{Query, State};
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use crate::http::{RequestId, bearer_credential, error_response};
+use crate::http::{Query, RequestId, bearer_credential, error_response};
 use crate::state::GatewayState;
 
 mod connection;
@@ -47,7 +48,7 @@ pub async fn upgrade(
     RequestId(request_id): RequestId,
     Query(query): Query<WsQuery>,
     headers: HeaderMap,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     let config = &state.config;
     let credential = match (query.token.as_deref(), bearer_credential(&headers)) {
@@ -71,6 +72,16 @@ pub async fn upgrade(
         );
         return error_response(&err, &request_id);
     }
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(rejection) => {
+            let err = ApiError::invalid(
+                "NOT_A_WEBSOCKET_UPGRADE",
+                format!("not a websocket upgrade: {rejection}"),
+            );
+            return error_response(&err, &request_id);
+        }
+    };
     // Frames up to the transport limit are read whole, so even a frame that
     // ends the connection is answered with a clean 1009 close; only beyond it
     // does the transport give up mid-frame.

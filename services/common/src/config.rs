@@ -45,7 +45,12 @@ where
         .clone()
         .or_else(|| std::env::var_os("AVM_CONFIG").map(PathBuf::from));
     if let Some(path) = file {
-        figment = figment.merge(Serialized::defaults(read_file(&path)?));
+        let table = read_file(&path)?;
+        figment = figment.merge(Layer {
+            name: "config file",
+            source: Some(path),
+            values: table,
+        });
     }
     // Only variables that name a section of `T` are configuration; others that
     // share the prefix (AVM_TEST_*, for instance) belong to someone else.
@@ -54,8 +59,10 @@ where
         _ => Vec::new(),
     };
     figment = figment
-        .merge(Env::prefixed("LLM_").map(|key| format!("llm.{}", key.as_str().to_ascii_lowercase()).into()))
-        .merge(
+        .merge(EnvLayer(
+            Env::prefixed("LLM_").map(|key| format!("llm.{}", key.as_str().to_ascii_lowercase()).into()),
+        ))
+        .merge(EnvLayer(
             Env::prefixed("AVM_")
                 .ignore(&["config"])
                 .map(|key| env_key_to_path(key.as_str()).into())
@@ -63,9 +70,124 @@ where
                     let section = key.as_str().split('.').next().unwrap_or_default();
                     sections.iter().any(|known| known == section)
                 }),
-        )
-        .merge(Serialized::defaults(serde_json::Value::Object(sources.flags.clone())));
-    figment.extract().map_err(|err| ConfigError::Invalid(err.to_string()))
+        ))
+        .merge(Layer {
+            name: "command-line flags",
+            source: None,
+            values: serde_json::Value::Object(sources.flags.clone()),
+        });
+    // Lossy: a variable's text becomes the number or boolean its key wants.
+    figment.extract_lossy().map_err(describe)
+}
+
+/// Environment variables as configuration: a value is the variable's text
+/// (a number or boolean only where its key wants one), or the array or table
+/// it spells (`[a, b]`, `{k = v}`). figment's own `Env` guesses a type from
+/// the text alone, so `AVM_REDIS_KEY_PREFIX=123` was a number, refused by a
+/// key that wants a string.
+struct EnvLayer(Env);
+
+impl figment::Provider for EnvLayer {
+    fn metadata(&self) -> figment::Metadata {
+        self.0.metadata()
+    }
+
+    fn data(&self) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        use figment::value::Value;
+        let mut values = figment::value::Dict::new();
+        for (key, text) in self.0.iter() {
+            let value = match text.parse::<Value>() {
+                Ok(value @ (Value::Dict(..) | Value::Array(..))) => value,
+                _ => Value::from(text),
+            };
+            insert_at(&mut values, key.as_str(), value);
+        }
+        Ok(figment::Profile::Default.collect(values))
+    }
+}
+
+/// Puts `value` at the dotted `path` of `dict`, making the tables on the way.
+fn insert_at(dict: &mut figment::value::Dict, path: &str, value: figment::value::Value) {
+    use figment::value::{Dict, Value};
+    match path.split_once('.') {
+        Some((head, rest)) => {
+            let entry = dict.entry(head.to_owned()).or_insert_with(|| Value::from(Dict::new()));
+            if !matches!(entry, Value::Dict(..)) {
+                *entry = Value::from(Dict::new());
+            }
+            if let Value::Dict(_, inner) = entry {
+                insert_at(inner, rest, value);
+            }
+        }
+        None => {
+            dict.insert(path.to_owned(), value);
+        }
+    }
+}
+
+/// A layer of values named as its errors should name it (figment names a
+/// serialized layer by the Rust code that made it).
+struct Layer<T> {
+    name: &'static str,
+    source: Option<PathBuf>,
+    values: T,
+}
+
+impl<T: Serialize> figment::Provider for Layer<T> {
+    fn metadata(&self) -> figment::Metadata {
+        let metadata = figment::Metadata::named(self.name);
+        match &self.source {
+            Some(path) => metadata.source(path.as_path()),
+            None => metadata,
+        }
+    }
+
+    fn data(&self) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        Serialized::defaults(&self.values).data()
+    }
+}
+
+/// Renders every error of a load as `section.key: what is wrong (where it
+/// came from)`; figment's own text names a variable's key as `SECTION.KEY`,
+/// which is not the variable to fix.
+fn describe(errors: figment::Error) -> ConfigError {
+    let lines: Vec<String> = errors
+        .into_iter()
+        .map(|err| {
+            let key = err.path.join(".");
+            let origin = err.metadata.as_ref().map(|metadata| {
+                let name = metadata.name.as_ref();
+                if name.contains("`AVM_`") {
+                    format!("from {}", env_var_of(&err.path))
+                } else if name.contains("`LLM_`") {
+                    let key = err.path.get(1).map_or("", String::as_str);
+                    format!("from LLM_{}", key.to_ascii_uppercase())
+                } else {
+                    match &metadata.source {
+                        Some(source) => format!("in {name} {source}"),
+                        None => format!("in {name}"),
+                    }
+                }
+            });
+            match (key.is_empty(), origin) {
+                (true, Some(origin)) => format!("{} ({origin})", err.kind),
+                (true, None) => err.kind.to_string(),
+                (false, Some(origin)) => format!("{key}: {} ({origin})", err.kind),
+                (false, None) => format!("{key}: {}", err.kind),
+            }
+        })
+        .collect();
+    ConfigError::Invalid(lines.join("; "))
+}
+
+/// Returns the `AVM_` variable that sets the key at `path` (a variable sets a
+/// section's key; anything deeper is inside the table it spells).
+fn env_var_of(path: &[String]) -> String {
+    match path {
+        [section, peer, ..] if section == "peers" => format!("AVM_{}_ADDR", peer.to_ascii_uppercase()),
+        [section, key, ..] => format!("AVM_{section}_{key}").to_ascii_uppercase(),
+        _ => format!("AVM_{}", path.join("_").to_ascii_uppercase()),
+    }
 }
 
 /// Reads a TOML configuration file, replacing `${VAR}` (or `${VAR:-default}`)
@@ -374,6 +496,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn errors_name_the_variable_that_set_the_key() {
+        let path = |keys: &[&str]| keys.iter().map(|k| (*k).to_owned()).collect::<Vec<_>>();
+        assert_eq!(env_var_of(&path(&["server", "grpc_port"])), "AVM_SERVER_GRPC_PORT");
+        assert_eq!(env_var_of(&path(&["peers", "runtime"])), "AVM_RUNTIME_ADDR");
+        assert_eq!(env_var_of(&path(&["auth", "oidc", "issuer"])), "AVM_AUTH_OIDC");
+        assert_eq!(env_var_of(&path(&["redis"])), "AVM_REDIS");
+    }
+
+    #[test]
     fn env_keys_map_to_sections() {
         assert_eq!(env_key_to_path("SERVER_GRPC_PORT"), "server.grpc_port");
         assert_eq!(env_key_to_path("DATABASE_URL"), "database.url");
@@ -398,6 +529,17 @@ mod tests {
             toml::from_str("[llm]\napi_key = \"${MISSING}\"").unwrap_or(toml::Value::Integer(0));
         let err = interpolate("", &mut value, &env).unwrap_err();
         assert!(err.contains("llm.api_key") && err.contains("MISSING"), "{err}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_file_string_expands_or_says_why(text in "[a-z$]{0,4}(\\$\\{[A-Z_:a-z-]{0,8}\\}?)?.{0,20}", plain in "[^$]{0,40}") {
+            let env = |name: &str| (name == "SET").then(|| "value".to_owned());
+            if let Err(why) = expand(&text, &env) {
+                proptest::prop_assert!(!why.is_empty());
+            }
+            proptest::prop_assert_eq!(expand(&plain, &env), Ok(plain.clone()));
+        }
     }
 
     #[test]

@@ -42,3 +42,26 @@ pub fn duration(tree: &serde_json::Map<String, Value>, key: &str) -> Option<Dura
 pub fn duration_value(duration: Duration) -> Value {
     Value::String(humantime::format_duration(duration).to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::Map;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn any_text_is_a_duration_or_none(text in any::<String>()) {
+            let tree = Map::from_iter([(LLM_IDLE_TIMEOUT.to_owned(), Value::from(text))]);
+            let _ = duration(&tree, LLM_IDLE_TIMEOUT);
+        }
+
+        #[test]
+        fn durations_round_trip_through_the_tree(secs in any::<u64>(), nanos in 0u32..1_000_000_000) {
+            let value = Duration::new(secs, nanos);
+            let tree = Map::from_iter([(RUNTIME_AGENT_IDLE_TIMEOUT.to_owned(), duration_value(value))]);
+            prop_assert_eq!(duration(&tree, RUNTIME_AGENT_IDLE_TIMEOUT), Some(value));
+        }
+    }
+}

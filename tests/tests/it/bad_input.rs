@@ -5,7 +5,7 @@ use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
 use crate::both_modes;
-use crate::support::{assert_text_turn, conversation, send_and_finish};
+use crate::support::{assert_text_turn, cluster, conversation, send_and_finish};
 
 async fn expect_system_error(client: &mut WsClient, code: &str) -> anyhow::Result<()> {
     let frame = client.next_frame().await?;
@@ -199,5 +199,114 @@ async fn rate_limited(mode: Mode) -> anyhow::Result<()> {
     // Five frames per one-second window: even a burst that straddles two
     // windows lets at most ten of the twelve through.
     assert!(limited >= 2, "{limited} of 12 requests were limited");
+    Ok(())
+}
+
+/// Fails unless `response` is the API's error document with `status` and `code`.
+async fn assert_error_document(response: reqwest::Response, status: u16, code: &str) -> anyhow::Result<()> {
+    let url = response.url().to_string();
+    assert_eq!(response.status().as_u16(), status, "{url}");
+    let content_type = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(content_type.starts_with("application/json"), "{url}: {content_type}");
+    let body: Value = response.json().await?;
+    assert_eq!(body["error"]["code"], code, "{url}: {body}");
+    assert!(
+        body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert!(
+        body["error"]["requestId"].as_str().is_some_and(|id| !id.is_empty()),
+        "{body}"
+    );
+    Ok(())
+}
+
+/// Every request the router or an extractor refuses — a path segment that
+/// is not UTF-8, a bad query, a body that is not JSON, a route or method
+/// that does not exist, a plain GET of the WebSocket — answers the same
+/// JSON error document as the API's own refusals (the schema fuzzer's
+/// findings, kept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_of_the_router_are_error_documents() -> anyhow::Result<()> {
+    let cluster = cluster(Mode::OneProcess).await?;
+    let http = cluster.http()?;
+    for path in [
+        "/v1/containers/%ff/images",
+        "/v1/containers/%ff",
+        "/v1/images/%c3%28",
+        "/v1/images/img_1/workspace/files/a/%ff",
+        "/v1/tenants/%ff/users/%fe",
+        "/v1/config/%80",
+    ] {
+        assert_error_document(http.get(cluster.url(path)).send().await?, 400, "INVALID_PATH").await?;
+    }
+    let response = http
+        .get(cluster.url("/v1/agents?containerId=a&containerId=b"))
+        .send()
+        .await?;
+    assert_error_document(response, 400, "INVALID_QUERY").await?;
+    let response = http.get(cluster.url("/ws?ack=1&ack=1")).send().await?;
+    assert_error_document(response, 400, "INVALID_QUERY").await?;
+    let response = http.get(cluster.url("/ws")).send().await?;
+    assert_error_document(response, 400, "NOT_A_WEBSOCKET_UPGRADE").await?;
+    let response = http
+        .post(cluster.url("/v1/containers"))
+        .body("{not json")
+        .send()
+        .await?;
+    assert_error_document(response, 400, "INVALID_JSON").await?;
+    let response = http.patch(cluster.url("/v1/containers")).send().await?;
+    assert_error_document(response, 405, "METHOD_NOT_ALLOWED").await?;
+    let response = http.get(cluster.url("/v2/nothing")).send().await?;
+    assert_error_document(response, 404, "ROUTE_NOT_FOUND").await?;
+    // The server goes on answering.
+    let listed: Value = http.get(cluster.url("/v1/containers")).send().await?.json().await?;
+    assert!(listed["containers"].is_array(), "{listed}");
+    Ok(())
+}
+
+/// Configuration from the environment (the property tests' findings, kept):
+/// digits given to a key that wants text stay text, and a value its key
+/// refuses is named by the variable that set it.
+#[tokio::test]
+async fn configuration_values_are_read_as_written_or_refused_by_their_variable() -> anyhow::Result<()> {
+    let output = avm_tests::cluster::avm_command()?
+        .args(["serve", "--print-config"])
+        .env("AVM_REDIS_KEY_PREFIX", "123")
+        .env("AVM_AUTH_ISSUER", "2026")
+        .env("AVM_SERVER_PORT", "8181")
+        .output()
+        .await?;
+    let stdout = String::from_utf8(output.stdout)?;
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let config: toml::Table = toml::from_str(&stdout)?;
+    assert_eq!(config["redis"]["key_prefix"].as_str(), Some("123"), "{stdout}");
+    assert_eq!(config["auth"]["issuer"].as_str(), Some("2026"), "{stdout}");
+    assert_eq!(config["server"]["port"].as_integer(), Some(8181), "{stdout}");
+
+    for (variable, value, key) in [
+        ("AVM_GATEWAY_AUTH_TIMEOUT", "soon", "gateway.auth_timeout"),
+        ("AVM_SERVER_PORT", "99999", "server.port"),
+        ("AVM_RUNTIME_ADDR", "[1, 2]", "peers.runtime"),
+        ("LLM_MAX_TOKENS", "many", "llm.max_tokens"),
+    ] {
+        let output = avm_tests::cluster::avm_command()?
+            .args(["serve", "--print-config"])
+            .env(variable, value)
+            .output()
+            .await?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{variable}={value} was accepted");
+        assert!(
+            stderr.contains(key) && stderr.contains(variable),
+            "{variable}={value}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
     Ok(())
 }

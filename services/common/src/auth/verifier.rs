@@ -410,3 +410,221 @@ pub fn parse_bearer(value: &str) -> Option<&str> {
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
+
+#[cfg(test)]
+mod tests {
+    //! Token parsing and verification under arbitrary input: nothing but the
+    //! token as signed is accepted, and every refusal is `INVALID_TOKEN`.
+
+    use std::sync::LazyLock;
+
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use jsonwebtoken::jwk::JwkSet;
+    use proptest::prelude::*;
+    use proptest::test_runner::TestCaseError;
+
+    use super::*;
+    use crate::auth::{Claims, Limits, Scopes, SigningKey};
+
+    /// A verifier, the key it trusts and a token that key signed.
+    struct Fixture {
+        verifier: TokenVerifier,
+        kid: String,
+        token: String,
+    }
+
+    static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
+        let Ok(key) = SigningKey::generate() else {
+            panic!("a signing key must generate")
+        };
+        let config = AuthConfig::default();
+        let jwks = JwkSet {
+            keys: vec![key.public_jwk().clone()],
+        };
+        let verifier = TokenVerifier::new(&config, Arc::new(crate::auth::StaticKeySource(jwks)));
+        let principal = Principal {
+            tenant_id: "ten_1".into(),
+            user_id: "usr_1".into(),
+            role: Role::Admin,
+            operator: true,
+            key_id: Some("key_1".into()),
+            scopes: Scopes::ALL,
+            tenant_limits: Limits::default(),
+            key_limits: Limits::default(),
+        };
+        let now = u64::try_from(crate::now_ms() / 1000).unwrap_or_default();
+        // Long-lived, so a slow run does not see it expire.
+        let claims = Claims::new(&principal, &config.issuer, now, Duration::from_secs(24 * 3600));
+        let Ok(token) = key.sign(&claims) else {
+            panic!("a token must sign")
+        };
+        Fixture {
+            verifier,
+            kid: key.kid().to_owned(),
+            token,
+        }
+    });
+
+    /// Verifies `token` with the fixture's verifier.
+    fn verify(token: &str) -> Result<Principal, ApiError> {
+        let verifier = &FIXTURE.verifier;
+        // An unknown `kid` makes the verifier fetch the keys, at most once a
+        // second; a rotation notice lets the next fetch happen at once, so
+        // made-up kids cost no waiting here.
+        verifier.apply(&pb::AuthEvent {
+            at_ms: crate::now_ms(),
+            kind: Some(pb::auth_event::Kind::SigningKeyRotated("sk_rotated".into())),
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build();
+        let Ok(runtime) = runtime else {
+            return Err(ApiError::internal("no runtime"));
+        };
+        runtime.block_on(verifier.verify(token))
+    }
+
+    /// Fails the case unless `token` is refused as an invalid token, without echoing it.
+    fn assert_refused(token: &str) -> Result<(), TestCaseError> {
+        match verify(token) {
+            Ok(principal) => Err(TestCaseError::fail(format!("{token:?} was accepted as {principal:?}"))),
+            Err(err) => {
+                prop_assert_eq!(err.code, Code::Unauthenticated, "{:?}", err);
+                prop_assert_eq!(err.reason.as_ref(), "INVALID_TOKEN");
+                prop_assert!(token.len() < 8 || !err.message.contains(token));
+                Ok(())
+            }
+        }
+    }
+
+    fn segment(value: &serde_json::Value) -> String {
+        URL_SAFE_NO_PAD.encode(value.to_string())
+    }
+
+    /// Arbitrary JSON with the claim names tokens carry.
+    fn claims_json() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<u64>().prop_map(serde_json::Value::from),
+            any::<String>().prop_map(serde_json::Value::from),
+            Just(serde_json::Value::from("agentvm")),
+        ];
+        let key = prop::sample::select(vec![
+            "iss", "aud", "sub", "tid", "role", "op", "akid", "scp", "tlim", "klim", "exp", "nbf", "iat", "alg", "kid",
+            "typ", "jku", "x5u",
+        ]);
+        let value = leaf.prop_recursive(3, 16, 4, |inner| {
+            prop::collection::vec(inner, 0..4).prop_map(serde_json::Value::Array)
+        });
+        prop::collection::btree_map(key.prop_map(str::to_owned), value, 0..10)
+            .prop_map(|map| serde_json::Value::Object(map.into_iter().collect()))
+    }
+
+    #[test]
+    fn the_signed_token_itself_is_accepted() {
+        assert!(verify(&FIXTURE.token).is_ok());
+    }
+
+    /// The last character of a base64 segment carries spare bits; a token
+    /// whose spare bits differ decodes to the same bytes, so it is the one
+    /// change a signature alone would not catch.
+    #[test]
+    fn no_other_last_character_of_a_segment_is_accepted() {
+        let token = &FIXTURE.token;
+        let ends = token.match_indices('.').map(|(at, _)| at - 1).chain([token.len() - 1]);
+        for at in ends {
+            for with in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".chars() {
+                if token[at..=at].starts_with(with) {
+                    continue;
+                }
+                let mut forged = token.clone();
+                forged.replace_range(at..=at, with.encode_utf8(&mut [0; 4]));
+                assert!(verify(&forged).is_err(), "{forged} was accepted");
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn bearer_values_parse_to_a_trimmed_token_or_nothing(value in any::<String>()) {
+            if let Some(token) = parse_bearer(&value) {
+                prop_assert!(!token.is_empty());
+                prop_assert_eq!(token, token.trim());
+                prop_assert!(value.trim()[..6].eq_ignore_ascii_case("bearer"));
+                prop_assert!(value.contains(token));
+            }
+        }
+
+        #[test]
+        fn any_casing_of_bearer_carries_its_token(
+            scheme in "[bB][eE][aA][rR][eE][rR]",
+            token in "[!-~]{1,64}",
+            pad in "[ \t]{0,3}",
+        ) {
+            let value = format!("{pad}{scheme} {pad}{token}{pad}");
+            prop_assert_eq!(parse_bearer(&value), Some(token.as_str()));
+            let basic = format!("Basic {token}");
+            prop_assert_eq!(parse_bearer(&basic), None);
+        }
+
+        #[test]
+        fn arbitrary_strings_are_refused(token in any::<String>()) {
+            assert_refused(&token)?;
+        }
+
+        #[test]
+        fn arbitrary_jwt_shapes_are_refused(
+            header in claims_json(),
+            known_kid in any::<bool>(),
+            claims in claims_json(),
+            signature in prop::collection::vec(any::<u8>(), 0..80),
+        ) {
+            let mut header = header;
+            header["alg"] = serde_json::json!("EdDSA");
+            if known_kid {
+                header["kid"] = serde_json::json!(FIXTURE.kid);
+            }
+            let token = format!("{}.{}.{}", segment(&header), segment(&claims), URL_SAFE_NO_PAD.encode(signature));
+            assert_refused(&token)?;
+        }
+
+        #[test]
+        fn one_changed_character_anywhere_is_refused(at in any::<prop::sample::Index>(), with in any::<char>()) {
+            let token = &FIXTURE.token;
+            let at = at.index(token.len());
+            let original = char::from(token.as_bytes()[at]);
+            prop_assume!(original != with);
+            let mut forged = token.clone();
+            forged.replace_range(at..=at, with.encode_utf8(&mut [0; 4]));
+            assert_refused(&forged)?;
+        }
+
+        #[test]
+        fn one_changed_base64_character_anywhere_is_refused(at in any::<prop::sample::Index>(), with in "[A-Za-z0-9_-]") {
+            let token = &FIXTURE.token;
+            let at = at.index(token.len());
+            prop_assume!(token.as_bytes()[at] != b'.' && token[at..=at] != *with);
+            let mut forged = token.clone();
+            forged.replace_range(at..=at, &with);
+            assert_refused(&forged)?;
+        }
+
+        #[test]
+        fn a_truncated_or_extended_token_is_refused(keep in any::<prop::sample::Index>(), tail in "[A-Za-z0-9_.-]{1,8}") {
+            let token = &FIXTURE.token;
+            assert_refused(&token[..keep.index(token.len())])?;
+            assert_refused(&format!("{token}{tail}"))?;
+        }
+
+        #[test]
+        fn reordered_or_repeated_segments_are_refused(order in prop::sample::select(vec![
+            [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0], [0, 0, 2], [0, 1, 1], [1, 1, 2],
+        ])) {
+            let segments: Vec<&str> = FIXTURE.token.split('.').collect();
+            prop_assert_eq!(segments.len(), 3);
+            let forged = order.iter().map(|&i| segments[i]).collect::<Vec<_>>().join(".");
+            assert_refused(&forged)?;
+        }
+    }
+}
