@@ -151,6 +151,7 @@ async fn main() -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()?,
     };
     let mock = MockLlm::start(MockBehavior::default()).await?;
+    mock.set_recording(false);
     let mock_url = mock.anthropic_base_url();
     let plan = figures::Plan::from(&args);
     let mut results = Results::default();

@@ -27,7 +27,7 @@ pub use tools::MockToolCall;
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -191,6 +191,8 @@ pub struct MockLlm {
 struct Shared {
     behavior: Mutex<MockBehavior>,
     requests: Mutex<Vec<RecordedRequest>>,
+    /// Whether requests are kept for [`MockLlm::requests`].
+    recording: AtomicBool,
     stats: watch::Sender<MockStats>,
     shutdown: CancellationToken,
     next_id: AtomicU64,
@@ -211,6 +213,7 @@ impl MockLlm {
         let shared = Arc::new(Shared {
             behavior: Mutex::new(behavior),
             requests: Mutex::new(Vec::new()),
+            recording: AtomicBool::new(true),
             stats: watch::Sender::new(MockStats::default()),
             shutdown: CancellationToken::new(),
             next_id: AtomicU64::new(1),
@@ -256,6 +259,20 @@ impl MockLlm {
     /// Replaces the behaviour for the requests that follow.
     pub fn set_behavior(&self, behavior: MockBehavior) {
         *self.shared.behavior.lock().unwrap_or_else(PoisonError::into_inner) = behavior;
+    }
+
+    /// Keeps (the default) or stops keeping the requests received: a
+    /// long-running mock (the `mock-llm` binary, a benchmark) would
+    /// otherwise hold every request it ever served, growing histories included.
+    pub fn set_recording(&self, recording: bool) {
+        self.shared.recording.store(recording, Ordering::Relaxed);
+        if !recording {
+            self.shared
+                .requests
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+        }
     }
 
     /// Returns the requests received so far, oldest first.
@@ -347,16 +364,18 @@ async fn answer(shared: Arc<Shared>, api: MockApi, headers: &HeaderMap, body: &[
             header_text("authorization").map(|value| value.strip_prefix("Bearer ").unwrap_or(&value).to_owned())
         }
     };
-    shared
-        .requests
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(RecordedRequest {
-            api,
-            body: json.clone().unwrap_or(Value::Null),
-            api_key: api_key.clone(),
-            anthropic_version: header_text("anthropic-version"),
-        });
+    if shared.recording.load(Ordering::Relaxed) {
+        shared
+            .requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(RecordedRequest {
+                api,
+                body: json.clone().unwrap_or(Value::Null),
+                api_key: api_key.clone(),
+                anthropic_version: header_text("anthropic-version"),
+            });
+    }
     shared.update(|stats| stats.requests += 1);
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
 

@@ -61,6 +61,8 @@ async fn main() -> anyhow::Result<()> {
         tool_rounds: args.rounds,
     };
     let mock = MockLlm::start_on(SocketAddr::new(args.host, args.port), behavior).await?;
+    // Nobody reads them back here; kept, they would grow without end.
+    mock.set_recording(false);
     println!("mock LLM listening on {}", mock.addr());
     println!(
         "anthropic: LLM_PROVIDER=anthropic LLM_BASE_URL={} LLM_API_KEY=mock",
