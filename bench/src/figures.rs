@@ -70,6 +70,7 @@ pub enum Figure {
 /// The counts of one run, from the arguments.
 pub struct Plan {
     figures: Vec<Figure>,
+    repeat: usize,
     concurrency: Vec<usize>,
     first_token_ms: Vec<u64>,
     tokens: usize,
@@ -86,6 +87,7 @@ impl From<&Args> for Plan {
     fn from(args: &Args) -> Self {
         Self {
             figures: args.figures.clone(),
+            repeat: args.repeat,
             concurrency: args.concurrency.clone(),
             first_token_ms: args.first_token_ms.clone(),
             tokens: args.tokens,
@@ -142,6 +144,7 @@ impl Bench {
         api.container().await?;
         idle(&deployment, &name, 0, results).await?;
         mock.set_behavior(behavior(1, 0));
+        let mut images = memory(&deployment, &api, &name, plan, results).await?;
         let most = plan
             .concurrency
             .iter()
@@ -149,8 +152,11 @@ impl Bench {
             .chain([plan.cpu_concurrency, WAKES])
             .max()
             .unwrap_or(1);
-        let images = api.images(most).await?;
-        api.turns(&images, 16).await?;
+        if images.len() < most {
+            let more = api.images(most - images.len()).await?;
+            api.turns(&more, 16).await?;
+            images.extend(more);
+        }
         let conversations = api.images(2).await?;
         let (short, long) = (conversations[0].clone(), conversations[1].clone());
         if plan.wants(Figure::History) {
@@ -235,10 +241,11 @@ pub async fn round(
                     bare_consumer(&direct_client, mock, plan, results).await?;
                 }
                 Figure::ControlPlane => control_plane(bench, plan, results).await?,
-                Figure::IdleSockets => idle_sockets(bench, plan, results).await?,
+                // Measured on the fresh deployment (`memory`).
+                Figure::IdleSockets => {}
                 Figure::Wake => wake_from_zero(bench, results).await?,
                 Figure::History => history(bench, plan, results).await?,
-                Figure::IdleAgents => idle_agents(bench, plan, results).await?,
+                Figure::IdleAgents => idle(&bench.deployment, &bench.name, bench.images.len() + 2, results).await?,
                 Figure::Streams => streams_per_core(bench, mock, plan, results).await?,
             }
         }
@@ -446,54 +453,61 @@ async fn rate(api: &Api, path: &str, duration: Duration) -> anyhow::Result<f64> 
     Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
 }
 
-/// The edge's resident memory per idle, authenticated WebSocket.
-async fn idle_sockets(bench: &Bench, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
-    let pid = bench.deployment.edge_pid();
-    let url = bench.api.ws_url();
-    tokio::time::sleep(SETTLE).await;
-    let before = system::rss_kib(pid)?;
-    let sockets = futures::stream::iter(0..plan.idle_sockets)
-        .map(|_| WsClient::connect(&url))
-        .buffer_unordered(32)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    tokio::time::sleep(SETTLE).await;
-    let after = system::rss_kib(pid)?;
-    drop(sockets);
-    results.add(
-        format!("idle_ws_kib{{sockets={}}}", plan.idle_sockets),
-        &bench.name,
-        (after - before) / plan.idle_sockets as f64,
-    );
-    Ok(())
-}
-
-/// Memory per newly hydrated idle agent, then the idle CPU and wakeups of
-/// every process with all the agents it holds.
-async fn idle_agents(bench: &mut Bench, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
-    let pids = bench.deployment.agent_pids();
-    tokio::time::sleep(SETTLE).await;
-    let before: f64 = pids
-        .iter()
-        .map(|&pid| system::rss_kib(pid))
-        .sum::<anyhow::Result<f64>>()?;
-    let more = bench.api.images(plan.idle_agents).await?;
-    bench.api.turns(&more, 16).await?;
-    bench.images.extend(more);
-    tokio::time::sleep(SETTLE).await;
-    let after: f64 = pids
-        .iter()
-        .map(|&pid| system::rss_kib(pid))
-        .sum::<anyhow::Result<f64>>()?;
-    results.add(
-        format!("idle_agent_kib{{agents={}}}", plan.idle_agents),
-        &bench.name,
-        (after - before) / plan.idle_agents as f64,
-    );
-    let held = bench.images.len() + 2;
-    idle(&bench.deployment, &bench.name, held, results).await
+/// Resident memory per idle agent (in the processes that hold agents) and
+/// per idle, authenticated WebSocket (at the edge), on a fresh deployment:
+/// memory freed earlier, which the allocator hands out again, would hide
+/// what new ones cost. Each of the `--repeat` batches comes on top of the
+/// last, nothing freed in between; agents first, as sockets are closed
+/// after. Returns the agents' conversations.
+async fn memory(
+    deployment: &Deployment,
+    api: &Api,
+    name: &str,
+    plan: &Plan,
+    results: &mut Results,
+) -> anyhow::Result<Vec<String>> {
+    let resident = |pids: &[u32]| -> anyhow::Result<f64> { pids.iter().map(|&pid| system::rss_kib(pid)).sum() };
+    let mut images = Vec::new();
+    if plan.wants(Figure::IdleAgents) {
+        let pids = deployment.agent_pids();
+        for _ in 0..plan.repeat {
+            tokio::time::sleep(SETTLE).await;
+            let before = resident(&pids)?;
+            let more = api.images(plan.idle_agents).await?;
+            api.turns(&more, 16).await?;
+            images.extend(more);
+            tokio::time::sleep(SETTLE).await;
+            results.add(
+                format!("idle_agent_kib{{agents={}}}", plan.idle_agents),
+                name,
+                (resident(&pids)? - before) / plan.idle_agents as f64,
+            );
+        }
+    }
+    if plan.wants(Figure::IdleSockets) {
+        let pid = [deployment.edge_pid()];
+        let url = api.ws_url();
+        let mut held = Vec::new();
+        for _ in 0..plan.repeat {
+            tokio::time::sleep(SETTLE).await;
+            let before = resident(&pid)?;
+            let sockets = futures::stream::iter(0..plan.idle_sockets)
+                .map(|_| WsClient::connect(&url))
+                .buffer_unordered(32)
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            held.extend(sockets);
+            tokio::time::sleep(SETTLE).await;
+            results.add(
+                format!("idle_ws_kib{{sockets={}}}", plan.idle_sockets),
+                name,
+                (resident(&pid)? - before) / plan.idle_sockets as f64,
+            );
+        }
+    }
+    Ok(images)
 }
 
 /// CPU and wakeups per second of every process while nothing is asked of them.

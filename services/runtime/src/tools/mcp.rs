@@ -518,7 +518,22 @@ impl McpServer {
             params = params.with_arguments(arguments.clone());
         }
         match tokio::time::timeout(timeout, peer.call_tool(params)).await {
-            Ok(Ok(result)) => (result_text(&result), result.is_error.unwrap_or(false)),
+            Ok(Ok(result)) => {
+                // A server that may change its tools says so in a
+                // notification its SDK handles on a task of its own, which
+                // can run after this answer is read: its tools are listed
+                // again before the next model call rather than raced.
+                let may_change = peer.peer_info().is_some_and(|info| {
+                    info.capabilities
+                        .tools
+                        .as_ref()
+                        .is_some_and(|tools| tools.list_changed == Some(true))
+                });
+                if may_change {
+                    self.stale.store(true, Ordering::SeqCst);
+                }
+                (result_text(&result), result.is_error.unwrap_or(false))
+            }
             Ok(Err(rmcp::ServiceError::McpError(err))) => {
                 (format!("the MCP server refused the call: {}", err.message), true)
             }
