@@ -13,6 +13,7 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use avm_common::{ApiError, Code, RequestContext};
@@ -71,6 +72,28 @@ struct PendingSend {
     parked: Option<(String, u64, String)>,
 }
 
+impl PendingSend {
+    /// Whether this answer waits for `session_id`'s stream to pass a cursor
+    /// it has now passed (`seen`).
+    fn parked_before(&self, session_id: &str, seen: u64) -> bool {
+        self.parked
+            .as_ref()
+            .is_some_and(|(session, cursor, _)| session == session_id && *cursor <= seen)
+    }
+}
+
+/// What an event of a subscribed session asks of the connection.
+enum Relay {
+    /// Relay this frame.
+    Frame(String),
+    /// The stream ended with this error.
+    Ended(ApiError),
+    /// The acceptance of a `message_send_request`, answered, never relayed.
+    Accepted(rt::Event),
+    /// Relay this frame after the answers parked until this cursor.
+    AfterParked(u64, String),
+}
+
 pub(super) struct Connection {
     state: Arc<GatewayState>,
     id: String,
@@ -110,46 +133,76 @@ impl Connection {
         }
     }
 
-    pub(super) async fn run(mut self, mut socket: WebSocket) {
-        let shutdown = self.state.shutdown.clone();
-        let config = self.state.config.clone();
-        let mut requests: FuturesUnordered<BoxFuture<'static, Completion>> = FuturesUnordered::new();
-        let mut subscriptions: StreamMap<String, EventStream> = StreamMap::new();
-        let mut ping = tokio::time::interval(config.ping_interval);
-        ping.reset();
-        // A connection without a credential must send an `auth` frame first, and soon.
-        let auth_deadline = tokio::time::sleep(config.auth_timeout);
-        tokio::pin!(auth_deadline);
-        tracing::debug!(conn_id = %self.id, "websocket connected");
-        let exit = loop {
-            let step = tokio::select! {
-                () = &mut auth_deadline, if self.caller.is_none() => {
-                    Err(auth_close(&ApiError::new(Code::Unauthenticated, "UNAUTHENTICATED", "no auth frame in time")))
+    /// Returns the connection's loop, which owns the socket until it closes.
+    ///
+    /// Not an `async fn`: that would keep its arguments twice in the future,
+    /// and an idle connection is this future (with its socket) and little
+    /// else. For the same reason, everything rare (a frame, a completion, a
+    /// ping, an event that is more than a relay, the close) runs boxed, only
+    /// while it runs; the loop itself holds the relay of a plain event.
+    #[expect(clippy::manual_async_fn, reason = "an async fn would hold its arguments twice")]
+    pub(super) fn run(mut self, mut socket: WebSocket) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            self.state.connections.fetch_add(1, Ordering::Relaxed);
+            metrics::gauge!("avm_gateway_websocket_connections").increment(1.0);
+            let shutdown = self.state.shutdown.clone();
+            let mut requests: FuturesUnordered<BoxFuture<'static, Completion>> = FuturesUnordered::new();
+            let mut subscriptions: StreamMap<String, EventStream> = StreamMap::new();
+            let mut ping = tokio::time::interval(self.state.config.ping_interval);
+            ping.reset();
+            // A connection without a credential must send an `auth` frame
+            // first, and soon; the timer is freed once it has.
+            let mut auth_deadline = self
+                .caller
+                .is_none()
+                .then(|| Box::pin(tokio::time::sleep(self.state.config.auth_timeout)));
+            tracing::debug!(conn_id = %self.id, "websocket connected");
+            let exit = loop {
+                if self.caller.is_some() {
+                    auth_deadline = None;
                 }
-                // Boxed: the handling of a frame or a completion is a large
-                // future, which an idle connection would otherwise carry
-                // inline all its life.
-                frame = socket.recv() => Box::pin(self.on_frame(frame, &mut socket, &mut requests, &mut subscriptions)).await,
-                Some(done) = requests.next() => {
-                    let subscribed = matches!(&done, Completion::Sent { accepted: Some((id, _)), .. } if subscriptions.contains_key(id));
-                    Box::pin(self.on_completion(done, subscribed, &mut socket)).await
+                let step = tokio::select! {
+                    () = async {
+                        match auth_deadline.as_mut() {
+                            Some(deadline) => deadline.await,
+                            None => std::future::pending().await,
+                        }
+                    }, if auth_deadline.is_some() => {
+                        Err(auth_close(&ApiError::new(Code::Unauthenticated, "UNAUTHENTICATED", "no auth frame in time")))
+                    }
+                    frame = socket.recv() => Box::pin(self.on_frame(frame, &mut socket, &mut requests, &mut subscriptions)).await,
+                    Some(done) = requests.next() => {
+                        let subscribed = matches!(&done, Completion::Sent { accepted: Some((id, _)), .. } if subscriptions.contains_key(id));
+                        Box::pin(self.on_completion(done, subscribed, &mut socket)).await
+                    }
+                    Some((session_id, item)) = subscriptions.next() => match self.relay(&session_id, item) {
+                        Ok(Relay::Frame(frame)) => self.send(&mut socket, frame).await,
+                        Ok(relay) => Box::pin(self.on_event(&session_id, relay, &mut socket)).await,
+                        Err(exit) => Err(exit),
+                    },
+                    _ = ping.tick() => Box::pin(self.on_ping(&mut socket)).await,
+                    () = shutdown.cancelled() => Err(Exit::Close(close_code::AWAY, "server shutting down".into())),
+                };
+                if let Err(exit) = step {
+                    break exit;
                 }
-                Some((session_id, item)) = subscriptions.next() => self.on_event(&session_id, item, &mut socket).await,
-                _ = ping.tick() => self.on_ping(&mut socket, &config).await,
-                () = shutdown.cancelled() => Err(Exit::Close(close_code::AWAY, "server shutting down".into())),
             };
-            if let Err(exit) = step {
-                break exit;
+            if let Exit::Close(code, reason) = exit {
+                let frame = CloseFrame {
+                    code,
+                    reason: Utf8Bytes::from(reason.into_owned()),
+                };
+                let send_timeout = self.state.config.send_timeout;
+                let _ = Box::pin(tokio::time::timeout(
+                    send_timeout,
+                    socket.send(Message::Close(Some(frame))),
+                ))
+                .await;
             }
-        };
-        if let Exit::Close(code, reason) = exit {
-            let frame = CloseFrame {
-                code,
-                reason: Utf8Bytes::from(reason.into_owned()),
-            };
-            let _ = tokio::time::timeout(config.send_timeout, socket.send(Message::Close(Some(frame)))).await;
+            tracing::debug!(conn_id = %self.id, "websocket closed");
+            self.state.connections.fetch_sub(1, Ordering::Relaxed);
+            metrics::gauge!("avm_gateway_websocket_connections").decrement(1.0);
         }
-        tracing::debug!(conn_id = %self.id, "websocket closed");
     }
 
     /// Sends one frame, wrapped when the client asked for acknowledged delivery.
@@ -179,7 +232,8 @@ impl Connection {
         }
     }
 
-    async fn on_ping(&mut self, socket: &mut WebSocket, config: &crate::GatewayConfig) -> Result<(), Exit> {
+    async fn on_ping(&mut self, socket: &mut WebSocket) -> Result<(), Exit> {
+        let config = &self.state.config;
         if self.last_seen.elapsed() > config.ping_interval * 2 {
             return Err(Exit::Close(close_code::AWAY, "no answer to pings".into()));
         }
@@ -520,12 +574,7 @@ impl Connection {
         let due: Vec<String> = self
             .pending
             .iter()
-            .filter(|(_, pending)| {
-                pending
-                    .parked
-                    .as_ref()
-                    .is_some_and(|(session, cursor, _)| session == session_id && *cursor <= seen)
-            })
+            .filter(|(_, pending)| pending.parked_before(session_id, seen))
             .map(|(correlation, _)| correlation.clone())
             .collect();
         for correlation in due {
@@ -561,21 +610,12 @@ impl Connection {
             .await
     }
 
-    async fn on_event(
-        &mut self,
-        session_id: &str,
-        item: Result<rt::Event, ApiError>,
-        socket: &mut WebSocket,
-    ) -> Result<(), Exit> {
+    /// Takes an event of a subscribed session: the frame to relay, or what
+    /// needs more than a relay.
+    fn relay(&mut self, session_id: &str, item: Result<rt::Event, ApiError>) -> Result<Relay, Exit> {
         let event = match item {
             Ok(event) => event,
-            Err(err) => {
-                tracing::debug!(conn_id = %self.id, session_id, reason = %err.reason, "subscription ended");
-                // Answers waiting for this stream wait no longer.
-                self.release_parked(socket, session_id, u64::MAX).await?;
-                let frame = system_error_frame(&err, None);
-                return self.send(socket, frame).await;
-            }
+            Err(err) => return Ok(Relay::Ended(err)),
         };
         // A revoked credential ends its open streams too, at the next event.
         if let Some(caller) = &self.caller
@@ -587,11 +627,35 @@ impl Connection {
         let seen = self.seen.entry(session_id.to_owned()).or_default();
         *seen = (*seen).max(cursor);
         if event.r#type == MESSAGE_ACCEPTED {
-            return self.on_accepted(&event, socket).await;
+            return Ok(Relay::Accepted(event));
         }
         // A stream that began after the acceptance never shows it: an answer
         // waiting for it goes out before the first event that follows it.
-        self.release_parked(socket, session_id, cursor).await?;
-        self.send(socket, event_frame(&event)).await
+        if self
+            .pending
+            .values()
+            .any(|pending| pending.parked_before(session_id, cursor))
+        {
+            return Ok(Relay::AfterParked(cursor, event_frame(&event)));
+        }
+        Ok(Relay::Frame(event_frame(&event)))
+    }
+
+    /// Handles an event that needs more than a relay.
+    async fn on_event(&mut self, session_id: &str, relay: Relay, socket: &mut WebSocket) -> Result<(), Exit> {
+        match relay {
+            Relay::Frame(frame) => self.send(socket, frame).await,
+            Relay::Ended(err) => {
+                tracing::debug!(conn_id = %self.id, session_id, reason = %err.reason, "subscription ended");
+                // Answers waiting for this stream wait no longer.
+                self.release_parked(socket, session_id, u64::MAX).await?;
+                self.send(socket, system_error_frame(&err, None)).await
+            }
+            Relay::Accepted(event) => self.on_accepted(&event, socket).await,
+            Relay::AfterParked(cursor, frame) => {
+                self.release_parked(socket, session_id, cursor).await?;
+                self.send(socket, frame).await
+            }
+        }
     }
 }

@@ -92,14 +92,6 @@ pub async fn upgrade(
         .max_write_buffer_size(transport_limit.max(64 * 1024))
         .max_message_size(transport_limit)
         .max_frame_size(transport_limit)
-        .on_upgrade(move |socket| async move {
-            state.connections.fetch_add(1, Ordering::Relaxed);
-            metrics::gauge!("avm_gateway_websocket_connections").increment(1.0);
-            Connection::new(Arc::clone(&state), ack, credential, caller)
-                .run(socket)
-                .await;
-            state.connections.fetch_sub(1, Ordering::Relaxed);
-            metrics::gauge!("avm_gateway_websocket_connections").decrement(1.0);
-        })
+        .on_upgrade(move |socket| Connection::new(state, ack, credential, caller).run(socket))
         .into_response()
 }

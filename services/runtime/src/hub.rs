@@ -108,7 +108,9 @@ impl SessionHub {
 
     /// Publishes an event to the retained window and every subscriber.
     pub fn publish(&self, kind: &'static str, context: &Arc<EventContext>, data: &Value) -> Arc<SessionEvent> {
-        let data_json = data.to_string();
+        let mut data_json = data.to_string();
+        // Kept for the retention period: without the slack of its growth.
+        data_json.shrink_to_fit();
         let mut state = self.lock();
         state.next_cursor = (state.next_cursor + 1).max(self.floor);
         let event = Arc::new(SessionEvent {
