@@ -151,7 +151,7 @@ pub(super) const LIST_GROUP_MESSAGES: &str = concat!(
 );
 
 /// The member's groups with messages after its cursor: `group_members_by_member`
-/// finds its memberships, each group is one primary-key lookup.
+/// finds its memberships in group order, each group is one primary-key lookup.
 pub(super) const LIST_UNREAD: &str = concat!(
     "SELECT g.group_id, g.container_id, g.name, g.wake_mode, g.last_seq, g.agent_streak, \
             g.created_at_ms, g.updated_at_ms, m.read_seq \
@@ -159,7 +159,7 @@ pub(super) const LIST_UNREAD: &str = concat!(
      JOIN containers c ON c.tenant_id = g.tenant_id AND c.container_id = g.container_id \
      WHERE m.tenant_id = $1 AND m.member_kind = $2 AND m.member_id = $3 AND g.last_seq > m.read_seq AND ",
     visible!("c", "$4"),
-    " ORDER BY g.group_id"
+    " ORDER BY m.group_id"
 );
 
 /// Returns a count column as `u64`.
