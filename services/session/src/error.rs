@@ -24,6 +24,19 @@ pub enum SessionError {
     /// The session does not exist for the caller's tenant.
     #[error("session {0} not found")]
     SessionNotFound(String),
+    /// The group does not exist for the caller's tenant.
+    #[error("group {0} not found")]
+    GroupNotFound(String),
+    /// The group exists but has no such member.
+    #[error("{member_id} is not a member of group {group_id}")]
+    GroupMemberNotFound { group_id: String, member_id: String },
+    /// The group already has a member with this id.
+    #[error("{member_id} is already a member of group {group_id}")]
+    GroupMemberExists { group_id: String, member_id: String },
+    /// The request is well formed but the state refuses it (for instance a
+    /// sender that is not a member); `reason` is stable.
+    #[error("{message}")]
+    Precondition { reason: &'static str, message: String },
     /// The caller is not allowed this operation (scope or role).
     #[error("{0}")]
     Denied(ApiError),
@@ -46,6 +59,14 @@ impl SessionError {
             message: message.into(),
         }
     }
+
+    /// Returns a `Precondition` error with a stable reason.
+    pub fn precondition(reason: &'static str, message: impl Into<String>) -> Self {
+        Self::Precondition {
+            reason,
+            message: message.into(),
+        }
+    }
 }
 
 impl From<SessionError> for ApiError {
@@ -63,6 +84,12 @@ impl From<SessionError> for ApiError {
             }
             SessionError::ImageNotFound(_) => ApiError::not_found("IMAGE_NOT_FOUND", err.to_string()),
             SessionError::SessionNotFound(_) => ApiError::not_found("SESSION_NOT_FOUND", err.to_string()),
+            SessionError::GroupNotFound(_) => ApiError::not_found("GROUP_NOT_FOUND", err.to_string()),
+            SessionError::GroupMemberNotFound { .. } => ApiError::not_found("GROUP_MEMBER_NOT_FOUND", err.to_string()),
+            SessionError::GroupMemberExists { .. } => {
+                ApiError::new(Code::AlreadyExists, "GROUP_MEMBER_EXISTS", err.to_string())
+            }
+            SessionError::Precondition { reason, message } => ApiError::precondition(reason, message),
             SessionError::Store(err) => err.into_api("session"),
         }
     }

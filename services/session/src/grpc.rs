@@ -8,7 +8,9 @@ use tonic::{Request, Response, Status};
 
 use crate::error::SessionError;
 use crate::record::{
-    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, Usage, WatchItem,
+    ContainerRecord, GroupMemberRecord, GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord, ImageUpdate,
+    MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup, NewGroupMessage, NewImage, NewMessage, UnreadGroup,
+    Usage, WakeMode, WatchItem,
 };
 use crate::service::SessionService;
 
@@ -279,6 +281,279 @@ impl SessionApi for SessionGrpc {
         Ok(Response::new(pb::ListMessagesResponse {
             messages: messages.into_iter().map(message_pb).collect(),
         }))
+    }
+
+    async fn create_group(
+        &self,
+        request: Request<pb::CreateGroupRequest>,
+    ) -> Result<Response<pb::CreateGroupResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let new = NewGroup {
+            container_id: request.container_id,
+            name: request.name,
+            wake_mode: wake_mode(request.wake_mode)?,
+            members: request
+                .members
+                .into_iter()
+                .map(|member| member_ref(Some(member)))
+                .collect::<Result<_, _>>()?,
+        };
+        let group = self.service.create_group(&ctx, new).await?;
+        Ok(Response::new(pb::CreateGroupResponse {
+            group: Some(group_pb(group)),
+        }))
+    }
+
+    async fn get_group(&self, request: Request<pb::GetGroupRequest>) -> Result<Response<pb::GetGroupResponse>, Status> {
+        let ctx = caller(&request)?;
+        let group = self.service.get_group(&ctx, &request.get_ref().group_id).await?;
+        Ok(Response::new(pb::GetGroupResponse {
+            group: Some(group_pb(group)),
+        }))
+    }
+
+    async fn list_groups(
+        &self,
+        request: Request<pb::ListGroupsRequest>,
+    ) -> Result<Response<pb::ListGroupsResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.get_ref();
+        let page = self
+            .service
+            .list_groups(&ctx, &request.container_id, request.page_size, &request.page_token)
+            .await?;
+        Ok(Response::new(pb::ListGroupsResponse {
+            groups: page.groups.into_iter().map(group_pb).collect(),
+            next_page_token: page.next_page_token.unwrap_or_default(),
+        }))
+    }
+
+    async fn update_group(
+        &self,
+        request: Request<pb::UpdateGroupRequest>,
+    ) -> Result<Response<pb::UpdateGroupResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let update = GroupUpdate {
+            name: request.name,
+            wake_mode: request.wake_mode.map(wake_mode).transpose()?.flatten(),
+        };
+        let group = self.service.update_group(&ctx, &request.group_id, update).await?;
+        Ok(Response::new(pb::UpdateGroupResponse {
+            group: Some(group_pb(group)),
+        }))
+    }
+
+    async fn delete_group(
+        &self,
+        request: Request<pb::DeleteGroupRequest>,
+    ) -> Result<Response<pb::DeleteGroupResponse>, Status> {
+        let ctx = caller(&request)?;
+        self.service.delete_group(&ctx, &request.get_ref().group_id).await?;
+        Ok(Response::new(pb::DeleteGroupResponse {}))
+    }
+
+    async fn add_group_member(
+        &self,
+        request: Request<pb::AddGroupMemberRequest>,
+    ) -> Result<Response<pb::AddGroupMemberResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let member = member_ref(request.member)?;
+        let member = self.service.add_group_member(&ctx, &request.group_id, member).await?;
+        Ok(Response::new(pb::AddGroupMemberResponse {
+            member: Some(group_member_pb(member)),
+        }))
+    }
+
+    async fn remove_group_member(
+        &self,
+        request: Request<pb::RemoveGroupMemberRequest>,
+    ) -> Result<Response<pb::RemoveGroupMemberResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let member = member_ref(request.member)?;
+        self.service
+            .remove_group_member(&ctx, &request.group_id, member)
+            .await?;
+        Ok(Response::new(pb::RemoveGroupMemberResponse {}))
+    }
+
+    async fn list_group_members(
+        &self,
+        request: Request<pb::ListGroupMembersRequest>,
+    ) -> Result<Response<pb::ListGroupMembersResponse>, Status> {
+        let ctx = caller(&request)?;
+        let members = self
+            .service
+            .list_group_members(&ctx, &request.get_ref().group_id)
+            .await?;
+        Ok(Response::new(pb::ListGroupMembersResponse {
+            members: members.into_iter().map(group_member_pb).collect(),
+        }))
+    }
+
+    async fn post_group_message(
+        &self,
+        request: Request<pb::PostGroupMessageRequest>,
+    ) -> Result<Response<pb::PostGroupMessageResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let message = NewGroupMessage {
+            message_id: Some(request.message_id).filter(|id| !id.is_empty()),
+            sender: member_ref(request.sender)?,
+            content: request.content,
+            mentions: request.mentions,
+            created_at_ms: 0,
+        };
+        let (stored, created) = self
+            .service
+            .post_group_message(&ctx, &request.group_id, message)
+            .await?;
+        Ok(Response::new(pb::PostGroupMessageResponse {
+            message: Some(group_message_pb(stored)),
+            created,
+        }))
+    }
+
+    async fn list_group_messages(
+        &self,
+        request: Request<pb::ListGroupMessagesRequest>,
+    ) -> Result<Response<pb::ListGroupMessagesResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.get_ref();
+        let messages = self
+            .service
+            .list_group_messages(&ctx, &request.group_id, request.after_seq, request.limit)
+            .await?;
+        Ok(Response::new(pb::ListGroupMessagesResponse {
+            messages: messages.into_iter().map(group_message_pb).collect(),
+        }))
+    }
+
+    async fn list_unread(
+        &self,
+        request: Request<pb::ListUnreadRequest>,
+    ) -> Result<Response<pb::ListUnreadResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let member = member_ref(request.member)?;
+        let groups = self.service.list_unread(&ctx, member, request.message_limit).await?;
+        Ok(Response::new(pb::ListUnreadResponse {
+            groups: groups.into_iter().map(unread_group_pb).collect(),
+        }))
+    }
+
+    async fn advance_read_cursor(
+        &self,
+        request: Request<pb::AdvanceReadCursorRequest>,
+    ) -> Result<Response<pb::AdvanceReadCursorResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let member = member_ref(request.member)?;
+        let member = self
+            .service
+            .advance_read_cursor(&ctx, &request.group_id, member, request.seq)
+            .await?;
+        Ok(Response::new(pb::AdvanceReadCursorResponse {
+            member: Some(group_member_pb(member)),
+        }))
+    }
+}
+
+/// Returns the wake mode a request names; `None` when it names none.
+fn wake_mode(value: i32) -> Result<Option<WakeMode>, SessionError> {
+    match pb::GroupWakeMode::try_from(value) {
+        Ok(pb::GroupWakeMode::Unspecified) => Ok(None),
+        Ok(pb::GroupWakeMode::All) => Ok(Some(WakeMode::All)),
+        Ok(pb::GroupWakeMode::Mentions) => Ok(Some(WakeMode::Mentions)),
+        Err(_) => Err(SessionError::invalid(
+            "INVALID_WAKE_MODE",
+            format!("unknown group wake mode {value}"),
+        )),
+    }
+}
+
+fn wake_mode_pb(mode: WakeMode) -> pb::GroupWakeMode {
+    match mode {
+        WakeMode::All => pb::GroupWakeMode::All,
+        WakeMode::Mentions => pb::GroupWakeMode::Mentions,
+    }
+}
+
+/// Returns the member a request names; its kind is required.
+fn member_ref(member: Option<pb::GroupMemberRef>) -> Result<MemberRef, SessionError> {
+    let member =
+        member.ok_or_else(|| SessionError::invalid("GROUP_MEMBER_REQUIRED", "the request needs a group member"))?;
+    let kind = match pb::GroupMemberKind::try_from(member.kind) {
+        Ok(pb::GroupMemberKind::Agent) => MemberKind::Agent,
+        Ok(pb::GroupMemberKind::User) => MemberKind::User,
+        Ok(pb::GroupMemberKind::Unspecified) | Err(_) => {
+            return Err(SessionError::invalid(
+                "INVALID_MEMBER_KIND",
+                "a group member is an agent or a user",
+            ));
+        }
+    };
+    Ok(MemberRef {
+        kind,
+        member_id: member.member_id,
+    })
+}
+
+fn member_ref_pb(member: MemberRef) -> pb::GroupMemberRef {
+    let kind = match member.kind {
+        MemberKind::Agent => pb::GroupMemberKind::Agent,
+        MemberKind::User => pb::GroupMemberKind::User,
+    };
+    pb::GroupMemberRef {
+        kind: kind.into(),
+        member_id: member.member_id,
+    }
+}
+
+fn group_pb(group: GroupRecord) -> pb::Group {
+    pb::Group {
+        group_id: group.group_id,
+        container_id: group.container_id,
+        name: group.name,
+        wake_mode: wake_mode_pb(group.wake_mode).into(),
+        last_seq: group.last_seq,
+        consecutive_agent_messages: group.consecutive_agent_messages,
+        created_at_ms: group.created_at_ms,
+        updated_at_ms: group.updated_at_ms,
+    }
+}
+
+fn group_member_pb(member: GroupMemberRecord) -> pb::GroupMember {
+    pb::GroupMember {
+        group_id: member.group_id,
+        member: Some(member_ref_pb(member.member)),
+        joined_at_ms: member.joined_at_ms,
+        read_seq: member.read_seq,
+    }
+}
+
+fn group_message_pb(message: GroupMessageRecord) -> pb::GroupMessage {
+    pb::GroupMessage {
+        group_id: message.group_id,
+        message_id: message.message_id,
+        seq: message.seq,
+        sender: Some(member_ref_pb(message.sender)),
+        content: message.content,
+        mentions: message.mentions,
+        consecutive_agent_messages: message.consecutive_agent_messages,
+        created_at_ms: message.created_at_ms,
+    }
+}
+
+fn unread_group_pb(unread: UnreadGroup) -> pb::UnreadGroup {
+    pb::UnreadGroup {
+        group: Some(group_pb(unread.group)),
+        read_seq: unread.read_seq,
+        unread_count: unread.unread_count,
+        messages: unread.messages.into_iter().map(group_message_pb).collect(),
     }
 }
 

@@ -1,11 +1,13 @@
 //! The session service: a tenant's containers, the images (persisted
 //! conversation definitions) inside them, the one session of each image and
-//! its messages, stored in SQLite or Postgres and served as `avm.session.v1`.
+//! its messages, and the groups in which agents and users talk together,
+//! stored in SQLite or Postgres and served as `avm.session.v1`.
 //!
 //! ```text
 //! grpc.rs     proto ⇄ domain, metadata → RequestContext, error → Status
-//! service.rs  validation, ids, timestamps, logs
-//! store.rs    the SessionStore trait; store/{sqlite,postgres}.rs behind it
+//! service.rs  validation, ids, timestamps, logs (service/groups.rs: groups)
+//! store.rs    the SessionStore and GroupStore traits; store/{sqlite,postgres}.rs
+//!             behind them, sharing store/sql.rs and store/groups.rs
 //! record.rs   the domain types
 //! references.rs  resource:// references checked with the resource service
 //! ```
@@ -20,12 +22,14 @@ mod store;
 pub use error::SessionError;
 pub use grpc::{SessionGrpc, grpc_server};
 pub use record::{
-    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, SessionChange,
-    ShareRecord, Usage, WatchItem,
+    ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupPage, GroupRecord, GroupUpdate,
+    ImageRecord, ImageUpdate, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup, NewGroupMessage, NewImage,
+    NewMessage, SessionChange, ShareRecord, UnreadGroup, Usage, WakeMode, WatchItem,
 };
 pub use references::References;
 pub use service::{
-    DEFAULT_IMAGE_NAME, MAX_DESCRIPTION_CHARS, MAX_ID_BYTES, MAX_MCP_SERVERS_BYTES, MAX_MESSAGE_BYTES, MAX_NAME_CHARS,
-    MAX_SYSTEM_PROMPT_BYTES, SessionService,
+    DEFAULT_GROUP_MESSAGE_LIMIT, DEFAULT_GROUP_PAGE_SIZE, DEFAULT_IMAGE_NAME, MAX_DESCRIPTION_CHARS,
+    MAX_GROUP_MESSAGE_LIMIT, MAX_GROUP_PAGE_SIZE, MAX_ID_BYTES, MAX_INITIAL_MEMBERS, MAX_MCP_SERVERS_BYTES,
+    MAX_MENTIONS, MAX_MESSAGE_BYTES, MAX_NAME_CHARS, MAX_SYSTEM_PROMPT_BYTES, SessionService,
 };
-pub use store::{PostgresSessionStore, Scope, SessionStore, SqliteSessionStore, open_store};
+pub use store::{GroupStore, PostgresSessionStore, Scope, SessionStore, SqliteSessionStore, open_store};

@@ -195,3 +195,184 @@ pub enum WatchItem {
     Live,
     Deleted(SessionChange),
 }
+
+/// Whether a group member is an agent (an image) or a user.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MemberKind {
+    /// An image of the group's container; its member id is the image id.
+    Agent,
+    /// A user of the tenant; its member id is the user id.
+    User,
+}
+
+impl MemberKind {
+    /// Returns the stable name of this kind, as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberKind::Agent => "agent",
+            MemberKind::User => "user",
+        }
+    }
+
+    /// Parses a stored kind.
+    pub fn parse(name: &str) -> Option<MemberKind> {
+        match name {
+            "agent" => Some(MemberKind::Agent),
+            "user" => Some(MemberKind::User),
+            _ => None,
+        }
+    }
+}
+
+/// Which agent members a group message wakes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WakeMode {
+    /// Every agent member.
+    #[default]
+    All,
+    /// Only the agents the message mentions.
+    Mentions,
+}
+
+impl WakeMode {
+    /// Returns the stable name of this mode, as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WakeMode::All => "all",
+            WakeMode::Mentions => "mentions",
+        }
+    }
+
+    /// Parses a stored mode.
+    pub fn parse(name: &str) -> Option<WakeMode> {
+        match name {
+            "all" => Some(WakeMode::All),
+            "mentions" => Some(WakeMode::Mentions),
+            _ => None,
+        }
+    }
+}
+
+/// Who a member (or a message's sender) is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemberRef {
+    pub kind: MemberKind,
+    pub member_id: String,
+}
+
+impl MemberRef {
+    /// Returns the agent member of image `image_id`.
+    pub fn agent(image_id: impl Into<String>) -> Self {
+        Self {
+            kind: MemberKind::Agent,
+            member_id: image_id.into(),
+        }
+    }
+
+    /// Returns the user member `user_id`.
+    pub fn user(user_id: impl Into<String>) -> Self {
+        Self {
+            kind: MemberKind::User,
+            member_id: user_id.into(),
+        }
+    }
+}
+
+/// A conversation of several agents and users inside one container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupRecord {
+    pub group_id: String,
+    pub container_id: String,
+    pub name: String,
+    pub wake_mode: WakeMode,
+    /// The seq of the newest message; 0 when there is none.
+    pub last_seq: u64,
+    /// Messages since the last one a user sent (all of them when none did).
+    pub consecutive_agent_messages: u64,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// What a caller asks for when creating a group; validated by the service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NewGroup {
+    pub container_id: String,
+    pub name: String,
+    /// `None` means [`WakeMode::All`].
+    pub wake_mode: Option<WakeMode>,
+    /// The members it starts with, joined in the same transaction.
+    pub members: Vec<MemberRef>,
+}
+
+/// The changes to a group; `None` leaves a field as it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupUpdate {
+    pub name: Option<String>,
+    pub wake_mode: Option<WakeMode>,
+}
+
+/// One page of a container's groups, newest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupPage {
+    pub groups: Vec<GroupRecord>,
+    /// Passed back to get the next page; `None` after the last one.
+    pub next_page_token: Option<String>,
+}
+
+/// Where a page of groups starts: after this group in newest-first order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupCursor {
+    pub created_at_ms: i64,
+    pub group_id: String,
+}
+
+/// A member of a group and how far it has read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupMemberRecord {
+    pub group_id: String,
+    pub member: MemberRef,
+    pub joined_at_ms: i64,
+    /// The seq of the last message it read; 0 when none.
+    pub read_seq: u64,
+}
+
+/// A message to post; the service fills in the id when the caller gave none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewGroupMessage {
+    /// The caller's idempotency key; `None` lets the service choose one.
+    pub message_id: Option<String>,
+    pub sender: MemberRef,
+    pub content: String,
+    /// Member ids the message mentions.
+    pub mentions: Vec<String>,
+    /// Zero (or negative) means "now".
+    pub created_at_ms: i64,
+}
+
+/// A group message as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupMessageRecord {
+    pub group_id: String,
+    pub message_id: String,
+    /// Position in the group, from 1, without gaps, assigned by the store.
+    pub seq: u64,
+    pub sender: MemberRef,
+    pub content: String,
+    pub mentions: Vec<String>,
+    /// The group's count of consecutive agent messages including this one
+    /// (0 for a user's message).
+    pub consecutive_agent_messages: u64,
+    pub created_at_ms: i64,
+}
+
+/// A group in which a member has unread messages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnreadGroup {
+    pub group: GroupRecord,
+    /// The member's read cursor.
+    pub read_seq: u64,
+    /// Messages after the cursor: `group.last_seq - read_seq`.
+    pub unread_count: u64,
+    /// The first unread messages, oldest first, as many as asked for.
+    pub messages: Vec<GroupMessageRecord>,
+}

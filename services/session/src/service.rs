@@ -19,6 +19,13 @@ use crate::record::{
 use crate::references::{RESOURCE_URI_PREFIX, References};
 use crate::store::{Scope, SessionStore};
 
+mod groups;
+
+pub use groups::{
+    DEFAULT_GROUP_MESSAGE_LIMIT, DEFAULT_GROUP_PAGE_SIZE, MAX_GROUP_MESSAGE_LIMIT, MAX_GROUP_PAGE_SIZE,
+    MAX_INITIAL_MEMBERS, MAX_MENTIONS,
+};
+
 /// The name of an image created without one.
 pub const DEFAULT_IMAGE_NAME: &str = "New Conversation";
 /// Longest id a caller may choose (containers, messages), in bytes.

@@ -14,8 +14,12 @@ use avm_store::db::{self, DbPool};
 use avm_store::events::EventTransport;
 
 use crate::error::SessionError;
-use crate::record::{ContainerRecord, ImageRecord, ImageUpdate, MessageRecord, NewMessage, ShareRecord};
+use crate::record::{
+    ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord,
+    ImageUpdate, MemberRef, MessageRecord, NewGroupMessage, NewMessage, ShareRecord, UnreadGroup,
+};
 
+mod groups;
 mod postgres;
 mod sql;
 mod sqlite;
@@ -32,9 +36,10 @@ pub struct Scope<'a> {
     pub user_id: Option<&'a str>,
 }
 
-/// Persists containers, images, sessions and messages.
+/// Persists containers, images, sessions and messages; and, through
+/// [`GroupStore`], the groups inside the containers.
 #[async_trait]
-pub trait SessionStore: Send + Sync + 'static {
+pub trait SessionStore: GroupStore + Send + Sync + 'static {
     /// Inserts the container, owned by `owner_id`, unless it exists; returns
     /// it and whether it is new. `ContainerIdTaken` when it exists but is not
     /// visible in `scope`.
@@ -119,6 +124,117 @@ pub trait SessionStore: Send + Sync + 'static {
 
     /// Returns how change events travel between the replicas on this store.
     fn event_transport(&self) -> EventTransport;
+}
+
+/// Persists groups, their members and read cursors, and their messages.
+///
+/// Groups live in containers and follow their visibility: a group of a
+/// container the scope does not see is `GroupNotFound`, like a missing one.
+#[async_trait]
+pub trait GroupStore: Send + Sync + 'static {
+    /// Inserts a group and its first members in one transaction;
+    /// `ContainerNotFound` when its container does not exist in the scope,
+    /// `ImageNotFound` when an agent member is not an image of that container.
+    async fn create_group(
+        &self,
+        scope: &Scope<'_>,
+        group: &GroupRecord,
+        members: &[MemberRef],
+    ) -> Result<(), SessionError>;
+
+    /// Returns a group, or `GroupNotFound`.
+    async fn get_group(&self, scope: &Scope<'_>, group_id: &str) -> Result<GroupRecord, SessionError>;
+
+    /// Returns up to `limit` groups of a container, newest first
+    /// (`created_at_ms`, then `group_id`, descending), after `after` when set;
+    /// none when the container does not exist in the scope.
+    async fn list_groups(
+        &self,
+        scope: &Scope<'_>,
+        container_id: &str,
+        after: Option<&GroupCursor>,
+        limit: u32,
+    ) -> Result<Vec<GroupRecord>, SessionError>;
+
+    /// Applies `update` and sets `updated_at_ms`; returns the changed group.
+    async fn update_group(
+        &self,
+        scope: &Scope<'_>,
+        group_id: &str,
+        update: &GroupUpdate,
+        now_ms: i64,
+    ) -> Result<GroupRecord, SessionError>;
+
+    /// Deletes a group with its members and messages.
+    async fn delete_group(&self, scope: &Scope<'_>, group_id: &str) -> Result<(), SessionError>;
+
+    /// Adds a member with a read cursor of 0. `GroupMemberExists` when the
+    /// group has a member with that id; `ImageNotFound` when an agent is not
+    /// an image of the group's container.
+    async fn add_group_member(
+        &self,
+        scope: &Scope<'_>,
+        group_id: &str,
+        member: &MemberRef,
+        now_ms: i64,
+    ) -> Result<GroupMemberRecord, SessionError>;
+
+    /// Removes a member; its messages stay. `GroupMemberNotFound` when the
+    /// group has no such member.
+    async fn remove_group_member(
+        &self,
+        scope: &Scope<'_>,
+        group_id: &str,
+        member: &MemberRef,
+    ) -> Result<(), SessionError>;
+
+    /// Returns a group's members in the order they joined.
+    async fn list_group_members(
+        &self,
+        scope: &Scope<'_>,
+        group_id: &str,
+    ) -> Result<Vec<GroupMemberRecord>, SessionError>;
+
+    /// Appends a message with the next `seq` of its group and moves the
+    /// group's agent streak, in one transaction; returns it and whether it is
+    /// new. A message id already in the group returns the stored message
+    /// unchanged. The sender and every mention must be members
+    /// (`Precondition` otherwise).
+    async fn post_group_message(
+        &self,
+        scope: &Scope<'_>,
+        group_id: &str,
+        message_id: &str,
+        message: &NewGroupMessage,
+    ) -> Result<(GroupMessageRecord, bool), SessionError>;
+
+    /// Returns up to `limit` messages of a group with a seq above `after_seq`, in `seq` order.
+    async fn list_group_messages(
+        &self,
+        scope: &Scope<'_>,
+        group_id: &str,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<GroupMessageRecord>, SessionError>;
+
+    /// Returns every group in which `member` has unread messages, by group
+    /// id, each with its count and its first `message_limit` unread messages.
+    async fn list_unread(
+        &self,
+        scope: &Scope<'_>,
+        member: &MemberRef,
+        message_limit: u32,
+    ) -> Result<Vec<UnreadGroup>, SessionError>;
+
+    /// Moves a member's read cursor forward to `seq` (at most the group's
+    /// newest message; never backwards) and returns the member.
+    async fn advance_read_cursor(
+        &self,
+        scope: &Scope<'_>,
+        group_id: &str,
+        member: &MemberRef,
+        seq: u64,
+    ) -> Result<GroupMemberRecord, SessionError>;
 }
 
 /// Opens the store named by `url` (`sqlite://…` or `postgres://…`) and brings its

@@ -33,3 +33,4 @@ impl PostgresSessionStore {
 }
 
 super::sql::impl_session_store!(PostgresSessionStore, sqlx::Postgres);
+super::groups::impl_group_store!(PostgresSessionStore, sqlx::Postgres);

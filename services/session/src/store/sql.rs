@@ -38,6 +38,8 @@ macro_rules! visible {
     };
 }
 
+pub(super) use visible;
+
 pub(super) const INSERT_CONTAINER: &str = "\
     INSERT INTO containers (tenant_id, container_id, owner_id, created_at_ms) VALUES ($1, $2, $3, $4) \
     ON CONFLICT (tenant_id, container_id) DO NOTHING";

@@ -31,3 +31,4 @@ impl SqliteSessionStore {
 }
 
 super::sql::impl_session_store!(SqliteSessionStore, sqlx::Sqlite);
+super::groups::impl_group_store!(SqliteSessionStore, sqlx::Sqlite);

@@ -13,31 +13,6 @@ use avm_common::auth::{Role, Scopes};
 
 use crate::support::{api_err, ctx, member, principal_ctx, reason, user};
 
-/// Expands each body into `sqlite::<name>` and `postgres::<name>` tests.
-macro_rules! conformance_suite {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let db = crate::support::TestDb::sqlite().await;
-                    super::$name(db.store.clone()).await;
-                }
-            )*
-        }
-
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let Some(db) = crate::support::TestDb::postgres().await else { return };
-                    super::$name(db.store.clone()).await;
-                }
-            )*
-        }
-    };
-}
-
 conformance_suite!(
     containers_are_get_or_create,
     container_ids_are_validated,

@@ -174,3 +174,231 @@ async fn grpc_round_trip_and_typed_errors() {
         .into_inner();
     assert_eq!(deleted.deleted_image_ids, [image.image_id]);
 }
+
+#[tokio::test]
+async fn grpc_groups_round_trip_and_typed_errors() {
+    let db = TestDb::sqlite().await;
+    let keys = TestKeys::new();
+    let server = grpc_server(
+        SessionService::new(db.store.clone()),
+        keys.verifier(),
+        &GrpcConfig::default(),
+    );
+    let channel = serve_grpc(Server::builder().add_service(server)).await;
+    let ctx = crate::support::ctx("tenant-grpc");
+    let mut client = SessionServiceClient::with_interceptor(channel.clone(), bearer(&keys.token(&ctx)));
+    let other_tenant = crate::support::ctx("tenant-other");
+    let mut outsider = SessionServiceClient::with_interceptor(channel, bearer(&keys.token(&other_tenant)));
+
+    client
+        .create_container(pb::CreateContainerRequest {
+            container_id: "room".into(),
+        })
+        .await
+        .unwrap();
+    let image = client
+        .create_image(pb::CreateImageRequest {
+            container_id: "room".into(),
+            ..pb::CreateImageRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .image
+        .unwrap();
+    let agent = pb::GroupMemberRef {
+        kind: pb::GroupMemberKind::Agent.into(),
+        member_id: image.image_id.clone(),
+    };
+    let me = pb::GroupMemberRef {
+        kind: pb::GroupMemberKind::User.into(),
+        member_id: "usr_admin".into(),
+    };
+    let group = client
+        .create_group(pb::CreateGroupRequest {
+            container_id: "room".into(),
+            name: "team".into(),
+            wake_mode: pb::GroupWakeMode::Mentions.into(),
+            members: vec![agent.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .group
+        .unwrap();
+    assert_eq!(group.wake_mode(), pb::GroupWakeMode::Mentions);
+    let joined = client
+        .add_group_member(pb::AddGroupMemberRequest {
+            group_id: group.group_id.clone(),
+            member: Some(me.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .member
+        .unwrap();
+    assert_eq!((joined.member.as_ref(), joined.read_seq), (Some(&me), 0));
+    let again = client
+        .add_group_member(pb::AddGroupMemberRequest {
+            group_id: group.group_id.clone(),
+            member: Some(me.clone()),
+        })
+        .await
+        .unwrap_err();
+    let again = ApiError::from_status(&again);
+    assert_eq!(
+        (again.code, again.reason.as_ref()),
+        (Code::AlreadyExists, "GROUP_MEMBER_EXISTS")
+    );
+
+    let posted = client
+        .post_group_message(pb::PostGroupMessageRequest {
+            group_id: group.group_id.clone(),
+            message_id: "q1".into(),
+            sender: Some(me.clone()),
+            content: "what do you think?".into(),
+            mentions: vec![image.image_id.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(posted.created);
+    let question = posted.message.unwrap();
+    assert_eq!((question.seq, question.consecutive_agent_messages), (1, 0));
+    let reply = pb::PostGroupMessageRequest {
+        group_id: group.group_id.clone(),
+        message_id: "a1".into(),
+        sender: Some(agent.clone()),
+        content: "I think so".into(),
+        mentions: Vec::new(),
+    };
+    let answer = client.post_group_message(reply.clone()).await.unwrap().into_inner();
+    assert_eq!(
+        answer.message.as_ref().map(|m| (m.seq, m.consecutive_agent_messages)),
+        Some((2, 1))
+    );
+    let replayed = client.post_group_message(reply).await.unwrap().into_inner();
+    assert_eq!((replayed.created, replayed.message), (false, answer.message.clone()));
+
+    let unread = client
+        .list_unread(pb::ListUnreadRequest {
+            member: Some(agent.clone()),
+            message_limit: 10,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .groups;
+    assert_eq!(unread.len(), 1);
+    assert_eq!((unread[0].unread_count, unread[0].messages.len()), (2, 2));
+    assert_eq!(unread[0].messages[0], question);
+    let advanced = client
+        .advance_read_cursor(pb::AdvanceReadCursorRequest {
+            group_id: group.group_id.clone(),
+            member: Some(agent.clone()),
+            seq: 2,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .member
+        .unwrap();
+    assert_eq!(advanced.read_seq, 2);
+    let history = client
+        .list_group_messages(pb::ListGroupMessagesRequest {
+            group_id: group.group_id.clone(),
+            after_seq: 1,
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .messages;
+    assert_eq!(history, [answer.message.unwrap()]);
+
+    let updated = client
+        .update_group(pb::UpdateGroupRequest {
+            group_id: group.group_id.clone(),
+            name: Some("renamed".into()),
+            wake_mode: Some(pb::GroupWakeMode::All.into()),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .group
+        .unwrap();
+    assert_eq!(
+        (updated.name.as_str(), updated.wake_mode()),
+        ("renamed", pb::GroupWakeMode::All)
+    );
+    let listed = client
+        .list_groups(pb::ListGroupsRequest {
+            container_id: "room".into(),
+            page_size: 1,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (listed.groups, listed.next_page_token),
+        (vec![updated.clone()], String::new())
+    );
+    let members = client
+        .list_group_members(pb::ListGroupMembersRequest {
+            group_id: group.group_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .members;
+    assert_eq!(
+        members.iter().map(|m| m.member.clone().unwrap()).collect::<Vec<_>>(),
+        [agent.clone(), me.clone()]
+    );
+
+    // Typed refusals: a kind is required, a foreign tenant sees nothing.
+    let kindless = client
+        .remove_group_member(pb::RemoveGroupMemberRequest {
+            group_id: group.group_id.clone(),
+            member: Some(pb::GroupMemberRef {
+                kind: pb::GroupMemberKind::Unspecified.into(),
+                member_id: "usr_admin".into(),
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(ApiError::from_status(&kindless).reason, "INVALID_MEMBER_KIND");
+    let foreign = outsider
+        .get_group(pb::GetGroupRequest {
+            group_id: group.group_id.clone(),
+        })
+        .await
+        .unwrap_err();
+    let foreign = ApiError::from_status(&foreign);
+    assert_eq!(
+        (foreign.code, foreign.reason.as_ref()),
+        (Code::NotFound, "GROUP_NOT_FOUND")
+    );
+
+    client
+        .remove_group_member(pb::RemoveGroupMemberRequest {
+            group_id: group.group_id.clone(),
+            member: Some(me),
+        })
+        .await
+        .unwrap();
+    client
+        .delete_group(pb::DeleteGroupRequest {
+            group_id: group.group_id.clone(),
+        })
+        .await
+        .unwrap();
+    let gone = client
+        .get_group(pb::GetGroupRequest {
+            group_id: group.group_id,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::NotFound);
+}

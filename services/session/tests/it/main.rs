@@ -4,7 +4,11 @@
 // `allow-unwrap-in-tests` does not cover; a failed unwrap is a failed test here.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+// First, so the modules after it can expand `conformance_suite!`.
+#[macro_use]
+mod support;
+
 mod conformance;
+mod groups;
 mod grpc;
 mod persistence;
-mod support;

@@ -6,6 +6,31 @@ use avm_common::ApiError;
 use avm_session::{MessageBody, NewMessage, SessionError, SessionStore, open_store};
 use avm_store::testing::TestDatabase;
 
+/// Expands each body into `sqlite::<name>` and `postgres::<name>` tests.
+macro_rules! conformance_suite {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let db = crate::support::TestDb::sqlite().await;
+                    super::$name(db.store.clone()).await;
+                }
+            )*
+        }
+
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let Some(db) = crate::support::TestDb::postgres().await else { return };
+                    super::$name(db.store.clone()).await;
+                }
+            )*
+        }
+    };
+}
+
 /// A store under test and the database it lives in (dropped with it).
 pub struct TestDb {
     pub store: Arc<dyn SessionStore>,
