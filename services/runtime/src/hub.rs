@@ -178,6 +178,7 @@ impl SessionHub {
         let (queue, live) = mpsc::channel(self.queue_capacity);
         let overflowed = Arc::new(AtomicBool::new(false));
         let mut state = self.lock();
+        state.subscribers.retain(|subscriber| !subscriber.queue.is_closed());
         let replay = match after {
             Some(cursor) => state
                 .recent
@@ -203,9 +204,11 @@ impl SessionHub {
         self.lock().next_cursor
     }
 
-    /// Drops retained events older than `cutoff_ms` and releases their memory.
+    /// Drops retained events older than `cutoff_ms` and releases their
+    /// memory, and the queues of subscribers that went away.
     fn trim(&self, cutoff_ms: i64) {
         let mut state = self.lock();
+        state.subscribers.retain(|subscriber| !subscriber.queue.is_closed());
         let stale = state
             .recent
             .iter()
@@ -389,6 +392,17 @@ mod tests {
         assert_eq!(hub.retained(), 0);
         let later = hub.publish("text_delta", &ctx, &json!({}));
         assert!(later.cursor > event.cursor, "cursors keep rising after a trim");
+    }
+
+    #[test]
+    fn a_finished_subscriber_is_let_go_without_another_event() {
+        let hub = SessionHub::new(8, 8, None);
+        let kept = hub.subscribe(None);
+        drop(hub.subscribe(None));
+        hub.trim(0);
+        assert_eq!(hub.lock().subscribers.len(), 1, "its queue went with it");
+        drop(kept);
+        assert!(!hub.has_subscribers());
     }
 
     #[tokio::test]
