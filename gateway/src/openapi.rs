@@ -14,7 +14,7 @@ use crate::http::ErrorDocument;
     info(
         title = "AgentVM",
         description = "Hosts AI agents for many tenants: containers, conversations (images), their agents and \
-                       events, resources, configuration, tenants, keys and usage. Every error is \
+                       events, groups, resources, configuration, tenants, keys and usage. Every error is \
                        `{\"error\":{\"code\",\"message\",\"requestId\"}}` with a stable `code`. The WebSocket \
                        protocol (AgentX 1.9 compatible) is at `/ws`."
     ),
@@ -23,6 +23,7 @@ use crate::http::ErrorDocument;
     tags(
         (name = "containers", description = "A tenant's isolation units and who they are shared with"),
         (name = "images", description = "Conversations: their agents, messages and events"),
+        (name = "groups", description = "Groups of agents and users in a container: members, messages, read cursors"),
         (name = "agents", description = "Running agents"),
         (name = "resources", description = "Versioned prompts, tools, sandboxes, agents and knowledge"),
         (name = "config", description = "The configuration center"),

@@ -18,7 +18,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::http::{RequestId, request_id_from_headers};
-use crate::rest::{self, auth, conversations as conv, credentials, resources, settings, usage, workspace};
+use crate::rest::{self, auth, conversations as conv, credentials, groups, resources, settings, usage, workspace};
 use crate::state::GatewayState;
 
 /// Returns every route (with the OpenAPI document they make) before state is given.
@@ -49,6 +49,14 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
             "/v1/images/{id}/workspace/files/{*path}",
             get(workspace::read_workspace_file).put(workspace::write_workspace_file),
         )
+        // Groups, their members, messages and read cursors.
+        .routes(routes!(groups::create_group, groups::list_groups))
+        .routes(routes!(groups::list_unread_groups))
+        .routes(routes!(groups::get_group, groups::update_group, groups::delete_group))
+        .routes(routes!(groups::add_group_member, groups::list_group_members))
+        .routes(routes!(groups::remove_group_member))
+        .routes(routes!(groups::list_group_messages, groups::post_group_message))
+        .routes(routes!(groups::mark_group_read))
         // Agents.
         .routes(routes!(conv::list_agents))
         .routes(routes!(conv::get_agent, conv::destroy_agent))

@@ -18,6 +18,7 @@ pub mod agents;
 pub mod auth;
 pub mod containers;
 pub mod credentials;
+pub mod groups;
 pub mod images;
 pub mod messages;
 pub mod resources;

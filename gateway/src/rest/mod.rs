@@ -16,6 +16,7 @@ use crate::state::GatewayState;
 pub mod auth;
 pub mod conversations;
 pub mod credentials;
+pub mod groups;
 pub mod resources;
 pub mod settings;
 pub mod usage;

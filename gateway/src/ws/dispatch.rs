@@ -11,6 +11,10 @@ use serde_json::Value;
 
 use crate::api::agents::{self, Agent};
 use crate::api::containers::{self, ContainerRef};
+use crate::api::groups::{
+    self, Group, GroupPageQuery, GroupUpdate, Member, MemberRef, MessageQuery, NewGroup, NewGroupMessage, ReadMark,
+    UnreadQuery,
+};
 use crate::api::images::EventStream;
 use crate::api::images::{self, AgentTarget, ImageConfig, ImageRecord, ImageUpdate, MessageAccepted};
 use crate::api::messages::MessageContent;
@@ -117,6 +121,99 @@ pub struct MessageSend {
     image_id: Option<String>,
     agent_id: Option<String>,
     content: MessageContent,
+}
+
+/// Names a group.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GroupRef {
+    group_id: String,
+}
+
+/// `group_create_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GroupCreate {
+    container_id: String,
+    #[serde(flatten)]
+    group: NewGroup,
+}
+
+/// `group_list_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GroupListing {
+    container_id: String,
+    #[serde(flatten)]
+    page: GroupPageQuery,
+}
+
+/// `group_update_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GroupChange {
+    group_id: String,
+    updates: GroupUpdate,
+}
+
+/// `group_member_add_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GroupMemberAdd {
+    group_id: String,
+    #[serde(flatten)]
+    member: MemberRef,
+}
+
+/// `group_member_remove_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GroupMemberRemove {
+    group_id: String,
+    member_id: String,
+}
+
+/// `group_message_send_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GroupMessageSend {
+    group_id: String,
+    #[serde(flatten)]
+    message: NewGroupMessage,
+}
+
+/// `group_message_list_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GroupMessageListing {
+    group_id: String,
+    after_seq: Option<u64>,
+    limit: Option<u32>,
+}
+
+/// `group_read_request` data.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GroupRead {
+    group_id: String,
+    #[serde(flatten)]
+    mark: ReadMark,
+}
+
+#[derive(Serialize)]
+struct OneGroup {
+    group: Group,
+}
+
+#[derive(Serialize)]
+struct OneMember {
+    member: Member,
+}
+
+#[derive(Serialize)]
+struct GroupMessagePosted {
+    message: groups::GroupMessage,
+    created: bool,
 }
 
 #[derive(Serialize)]
@@ -347,6 +444,69 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, name: &str, data: Val
             let path = upload.path.clone();
             answer(workspace::write(peers, ctx, image_id, path, upload.bytes()?).await?)
         }
+        "group_create" => {
+            let GroupCreate { container_id, group } = decode(data)?;
+            let group = groups::create(peers, ctx, container_id, group).await?;
+            answer(OneGroup { group })
+        }
+        "group_get" => {
+            let GroupRef { group_id } = decode(data)?;
+            answer(OneGroup {
+                group: groups::get(peers, ctx, group_id).await?,
+            })
+        }
+        "group_list" => {
+            let GroupListing { container_id, page } = decode(data)?;
+            answer(groups::list(peers, ctx, container_id, page).await?)
+        }
+        "group_update" => {
+            let GroupChange { group_id, updates } = decode(data)?;
+            answer(OneGroup {
+                group: groups::update(peers, ctx, group_id, updates).await?,
+            })
+        }
+        "group_delete" => {
+            let GroupRef { group_id } = decode(data)?;
+            answer(groups::delete(peers, ctx, group_id).await?)
+        }
+        "group_member_add" => {
+            let GroupMemberAdd { group_id, member } = decode(data)?;
+            answer(OneMember {
+                member: groups::add_member(peers, ctx, group_id, member).await?,
+            })
+        }
+        "group_member_remove" => {
+            let GroupMemberRemove { group_id, member_id } = decode(data)?;
+            answer(groups::remove_member(peers, ctx, group_id, member_id).await?)
+        }
+        "group_member_list" => {
+            let GroupRef { group_id } = decode(data)?;
+            answer(groups::members(peers, ctx, group_id).await?)
+        }
+        "group_message_send" => {
+            let GroupMessageSend { group_id, message } = decode(data)?;
+            let (message, created) = groups::post(peers, ctx, group_id, message).await?;
+            answer(GroupMessagePosted { message, created })
+        }
+        "group_message_list" => {
+            let GroupMessageListing {
+                group_id,
+                after_seq,
+                limit,
+            } = decode(data)?;
+            let query = MessageQuery {
+                after: after_seq,
+                limit,
+            };
+            answer(groups::messages(peers, ctx, group_id, query).await?)
+        }
+        "group_read" => {
+            let GroupRead { group_id, mark } = decode(data)?;
+            answer(OneMember {
+                member: groups::mark_read(peers, ctx, group_id, mark).await?,
+            })
+        }
+        "group_unread" => answer(groups::unread(peers, ctx, decode::<UnreadQuery>(data)?).await?),
         _ => Err(ApiError::invalid(
             "UNKNOWN_REQUEST",
             format!("unknown request type {name}_request"),
@@ -433,6 +593,18 @@ mod tests {
         "workspace_list",
         "workspace_read",
         "workspace_write",
+        "group_create",
+        "group_get",
+        "group_list",
+        "group_update",
+        "group_delete",
+        "group_member_add",
+        "group_member_remove",
+        "group_member_list",
+        "group_message_send",
+        "group_message_list",
+        "group_read",
+        "group_unread",
         "message_send",
     ];
 
@@ -456,6 +628,16 @@ mod tests {
             "credential_delete" => decode::<CredentialRef>(data).map(drop),
             "workspace_list" | "workspace_read" => decode::<WorkspaceRef>(data).map(drop),
             "workspace_write" => decode::<WorkspaceWrite>(data)?.upload.bytes().map(drop),
+            "group_create" => decode::<GroupCreate>(data).map(drop),
+            "group_get" | "group_delete" | "group_member_list" => decode::<GroupRef>(data).map(drop),
+            "group_list" => decode::<GroupListing>(data).map(drop),
+            "group_update" => decode::<GroupChange>(data).map(drop),
+            "group_member_add" => decode::<GroupMemberAdd>(data).map(drop),
+            "group_member_remove" => decode::<GroupMemberRemove>(data).map(drop),
+            "group_message_send" => decode::<GroupMessageSend>(data).map(drop),
+            "group_message_list" => decode::<GroupMessageListing>(data).map(drop),
+            "group_read" => decode::<GroupRead>(data).map(drop),
+            "group_unread" => decode::<UnreadQuery>(data).map(drop),
             "message_send" => decode_message_send(data).map(drop),
             other => Err(ApiError::invalid(
                 "UNKNOWN_REQUEST",

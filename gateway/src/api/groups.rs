@@ -1,0 +1,587 @@
+//! Groups: conversations of several agents and users inside one container,
+//! their members, their messages and each member's read cursor.
+//!
+//! The caller takes part as a user member: the creator of a group joins it
+//! on creation, posts as themself (posting as an agent is the runtime's, not
+//! the public API's) and reads with their own cursor.
+
+use avm_common::auth::Role;
+use avm_common::{ApiError, RequestContext};
+use avm_proto::session::v1 as ss;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::missing;
+use crate::peers::Peers;
+
+/// Which agent members a group message wakes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WakeMode {
+    /// Every agent member, by every message.
+    All,
+    /// Only the agents a message mentions.
+    Mentions,
+}
+
+impl WakeMode {
+    fn pb(self) -> ss::GroupWakeMode {
+        match self {
+            WakeMode::All => ss::GroupWakeMode::All,
+            WakeMode::Mentions => ss::GroupWakeMode::Mentions,
+        }
+    }
+
+    fn from_pb(value: i32) -> Self {
+        match ss::GroupWakeMode::try_from(value) {
+            Ok(ss::GroupWakeMode::Mentions) => WakeMode::Mentions,
+            _ => WakeMode::All,
+        }
+    }
+}
+
+/// What a group member is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberKind {
+    /// An agent: an image of the group's container; its member id is the image id.
+    Agent,
+    /// A user of the tenant; its member id is the user id.
+    User,
+}
+
+impl MemberKind {
+    fn pb(self) -> ss::GroupMemberKind {
+        match self {
+            MemberKind::Agent => ss::GroupMemberKind::Agent,
+            MemberKind::User => ss::GroupMemberKind::User,
+        }
+    }
+
+    fn from_pb(value: i32) -> Self {
+        match ss::GroupMemberKind::try_from(value) {
+            Ok(ss::GroupMemberKind::User) => MemberKind::User,
+            _ => MemberKind::Agent,
+        }
+    }
+}
+
+/// Names a group member, or a message's sender.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase", expecting = "an object")]
+pub struct MemberRef {
+    pub kind: MemberKind,
+    /// The image id of an agent, the user id of a user.
+    pub member_id: String,
+}
+
+impl MemberRef {
+    fn pb(&self) -> ss::GroupMemberRef {
+        ss::GroupMemberRef {
+            kind: self.kind.pb().into(),
+            member_id: self.member_id.clone(),
+        }
+    }
+
+    fn user(user_id: &str) -> Self {
+        Self {
+            kind: MemberKind::User,
+            member_id: user_id.to_owned(),
+        }
+    }
+}
+
+impl From<ss::GroupMemberRef> for MemberRef {
+    fn from(member: ss::GroupMemberRef) -> Self {
+        Self {
+            kind: MemberKind::from_pb(member.kind),
+            member_id: member.member_id,
+        }
+    }
+}
+
+/// A new group (the body of `POST /v1/containers/{id}/groups`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", expecting = "an object")]
+pub struct NewGroup {
+    /// 1 to 256 characters.
+    pub name: String,
+    /// Defaults to `all`.
+    #[serde(default)]
+    pub wake_mode: Option<WakeMode>,
+    /// The members it starts with (at most 64, the creator included): agents
+    /// (images of the container) and users. The creator joins as a user
+    /// member whether named or not.
+    #[serde(default)]
+    pub members: Vec<MemberRef>,
+}
+
+/// The changes to a group; absent fields stay as they are.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", default, expecting = "an object")]
+pub struct GroupUpdate {
+    /// 1 to 256 characters.
+    pub name: Option<String>,
+    pub wake_mode: Option<WakeMode>,
+}
+
+/// A group.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Group {
+    /// `grp_…`.
+    pub group_id: String,
+    pub container_id: String,
+    pub name: String,
+    pub wake_mode: WakeMode,
+    /// The seq of the newest message; 0 when there is none.
+    pub last_seq: u64,
+    /// Messages since the last one a user posted.
+    pub consecutive_agent_messages: u64,
+    /// Unix milliseconds.
+    pub created_at: i64,
+    /// Unix milliseconds.
+    pub updated_at: i64,
+}
+
+impl From<ss::Group> for Group {
+    fn from(group: ss::Group) -> Self {
+        Self {
+            wake_mode: WakeMode::from_pb(group.wake_mode),
+            group_id: group.group_id,
+            container_id: group.container_id,
+            name: group.name,
+            last_seq: group.last_seq,
+            consecutive_agent_messages: group.consecutive_agent_messages,
+            created_at: group.created_at_ms,
+            updated_at: group.updated_at_ms,
+        }
+    }
+}
+
+/// Which page of a container's groups.
+#[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct GroupPageQuery {
+    /// Most groups to return: default 50, at most 500.
+    pub page_size: Option<u32>,
+    /// The `nextPageToken` of the previous page.
+    pub page_token: Option<String>,
+}
+
+/// A page of a container's groups, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupList {
+    pub groups: Vec<Group>,
+    /// Present when another page follows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_page_token: Option<String>,
+}
+
+/// What deleting a group answers.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupDeleted {
+    pub group_id: String,
+    pub deleted: bool,
+}
+
+/// A member of a group and how far it has read.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Member {
+    pub group_id: String,
+    pub kind: MemberKind,
+    pub member_id: String,
+    /// Unix milliseconds.
+    pub joined_at: i64,
+    /// The seq of the last message it read; 0 when none.
+    pub read_seq: u64,
+}
+
+impl Member {
+    fn new(member: ss::GroupMember) -> Result<Self, ApiError> {
+        let who = MemberRef::from(member.member.ok_or_else(|| missing("member"))?);
+        Ok(Self {
+            group_id: member.group_id,
+            kind: who.kind,
+            member_id: who.member_id,
+            joined_at: member.joined_at_ms,
+            read_seq: member.read_seq,
+        })
+    }
+}
+
+/// A group's members in the order they joined.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberList {
+    pub group_id: String,
+    pub members: Vec<Member>,
+}
+
+/// What removing a member answers.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberRemoved {
+    pub group_id: String,
+    pub member_id: String,
+    pub removed: bool,
+}
+
+/// A message of a group.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupMessage {
+    pub group_id: String,
+    /// The poster's idempotency key, or `gmsg_…`.
+    pub message_id: String,
+    /// Position in the group, from 1, without gaps.
+    pub seq: u64,
+    pub sender: MemberRef,
+    pub content: String,
+    /// The member ids it mentions.
+    pub mentions: Vec<String>,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+impl GroupMessage {
+    fn new(message: ss::GroupMessage) -> Result<Self, ApiError> {
+        Ok(Self {
+            sender: message.sender.ok_or_else(|| missing("sender"))?.into(),
+            group_id: message.group_id,
+            message_id: message.message_id,
+            seq: message.seq,
+            content: message.content,
+            mentions: message.mentions,
+            created_at: message.created_at_ms,
+        })
+    }
+}
+
+/// A message the caller posts into a group, as themself.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", expecting = "an object")]
+pub struct NewGroupMessage {
+    /// Text, not blank.
+    pub content: String,
+    /// Member ids to mention (each a member); in a `mentions` group only these agents wake.
+    #[serde(default)]
+    pub mentions: Vec<String>,
+    /// The caller's idempotency key (1 to 128 letters, digits and `. _ : @ -`):
+    /// posting an id the group holds answers the stored message.
+    #[serde(default)]
+    pub message_id: Option<String>,
+}
+
+/// Where to read a group's messages.
+#[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct MessageQuery {
+    /// Messages with a greater seq; default 0, from the first.
+    pub after: Option<u64>,
+    /// Most messages: default 100, at most 1000.
+    pub limit: Option<u32>,
+}
+
+/// Messages of a group, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupMessageList {
+    pub group_id: String,
+    pub messages: Vec<GroupMessage>,
+}
+
+/// How far the caller has read (the body of `POST /v1/groups/{groupId}/read`).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", default, expecting = "an object")]
+pub struct ReadMark {
+    /// The seq of the last message read; absent means the newest. A cursor
+    /// never moves back nor past the newest message.
+    pub seq: Option<u64>,
+}
+
+/// How many unread messages to return with the caller's unread groups.
+#[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct UnreadQuery {
+    /// Unread messages per group, oldest first: default 0 (counts only), at most 1000.
+    pub message_limit: Option<u32>,
+}
+
+/// A group in which the caller has unread messages.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UnreadGroup {
+    pub group: Group,
+    /// The caller's read cursor.
+    pub read_seq: u64,
+    /// How many messages follow it.
+    pub unread_count: u64,
+    /// The first unread messages, as many as `messageLimit`.
+    pub messages: Vec<GroupMessage>,
+}
+
+/// The caller's groups with unread messages.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UnreadList {
+    pub groups: Vec<UnreadGroup>,
+}
+
+/// Returns the caller as a group member, when the caller is a user.
+fn caller(ctx: &RequestContext) -> Option<MemberRef> {
+    (ctx.principal.role != Role::Service).then(|| MemberRef::user(&ctx.principal.user_id))
+}
+
+/// Returns the caller as a user member, or why a service cannot act as one.
+fn caller_member(ctx: &RequestContext) -> Result<MemberRef, ApiError> {
+    caller(ctx).ok_or_else(|| ApiError::invalid("USER_REQUIRED", "only a user takes part in groups through this API"))
+}
+
+/// Creates a group in a container; the creator is its first user member.
+pub async fn create(
+    peers: &Peers,
+    ctx: &RequestContext,
+    container_id: String,
+    request: NewGroup,
+) -> Result<Group, ApiError> {
+    let mut members: Vec<ss::GroupMemberRef> = Vec::with_capacity(request.members.len() + 1);
+    if let Some(me) = caller(ctx)
+        && !request.members.contains(&me)
+    {
+        members.push(me.pb());
+    }
+    members.extend(request.members.iter().map(MemberRef::pb));
+    let call = ctx.request(ss::CreateGroupRequest {
+        container_id,
+        name: request.name,
+        wake_mode: request
+            .wake_mode
+            .map_or(ss::GroupWakeMode::Unspecified, WakeMode::pb)
+            .into(),
+        members,
+    });
+    let response = peers.session.create_group(call).await?.into_inner();
+    Ok(response.group.ok_or_else(|| missing("group"))?.into())
+}
+
+/// Returns a group.
+pub async fn get(peers: &Peers, ctx: &RequestContext, group_id: String) -> Result<Group, ApiError> {
+    let call = ctx.request(ss::GetGroupRequest { group_id });
+    let response = peers.session.get_group(call).await?.into_inner();
+    Ok(response.group.ok_or_else(|| missing("group"))?.into())
+}
+
+/// Lists a page of a container's groups, newest first.
+pub async fn list(
+    peers: &Peers,
+    ctx: &RequestContext,
+    container_id: String,
+    page: GroupPageQuery,
+) -> Result<GroupList, ApiError> {
+    let call = ctx.request(ss::ListGroupsRequest {
+        container_id,
+        page_size: page.page_size.unwrap_or(0),
+        page_token: page.page_token.unwrap_or_default(),
+    });
+    let response = peers.session.list_groups(call).await?.into_inner();
+    Ok(GroupList {
+        groups: response.groups.into_iter().map(Group::from).collect(),
+        next_page_token: Some(response.next_page_token).filter(|token| !token.is_empty()),
+    })
+}
+
+/// Changes a group's name or wake mode.
+pub async fn update(
+    peers: &Peers,
+    ctx: &RequestContext,
+    group_id: String,
+    update: GroupUpdate,
+) -> Result<Group, ApiError> {
+    let call = ctx.request(ss::UpdateGroupRequest {
+        group_id,
+        name: update.name,
+        wake_mode: update.wake_mode.map(|mode| mode.pb().into()),
+    });
+    let response = peers.session.update_group(call).await?.into_inner();
+    Ok(response.group.ok_or_else(|| missing("group"))?.into())
+}
+
+/// Deletes a group with its members and messages.
+pub async fn delete(peers: &Peers, ctx: &RequestContext, group_id: String) -> Result<GroupDeleted, ApiError> {
+    let call = ctx.request(ss::DeleteGroupRequest {
+        group_id: group_id.clone(),
+    });
+    peers.session.delete_group(call).await?;
+    Ok(GroupDeleted {
+        group_id,
+        deleted: true,
+    })
+}
+
+/// Adds an agent or a user to a group.
+pub async fn add_member(
+    peers: &Peers,
+    ctx: &RequestContext,
+    group_id: String,
+    member: MemberRef,
+) -> Result<Member, ApiError> {
+    let call = ctx.request(ss::AddGroupMemberRequest {
+        group_id,
+        member: Some(member.pb()),
+    });
+    let response = peers.session.add_group_member(call).await?.into_inner();
+    Member::new(response.member.ok_or_else(|| missing("member"))?)
+}
+
+/// Removes a member, named by its id alone (ids are unique within a group);
+/// what it posted stays.
+pub async fn remove_member(
+    peers: &Peers,
+    ctx: &RequestContext,
+    group_id: String,
+    member_id: String,
+) -> Result<MemberRemoved, ApiError> {
+    let members = members(peers, ctx, group_id.clone()).await?.members;
+    let Some(member) = members.into_iter().find(|member| member.member_id == member_id) else {
+        return Err(ApiError::not_found(
+            "GROUP_MEMBER_NOT_FOUND",
+            format!("{member_id} is not a member of group {group_id}"),
+        ));
+    };
+    let call = ctx.request(ss::RemoveGroupMemberRequest {
+        group_id: group_id.clone(),
+        member: Some(ss::GroupMemberRef {
+            kind: member.kind.pb().into(),
+            member_id: member.member_id,
+        }),
+    });
+    peers.session.remove_group_member(call).await?;
+    Ok(MemberRemoved {
+        group_id,
+        member_id,
+        removed: true,
+    })
+}
+
+/// Lists a group's members in the order they joined, with their read cursors.
+pub async fn members(peers: &Peers, ctx: &RequestContext, group_id: String) -> Result<MemberList, ApiError> {
+    let call = ctx.request(ss::ListGroupMembersRequest {
+        group_id: group_id.clone(),
+    });
+    let response = peers.session.list_group_members(call).await?.into_inner();
+    Ok(MemberList {
+        group_id,
+        members: response
+            .members
+            .into_iter()
+            .map(Member::new)
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+/// Posts a message into a group as the caller; `true` when it is new (not
+/// a re-post of a message id the group holds).
+///
+/// The caller has read what they answer: their read cursor moves to the
+/// message, so their own messages are never unread to them.
+pub async fn post(
+    peers: &Peers,
+    ctx: &RequestContext,
+    group_id: String,
+    message: NewGroupMessage,
+) -> Result<(GroupMessage, bool), ApiError> {
+    let sender = caller_member(ctx)?;
+    let call = ctx.request(ss::PostGroupMessageRequest {
+        group_id: group_id.clone(),
+        message_id: message.message_id.unwrap_or_default(),
+        sender: Some(sender.pb()),
+        content: message.content,
+        mentions: message.mentions,
+    });
+    let response = peers.session.post_group_message(call).await?.into_inner();
+    let stored = GroupMessage::new(response.message.ok_or_else(|| missing("message"))?)?;
+    let read = ctx.request(ss::AdvanceReadCursorRequest {
+        group_id,
+        member: Some(sender.pb()),
+        seq: stored.seq,
+    });
+    // The message is stored: a cursor left behind only shows it as unread,
+    // and failing the post would invite a duplicate.
+    if let Err(status) = peers.session.advance_read_cursor(read).await {
+        tracing::warn!(group_id = %stored.group_id, error = %status.message(), "read cursor not moved past own message");
+    }
+    Ok((stored, response.created))
+}
+
+/// Returns a group's messages after a seq, oldest first.
+pub async fn messages(
+    peers: &Peers,
+    ctx: &RequestContext,
+    group_id: String,
+    query: MessageQuery,
+) -> Result<GroupMessageList, ApiError> {
+    let call = ctx.request(ss::ListGroupMessagesRequest {
+        group_id: group_id.clone(),
+        after_seq: query.after.unwrap_or(0),
+        limit: query.limit.unwrap_or(0),
+    });
+    let response = peers.session.list_group_messages(call).await?.into_inner();
+    Ok(GroupMessageList {
+        group_id,
+        messages: response
+            .messages
+            .into_iter()
+            .map(GroupMessage::new)
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+/// Moves the caller's read cursor in a group forward.
+pub async fn mark_read(
+    peers: &Peers,
+    ctx: &RequestContext,
+    group_id: String,
+    mark: ReadMark,
+) -> Result<Member, ApiError> {
+    let call = ctx.request(ss::AdvanceReadCursorRequest {
+        group_id,
+        member: Some(caller_member(ctx)?.pb()),
+        // The service never moves a cursor past the newest message.
+        seq: mark.seq.unwrap_or(u64::MAX),
+    });
+    let response = peers.session.advance_read_cursor(call).await?.into_inner();
+    Member::new(response.member.ok_or_else(|| missing("member"))?)
+}
+
+/// Returns the caller's groups with unread messages, with counts and the
+/// first unread messages.
+pub async fn unread(peers: &Peers, ctx: &RequestContext, query: UnreadQuery) -> Result<UnreadList, ApiError> {
+    let call = ctx.request(ss::ListUnreadRequest {
+        member: Some(caller_member(ctx)?.pb()),
+        message_limit: query.message_limit.unwrap_or(0),
+    });
+    let response = peers.session.list_unread(call).await?.into_inner();
+    let groups = response
+        .groups
+        .into_iter()
+        .map(|unread| {
+            Ok(UnreadGroup {
+                group: unread.group.ok_or_else(|| missing("group"))?.into(),
+                read_seq: unread.read_seq,
+                unread_count: unread.unread_count,
+                messages: unread
+                    .messages
+                    .into_iter()
+                    .map(GroupMessage::new)
+                    .collect::<Result<_, _>>()?,
+            })
+        })
+        .collect::<Result<_, ApiError>>()?;
+    Ok(UnreadList { groups })
+}
