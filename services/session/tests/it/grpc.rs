@@ -10,8 +10,9 @@ use tonic::transport::Server;
 
 use crate::support::TestDb;
 
-#[tokio::test]
-async fn grpc_round_trip_and_typed_errors() {
+/// Serves the session service over gRPC on a fresh SQLite store; returns the
+/// store (kept alive), the token keys it trusts and a channel to it.
+async fn serve() -> (TestDb, TestKeys, tonic::transport::Channel) {
     let db = TestDb::sqlite().await;
     let keys = TestKeys::new();
     let server = grpc_server(
@@ -20,6 +21,12 @@ async fn grpc_round_trip_and_typed_errors() {
         &GrpcConfig::default(),
     );
     let channel = serve_grpc(Server::builder().add_service(server)).await;
+    (db, keys, channel)
+}
+
+#[tokio::test]
+async fn grpc_round_trip_and_typed_errors() {
+    let (_db, keys, channel) = serve().await;
 
     // Without a token nothing is answered but UNAUTHENTICATED.
     let anonymous = SessionServiceClient::new(channel.clone())
@@ -177,14 +184,7 @@ async fn grpc_round_trip_and_typed_errors() {
 
 #[tokio::test]
 async fn grpc_groups_round_trip_and_typed_errors() {
-    let db = TestDb::sqlite().await;
-    let keys = TestKeys::new();
-    let server = grpc_server(
-        SessionService::new(db.store.clone()),
-        keys.verifier(),
-        &GrpcConfig::default(),
-    );
-    let channel = serve_grpc(Server::builder().add_service(server)).await;
+    let (_db, keys, channel) = serve().await;
     let ctx = crate::support::ctx("tenant-grpc");
     let mut client = SessionServiceClient::with_interceptor(channel.clone(), bearer(&keys.token(&ctx)));
     let other_tenant = crate::support::ctx("tenant-other");
