@@ -57,6 +57,7 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(groups::remove_group_member))
         .routes(routes!(groups::list_group_messages, groups::post_group_message))
         .routes(routes!(groups::mark_group_read))
+        .routes(routes!(groups::group_events))
         // Agents.
         .routes(routes!(conv::list_agents))
         .routes(routes!(conv::get_agent, conv::destroy_agent))

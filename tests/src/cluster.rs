@@ -38,6 +38,8 @@ pub struct Options {
     /// The session service's database; SQLite under the data dir when `None`.
     pub database_url: Option<String>,
     pub agent_idle_timeout: Option<Duration>,
+    /// Consecutive agent messages a group takes (`[runtime] group_runaway_limit`).
+    pub group_runaway_limit: Option<u64>,
     pub max_frame_bytes: Option<usize>,
     pub llm_idle_timeout: Option<Duration>,
     /// Frames per second one WebSocket connection may send.
@@ -71,6 +73,7 @@ impl Default for Options {
             llm: Llm::Offline,
             database_url: None,
             agent_idle_timeout: None,
+            group_runaway_limit: None,
             max_frame_bytes: None,
             llm_idle_timeout: None,
             messages_per_second: None,
@@ -468,6 +471,9 @@ impl Cluster {
         if let Some(timeout) = self.options.agent_idle_timeout {
             config.runtime.agent_idle_timeout = timeout;
         }
+        if let Some(limit) = self.options.group_runaway_limit {
+            config.runtime.group_runaway_limit = limit;
+        }
         if let Some(limit) = self.options.max_frame_bytes {
             config.gateway.max_frame_bytes = limit;
         }
@@ -561,6 +567,9 @@ impl Cluster {
         }
         if let Some(limit) = self.options.max_frame_bytes {
             env.push(("AVM_GATEWAY_MAX_FRAME_BYTES".into(), limit.to_string()));
+        }
+        if let Some(limit) = self.options.group_runaway_limit {
+            env.push(("AVM_RUNTIME_GROUP_RUNAWAY_LIMIT".into(), limit.to_string()));
         }
         if let Some(store) = &self.options.workspace_store {
             env.push(("AVM_RUNTIME_WORKSPACE_STORE".into(), store.clone()));

@@ -66,11 +66,37 @@ pub struct RecordedRequest {
     pub anthropic_version: Option<String>,
 }
 
+/// Stands in a reply for the request's system prompt, so that agents with
+/// different prompts answer differently.
+pub const SYSTEM_PLACEHOLDER: &str = "{system}";
+
+/// The system prompt of a request, as one string (empty when none).
+fn system_prompt(api: MockApi, body: &Value) -> String {
+    let system = match api {
+        MockApi::Anthropic => body.get("system"),
+        MockApi::OpenAi => body
+            .get("messages")
+            .and_then(Value::as_array)
+            .and_then(|messages| messages.iter().find(|message| message["role"] == "system"))
+            .and_then(|message| message.get("content")),
+    };
+    match system {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(blocks)) => blocks
+            .iter()
+            .filter_map(|block| block.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    }
+}
+
 /// How the mock answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MockBehavior {
     /// The reply, streamed a word (with its trailing whitespace) per delta;
-    /// `None` streams `tokens` deltas `mock-0 mock-1 …`.
+    /// `None` streams `tokens` deltas `mock-0 mock-1 …`. A
+    /// [`SYSTEM_PLACEHOLDER`] in it stands for the request's system prompt.
     pub reply: Option<String>,
     /// How many deltas the default reply has.
     pub tokens: usize,
@@ -414,6 +440,11 @@ async fn answer(shared: Arc<Shared>, api: MockApi, headers: &HeaderMap, body: &[
     let calls = tools::calls_for(&behavior.tool_calls, behavior.tool_rounds, progress.rounds);
     if behavior.reply.is_none() && !progress.results.is_empty() {
         behavior.reply = Some(format!("Tool results: {}", progress.results.join(" | ")));
+    }
+    if let Some(reply) = behavior.reply.as_mut()
+        && reply.contains(SYSTEM_PLACEHOLDER)
+    {
+        *reply = reply.replace(SYSTEM_PLACEHOLDER, &system_prompt(api, &json));
     }
     let steps = match (api, calls) {
         (MockApi::Anthropic, None) => anthropic_stream(&json, &behavior, id),

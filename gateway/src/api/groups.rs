@@ -7,10 +7,12 @@
 
 use avm_common::auth::Role;
 use avm_common::{ApiError, RequestContext};
+use avm_proto::runtime::v1 as rt;
 use avm_proto::session::v1 as ss;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::images::EventStream;
 use super::missing;
 use crate::peers::Peers;
 
@@ -516,6 +518,22 @@ pub async fn post(
     if let Err(status) = peers.session.advance_read_cursor(read).await {
         tracing::warn!(group_id = %stored.group_id, error = %status.message(), "read cursor not moved past own message");
     }
+    if response.created {
+        let wake = ctx.request(rt::WakeGroupRequest {
+            group_id: stored.group_id.clone(),
+            seq: stored.seq,
+        });
+        // Stored is stored: an agent not woken now reads it on its next wake.
+        match peers.runtime.wake_group(wake).await {
+            Ok(woken) => {
+                let woken = woken.into_inner();
+                tracing::debug!(group_id = %stored.group_id, woken = woken.woken_image_ids.len(), runaway_stopped = woken.runaway_stopped, "group message woke its agents");
+            }
+            Err(status) => {
+                tracing::warn!(group_id = %stored.group_id, error = %status.message(), "the group's agents were not woken");
+            }
+        }
+    }
     Ok((stored, response.created))
 }
 
@@ -584,4 +602,78 @@ pub async fn unread(peers: &Peers, ctx: &RequestContext, query: UnreadQuery) -> 
         })
         .collect::<Result<_, ApiError>>()?;
     Ok(UnreadList { groups })
+}
+
+/// Follows a group's events: each message posted (`group_message`) and the
+/// events of every member agent's turns, live after `after_cursor`. With
+/// `history`, the stored messages after that seq come first, as
+/// `group_message` events without a cursor; a message both hold shows once.
+pub async fn events(
+    peers: &Peers,
+    ctx: &RequestContext,
+    group_id: String,
+    after_cursor: Option<String>,
+    history: Option<u64>,
+) -> Result<EventStream, ApiError> {
+    let request = ctx.request(rt::SubscribeGroupEventsRequest {
+        group_id: group_id.clone(),
+        after_cursor,
+    });
+    // Subscribed before the history is read: nothing posted between is missed.
+    let live = peers.runtime.subscribe_group_events(request).await?.into_inner();
+    let live = futures::StreamExt::filter_map(live, |item| {
+        futures::future::ready(match item {
+            Ok(response) => response.event.map(Ok),
+            Err(status) => Some(Err(ApiError::from_status(&status))),
+        })
+    });
+    let Some(after_seq) = history else {
+        return Ok(Box::pin(live));
+    };
+    let group = get(peers, ctx, group_id.clone()).await?;
+    let stored = messages(
+        peers,
+        ctx,
+        group_id,
+        MessageQuery {
+            after: Some(after_seq),
+            limit: Some(1000),
+        },
+    )
+    .await?
+    .messages;
+    let shown = stored.last().map_or(after_seq, |message| message.seq);
+    let stored: Vec<Result<rt::Event, ApiError>> = stored
+        .into_iter()
+        .map(|message| {
+            Ok(rt::Event {
+                r#type: "group_message".to_owned(),
+                cursor: String::new(),
+                timestamp_ms: message.created_at,
+                context: Some(rt::EventContext {
+                    container_id: group.container_id.clone(),
+                    image_id: match message.sender.kind {
+                        MemberKind::Agent => message.sender.member_id.clone(),
+                        MemberKind::User => String::new(),
+                    },
+                    agent_id: String::new(),
+                    session_id: group.group_id.clone(),
+                }),
+                data_json: serde_json::to_string(&message).unwrap_or_default(),
+            })
+        })
+        .collect();
+    let live = futures::StreamExt::filter(live, move |item| {
+        let repeated = matches!(item, Ok(event) if event.r#type == "group_message" && message_seq(event) <= shown);
+        futures::future::ready(!repeated)
+    });
+    Ok(Box::pin(futures::StreamExt::chain(futures::stream::iter(stored), live)))
+}
+
+/// The seq of a `group_message` event's message.
+fn message_seq(event: &rt::Event) -> u64 {
+    serde_json::from_str::<serde_json::Value>(&event.data_json)
+        .ok()
+        .and_then(|data| data.get("seq").and_then(serde_json::Value::as_u64))
+        .unwrap_or(u64::MAX)
 }

@@ -216,7 +216,7 @@ pub async fn image_events(
 /// Renders events as SSE: each with its type and `id: <cursor>`; a failure
 /// as a `system_error` event. The runtime's `message_accepted` marks are the
 /// WebSocket's business (its `message_send_response`), not events to relay.
-fn sse_events(events: EventStream) -> impl Stream<Item = Event> + Send {
+pub(crate) fn sse_events(events: EventStream) -> impl Stream<Item = Event> + Send {
     events.filter_map(|item| {
         futures::future::ready(match item {
             Ok(event) if event.r#type == MESSAGE_ACCEPTED => None,
@@ -237,7 +237,7 @@ fn sse_error(err: &ApiError) -> Event {
         .data(system_error_frame(err, None))
 }
 
-fn sse(events: impl Stream<Item = Event> + Send + 'static, ctx: &RequestContext) -> Response {
+pub(crate) fn sse(events: impl Stream<Item = Event> + Send + 'static, ctx: &RequestContext) -> Response {
     let stream = events.map(Ok::<_, Infallible>);
     with_request_id(
         Sse::new(stream).keep_alive(KeepAlive::default()).into_response(),

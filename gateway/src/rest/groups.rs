@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::header::ACCEPT;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
 use crate::api::groups::{
@@ -11,6 +12,7 @@ use crate::api::groups::{
     MemberList, MemberRef, MemberRemoved, MessageQuery, NewGroup, NewGroupMessage, ReadMark, UnreadList, UnreadQuery,
 };
 use crate::http::{Body, Ctx, Path, Query, error_response, ok, reply};
+use crate::rest::conversations::{EventsQuery, sse, sse_events};
 use crate::state::GatewayState;
 
 type St = State<Arc<GatewayState>>;
@@ -102,16 +104,56 @@ pub async fn remove_group_member(
     )
 }
 
+/// Lists a group's messages; with `Accept: text/event-stream`, streams them
+/// and then, live, every message posted and every member agent's events.
 #[utoipa::path(get, path = "/v1/groups/{id}/messages", tag = "groups",
     params(("id" = String, Path), MessageQuery),
-    responses((status = 200, description = "Messages after `after`, oldest first", body = GroupMessageList)))]
+    responses((status = 200, description = "Messages after `after`, oldest first; as server-sent events (`Accept: text/event-stream`): \
+        each stored message after `after` as a `group_message` event, then live `group_message` events and every member agent's \
+        events (their context names the agent and, as `sessionId`, the group), each with `id: <cursor>`",
+        body = GroupMessageList)))]
 pub async fn list_group_messages(
     State(state): St,
     Ctx(ctx): Ctx,
     Path(group_id): Path<String>,
     Query(query): Query<MessageQuery>,
+    headers: HeaderMap,
 ) -> Response {
-    ok(&ctx, groups::messages(&state.peers, &ctx, group_id, query).await)
+    let streamed = headers
+        .get(ACCEPT)
+        .and_then(|accept| accept.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/event-stream"));
+    if !streamed {
+        return ok(&ctx, groups::messages(&state.peers, &ctx, group_id, query).await);
+    }
+    let history = Some(query.after.unwrap_or(0));
+    match groups::events(&state.peers, &ctx, group_id, None, history).await {
+        Ok(events) => sse(sse_events(events), &ctx),
+        Err(err) => error_response(&err, &ctx.request_id),
+    }
+}
+
+/// Streams a group's events after a cursor, then live.
+#[utoipa::path(get, path = "/v1/groups/{id}/events", tag = "groups", params(("id" = String, Path), EventsQuery),
+    responses((status = 200, description = "`group_message` events and every member agent's events as server-sent events, \
+        each with `id: <cursor>`", content_type = "text/event-stream", body = String)))]
+pub async fn group_events(
+    State(state): St,
+    Ctx(ctx): Ctx,
+    Path(group_id): Path<String>,
+    Query(query): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let after = query.after.or_else(|| {
+        headers
+            .get("last-event-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    });
+    match groups::events(&state.peers, &ctx, group_id, after, None).await {
+        Ok(events) => sse(sse_events(events), &ctx),
+        Err(err) => error_response(&err, &ctx.request_id),
+    }
 }
 
 /// Posts a message as the caller, who must be a user member.

@@ -26,6 +26,7 @@ use tokio_stream::StreamMap;
 use tracing::Instrument;
 
 use super::dispatch;
+use crate::api::groups;
 use crate::api::images::{self, EventStream};
 use crate::auth::Caller;
 use crate::frames::{self, MESSAGE_ACCEPTED, error_response_frame, event_frame, response_frame, system_error_frame};
@@ -323,7 +324,8 @@ impl Connection {
         match kind {
             "subscribe" => self.subscribe(&value, socket, subscriptions).await,
             "unsubscribe" => {
-                if let Some(session_id) = value.get("sessionId").and_then(Value::as_str) {
+                let key = value.get("sessionId").or_else(|| value.get("groupId"));
+                if let Some(session_id) = key.and_then(Value::as_str) {
                     subscriptions.remove(session_id);
                     self.seen.remove(session_id);
                     return self.release_parked(socket, session_id, u64::MAX).await;
@@ -357,8 +359,13 @@ impl Connection {
         socket: &mut WebSocket,
         subscriptions: &mut StreamMap<String, EventStream>,
     ) -> Result<(), Exit> {
-        let Some(session_id) = value.get("sessionId").and_then(Value::as_str) else {
-            let err = ApiError::invalid("MISSING_FIELD", "subscribe needs a string `sessionId`");
+        // A group's stream is keyed by its id, which its events carry as `sessionId`.
+        let group_id = match value.get("sessionId") {
+            None => value.get("groupId").and_then(Value::as_str),
+            Some(_) => None,
+        };
+        let Some(session_id) = value.get("sessionId").and_then(Value::as_str).or(group_id) else {
+            let err = ApiError::invalid("MISSING_FIELD", "subscribe needs a string `sessionId` or `groupId`");
             return self.send(socket, system_error_frame(&err, None)).await;
         };
         if !subscriptions.contains_key(session_id) && subscriptions.len() >= self.state.config.max_subscriptions {
@@ -383,8 +390,12 @@ impl Connection {
             Ok(ctx) => ctx,
             Err(err) => return self.refused(socket, None, &err).await,
         };
-        let subscribed = images::subscribe(&self.state.peers, &ctx, session_id.to_owned(), after);
-        match Box::pin(subscribed).await {
+        let subscribed = match group_id {
+            Some(group_id) => Box::pin(groups::events(&self.state.peers, &ctx, group_id.to_owned(), after, None))
+                as futures::future::BoxFuture<'_, Result<EventStream, ApiError>>,
+            None => Box::pin(images::subscribe(&self.state.peers, &ctx, session_id.to_owned(), after)),
+        };
+        match subscribed.await {
             Ok(stream) => {
                 subscriptions.insert(session_id.to_owned(), stream);
                 Ok(())

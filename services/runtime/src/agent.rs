@@ -49,6 +49,9 @@ struct AgentState {
     last_active: Instant,
     /// Set once the agent left the pool; a send that raced with it starts over.
     retired: bool,
+    /// Whether it is reading its unread group messages, and whether it was
+    /// woken again meanwhile (then it reads once more when done).
+    reading: Option<bool>,
 }
 
 impl Agent {
@@ -83,6 +86,7 @@ impl Agent {
                 turn: None,
                 last_active: Instant::now(),
                 retired: false,
+                reading: None,
             }),
         }
     }
@@ -194,9 +198,35 @@ impl Agent {
         self.lock().turn.is_some()
     }
 
-    /// Returns whether the agent has had no turn for `timeout`.
+    /// Returns whether the agent has had no turn for `timeout` and reads
+    /// no group messages.
     pub(crate) fn idle_for(&self, timeout: Duration) -> bool {
         let state = self.lock();
-        state.turn.is_none() && state.last_active.elapsed() >= timeout
+        state.turn.is_none() && state.reading.is_none() && state.last_active.elapsed() >= timeout
+    }
+
+    /// Wakes the agent to read its group messages: `true` when it should
+    /// start reading, `false` when it reads already (it reads again after).
+    pub(crate) fn wake(&self) -> bool {
+        let mut state = self.lock();
+        match &mut state.reading {
+            Some(again) => {
+                *again = true;
+                false
+            }
+            None => {
+                state.reading = Some(false);
+                true
+            }
+        }
+    }
+
+    /// Ends a read: `true` when it was woken meanwhile and must read again.
+    pub(crate) fn read_done(&self) -> bool {
+        let mut state = self.lock();
+        let again = state.reading == Some(true);
+        state.reading = again.then_some(false);
+        state.last_active = Instant::now();
+        again
     }
 }

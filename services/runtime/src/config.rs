@@ -38,6 +38,9 @@ pub struct RuntimeConfig {
     pub max_tool_steps: u32,
     /// Tool calls of one reply run at once, at most.
     pub tool_concurrency: usize,
+    /// Consecutive agent messages a group takes without a user's: past it,
+    /// agent messages wake nobody until a user posts (runaway protection).
+    pub group_runaway_limit: u64,
     /// The limits `run_command` runs under (`[runtime.sandbox]`).
     pub sandbox: SandboxLimits,
     /// What `fetch_url` may reach and how much it reads (`[runtime.fetch]`).
@@ -57,6 +60,7 @@ impl Default for RuntimeConfig {
             workspace_store: None,
             max_tool_steps: 25,
             tool_concurrency: 4,
+            group_runaway_limit: 20,
             sandbox: SandboxLimits::default(),
             fetch: FetchConfig::default(),
             mcp: McpConfig::default(),

@@ -30,10 +30,26 @@ pub fn grpc_server(
     verifier: TokenVerifier,
     config: &GrpcConfig,
 ) -> Authenticated<RuntimeServiceServer<RuntimeGrpc>> {
-    let forwarder = pool.replicated().then(|| Forwarder {
-        config: config.clone(),
-        remotes: Mutex::new(HashMap::new()),
+    let forwarder = pool.replicated().then(|| {
+        Arc::new(Forwarder {
+            config: config.clone(),
+            remotes: Mutex::new(HashMap::new()),
+        })
     });
+    if let Some(forwarder) = &forwarder {
+        let forwarder = Arc::clone(forwarder);
+        pool.forward_wakes(Arc::new(move |addr, ctx, image_id| {
+            let remote = forwarder.remote(&addr);
+            Box::pin(async move {
+                let request = relay_message(
+                    ctx.request(()).metadata(),
+                    pb::WakeAgentRequest { image_id },
+                );
+                let woken = remote?.wake_agent(request).await?.into_inner().woken;
+                Ok(woken)
+            })
+        }));
+    }
     let server = RuntimeServiceServer::new(RuntimeGrpc { pool, forwarder })
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
@@ -44,7 +60,7 @@ pub fn grpc_server(
 pub struct RuntimeGrpc {
     pool: AgentPool,
     /// With replicas: calls for an agent another replica holds go there.
-    forwarder: Option<Forwarder>,
+    forwarder: Option<Arc<Forwarder>>,
 }
 
 impl RuntimeGrpc {
@@ -103,18 +119,10 @@ impl RuntimeGrpc {
     }
 
     fn remote(&self, addr: &str) -> Result<RuntimeServiceRemote, Status> {
-        let forwarder = self
-            .forwarder
+        self.forwarder
             .as_ref()
-            .ok_or_else(|| Status::internal("no forwarder"))?;
-        let mut remotes = forwarder.remotes.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(remote) = remotes.get(addr) {
-            return Ok(remote.clone());
-        }
-        let channel = avm_common::grpc::channel(addr, &forwarder.config).map_err(Status::from)?;
-        let remote = RuntimeServiceRemote::new(channel, forwarder.config.max_message_bytes);
-        remotes.insert(addr.to_owned(), remote.clone());
-        Ok(remote)
+            .ok_or_else(|| Status::internal("no forwarder"))?
+            .remote(addr)
     }
 }
 
@@ -122,6 +130,19 @@ impl RuntimeGrpc {
 struct Forwarder {
     config: GrpcConfig,
     remotes: Mutex<HashMap<String, RuntimeServiceRemote>>,
+}
+
+impl Forwarder {
+    fn remote(&self, addr: &str) -> Result<RuntimeServiceRemote, Status> {
+        let mut remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(remote) = remotes.get(addr) {
+            return Ok(remote.clone());
+        }
+        let channel = avm_common::grpc::channel(addr, &self.config).map_err(Status::from)?;
+        let remote = RuntimeServiceRemote::new(channel, self.config.max_message_bytes);
+        remotes.insert(addr.to_owned(), remote.clone());
+        Ok(remote)
+    }
 }
 
 /// Marks a call one replica sent on to another.
@@ -227,6 +248,47 @@ fn event_stream(
 impl RuntimeService for RuntimeGrpc {
     type SendMessageStream = EventStream<pb::SendMessageResponse>;
     type SubscribeEventsStream = EventStream<pb::SubscribeEventsResponse>;
+    type SubscribeGroupEventsStream = EventStream<pb::SubscribeGroupEventsResponse>;
+
+    async fn wake_group(&self, request: Request<pb::WakeGroupRequest>) -> Result<Response<pb::WakeGroupResponse>, Status> {
+        let ctx = caller(&request)?;
+        let message = request.get_ref();
+        let woken = self.pool.group_message_posted(&ctx, &message.group_id, message.seq).await?;
+        Ok(Response::new(pb::WakeGroupResponse {
+            woken_image_ids: woken.image_ids,
+            runaway_stopped: woken.runaway_stopped,
+        }))
+    }
+
+    async fn wake_agent(&self, request: Request<pb::WakeAgentRequest>) -> Result<Response<pb::WakeAgentResponse>, Status> {
+        let ctx = caller(&request)?;
+        let image_id = &request.get_ref().image_id;
+        let woken = match self.pool.wake(&ctx, image_id).await {
+            Err(RuntimeError::Elsewhere(addr)) if let Some(remote) = self.remote_for(&request, &addr) => {
+                return remote?.wake_agent(relay(&request)).await;
+            }
+            woken => woken?,
+        };
+        Ok(Response::new(pb::WakeAgentResponse { woken }))
+    }
+
+    async fn subscribe_group_events(
+        &self,
+        request: Request<pb::SubscribeGroupEventsRequest>,
+    ) -> Result<Response<Self::SubscribeGroupEventsStream>, Status> {
+        let ctx = caller(&request)?;
+        let message = request.into_inner();
+        let subscription = self
+            .pool
+            .subscribe_group(&ctx, &message.group_id, message.after_cursor.as_deref())
+            .await?;
+        let stream = futures::StreamExt::map(event_stream(subscription, false), |event| {
+            event.map(|event| pb::SubscribeGroupEventsResponse {
+                event: Some(event_pb(&event)),
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
 
     async fn list_workspace(
         &self,

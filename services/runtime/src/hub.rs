@@ -108,7 +108,11 @@ impl SessionHub {
 
     /// Publishes an event to the retained window and every subscriber.
     pub fn publish(&self, kind: &'static str, context: &Arc<EventContext>, data: &Value) -> Arc<SessionEvent> {
-        let mut data_json = data.to_string();
+        self.publish_json(kind, context, data.to_string())
+    }
+
+    /// Publishes an event whose data is already serialized.
+    pub fn publish_json(&self, kind: &'static str, context: &Arc<EventContext>, mut data_json: String) -> Arc<SessionEvent> {
         // Kept for the retention period: without the slack of its growth.
         data_json.shrink_to_fit();
         let mut state = self.lock();

@@ -28,6 +28,10 @@ use crate::settings::LlmSettings;
 use crate::tools::{Fetcher, ToolContext, Toolbox, Workspace, access};
 use crate::turn::{self, TurnLimits, TurnPorts};
 
+mod groups;
+
+pub use groups::RemoteWake;
+
 /// The answer to an accepted message: who runs it and the turn's events.
 pub struct SendAccepted {
     pub agent: AgentInfo,
@@ -68,6 +72,10 @@ struct PoolInner {
     retiring: Mutex<HashMap<AgentKey, Arc<Agent>>>,
     /// Set when a runtime without replicas drains: no new turn starts.
     draining: AtomicBool,
+    /// With replicas: how a wake reaches the replica holding the agent.
+    remote_wake: std::sync::OnceLock<RemoteWake>,
+    /// The seq of the last `group_message` event published, per group with a hub.
+    group_feeds: Mutex<HashMap<String, Arc<tokio::sync::Mutex<u64>>>>,
 }
 
 /// The agent pool of one runtime process; cheap to clone.
@@ -122,6 +130,8 @@ impl AgentPool {
                 agent_ids: Mutex::new(HashMap::new()),
                 retiring: Mutex::new(HashMap::new()),
                 draining: AtomicBool::new(false),
+                remote_wake: std::sync::OnceLock::new(),
+                group_feeds: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -313,6 +323,17 @@ impl AgentPool {
         image_id: &str,
         content: Content,
     ) -> Result<SendAccepted, RuntimeError> {
+        Ok(self.start_turn(ctx, image_id, content).await?.0)
+    }
+
+    /// Does what [`Self::send_message`] says; the handle ends with the turn,
+    /// with the text of its last reply when it completed.
+    async fn start_turn(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        content: Content,
+    ) -> Result<(SendAccepted, tokio::task::JoinHandle<Option<String>>), RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         content.validate()?;
         let llm = self.inner.llm.for_tenant(ctx).await?;
@@ -359,9 +380,9 @@ impl AgentPool {
             request,
             cancel,
         );
-        match &self.inner.replicas {
+        let handle = match &self.inner.replicas {
             // The turn outlives this call; it stays in the request's trace.
-            None => drop(tokio::spawn(turn.instrument(tracing::Span::current()))),
+            None => tokio::spawn(turn.instrument(tracing::Span::current())),
             Some(replicas) => {
                 // Recorded, so a survivor ends it if this replica dies.
                 replicas.turn_started(&TurnRecord {
@@ -375,18 +396,20 @@ impl AgentPool {
                 let replicas = replicas.clone();
                 let (tenant_id, image_id) = (agent.tenant_id.clone(), agent.image.image_id.clone());
                 let recorded = async move {
-                    turn.await;
+                    let reply = turn.await;
                     replicas.turn_ended(&tenant_id, &image_id);
+                    reply
                 };
-                drop(tokio::spawn(recorded.instrument(tracing::Span::current())));
+                tokio::spawn(recorded.instrument(tracing::Span::current()))
             }
-        }
-        Ok(SendAccepted {
+        };
+        let accepted = SendAccepted {
             agent: agent.info(),
             user_message_id,
             cursor,
             events,
-        })
+        };
+        Ok((accepted, handle))
     }
 
     /// Finds or starts the agent and claims its turn slot.
@@ -765,13 +788,7 @@ impl AgentPool {
         after_cursor: Option<&str>,
     ) -> Result<Subscription, RuntimeError> {
         ctx.require(Scopes::READ)?;
-        let after = after_cursor
-            .map(|cursor| {
-                cursor
-                    .parse::<u64>()
-                    .map_err(|_| RuntimeError::invalid("INVALID_CURSOR", format!("invalid cursor {cursor:?}")))
-            })
-            .transpose()?;
+        let after = parse_cursor(after_cursor)?;
         validate_id("SESSION_NOT_FOUND", "session", session_id)?;
         // Ownership: the session must be one the caller may see.
         self.sessions().get_session(ctx, session_id).await?;
@@ -798,6 +815,12 @@ impl AgentPool {
             .map(|agent| agent.image.session_id.clone())
             .collect();
         self.inner.hubs.prune(&|session_id| active.contains(session_id));
+        let hubs = &self.inner.hubs;
+        self.inner
+            .group_feeds
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .retain(|group_id, _| hubs.get(group_id).is_some());
         idle.len()
     }
 
@@ -1139,6 +1162,17 @@ fn cut_turn(history: &[Message]) -> Option<&str> {
 }
 
 /// Rejects ids no store could hold, answering like a missing object.
+/// Reads a subscriber's resume cursor.
+fn parse_cursor(cursor: Option<&str>) -> Result<Option<u64>, RuntimeError> {
+    cursor
+        .map(|cursor| {
+            cursor
+                .parse::<u64>()
+                .map_err(|_| RuntimeError::invalid("INVALID_CURSOR", format!("invalid cursor {cursor:?}")))
+        })
+        .transpose()
+}
+
 fn validate_id(reason: &'static str, what: &'static str, id: &str) -> Result<(), RuntimeError> {
     if id.is_empty() {
         return Err(RuntimeError::invalid("MISSING_ID", format!("{what} id is required")));

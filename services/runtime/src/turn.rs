@@ -172,7 +172,8 @@ async fn prepare_tools(agent: &Agent, tools: &Toolbox, ctx: &RequestContext) {
     }
 }
 
-/// Runs one turn to its end, whoever is listening.
+/// Runs one turn to its end, whoever is listening. Returns the text of the
+/// last reply when the turn completed (`None` when interrupted or failed).
 pub(crate) async fn run(
     ports: TurnPorts,
     agent: Arc<Agent>,
@@ -180,7 +181,8 @@ pub(crate) async fn run(
     llm: Arc<TenantLlm>,
     mut request: LlmRequest,
     cancel: CancellationToken,
-) {
+) -> Option<String> {
+    let mut last_reply = None;
     let in_flight = metrics::gauge!("avm_runtime_turns_in_flight");
     in_flight.increment(1.0);
     // MCP servers are reached when the first turn needs them, and listed
@@ -269,6 +271,7 @@ pub(crate) async fn run(
                     steps,
                     "turn completed"
                 );
+                last_reply = Some(reply.text.clone());
                 agent.finish_turn(
                     Some(reply.text),
                     Some(("conversation_end", &json!({"reason": "completed"}))),
@@ -305,6 +308,7 @@ pub(crate) async fn run(
     if let Some(tools) = &agent.tools {
         let _ = tools.workspace().save().await;
     }
+    last_reply
 }
 
 /// Ends a turn with an error: `error_received → error_message → error_occurred`.

@@ -11,7 +11,7 @@ use crate::both_modes;
 use crate::support::{call, call_as, cluster};
 
 /// Creates a container and an image (an agent to be) in it; returns the image id.
-async fn image(cluster: &Cluster, container_id: &str, name: &str) -> anyhow::Result<String> {
+pub(crate) async fn image(cluster: &Cluster, container_id: &str, name: &str) -> anyhow::Result<String> {
     let (status, _) = call(
         cluster,
         "POST",
@@ -31,7 +31,7 @@ async fn image(cluster: &Cluster, container_id: &str, name: &str) -> anyhow::Res
     Ok(record["imageId"].as_str().unwrap_or_default().to_owned())
 }
 
-fn text(value: &Value) -> String {
+pub(crate) fn text(value: &Value) -> String {
     value.as_str().unwrap_or_default().to_owned()
 }
 
@@ -83,27 +83,28 @@ async fn rest_groups(mode: Mode) -> anyhow::Result<()> {
         &cluster,
         "PATCH",
         &format!("/v1/groups/{group_id}"),
-        Some(json!({"name": "plans", "wakeMode": "all"})),
+        Some(json!({"name": "plans"})),
     )
     .await?;
     assert_eq!(status, 200, "{patched}");
     assert_eq!(patched["name"], "plans");
-    assert_eq!(patched["wakeMode"], "all");
+    assert_eq!(patched["wakeMode"], "mentions", "left as it was");
 
-    // Three messages by the user, in order, with sender, seq and mentions.
+    // Three messages by the user, in order, with sender, seq and mentions
+    // (of the user, so no agent wakes and answers in between).
     let messages = format!("/v1/groups/{group_id}/messages");
     for (n, content) in ["first", "second", "third"].iter().enumerate() {
         let (status, posted) = call(
             &cluster,
             "POST",
             &messages,
-            Some(json!({"content": content, "mentions": [alice]})),
+            Some(json!({"content": content, "mentions": [me]})),
         )
         .await?;
         assert_eq!(status, 201, "{posted}");
         assert_eq!(posted["seq"], n as u64 + 1);
         assert_eq!(posted["sender"], json!({"kind": "user", "memberId": me}));
-        assert_eq!(posted["mentions"], json!([alice]));
+        assert_eq!(posted["mentions"], json!([me]));
     }
     let (status, history) = call(&cluster, "GET", &messages, None).await?;
     assert_eq!(status, 200);
@@ -400,12 +401,14 @@ async fn ws_groups(mode: Mode) -> anyhow::Result<()> {
     let created = client
         .request(
             "group_create",
-            json!({"containerId": "socket", "name": "over ws", "members": [{"kind": "agent", "memberId": image_id}]}),
+            json!({"containerId": "socket", "name": "over ws", "wakeMode": "mentions",
+                "members": [{"kind": "agent", "memberId": image_id}]}),
         )
         .await?;
     assert!(created.get("error").is_none(), "{created}");
     let group_id = text(&created["group"]["groupId"]);
-    assert_eq!(created["group"]["wakeMode"], "all");
+    // Messages that mention nobody wake no agent here.
+    assert_eq!(created["group"]["wakeMode"], "mentions");
 
     let listed = client.request("group_list", json!({"containerId": "socket"})).await?;
     assert_eq!(listed["groups"][0]["groupId"], group_id.as_str());
@@ -418,7 +421,7 @@ async fn ws_groups(mode: Mode) -> anyhow::Result<()> {
         let sent = client
             .request(
                 "group_message_send",
-                json!({"groupId": group_id, "content": content, "mentions": [image_id], "messageId": format!("ws-{n}")}),
+                json!({"groupId": group_id, "content": content, "messageId": format!("ws-{n}")}),
             )
             .await?;
         assert_eq!(sent["created"], true, "{sent}");

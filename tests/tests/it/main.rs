@@ -9,6 +9,7 @@ mod conversation;
 mod failures;
 mod faults;
 mod forged;
+mod group_agents;
 mod groups;
 mod interrupt;
 mod isolation;

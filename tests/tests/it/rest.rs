@@ -9,37 +9,14 @@ use crate::support::{assert_text_turn, cluster};
 
 /// Reads an SSE body until an event of type `until`; returns (id, event, data) triples.
 async fn read_sse(response: reqwest::Response, until: &str) -> anyhow::Result<Vec<(Option<String>, String, Value)>> {
-    use futures::StreamExt;
-    let mut body = response.bytes_stream();
-    let mut buffer = String::new();
+    let mut stream = crate::support::SseStream::new(response);
     let mut events = Vec::new();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
     loop {
-        while let Some(end) = buffer.find("\n\n") {
-            let block: String = buffer.drain(..end + 2).collect();
-            let (mut id, mut event, mut data) = (None, String::new(), String::new());
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("id: ").or_else(|| line.strip_prefix("id:")) {
-                    id = Some(v.to_owned());
-                } else if let Some(v) = line.strip_prefix("event: ").or_else(|| line.strip_prefix("event:")) {
-                    event = v.to_owned();
-                } else if let Some(v) = line.strip_prefix("data: ").or_else(|| line.strip_prefix("data:")) {
-                    data.push_str(v);
-                }
-            }
-            if event.is_empty() {
-                continue;
-            }
-            let done = event == until;
-            events.push((id, event, serde_json::from_str(&data)?));
-            if done {
-                return Ok(events);
-            }
-        }
-        let chunk = tokio::time::timeout_at(deadline, body.next()).await?;
-        match chunk {
-            Some(chunk) => buffer.push_str(std::str::from_utf8(&chunk?)?),
-            None => anyhow::bail!("event stream ended before {until}"),
+        let event = stream.next_event().await?;
+        let done = event.1 == until;
+        events.push(event);
+        if done {
+            return Ok(events);
         }
     }
 }

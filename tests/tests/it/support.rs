@@ -213,3 +213,46 @@ pub async fn stop(mut child: tokio::process::Child) -> anyhow::Result<()> {
     anyhow::ensure!(status.success(), "avm serve exited with {status}");
     Ok(())
 }
+
+/// Server-sent events as a client reads them.
+pub struct SseStream {
+    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    buffer: String,
+}
+
+impl SseStream {
+    pub fn new(response: reqwest::Response) -> Self {
+        Self {
+            body: Box::pin(response.bytes_stream()),
+            buffer: String::new(),
+        }
+    }
+
+    /// Returns the next event's id, type and data; fails after 15 s without one.
+    pub async fn next_event(&mut self) -> anyhow::Result<(Option<String>, String, Value)> {
+        use futures::StreamExt;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            while let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let (mut id, mut event, mut data) = (None, String::new(), String::new());
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id: ").or_else(|| line.strip_prefix("id:")) {
+                        id = Some(v.to_owned());
+                    } else if let Some(v) = line.strip_prefix("event: ").or_else(|| line.strip_prefix("event:")) {
+                        event = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("data: ").or_else(|| line.strip_prefix("data:")) {
+                        data.push_str(v);
+                    }
+                }
+                if !event.is_empty() {
+                    return Ok((id, event, serde_json::from_str(&data)?));
+                }
+            }
+            match tokio::time::timeout_at(deadline, self.body.next()).await? {
+                Some(chunk) => self.buffer.push_str(std::str::from_utf8(&chunk?)?),
+                None => anyhow::bail!("the event stream ended"),
+            }
+        }
+    }
+}

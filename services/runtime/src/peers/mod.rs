@@ -4,11 +4,13 @@
 //! service object itself and a mesh with a gRPC client.
 
 mod config;
+mod groups;
 mod resource;
 mod session;
 mod usage;
 
 pub use config::{ConfigEntry, ConfigSource, ConfigUpdate, Configs, StoredCredentials};
+pub use groups::{GroupInfo, GroupPost, Member, UnreadGroup};
 pub use resource::{Resolved, Resources};
 pub(crate) use session::content;
 pub use session::{Deletion, ImageChanges, ImageInfo, Sessions};

@@ -91,7 +91,7 @@ pub struct ImageChanges {
 /// The session service as the runtime uses it; cheap to clone.
 #[derive(Clone)]
 pub struct Sessions {
-    service: SessionServiceHandle,
+    pub(super) service: SessionServiceHandle,
 }
 
 impl Sessions {

@@ -1,0 +1,444 @@
+//! Agents in groups. A group message wakes the agent members it concerns
+//! (every agent, or those it mentions); a woken agent reads what it has not
+//! read, one turn per group, posts its reply into the group, moves its read
+//! cursor and sleeps. A sleeping agent has no task: a wake starts one, and
+//! it ends when nothing is left to read. Messages that arrive during a turn
+//! wake it again, so they are read by the next turn, never by the running one.
+
+use std::sync::Arc;
+
+use avm_common::auth::Scopes;
+use avm_common::{ApiError, Code, RequestContext};
+use futures::future::BoxFuture;
+use serde_json::json;
+
+use super::AgentPool;
+use crate::agent::Agent;
+use crate::error::RuntimeError;
+use crate::hub::{EventContext, Subscription};
+use crate::message::{Content, Part};
+use crate::peers::{GroupInfo, GroupPost, Member, UnreadGroup};
+
+/// Unread messages of a group read by one turn.
+const READ_LIMIT: u32 = 100;
+
+/// Whom a posted group message woke.
+#[derive(Debug, Default)]
+pub struct Woken {
+    /// The agent members woken, in the order they joined.
+    pub image_ids: Vec<String>,
+    /// The group reached its limit of consecutive agent messages.
+    pub runaway_stopped: bool,
+}
+
+/// Sends a wake to the replica at an address (image id, as the caller).
+pub type RemoteWake =
+    Arc<dyn Fn(String, RequestContext, String) -> BoxFuture<'static, Result<bool, RuntimeError>> + Send + Sync>;
+
+impl AgentPool {
+    /// Sends the wakes of agents another replica holds through `remote`.
+    pub fn forward_wakes(&self, remote: RemoteWake) {
+        let _ = self.inner.remote_wake.set(remote);
+    }
+
+    /// A group message was posted: its watchers see it and the agent members
+    /// it concerns wake. Nobody wakes once the group's run of consecutive
+    /// agent messages reaches the limit; a user's message starts it over.
+    #[tracing::instrument(name = "runtime.wake_group", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn group_message_posted(
+        &self,
+        ctx: &RequestContext,
+        group_id: &str,
+        seq: u64,
+    ) -> Result<Woken, RuntimeError> {
+        ctx.require(Scopes::WRITE)?;
+        let group = self.sessions().get_group(ctx, group_id).await?;
+        let message = self
+            .sessions()
+            .group_message(ctx, group_id, seq)
+            .await?
+            .ok_or_else(|| {
+                RuntimeError::Api(ApiError::new(
+                    Code::NotFound,
+                    "GROUP_MESSAGE_NOT_FOUND",
+                    format!("group {group_id} has no message {seq}"),
+                ))
+            })?;
+        self.fan_out(ctx, &group, &message).await
+    }
+
+    /// Tells the group's watchers of `message` and wakes whom it concerns.
+    async fn fan_out(&self, ctx: &RequestContext, group: &GroupInfo, message: &GroupPost) -> Result<Woken, RuntimeError> {
+        let context = sender_context(group, message);
+        let hub = self.inner.hubs.get_or_create(&group.group_id);
+        self.publish_in_order(ctx, group, message, &context).await?;
+        let limit = self.inner.config.group_runaway_limit;
+        if limit > 0 && message.consecutive_agent_messages >= limit {
+            tracing::warn!(
+                group_id = %group.group_id,
+                consecutive_agent_messages = message.consecutive_agent_messages,
+                limit,
+                "agents stopped: the group reached its limit of consecutive agent messages"
+            );
+            metrics::counter!("avm_runtime_group_runaways_stopped_total").increment(1);
+            hub.publish(
+                "group_runaway_stopped",
+                &context,
+                &json!({
+                    "groupId": group.group_id,
+                    "consecutiveAgentMessages": message.consecutive_agent_messages,
+                    "limit": limit,
+                }),
+            );
+            return Ok(Woken {
+                image_ids: Vec::new(),
+                runaway_stopped: true,
+            });
+        }
+        let members = self.sessions().group_members(ctx, &group.group_id).await?;
+        // A user's message wakes every agent (or those it mentions); an
+        // agent's wakes only those it mentions, so agents do not chatter.
+        let mentioned_only = group.wake_on_mention || message.sender.agent;
+        let targets = members.into_iter().filter(|member| {
+            member.agent
+                && member.member_id != message.sender.member_id
+                && (!mentioned_only || message.mentions.contains(&member.member_id))
+        });
+        let mut woken = Woken::default();
+        for member in targets {
+            match self.wake_member(ctx, &member.member_id).await {
+                Ok(true) => woken.image_ids.push(member.member_id),
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::warn!(group_id = %group.group_id, image_id = %member.member_id, error = %err, "cannot wake an agent member");
+                }
+            }
+        }
+        Ok(woken)
+    }
+
+    /// Publishes `group_message` events up to `message`, in seq order: a
+    /// message posted meanwhile whose own publication is still to come goes
+    /// out first (read from the group), and then not again.
+    async fn publish_in_order(
+        &self,
+        ctx: &RequestContext,
+        group: &GroupInfo,
+        message: &GroupPost,
+        context: &Arc<EventContext>,
+    ) -> Result<(), RuntimeError> {
+        let feed = Arc::clone(
+            self.inner
+                .group_feeds
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner())
+                .entry(group.group_id.clone())
+                .or_default(),
+        );
+        let mut published = feed.lock().await;
+        if *published == 0 {
+            *published = message.seq.saturating_sub(1);
+        }
+        if message.seq <= *published {
+            return Ok(());
+        }
+        let hub = self.inner.hubs.get_or_create(&group.group_id);
+        let gap = message.seq - *published - 1;
+        if gap > 0 {
+            let earlier = self
+                .sessions()
+                .group_messages(ctx, &group.group_id, *published, u32::try_from(gap).unwrap_or(u32::MAX))
+                .await?;
+            for earlier in earlier.iter().filter(|earlier| earlier.seq < message.seq) {
+                hub.publish("group_message", &sender_context(group, earlier), &earlier.object());
+            }
+        }
+        hub.publish("group_message", context, &message.object());
+        *published = message.seq;
+        Ok(())
+    }
+
+    /// Wakes an agent here or on the replica holding it.
+    async fn wake_member(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
+        match self.wake(ctx, image_id).await {
+            Err(RuntimeError::Elsewhere(addr)) if let Some(remote) = self.inner.remote_wake.get() => {
+                remote(addr, ctx.clone(), image_id.to_owned()).await
+            }
+            result => result,
+        }
+    }
+
+    /// Wakes an image's agent to read its unread group messages: starts it
+    /// reading, or makes it read again once it is done.
+    #[tracing::instrument(name = "runtime.wake_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn wake(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
+        ctx.require(Scopes::WRITE)?;
+        let (agent, _) = self.ensure_agent(ctx, image_id).await?;
+        if agent.wake() {
+            tracing::debug!(image_id, "agent woken");
+            tokio::spawn(self.clone().read_groups(agent));
+        }
+        Ok(true)
+    }
+
+    /// Subscribes to a group's events, replaying retained ones after `after_cursor`.
+    #[tracing::instrument(name = "runtime.subscribe_group_events", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn subscribe_group(
+        &self,
+        ctx: &RequestContext,
+        group_id: &str,
+        after_cursor: Option<&str>,
+    ) -> Result<Subscription, RuntimeError> {
+        ctx.require(Scopes::READ)?;
+        let after = super::parse_cursor(after_cursor)?;
+        // Ownership: a group the caller may not see answers like a missing one.
+        self.sessions().get_group(ctx, group_id).await?;
+        Ok(self.inner.hubs.open(group_id).await.subscribe(after))
+    }
+
+    /// Reads until nothing the agent was woken for is left unread. Boxed:
+    /// a reply wakes other agents, whose reading may wake this one.
+    fn read_groups(self, agent: Arc<Agent>) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            loop {
+                let more = match self.read_unread(&agent).await {
+                    Ok(more) => more,
+                    Err(err) => {
+                        tracing::warn!(image_id = %agent.image.image_id, error = %err, "cannot read the agent's group messages");
+                        false
+                    }
+                };
+                if !more && !agent.read_done() {
+                    break;
+                }
+            }
+        })
+    }
+
+    /// Answers each group with unread messages; `true` when a group had
+    /// more than one turn reads.
+    async fn read_unread(&self, agent: &Arc<Agent>) -> Result<bool, RuntimeError> {
+        let ctx = self.inner.ports.identity.tenant_context(&agent.tenant_id).await?;
+        let me = Member::agent(&agent.image.image_id);
+        let mut more = false;
+        for unread in self.sessions().unread(&ctx, &me, READ_LIMIT).await? {
+            let group_id = unread.group.group_id.clone();
+            match self.answer_group(&ctx, &me, unread).await {
+                Ok(read_all) => more |= !read_all,
+                Err(err) => {
+                    tracing::warn!(group_id, image_id = %me.member_id, error = %err, "cannot answer a group");
+                }
+            }
+        }
+        Ok(more)
+    }
+
+    /// Runs a turn on a group's unread messages and posts its reply; returns
+    /// `false` when more messages wait than one turn reads.
+    async fn answer_group(&self, ctx: &RequestContext, me: &Member, unread: UnreadGroup) -> Result<bool, RuntimeError> {
+        let Some(last) = unread.messages.last().map(|message| message.seq) else {
+            return Ok(true);
+        };
+        let group = &unread.group;
+        let read_all = unread.unread_count <= unread.messages.len() as u64;
+        let limit = self.inner.config.group_runaway_limit;
+        if limit > 0
+            && unread
+                .messages
+                .last()
+                .is_some_and(|newest| newest.consecutive_agent_messages >= limit)
+        {
+            // Left unread: a user's next message starts the group over.
+            return Ok(true);
+        }
+        let others: Vec<&GroupPost> = unread
+            .messages
+            .iter()
+            .filter(|message| message.sender != *me)
+            .collect();
+        let concerned = if group.wake_on_mention {
+            others.iter().any(|message| message.mentions.contains(&me.member_id))
+        } else {
+            !others.is_empty()
+        };
+        if !concerned {
+            if others.is_empty() {
+                // Only its own replies: read.
+                self.sessions().advance_read_cursor(ctx, &group.group_id, me, last).await?;
+            }
+            return Ok(true);
+        }
+        let members = self.sessions().group_members(ctx, &group.group_id).await?;
+        let prompt = render(group, me, &others);
+        let reply = self.group_turn(ctx, group, &me.member_id, prompt).await?;
+        let mut cursor = last;
+        if let Some(text) = reply.filter(|text| !text.trim().is_empty()) {
+            let mentions = mentioned(&text, me, &members);
+            // Named after what it answers: a redelivered wake posts nothing twice.
+            let message_id = format!("reply.{}.{last}", me.member_id);
+            let (posted, created) = self
+                .sessions()
+                .post_group_message(ctx, &group.group_id, &message_id, me, &text, mentions)
+                .await?;
+            if posted.seq == last + 1 {
+                cursor = posted.seq;
+            }
+            if created {
+                self.fan_out(ctx, group, &posted).await?;
+            }
+        }
+        self.sessions()
+            .advance_read_cursor(ctx, &group.group_id, me, cursor)
+            .await?;
+        let context = Arc::new(EventContext {
+            container_id: group.container_id.clone(),
+            image_id: me.member_id.clone(),
+            agent_id: String::new(),
+            session_id: group.group_id.clone(),
+        });
+        self.inner.hubs.get_or_create(&group.group_id).publish(
+            "group_read",
+            &context,
+            &json!({"groupId": group.group_id, "memberId": me.member_id, "readSeq": cursor}),
+        );
+        Ok(read_all)
+    }
+
+    /// Runs one turn of the agent on `prompt` (after any turn already
+    /// running), relaying its events to the group's; returns the text of
+    /// its last reply when it completed.
+    async fn group_turn(
+        &self,
+        ctx: &RequestContext,
+        group: &GroupInfo,
+        image_id: &str,
+        prompt: String,
+    ) -> Result<Option<String>, RuntimeError> {
+        let content = Content {
+            parts: vec![Part::Text(prompt)],
+            plain_text: true,
+        };
+        let (accepted, turn) = loop {
+            match self.start_turn(ctx, image_id, content.clone()).await {
+                Err(RuntimeError::AgentBusy) => {
+                    if let Some(agent) = self.lookup(&ctx.tenant_id, &crate::error::AgentTarget::Image(image_id.to_owned())) {
+                        agent.stopped().await;
+                    }
+                }
+                started => break started?,
+            }
+        };
+        let context = Arc::new(EventContext {
+            container_id: group.container_id.clone(),
+            image_id: image_id.to_owned(),
+            agent_id: accepted.agent.agent_id.clone(),
+            session_id: group.group_id.clone(),
+        });
+        let relay = async {
+            let Subscription { replay, mut live, .. } = accepted.events;
+            let hubs = &self.inner.hubs;
+            for event in replay {
+                hubs.get_or_create(&group.group_id)
+                    .publish_json(event.kind, &context, event.data_json.clone());
+                if event.ends_turn() {
+                    return;
+                }
+            }
+            while let Some(event) = live.recv().await {
+                hubs.get_or_create(&group.group_id)
+                    .publish_json(event.kind, &context, event.data_json.clone());
+                if event.ends_turn() {
+                    return;
+                }
+            }
+        };
+        let (reply, ()) = tokio::join!(turn, relay);
+        Ok(reply.unwrap_or_default())
+    }
+}
+
+/// The context of a group event about a message: the group, and the agent
+/// that sent it, if one did.
+fn sender_context(group: &GroupInfo, message: &GroupPost) -> Arc<EventContext> {
+    Arc::new(EventContext {
+        container_id: group.container_id.clone(),
+        image_id: if message.sender.agent {
+            message.sender.member_id.clone()
+        } else {
+            String::new()
+        },
+        agent_id: String::new(),
+        session_id: group.group_id.clone(),
+    })
+}
+
+/// The unread messages of a group as the agent reads them: who said what.
+fn render(group: &GroupInfo, me: &Member, messages: &[&GroupPost]) -> String {
+    let mut text = format!(
+        "New messages in the group \"{}\" ({}). You are the member {}; your reply is posted into the group, and @<memberId> mentions a member.\n",
+        group.name, group.group_id, me.member_id
+    );
+    for message in messages {
+        let kind = if message.sender.agent { "agent" } else { "user" };
+        text.push_str(&format!("\n[{kind} {}] {}", message.sender.member_id, message.content));
+    }
+    text
+}
+
+/// The members a reply mentions as `@<memberId>`, itself excepted.
+fn mentioned(text: &str, me: &Member, members: &[Member]) -> Vec<String> {
+    members
+        .iter()
+        .filter(|member| *member != me && text.contains(&format!("@{}", member.member_id)))
+        .map(|member| member.member_id.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn post(seq: u64, sender: Member, content: &str) -> GroupPost {
+        GroupPost {
+            group_id: "grp_1".to_owned(),
+            message_id: format!("m{seq}"),
+            seq,
+            sender,
+            content: content.to_owned(),
+            mentions: Vec::new(),
+            consecutive_agent_messages: 0,
+            created_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn the_agent_reads_each_message_with_its_sender() {
+        let group = GroupInfo {
+            group_id: "grp_1".to_owned(),
+            container_id: "ctr_1".to_owned(),
+            name: "Planning".to_owned(),
+            wake_on_mention: false,
+        };
+        let user = Member {
+            agent: false,
+            member_id: "usr_ann".to_owned(),
+        };
+        let (first, second) = (
+            post(1, user, "What should we build?"),
+            post(2, Member::agent("img_b"), "A bridge."),
+        );
+        let text = render(&group, &Member::agent("img_a"), &[&first, &second]);
+        assert!(text.contains("\"Planning\" (grp_1)"), "{text}");
+        assert!(text.contains("You are the member img_a"), "{text}");
+        let order: Vec<&str> = text.lines().skip(2).collect();
+        assert_eq!(order, ["[user usr_ann] What should we build?", "[agent img_b] A bridge."]);
+    }
+
+    #[test]
+    fn a_reply_mentions_only_members_and_never_its_author() {
+        let me = Member::agent("img_a");
+        let members = [me.clone(), Member::agent("img_b"), Member::agent("img_c")];
+        let mentions = mentioned("@img_a asks @img_c and @img_z", &me, &members);
+        assert_eq!(mentions, ["img_c"]);
+    }
+}

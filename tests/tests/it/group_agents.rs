@@ -1,0 +1,297 @@
+//! Agents in groups: a group message wakes the agents it concerns, each
+//! reads its unread messages (with their senders) in one turn, replies into
+//! the group and moves its read cursor; what is posted during a turn is read
+//! by the next one; agents talking to each other stop at the runaway limit.
+
+use std::time::Duration;
+
+use avm_tests::cluster::{Cluster, Llm, Mode, Options};
+use avm_tests::mock_llm::{MockBehavior, MockLlm, RecordedRequest, SYSTEM_PLACEHOLDER};
+use avm_tests::ws_client::WsClient;
+use serde_json::{Value, json};
+
+use crate::both_modes;
+use crate::groups::{image, text};
+use crate::support::{SseStream, call};
+
+/// A cluster whose LLM answers each agent with its own system prompt.
+async fn prompted(mode: Mode, behavior: MockBehavior) -> anyhow::Result<(MockLlm, Cluster)> {
+    let mock = MockLlm::start(MockBehavior {
+        reply: Some(SYSTEM_PLACEHOLDER.to_owned()),
+        ..behavior
+    })
+    .await?;
+    let cluster = Cluster::start(
+        mode,
+        Options::with_llm(Llm::Anthropic {
+            base_url: mock.anthropic_base_url(),
+        }),
+    )
+    .await?;
+    Ok((mock, cluster))
+}
+
+/// Creates a group of `agents` (and the caller) in `container_id`.
+async fn group(cluster: &Cluster, container_id: &str, wake_mode: &str, agents: &[&str]) -> anyhow::Result<String> {
+    let members: Vec<Value> = agents
+        .iter()
+        .map(|id| json!({"kind": "agent", "memberId": id}))
+        .collect();
+    let (status, group) = call(
+        cluster,
+        "POST",
+        &format!("/v1/containers/{container_id}/groups"),
+        Some(json!({"name": "crew", "wakeMode": wake_mode, "members": members})),
+    )
+    .await?;
+    anyhow::ensure!(status == 201, "group: {status} {group}");
+    Ok(text(&group["groupId"]))
+}
+
+/// Follows a group over SSE, from its first message.
+async fn watch(cluster: &Cluster, group_id: &str) -> anyhow::Result<SseStream> {
+    let response = cluster
+        .http()?
+        .get(cluster.url(&format!("/v1/groups/{group_id}/messages")))
+        .header("accept", "text/event-stream")
+        .send()
+        .await?;
+    anyhow::ensure!(response.status() == 200, "watch: {}", response.status());
+    Ok(SseStream::new(response))
+}
+
+/// Events of a group until `reads` agents moved their read cursors.
+async fn until_read(stream: &mut SseStream, reads: usize) -> anyhow::Result<Vec<(String, Value)>> {
+    let mut events = Vec::new();
+    let mut seen = 0;
+    while seen < reads {
+        let (_, kind, data) = stream.next_event().await?;
+        anyhow::ensure!(kind != "system_error", "the group's stream failed: {data}");
+        seen += usize::from(kind == "group_read");
+        events.push((kind, data));
+    }
+    Ok(events)
+}
+
+fn messages_of(events: &[(String, Value)]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|(kind, _)| kind == "group_message")
+        .map(|(_, data)| data["data"].clone())
+        .collect()
+}
+
+async fn post(cluster: &Cluster, group_id: &str, body: Value) -> anyhow::Result<Value> {
+    let (status, posted) = call(cluster, "POST", &format!("/v1/groups/{group_id}/messages"), Some(body)).await?;
+    anyhow::ensure!(status == 201, "post: {status} {posted}");
+    Ok(posted)
+}
+
+/// The text of the last user message of an LLM request: what the turn read.
+fn last_user_text(request: &RecordedRequest) -> String {
+    let messages = request.body["messages"].as_array().cloned().unwrap_or_default();
+    let last = messages.iter().rev().find(|message| message["role"] == "user");
+    match last.map(|message| &message["content"]) {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(blocks)) => blocks.iter().filter_map(|block| block["text"].as_str()).collect(),
+        _ => String::new(),
+    }
+}
+
+both_modes!(three_agents_answer_a_user_once_each, three_agents);
+
+async fn three_agents(mode: Mode) -> anyhow::Result<()> {
+    let (mock, cluster) = prompted(mode, MockBehavior::default()).await?;
+    let names = ["alice", "bob", "carol"];
+    let mut agents = Vec::new();
+    for name in names {
+        agents.push(image(&cluster, "crew", name).await?);
+    }
+    let ids: Vec<&str> = agents.iter().map(String::as_str).collect();
+    let group_id = group(&cluster, "crew", "all", &ids).await?;
+    let mut sse = watch(&cluster, &group_id).await?;
+    let mut ws = WsClient::connect(&cluster.ws_url()).await?;
+    ws.send_json(&json!({"type": "subscribe", "groupId": group_id})).await?;
+    // Answered after the subscription opened: the same connection's frames run in order.
+    ws.request("group_get", json!({"groupId": group_id})).await?;
+
+    let question = post(&cluster, &group_id, json!({"content": "Hello team, who is here?"})).await?;
+    assert_eq!(question["seq"], 1);
+
+    // Over SSE: the question, each agent's streamed answer, its reply, its read.
+    let events = until_read(&mut sse, 3).await?;
+    let messages = messages_of(&events);
+    assert_eq!(messages.len(), 4, "{messages:?}");
+    assert_eq!(messages[0]["sender"]["kind"], "user");
+    assert_eq!(messages[0]["content"], "Hello team, who is here?");
+    let mut repliers = Vec::new();
+    for (n, reply) in messages.iter().enumerate().skip(1) {
+        assert_eq!(reply["seq"], n + 1, "in order: {messages:?}");
+        assert_eq!(reply["sender"]["kind"], "agent");
+        let sender = text(&reply["sender"]["memberId"]);
+        let name = names[agents.iter().position(|id| *id == sender).expect("a member")];
+        assert_eq!(reply["content"], format!("You are {name}."), "each answers as itself");
+        repliers.push(sender);
+    }
+    repliers.sort();
+    let mut expected = agents.clone();
+    expected.sort();
+    assert_eq!(repliers, expected, "each agent replies once");
+    for agent in &agents {
+        let streamed = events
+            .iter()
+            .any(|(kind, data)| kind == "text_delta" && data["context"]["imageId"] == agent.as_str());
+        assert!(streamed, "{agent}'s answer streams to the group's watchers");
+    }
+
+    // Over the WebSocket: the same messages.
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let frame = ws.next_frame().await?;
+        if frame["type"] == "group_message" {
+            assert_eq!(frame["context"]["sessionId"], group_id.as_str());
+            seen.push(frame["data"]["seq"].as_u64().unwrap_or_default());
+        }
+    }
+    assert_eq!(seen, [1, 2, 3, 4]);
+
+    // The history holds every message with its sender; cursors moved.
+    let (_, history) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/messages"), None).await?;
+    let history = history["messages"].as_array().cloned().unwrap_or_default();
+    assert_eq!(history.len(), 4, "{history:?}");
+    assert_eq!(history[1..].iter().map(|m| m["sender"].clone()).collect::<Vec<_>>(), messages[1..].iter().map(|m| m["sender"].clone()).collect::<Vec<_>>());
+    let (_, members) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
+    for member in members["members"].as_array().cloned().unwrap_or_default() {
+        assert!(member["readSeq"].as_u64() >= Some(1), "{member}");
+    }
+
+    // Each agent read the question with its sender, in one turn.
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 3);
+    for request in &requests {
+        let read = last_user_text(request);
+        assert!(read.contains("[user ") && read.contains("] Hello team, who is here?"), "{read}");
+    }
+    Ok(())
+}
+
+both_modes!(a_mention_wakes_only_the_mentioned_agent, mention);
+
+async fn mention(mode: Mode) -> anyhow::Result<()> {
+    let (mock, cluster) = prompted(mode, MockBehavior::default()).await?;
+    let alice = image(&cluster, "desk", "alice").await?;
+    let bob = image(&cluster, "desk", "bob").await?;
+    let group_id = group(&cluster, "desk", "mentions", &[&alice, &bob]).await?;
+    let mut sse = watch(&cluster, &group_id).await?;
+
+    post(&cluster, &group_id, json!({"content": "Bob, a word?", "mentions": [bob]})).await?;
+    let events = until_read(&mut sse, 1).await?;
+    let messages = messages_of(&events);
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[1]["sender"]["memberId"], bob.as_str());
+    assert_eq!(messages[1]["content"], "You are bob.");
+
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 1, "only bob thought");
+    assert_eq!(requests[0].body["system"], "You are bob.");
+    let (_, history) = call(&cluster, "GET", &format!("/v1/images/{alice}/messages"), None).await?;
+    assert_eq!(history["messages"].as_array().map(Vec::len), Some(0), "{history}");
+    // Alice keeps the message unread, for when she is mentioned.
+    let (_, members) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
+    let read = |id: &str| {
+        members["members"]
+            .as_array()
+            .and_then(|all| all.iter().find(|m| m["memberId"] == id))
+            .map(|m| m["readSeq"].clone())
+    };
+    assert_eq!(read(&alice), Some(json!(0)));
+    assert_eq!(read(&bob), Some(json!(2)));
+    Ok(())
+}
+
+both_modes!(messages_sent_during_a_turn_are_read_by_the_next, during_a_turn);
+
+async fn during_a_turn(mode: Mode) -> anyhow::Result<()> {
+    // The first answer is held back long enough to post two more messages.
+    let slow = MockBehavior {
+        first_token_delay: Duration::from_secs(2),
+        ..MockBehavior::default()
+    };
+    let (mock, cluster) = prompted(mode, slow).await?;
+    let alice = image(&cluster, "desk", "alice").await?;
+    let group_id = group(&cluster, "desk", "all", &[&alice]).await?;
+    let mut sse = watch(&cluster, &group_id).await?;
+
+    post(&cluster, &group_id, json!({"content": "first question"})).await?;
+    mock.wait_for_requests(1, Duration::from_secs(15)).await?;
+    mock.set_behavior(MockBehavior {
+        reply: Some(SYSTEM_PLACEHOLDER.to_owned()),
+        ..MockBehavior::default()
+    });
+    post(&cluster, &group_id, json!({"content": "second question"})).await?;
+    post(&cluster, &group_id, json!({"content": "third question"})).await?;
+
+    let events = until_read(&mut sse, 2).await?;
+    let replies: Vec<Value> = messages_of(&events)
+        .into_iter()
+        .filter(|m| m["sender"]["kind"] == "agent")
+        .collect();
+    assert_eq!(replies.len(), 2, "{replies:?}");
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 2, "one turn per wake, the late messages together");
+    let (first, second) = (last_user_text(&requests[0]), last_user_text(&requests[1]));
+    assert!(first.contains("first question") && !first.contains("second question"), "{first}");
+    assert!(second.contains("second question") && second.contains("third question"), "{second}");
+    assert!(!second.contains("first question"), "read once: {second}");
+    let (_, group) = call(&cluster, "GET", &format!("/v1/groups/{group_id}"), None).await?;
+    assert_eq!(group["lastSeq"], 5, "{group}");
+    Ok(())
+}
+
+both_modes!(agents_talking_to_each_other_stop_at_the_limit, runaway);
+
+async fn runaway(mode: Mode) -> anyhow::Result<()> {
+    // The offline LLM echoes what it read, mentions included: two agents
+    // that mention each other answer each other until stopped.
+    let cluster = Cluster::start(
+        mode,
+        Options {
+            group_runaway_limit: Some(6),
+            ..Options::default()
+        },
+    )
+    .await?;
+    let alice = image(&cluster, "lab", "alice").await?;
+    let bob = image(&cluster, "lab", "bob").await?;
+    let group_id = group(&cluster, "lab", "mentions", &[&alice, &bob]).await?;
+    let mut sse = watch(&cluster, &group_id).await?;
+    post(
+        &cluster,
+        &group_id,
+        json!({"content": format!("@{alice} @{bob} talk among yourselves"), "mentions": [alice]}),
+    )
+    .await?;
+
+    let mut messages = Vec::new();
+    let stopped = loop {
+        let (_, kind, data) = sse.next_event().await?;
+        anyhow::ensure!(kind != "system_error", "the group's stream failed: {data}");
+        match kind.as_str() {
+            "group_message" => messages.push(data["data"].clone()),
+            "group_runaway_stopped" => break data["data"].clone(),
+            _ => {}
+        }
+    };
+    assert_eq!(stopped["limit"], 6);
+    assert_eq!(stopped["consecutiveAgentMessages"], 6);
+    let senders: Vec<String> = messages[1..].iter().map(|m| text(&m["sender"]["memberId"])).collect();
+    assert_eq!(senders.len(), 6, "{senders:?}");
+    for (n, sender) in senders.iter().enumerate() {
+        let expected = if n % 2 == 0 { &alice } else { &bob };
+        assert_eq!(sender, expected, "they take turns");
+    }
+    let (_, group) = call(&cluster, "GET", &format!("/v1/groups/{group_id}"), None).await?;
+    assert_eq!(group["lastSeq"], 7, "nobody answers the last: {group}");
+    assert_eq!(group["consecutiveAgentMessages"], 6);
+    Ok(())
+}
