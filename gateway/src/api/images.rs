@@ -215,6 +215,7 @@ pub async fn create(
         agent: config.agent,
         variables_json: json(config.variables),
         tools: config.tools.unwrap_or_default(),
+        parent_image_id: None,
     });
     let image = peers.session.create_image(request).await?.into_inner().image;
     ImageRecord::new(rt::ImageView { image, agent: None })

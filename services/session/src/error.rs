@@ -21,6 +21,9 @@ pub enum SessionError {
     /// The image does not exist for the caller's tenant.
     #[error("image {0} not found")]
     ImageNotFound(String),
+    /// The image's agent is terminated: it cannot change state or have children.
+    #[error("the agent of image {0} is terminated")]
+    AgentTerminated(String),
     /// The session does not exist for the caller's tenant.
     #[error("session {0} not found")]
     SessionNotFound(String),
@@ -83,6 +86,7 @@ impl From<SessionError> for ApiError {
                 ApiError::new(Code::PermissionDenied, "NOT_CONTAINER_OWNER", err.to_string())
             }
             SessionError::ImageNotFound(_) => ApiError::not_found("IMAGE_NOT_FOUND", err.to_string()),
+            SessionError::AgentTerminated(_) => ApiError::precondition("AGENT_TERMINATED", err.to_string()),
             SessionError::SessionNotFound(_) => ApiError::not_found("SESSION_NOT_FOUND", err.to_string()),
             SessionError::GroupNotFound(_) => ApiError::not_found("GROUP_NOT_FOUND", err.to_string()),
             SessionError::GroupMemberNotFound { .. } => ApiError::not_found("GROUP_MEMBER_NOT_FOUND", err.to_string()),

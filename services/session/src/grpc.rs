@@ -8,9 +8,9 @@ use tonic::{Request, Response, Status};
 
 use crate::error::SessionError;
 use crate::record::{
-    ContainerRecord, GroupMemberRecord, GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord, ImageUpdate,
-    MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup, NewGroupMessage, NewImage, NewMessage, UnreadGroup,
-    Usage, WakeMode, WatchItem,
+    AgentState, ContainerRecord, GroupMemberRecord, GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord,
+    ImageUpdate, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup, NewGroupMessage, NewImage, NewMessage,
+    UnreadGroup, Usage, WakeMode, WatchItem,
 };
 use crate::service::SessionService;
 
@@ -175,6 +175,7 @@ impl SessionApi for SessionGrpc {
             agent: request.agent,
             variables_json: request.variables_json,
             tools: request.tools,
+            parent_image_id: request.parent_image_id,
         };
         let image = self.service.create_image(&ctx, new).await?;
         Ok(Response::new(pb::CreateImageResponse {
@@ -206,10 +207,19 @@ impl SessionApi for SessionGrpc {
         request: Request<pb::ListImagesRequest>,
     ) -> Result<Response<pb::ListImagesResponse>, Status> {
         let ctx = caller(&request)?;
-        let images = self
-            .service
-            .list_images(&ctx, request.get_ref().container_id.as_deref())
-            .await?;
+        let request = request.get_ref();
+        let container_id = request.container_id.as_deref();
+        let images = match request.parent_image_id.as_deref().filter(|id| !id.is_empty()) {
+            // Children live in their parent's container: naming another one too leaves none.
+            Some(parent_image_id) => {
+                let mut children = self.service.list_child_images(&ctx, parent_image_id).await?;
+                if let Some(container_id) = container_id {
+                    children.retain(|image| image.container_id == container_id);
+                }
+                children
+            }
+            None => self.service.list_images(&ctx, container_id).await?,
+        };
         Ok(Response::new(pb::ListImagesResponse {
             images: images.into_iter().map(image_pb).collect(),
         }))
@@ -229,6 +239,20 @@ impl SessionApi for SessionGrpc {
         let image = self.service.update_image(&ctx, &request.image_id, update).await?;
         Ok(Response::new(pb::UpdateImageResponse {
             image: Some(image_pb(image)),
+        }))
+    }
+
+    async fn set_agent_state(
+        &self,
+        request: Request<pb::SetAgentStateRequest>,
+    ) -> Result<Response<pb::SetAgentStateResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.get_ref();
+        let state = agent_state(request.state)?;
+        let change = self.service.set_agent_state(&ctx, &request.image_id, state).await?;
+        Ok(Response::new(pb::SetAgentStateResponse {
+            image: Some(image_pb(change.image)),
+            terminated_image_ids: change.terminated_image_ids,
         }))
     }
 
@@ -462,6 +486,27 @@ impl SessionApi for SessionGrpc {
     }
 }
 
+/// Returns the agent state a request names; it must name one.
+fn agent_state(value: i32) -> Result<AgentState, SessionError> {
+    match pb::AgentState::try_from(value) {
+        Ok(pb::AgentState::Active) => Ok(AgentState::Active),
+        Ok(pb::AgentState::Paused) => Ok(AgentState::Paused),
+        Ok(pb::AgentState::Terminated) => Ok(AgentState::Terminated),
+        Ok(pb::AgentState::Unspecified) | Err(_) => Err(SessionError::invalid(
+            "INVALID_AGENT_STATE",
+            "an agent state is active, paused or terminated",
+        )),
+    }
+}
+
+fn agent_state_pb(state: AgentState) -> pb::AgentState {
+    match state {
+        AgentState::Active => pb::AgentState::Active,
+        AgentState::Paused => pb::AgentState::Paused,
+        AgentState::Terminated => pb::AgentState::Terminated,
+    }
+}
+
 /// Returns the wake mode a request names; `None` when it names none.
 fn wake_mode(value: i32) -> Result<Option<WakeMode>, SessionError> {
     match pb::GroupWakeMode::try_from(value) {
@@ -579,6 +624,9 @@ fn image_pb(image: ImageRecord) -> pb::Image {
         tools: image.tools,
         created_at_ms: image.created_at_ms,
         updated_at_ms: image.updated_at_ms,
+        agent_state: agent_state_pb(image.agent_state).into(),
+        parent_image_id: image.parent_image_id,
+        depth: image.depth,
     }
 }
 

@@ -22,9 +22,9 @@ mod store;
 pub use error::SessionError;
 pub use grpc::{SessionGrpc, grpc_server};
 pub use record::{
-    ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupPage, GroupRecord, GroupUpdate,
-    ImageRecord, ImageUpdate, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup, NewGroupMessage, NewImage,
-    NewMessage, SessionChange, ShareRecord, UnreadGroup, Usage, WakeMode, WatchItem,
+    AgentState, AgentStateChange, ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupPage,
+    GroupRecord, GroupUpdate, ImageRecord, ImageUpdate, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup,
+    NewGroupMessage, NewImage, NewMessage, SessionChange, ShareRecord, UnreadGroup, Usage, WakeMode, WatchItem,
 };
 pub use references::References;
 pub use service::{

@@ -38,6 +38,55 @@ pub struct ImageRecord {
     pub tools: Vec<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Whether its agent may run.
+    pub agent_state: AgentState,
+    /// The image whose agent started this one, in the same container.
+    pub parent_image_id: Option<String>,
+    /// How many parents it has: 0 for an image without one.
+    pub depth: u32,
+}
+
+/// Whether an image's agent may run; the runtime reads it before waking one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AgentState {
+    /// Woken by what reaches it.
+    #[default]
+    Active,
+    /// Not woken until it is made active again.
+    Paused,
+    /// Never runs again; final.
+    Terminated,
+}
+
+impl AgentState {
+    /// Returns the stable name of this state, as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentState::Active => "active",
+            AgentState::Paused => "paused",
+            AgentState::Terminated => "terminated",
+        }
+    }
+
+    /// Parses a stored state.
+    pub fn parse(name: &str) -> Option<AgentState> {
+        match name {
+            "active" => Some(AgentState::Active),
+            "paused" => Some(AgentState::Paused),
+            "terminated" => Some(AgentState::Terminated),
+            _ => None,
+        }
+    }
+}
+
+/// What a change of agent state did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentStateChange {
+    /// The image after the change.
+    pub image: ImageRecord,
+    /// Every image this change terminated: the image itself first, then its
+    /// descendants by depth; empty when nothing became terminated.
+    pub terminated_image_ids: Vec<String>,
 }
 
 /// What a caller asks for when creating an image; validated by the service.
@@ -58,6 +107,8 @@ pub struct NewImage {
     pub variables_json: String,
     /// Built-in tool names and `resource://tools/…` URIs; empty means none.
     pub tools: Vec<String>,
+    /// The image whose agent starts this one; `None` or empty means none.
+    pub parent_image_id: Option<String>,
 }
 
 /// The changes to an image; `None` leaves a field as it is.

@@ -13,8 +13,8 @@ use tracing::instrument;
 
 use crate::error::SessionError;
 use crate::record::{
-    ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, SessionChange,
-    ShareRecord, WatchItem,
+    AgentState, AgentStateChange, ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage,
+    NewMessage, SessionChange, ShareRecord, WatchItem,
 };
 use crate::references::{RESOURCE_URI_PREFIX, References};
 use crate::store::{Scope, SessionStore};
@@ -185,7 +185,9 @@ impl SessionService {
         Ok(image_ids)
     }
 
-    /// Creates an image and its session in an existing container.
+    /// Creates an image and its session in an existing container. A child
+    /// image names a parent of the same container whose agent is not
+    /// terminated, and sits one level below it.
     #[instrument(
         name = "session.create_image",
         skip_all,
@@ -204,6 +206,10 @@ impl SessionService {
         let agent = non_empty(new.agent).map(validate_agent).transpose()?;
         let variables_json = validate_variables(new.variables_json)?;
         let tools = validate_tools(new.tools)?;
+        let parent = match non_empty(new.parent_image_id) {
+            Some(parent_id) => Some(self.parent(ctx, &parent_id, &new.container_id).await?),
+            None => None,
+        };
         if let Some(references) = &self.references {
             let prompt = system_prompt
                 .as_deref()
@@ -233,12 +239,17 @@ impl SessionService {
             tools,
             created_at_ms: now,
             updated_at_ms: now,
+            agent_state: AgentState::Active,
+            depth: parent.as_ref().map_or(0, |parent| parent.depth.saturating_add(1)),
+            parent_image_id: parent.map(|parent| parent.image_id),
         };
         self.store.create_image(&scope(ctx), &image).await?;
         tracing::info!(
             image_id = %image.image_id,
             container_id = %image.container_id,
             session_id = %image.session_id,
+            parent_image_id = image.parent_image_id.as_deref(),
+            depth = image.depth,
             "image created"
         );
         Ok(image)
@@ -285,6 +296,50 @@ impl SessionService {
         self.store.list_images(&scope(ctx), container_id).await
     }
 
+    /// Returns the direct children of an image, newest first (none when it
+    /// does not exist).
+    #[instrument(
+        name = "session.list_images",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn list_child_images(
+        &self,
+        ctx: &RequestContext,
+        parent_image_id: &str,
+    ) -> Result<Vec<ImageRecord>, SessionError> {
+        allow(ctx, Scopes::READ)?;
+        self.store.list_child_images(&scope(ctx), parent_image_id).await
+    }
+
+    /// Pauses, resumes or terminates an image's agent. Terminating one
+    /// terminates its descendants in the same transaction and is final:
+    /// a terminated agent may only be terminated again, which changes nothing.
+    #[instrument(
+        name = "session.set_agent_state",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn set_agent_state(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        state: AgentState,
+    ) -> Result<AgentStateChange, SessionError> {
+        allow(ctx, Scopes::WRITE)?;
+        let change = self
+            .store
+            .set_agent_state(&scope(ctx), image_id, state, now_ms())
+            .await?;
+        tracing::info!(
+            image_id,
+            agent_state = state.as_str(),
+            terminated = change.terminated_image_ids.len(),
+            "agent state set"
+        );
+        Ok(change)
+    }
+
     /// Changes an image's name, description or tools; an empty description
     /// clears it, an empty tool list leaves the image without tools. Tools
     /// are checked as at creation.
@@ -318,7 +373,7 @@ impl SessionService {
         Ok(image)
     }
 
-    /// Deletes an image with its session and messages.
+    /// Deletes an image and its descendants with their sessions and messages.
     #[instrument(
         name = "session.delete_image",
         skip_all,
@@ -326,12 +381,12 @@ impl SessionService {
     )]
     pub async fn delete_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(), SessionError> {
         allow(ctx, Scopes::WRITE)?;
-        self.store.delete_image(&scope(ctx), image_id).await?;
-        tracing::info!(image_id, "image deleted");
+        let image_ids = self.store.delete_image(&scope(ctx), image_id).await?;
+        tracing::info!(image_id, descendants = image_ids.len() - 1, "image deleted");
         self.events
             .emit(SessionChange {
                 tenant_id: ctx.tenant_id.clone(),
-                image_ids: vec![image_id.to_owned()],
+                image_ids,
             })
             .await;
         Ok(())
@@ -444,6 +499,30 @@ impl SessionService {
         allow(ctx, Scopes::READ)?;
         validate_container_id(container_id)?;
         self.store.list_shares(&scope(ctx), container_id).await
+    }
+
+    /// Returns the parent a new image of `container_id` names: visible to
+    /// the caller, in that container and not terminated.
+    async fn parent(
+        &self,
+        ctx: &RequestContext,
+        parent_image_id: &str,
+        container_id: &str,
+    ) -> Result<ImageRecord, SessionError> {
+        let parent = self.store.get_image(&scope(ctx), parent_image_id).await?;
+        if parent.container_id != container_id {
+            return Err(SessionError::invalid(
+                "PARENT_IN_OTHER_CONTAINER",
+                format!(
+                    "parent image {parent_image_id} is in container {}, not in {container_id}",
+                    parent.container_id
+                ),
+            ));
+        }
+        if parent.agent_state == AgentState::Terminated {
+            return Err(SessionError::AgentTerminated(parent.image_id));
+        }
+        Ok(parent)
     }
 }
 

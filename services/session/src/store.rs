@@ -15,8 +15,9 @@ use avm_store::events::EventTransport;
 
 use crate::error::SessionError;
 use crate::record::{
-    ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord,
-    ImageUpdate, MemberRef, MessageRecord, NewGroupMessage, NewMessage, ShareRecord, UnreadGroup,
+    AgentState, AgentStateChange, ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupRecord,
+    GroupUpdate, ImageRecord, ImageUpdate, MemberRef, MessageRecord, NewGroupMessage, NewMessage, ShareRecord,
+    UnreadGroup,
 };
 
 mod groups;
@@ -81,7 +82,9 @@ pub trait SessionStore: GroupStore + Send + Sync + 'static {
     async fn list_shares(&self, scope: &Scope<'_>, container_id: &str) -> Result<Vec<ShareRecord>, SessionError>;
 
     /// Inserts an image and its session in one transaction; `ContainerNotFound` when
-    /// the image's container does not exist in the scope.
+    /// the image's container does not exist in the scope. An image with a parent
+    /// holds the parent until commit: `ImageNotFound` when the parent is gone,
+    /// `AgentTerminated` when it is terminated (the service checked the rest).
     async fn create_image(&self, scope: &Scope<'_>, image: &ImageRecord) -> Result<(), SessionError>;
 
     /// Returns an image, or `ImageNotFound`.
@@ -98,6 +101,26 @@ pub trait SessionStore: GroupStore + Send + Sync + 'static {
         container_id: Option<&str>,
     ) -> Result<Vec<ImageRecord>, SessionError>;
 
+    /// Returns the direct children of an image, newest first; none when the
+    /// image does not exist in the scope.
+    async fn list_child_images(
+        &self,
+        scope: &Scope<'_>,
+        parent_image_id: &str,
+    ) -> Result<Vec<ImageRecord>, SessionError>;
+
+    /// Sets an image's agent state in one transaction; terminating it
+    /// terminates every descendant too. A terminated image stays so
+    /// (`AgentTerminated` for any other state); setting the state it has
+    /// changes nothing. `ImageNotFound` when it does not exist in the scope.
+    async fn set_agent_state(
+        &self,
+        scope: &Scope<'_>,
+        image_id: &str,
+        state: AgentState,
+        now_ms: i64,
+    ) -> Result<AgentStateChange, SessionError>;
+
     /// Applies `update` and sets `updated_at_ms`; returns the changed image.
     async fn update_image(
         &self,
@@ -107,8 +130,9 @@ pub trait SessionStore: GroupStore + Send + Sync + 'static {
         now_ms: i64,
     ) -> Result<ImageRecord, SessionError>;
 
-    /// Deletes an image with its session and messages.
-    async fn delete_image(&self, scope: &Scope<'_>, image_id: &str) -> Result<(), SessionError>;
+    /// Deletes an image and its descendants with their sessions and messages;
+    /// returns the deleted image ids, the image first.
+    async fn delete_image(&self, scope: &Scope<'_>, image_id: &str) -> Result<Vec<String>, SessionError>;
 
     /// Appends a message with the next `seq` of its session, keeping `created_at_ms`
     /// as given. A message id already in the session returns the stored message unchanged.

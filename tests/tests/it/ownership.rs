@@ -971,7 +971,7 @@ impl<'a> Attacker<'a> {
             unary "session.GetSession" =>
                 session.get_session(ss::GetSessionRequest { session_id: session_id() }),
             unary "session.ListImages" =>
-                session.list_images(ss::ListImagesRequest { container_id: Some(container()) }),
+                session.list_images(ss::ListImagesRequest { container_id: Some(container()), parent_image_id: None }),
             unary "session.UpdateImage" =>
                 session.update_image(ss::UpdateImageRequest {
                     image_id: image(), name: Some(planted()), description: Some(planted()),
@@ -1363,6 +1363,7 @@ async fn tenants_never_meet_on_default(
         let listed = session
             .list_images(ss::ListImagesRequest {
                 container_id: Some("default".into()),
+                parent_image_id: None,
             })
             .await?
             .into_inner();

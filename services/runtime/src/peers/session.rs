@@ -65,6 +65,7 @@ impl From<ImageInfo> for pb::Image {
             tools: image.tools,
             created_at_ms: image.created_at_ms,
             updated_at_ms: image.updated_at_ms,
+            ..Default::default()
         }
     }
 }
@@ -121,6 +122,7 @@ impl Sessions {
         }
         let request = ctx.request(pb::ListImagesRequest {
             container_id: container_id.map(str::to_owned),
+            parent_image_id: None,
         });
         let images = self.service.list_images(request).await?.into_inner().images;
         Ok(images.into_iter().map(ImageInfo::from).collect())

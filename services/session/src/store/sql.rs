@@ -12,7 +12,7 @@
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::error::SessionError;
-use crate::record::{ContainerRecord, ImageRecord, MessageBody, MessageRecord, ShareRecord};
+use crate::record::{AgentState, ContainerRecord, ImageRecord, MessageBody, MessageRecord, ShareRecord};
 
 /// The condition that container `c` is visible to user `$u`: always when `$u`
 /// is NULL (the whole tenant), else when the user owns it or it is shared
@@ -53,8 +53,13 @@ pub(super) const LIST_CONTAINERS: &str = concat!(
     visible!("c", "$2"),
     " ORDER BY c.created_at_ms, c.container_id"
 );
-pub(super) const DELETE_CONTAINER_IMAGES: &str = "\
-    DELETE FROM images WHERE tenant_id = $1 AND container_id = $2 RETURNING image_id";
+/// Locks a container's images without changing them and returns their ids.
+///
+/// Not a `DELETE … RETURNING`: SQLite runs `ON DELETE CASCADE` row by row, so
+/// a child deleted with its parent before the statement reached it would be
+/// missing from what the statement returns.
+pub(super) const LOCK_CONTAINER_IMAGES: &str = "\
+    UPDATE images SET agent_state = agent_state WHERE tenant_id = $1 AND container_id = $2 RETURNING image_id";
 pub(super) const DELETE_CONTAINER: &str = "\
     DELETE FROM containers WHERE tenant_id = $1 AND container_id = $2";
 
@@ -71,8 +76,9 @@ pub(super) const LIST_SHARES: &str = "\
 /// the caller learns it is.
 pub(super) const INSERT_IMAGE: &str = concat!(
     "INSERT INTO images (image_id, tenant_id, container_id, name, description, system_prompt, \
-                         mcp_servers_json, created_at_ms, updated_at_ms, agent, variables_json, tools_json) \
-     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12, $13 FROM containers c \
+                         mcp_servers_json, created_at_ms, updated_at_ms, agent, variables_json, tools_json, \
+                         agent_state, parent_image_id, depth) \
+     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12, $13, $14, $15, $16 FROM containers c \
      WHERE c.tenant_id = $2 AND c.container_id = $3 AND ",
     visible!("c", "$10")
 );
@@ -82,7 +88,8 @@ pub(super) const INSERT_SESSION: &str = "\
 macro_rules! select_image {
     () => {
         "SELECT i.image_id, i.container_id, s.session_id, i.name, i.description, i.system_prompt, \
-                i.mcp_servers_json, i.created_at_ms, i.updated_at_ms, i.agent, i.variables_json, i.tools_json \
+                i.mcp_servers_json, i.created_at_ms, i.updated_at_ms, i.agent, i.variables_json, i.tools_json, \
+                i.agent_state, i.parent_image_id, i.depth \
          FROM images i JOIN sessions s ON s.image_id = i.image_id \
          JOIN containers c ON c.tenant_id = i.tenant_id AND c.container_id = i.container_id "
     };
@@ -130,10 +137,49 @@ pub(super) const UPDATE_IMAGE: &str = concat!(
      WHERE tenant_id = $1 AND image_id = $2 AND ",
     image_visible!("$7")
 );
-pub(super) const DELETE_IMAGE: &str = concat!(
-    "DELETE FROM images WHERE tenant_id = $1 AND image_id = $2 AND ",
-    image_visible!("$3")
+/// The direct children of a parent, newest first, through `images_by_parent`.
+pub(super) const LIST_CHILD_IMAGES: &str = concat!(
+    select_image!(),
+    "WHERE i.tenant_id = $1 AND i.parent_image_id = $2 AND ",
+    visible!("c", "$3"),
+    " ORDER BY i.created_at_ms DESC, i.image_id DESC"
 );
+
+/// Locks a visible image for the rest of the transaction without changing
+/// it and returns its state: a write, so the transaction starts with one,
+/// that holds off a concurrent change of state, new child or deletion.
+pub(super) const LOCK_IMAGE: &str = concat!(
+    "UPDATE images SET agent_state = agent_state \
+     WHERE tenant_id = $1 AND image_id = $2 AND ",
+    image_visible!("$3"),
+    " RETURNING agent_state"
+);
+pub(super) const SET_AGENT_STATE: &str = "\
+    UPDATE images SET agent_state = $3, updated_at_ms = $4 WHERE tenant_id = $1 AND image_id = $2";
+
+/// The descendants of `$2` (children, grandchildren…), found through
+/// `images_by_parent`; children live in their parent's tenant and container.
+macro_rules! descendants {
+    () => {
+        "WITH RECURSIVE family (image_id) AS ( \
+             SELECT image_id FROM images WHERE tenant_id = $1 AND parent_image_id = $2 \
+             UNION ALL \
+             SELECT i.image_id FROM images i JOIN family f ON i.parent_image_id = f.image_id) "
+    };
+}
+/// Terminates the descendants of `$2` not yet terminated and returns them.
+pub(super) const TERMINATE_DESCENDANTS: &str = concat!(
+    descendants!(),
+    "UPDATE images SET agent_state = 'terminated', updated_at_ms = $3 \
+     WHERE image_id IN (SELECT image_id FROM family) AND agent_state <> 'terminated' \
+     RETURNING image_id, depth"
+);
+/// The descendants of `$2`, by depth: what deleting it takes with it.
+pub(super) const LIST_DESCENDANTS: &str = concat!(
+    descendants!(),
+    "SELECT i.image_id FROM images i JOIN family f ON f.image_id = i.image_id ORDER BY i.depth, i.image_id"
+);
+pub(super) const DELETE_IMAGE: &str = "DELETE FROM images WHERE tenant_id = $1 AND image_id = $2";
 
 /// The condition that the `sessions` row is visible to `$u`.
 macro_rules! session_visible {
@@ -207,6 +253,8 @@ where
     Option<String>: Decode<'r, R::Database> + Type<R::Database>,
     i64: Decode<'r, R::Database> + Type<R::Database>,
 {
+    let agent_state: String = row.try_get("agent_state")?;
+    let depth: i64 = row.try_get("depth")?;
     Ok(ImageRecord {
         image_id: row.try_get("image_id")?,
         container_id: row.try_get("container_id")?,
@@ -221,7 +269,15 @@ where
             .map_err(|_| SessionError::corrupt("images.tools_json"))?,
         created_at_ms: row.try_get("created_at_ms")?,
         updated_at_ms: row.try_get("updated_at_ms")?,
+        agent_state: agent_state_from(&agent_state)?,
+        parent_image_id: row.try_get("parent_image_id")?,
+        depth: u32::try_from(depth).map_err(|_| SessionError::corrupt(format!("images.depth is {depth}")))?,
     })
+}
+
+/// Parses a stored agent state.
+pub(super) fn agent_state_from(name: &str) -> Result<AgentState, SessionError> {
+    AgentState::parse(name).ok_or_else(|| SessionError::corrupt(format!("agent state {name:?}")))
 }
 
 /// Reads a message row, decoding its JSON body.
@@ -346,10 +402,11 @@ macro_rules! impl_session_store {
             ) -> Result<Vec<String>, $crate::error::SessionError> {
                 use $crate::store::sql;
                 let mut tx = self.pool.begin().await?;
-                // Images go first so their ids can be returned (and so the
-                // transaction starts with a write); the cascade takes their
-                // sessions and messages. Ownership is checked before commit.
-                let image_ids: Vec<String> = sqlx::query_scalar(sql::DELETE_CONTAINER_IMAGES)
+                // The images' ids are read first, by a write so the
+                // transaction starts with one; the cascade takes the images
+                // with their sessions and messages. Ownership is checked
+                // before commit.
+                let image_ids: Vec<String> = sqlx::query_scalar(sql::LOCK_CONTAINER_IMAGES)
                     .bind(scope.tenant_id)
                     .bind(container_id)
                     .fetch_all(&mut *tx)
@@ -452,6 +509,27 @@ macro_rules! impl_session_store {
             ) -> Result<(), $crate::error::SessionError> {
                 use $crate::store::sql;
                 let mut tx = self.pool.begin().await?;
+                if let Some(parent_id) = &image.parent_image_id {
+                    // The service checked the parent; holding it until commit
+                    // keeps it from being terminated or deleted meanwhile.
+                    let state = sqlx::query_scalar::<$db, String>(sql::LOCK_IMAGE)
+                        .bind(scope.tenant_id)
+                        .bind(parent_id)
+                        .bind(scope.user_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    let failure = match state.as_deref().map(sql::agent_state_from).transpose()? {
+                        None => Some($crate::error::SessionError::ImageNotFound(parent_id.clone())),
+                        Some($crate::record::AgentState::Terminated) => {
+                            Some($crate::error::SessionError::AgentTerminated(parent_id.clone()))
+                        }
+                        Some(_) => None,
+                    };
+                    if let Some(failure) = failure {
+                        tx.rollback().await?;
+                        return Err(failure);
+                    }
+                }
                 let inserted = sqlx::query(sql::INSERT_IMAGE)
                     .bind(&image.image_id)
                     .bind(scope.tenant_id)
@@ -466,6 +544,9 @@ macro_rules! impl_session_store {
                     .bind(&image.agent)
                     .bind(&image.variables_json)
                     .bind(serde_json::Value::from(image.tools.clone()).to_string())
+                    .bind(image.agent_state.as_str())
+                    .bind(&image.parent_image_id)
+                    .bind(i64::from(image.depth))
                     .execute(&mut *tx)
                     .await
                     .map_err(|err| sql::missing_container(err, &image.container_id))?
@@ -545,6 +626,98 @@ macro_rules! impl_session_store {
                 rows.iter().map(|row| sql::image_from_row(row)).collect()
             }
 
+            async fn list_child_images(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                parent_image_id: &str,
+            ) -> Result<Vec<$crate::record::ImageRecord>, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let rows = sqlx::query(sql::LIST_CHILD_IMAGES)
+                    .bind(scope.tenant_id)
+                    .bind(parent_image_id)
+                    .bind(scope.user_id)
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter().map(|row| sql::image_from_row(row)).collect()
+            }
+
+            async fn set_agent_state(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                image_id: &str,
+                state: $crate::record::AgentState,
+                now_ms: i64,
+            ) -> Result<$crate::record::AgentStateChange, $crate::error::SessionError> {
+                use $crate::record::AgentState;
+                use $crate::store::sql;
+                let mut tx = self.pool.begin().await?;
+                let Some(current) = sqlx::query_scalar::<$db, String>(sql::LOCK_IMAGE)
+                    .bind(scope.tenant_id)
+                    .bind(image_id)
+                    .bind(scope.user_id)
+                    .fetch_optional(&mut *tx)
+                    .await?
+                else {
+                    tx.rollback().await?;
+                    return Err($crate::error::SessionError::ImageNotFound(image_id.to_owned()));
+                };
+                let current = sql::agent_state_from(&current)?;
+                let mut terminated_image_ids = Vec::new();
+                match (current, state) {
+                    (AgentState::Terminated, AgentState::Terminated) => {}
+                    (AgentState::Terminated, _) => {
+                        tx.rollback().await?;
+                        return Err($crate::error::SessionError::AgentTerminated(image_id.to_owned()));
+                    }
+                    (current, state) if current == state => {}
+                    (_, state) => {
+                        sqlx::query(sql::SET_AGENT_STATE)
+                            .bind(scope.tenant_id)
+                            .bind(image_id)
+                            .bind(state.as_str())
+                            .bind(now_ms)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                }
+                if current != AgentState::Terminated && state == AgentState::Terminated {
+                    terminated_image_ids.push(image_id.to_owned());
+                    // Each pass sees what committed before it started: a child
+                    // created under a descendant while the previous pass waited
+                    // for that descendant's lock is taken by the next one.
+                    let mut descendants: Vec<(i64, String)> = Vec::new();
+                    loop {
+                        let rows = sqlx::query(sql::TERMINATE_DESCENDANTS)
+                            .bind(scope.tenant_id)
+                            .bind(image_id)
+                            .bind(now_ms)
+                            .fetch_all(&mut *tx)
+                            .await?;
+                        if rows.is_empty() {
+                            break;
+                        }
+                        for row in &rows {
+                            use sqlx::Row as _;
+                            descendants.push((row.try_get("depth")?, row.try_get("image_id")?));
+                        }
+                    }
+                    descendants.sort();
+                    terminated_image_ids.extend(descendants.into_iter().map(|(_, id)| id));
+                }
+                let row = sqlx::query(sql::SELECT_IMAGE)
+                    .bind(scope.tenant_id)
+                    .bind(image_id)
+                    .bind(scope.user_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let image = sql::image_from_row(&row)?;
+                tx.commit().await?;
+                Ok($crate::record::AgentStateChange {
+                    image,
+                    terminated_image_ids,
+                })
+            }
+
             async fn update_image(
                 &self,
                 scope: &$crate::store::Scope<'_>,
@@ -590,20 +763,37 @@ macro_rules! impl_session_store {
                 &self,
                 scope: &$crate::store::Scope<'_>,
                 image_id: &str,
-            ) -> Result<(), $crate::error::SessionError> {
+            ) -> Result<Vec<String>, $crate::error::SessionError> {
                 use $crate::store::sql;
-                // One statement: the cascade takes the session and its messages.
-                let deleted = sqlx::query(sql::DELETE_IMAGE)
+                let mut tx = self.pool.begin().await?;
+                let locked = sqlx::query(sql::LOCK_IMAGE)
                     .bind(scope.tenant_id)
                     .bind(image_id)
                     .bind(scope.user_id)
-                    .execute(&self.pool)
-                    .await?
-                    .rows_affected();
-                if deleted == 0 {
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if locked.is_none() {
+                    tx.rollback().await?;
                     return Err($crate::error::SessionError::ImageNotFound(image_id.to_owned()));
                 }
-                Ok(())
+                // The cascade takes the descendants with the image, and the
+                // sessions and messages of all of them; their ids are read
+                // first so the runtimes hear of every agent that is gone.
+                let mut image_ids = vec![image_id.to_owned()];
+                image_ids.extend(
+                    sqlx::query_scalar::<$db, String>(sql::LIST_DESCENDANTS)
+                        .bind(scope.tenant_id)
+                        .bind(image_id)
+                        .fetch_all(&mut *tx)
+                        .await?,
+                );
+                sqlx::query(sql::DELETE_IMAGE)
+                    .bind(scope.tenant_id)
+                    .bind(image_id)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(image_ids)
             }
 
             async fn append_message(

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use avm_common::Code;
 use avm_session::{
-    ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, Scope, SessionService, SessionStore,
-    Usage,
+    AgentState, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, Scope, SessionService,
+    SessionStore, Usage,
 };
 
 use avm_common::auth::{Role, Scopes};
@@ -281,6 +281,7 @@ async fn images_have_defaults_and_round_trip(store: Arc<dyn SessionStore>) {
         agent: Some(String::new()),
         variables_json: " ".into(),
         tools: Vec::new(),
+        parent_image_id: None,
     };
     let blank = service.create_image(&ctx(A), blank).await.unwrap();
     assert_eq!(blank.name, "New Conversation");
@@ -306,6 +307,7 @@ async fn images_have_defaults_and_round_trip(store: Arc<dyn SessionStore>) {
         agent: Some("resource://agents/reviewer@1.2.0".into()),
         variables_json: r#"{"team": "core", "tone": "brief"}"#.into(),
         tools: Vec::new(),
+        parent_image_id: None,
     };
     let full = service.create_image(&ctx(A), full).await.unwrap();
     assert_eq!(full.name, "Reviewer ✓");
@@ -475,6 +477,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
         agent: Some(format!("resource://agents/{}", "a".repeat(512 - 18))),
         variables_json: format!("{{\"k\":\"{}\"}}", "v".repeat(16 * 1024 - 8)),
         tools: Vec::new(),
+        parent_image_id: None,
     };
     let image = service.create_image(&ctx(A), at_limits.clone()).await.unwrap();
     assert_eq!(Some(image.name), at_limits.name);
@@ -535,6 +538,9 @@ async fn images_list_newest_first(store: Arc<dyn SessionStore>) {
         tools: Vec::new(),
         created_at_ms,
         updated_at_ms: created_at_ms,
+        agent_state: AgentState::Active,
+        parent_image_id: None,
+        depth: 0,
     };
     // Inserted out of order; img_b and img_c tie on time, so the id decides.
     for (id, container, at) in [

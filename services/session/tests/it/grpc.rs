@@ -12,7 +12,7 @@ use crate::support::TestDb;
 
 /// Serves the session service over gRPC on a fresh SQLite store; returns the
 /// store (kept alive), the token keys it trusts and a channel to it.
-async fn serve() -> (TestDb, TestKeys, tonic::transport::Channel) {
+pub(crate) async fn serve() -> (TestDb, TestKeys, tonic::transport::Channel) {
     let db = TestDb::sqlite().await;
     let keys = TestKeys::new();
     let server = grpc_server(
@@ -56,6 +56,7 @@ async fn grpc_round_trip_and_typed_errors() {
             agent: Some("resource://agents/helper@^1".into()),
             variables_json: r#"{"who":"you"}"#.into(),
             tools: vec!["read_file".into()],
+            parent_image_id: None,
         })
         .await
         .unwrap()
@@ -124,7 +125,7 @@ async fn grpc_round_trip_and_typed_errors() {
     assert_eq!(listed, [stored]);
 
     let images = client
-        .list_images(pb::ListImagesRequest { container_id: None })
+        .list_images(pb::ListImagesRequest::default())
         .await
         .unwrap()
         .into_inner()

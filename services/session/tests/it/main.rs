@@ -8,6 +8,7 @@
 #[macro_use]
 mod support;
 
+mod agent_state;
 mod conformance;
 mod groups;
 mod grpc;
