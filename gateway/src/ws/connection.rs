@@ -391,8 +391,13 @@ impl Connection {
             Err(err) => return self.refused(socket, None, &err).await,
         };
         let subscribed = match group_id {
-            Some(group_id) => Box::pin(groups::events(&self.state.peers, &ctx, group_id.to_owned(), after, None))
-                as futures::future::BoxFuture<'_, Result<EventStream, ApiError>>,
+            Some(group_id) => Box::pin(groups::events(
+                &self.state.peers,
+                &ctx,
+                group_id.to_owned(),
+                after,
+                None,
+            )) as futures::future::BoxFuture<'_, Result<EventStream, ApiError>>,
             None => Box::pin(images::subscribe(&self.state.peers, &ctx, session_id.to_owned(), after)),
         };
         match subscribed.await {

@@ -41,10 +41,7 @@ pub fn grpc_server(
         pool.forward_wakes(Arc::new(move |addr, ctx, image_id| {
             let remote = forwarder.remote(&addr);
             Box::pin(async move {
-                let request = relay_message(
-                    ctx.request(()).metadata(),
-                    pb::WakeAgentRequest { image_id },
-                );
+                let request = relay_message(ctx.request(()).metadata(), pb::WakeAgentRequest { image_id });
                 let woken = remote?.wake_agent(request).await?.into_inner().woken;
                 Ok(woken)
             })
@@ -250,17 +247,26 @@ impl RuntimeService for RuntimeGrpc {
     type SubscribeEventsStream = EventStream<pb::SubscribeEventsResponse>;
     type SubscribeGroupEventsStream = EventStream<pb::SubscribeGroupEventsResponse>;
 
-    async fn wake_group(&self, request: Request<pb::WakeGroupRequest>) -> Result<Response<pb::WakeGroupResponse>, Status> {
+    async fn wake_group(
+        &self,
+        request: Request<pb::WakeGroupRequest>,
+    ) -> Result<Response<pb::WakeGroupResponse>, Status> {
         let ctx = caller(&request)?;
         let message = request.get_ref();
-        let woken = self.pool.group_message_posted(&ctx, &message.group_id, message.seq).await?;
+        let woken = self
+            .pool
+            .group_message_posted(&ctx, &message.group_id, message.seq)
+            .await?;
         Ok(Response::new(pb::WakeGroupResponse {
             woken_image_ids: woken.image_ids,
             runaway_stopped: woken.runaway_stopped,
         }))
     }
 
-    async fn wake_agent(&self, request: Request<pb::WakeAgentRequest>) -> Result<Response<pb::WakeAgentResponse>, Status> {
+    async fn wake_agent(
+        &self,
+        request: Request<pb::WakeAgentRequest>,
+    ) -> Result<Response<pb::WakeAgentResponse>, Status> {
         let ctx = caller(&request)?;
         let image_id = &request.get_ref().image_id;
         let woken = match self.pool.wake(&ctx, image_id).await {

@@ -112,7 +112,12 @@ impl SessionHub {
     }
 
     /// Publishes an event whose data is already serialized.
-    pub fn publish_json(&self, kind: &'static str, context: &Arc<EventContext>, mut data_json: String) -> Arc<SessionEvent> {
+    pub fn publish_json(
+        &self,
+        kind: &'static str,
+        context: &Arc<EventContext>,
+        mut data_json: String,
+    ) -> Arc<SessionEvent> {
         // Kept for the retention period: without the slack of its growth.
         data_json.shrink_to_fit();
         let mut state = self.lock();

@@ -129,7 +129,10 @@ async fn three_agents(mode: Mode) -> anyhow::Result<()> {
         assert_eq!(reply["seq"], n + 1, "in order: {messages:?}");
         assert_eq!(reply["sender"]["kind"], "agent");
         let sender = text(&reply["sender"]["memberId"]);
-        let name = names[agents.iter().position(|id| *id == sender).expect("a member")];
+        let Some(index) = agents.iter().position(|id| *id == sender) else {
+            anyhow::bail!("{sender} is not a member: {messages:?}");
+        };
+        let name = names[index];
         assert_eq!(reply["content"], format!("You are {name}."), "each answers as itself");
         repliers.push(sender);
     }
@@ -159,7 +162,10 @@ async fn three_agents(mode: Mode) -> anyhow::Result<()> {
     let (_, history) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/messages"), None).await?;
     let history = history["messages"].as_array().cloned().unwrap_or_default();
     assert_eq!(history.len(), 4, "{history:?}");
-    assert_eq!(history[1..].iter().map(|m| m["sender"].clone()).collect::<Vec<_>>(), messages[1..].iter().map(|m| m["sender"].clone()).collect::<Vec<_>>());
+    assert_eq!(
+        history[1..].iter().map(|m| m["sender"].clone()).collect::<Vec<_>>(),
+        messages[1..].iter().map(|m| m["sender"].clone()).collect::<Vec<_>>()
+    );
     let (_, members) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
     for member in members["members"].as_array().cloned().unwrap_or_default() {
         assert!(member["readSeq"].as_u64() >= Some(1), "{member}");
@@ -170,7 +176,10 @@ async fn three_agents(mode: Mode) -> anyhow::Result<()> {
     assert_eq!(requests.len(), 3);
     for request in &requests {
         let read = last_user_text(request);
-        assert!(read.contains("[user ") && read.contains("] Hello team, who is here?"), "{read}");
+        assert!(
+            read.contains("[user ") && read.contains("] Hello team, who is here?"),
+            "{read}"
+        );
     }
     Ok(())
 }
@@ -184,7 +193,12 @@ async fn mention(mode: Mode) -> anyhow::Result<()> {
     let group_id = group(&cluster, "desk", "mentions", &[&alice, &bob]).await?;
     let mut sse = watch(&cluster, &group_id).await?;
 
-    post(&cluster, &group_id, json!({"content": "Bob, a word?", "mentions": [bob]})).await?;
+    post(
+        &cluster,
+        &group_id,
+        json!({"content": "Bob, a word?", "mentions": [bob]}),
+    )
+    .await?;
     let events = until_read(&mut sse, 1).await?;
     let messages = messages_of(&events);
     assert_eq!(messages.len(), 2, "{messages:?}");
@@ -240,8 +254,14 @@ async fn during_a_turn(mode: Mode) -> anyhow::Result<()> {
     let requests = mock.requests();
     assert_eq!(requests.len(), 2, "one turn per wake, the late messages together");
     let (first, second) = (last_user_text(&requests[0]), last_user_text(&requests[1]));
-    assert!(first.contains("first question") && !first.contains("second question"), "{first}");
-    assert!(second.contains("second question") && second.contains("third question"), "{second}");
+    assert!(
+        first.contains("first question") && !first.contains("second question"),
+        "{first}"
+    );
+    assert!(
+        second.contains("second question") && second.contains("third question"),
+        "{second}"
+    );
     assert!(!second.contains("first question"), "read once: {second}");
     let (_, group) = call(&cluster, "GET", &format!("/v1/groups/{group_id}"), None).await?;
     assert_eq!(group["lastSeq"], 5, "{group}");

@@ -68,7 +68,12 @@ impl AgentPool {
     }
 
     /// Tells the group's watchers of `message` and wakes whom it concerns.
-    async fn fan_out(&self, ctx: &RequestContext, group: &GroupInfo, message: &GroupPost) -> Result<Woken, RuntimeError> {
+    async fn fan_out(
+        &self,
+        ctx: &RequestContext,
+        group: &GroupInfo,
+        message: &GroupPost,
+    ) -> Result<Woken, RuntimeError> {
         let context = sender_context(group, message);
         let hub = self.inner.hubs.get_or_create(&group.group_id);
         self.publish_in_order(ctx, group, message, &context).await?;
@@ -251,11 +256,7 @@ impl AgentPool {
             // Left unread: a user's next message starts the group over.
             return Ok(true);
         }
-        let others: Vec<&GroupPost> = unread
-            .messages
-            .iter()
-            .filter(|message| message.sender != *me)
-            .collect();
+        let others: Vec<&GroupPost> = unread.messages.iter().filter(|message| message.sender != *me).collect();
         let concerned = if group.wake_on_mention {
             others.iter().any(|message| message.mentions.contains(&me.member_id))
         } else {
@@ -264,7 +265,9 @@ impl AgentPool {
         if !concerned {
             if others.is_empty() {
                 // Only its own replies: read.
-                self.sessions().advance_read_cursor(ctx, &group.group_id, me, last).await?;
+                self.sessions()
+                    .advance_read_cursor(ctx, &group.group_id, me, last)
+                    .await?;
             }
             return Ok(true);
         }
@@ -321,7 +324,9 @@ impl AgentPool {
         let (accepted, turn) = loop {
             match self.start_turn(ctx, image_id, content.clone()).await {
                 Err(RuntimeError::AgentBusy) => {
-                    if let Some(agent) = self.lookup(&ctx.tenant_id, &crate::error::AgentTarget::Image(image_id.to_owned())) {
+                    if let Some(agent) =
+                        self.lookup(&ctx.tenant_id, &crate::error::AgentTarget::Image(image_id.to_owned()))
+                    {
                         agent.stopped().await;
                     }
                 }
@@ -431,7 +436,10 @@ mod tests {
         assert!(text.contains("\"Planning\" (grp_1)"), "{text}");
         assert!(text.contains("You are the member img_a"), "{text}");
         let order: Vec<&str> = text.lines().skip(2).collect();
-        assert_eq!(order, ["[user usr_ann] What should we build?", "[agent img_b] A bridge."]);
+        assert_eq!(
+            order,
+            ["[user usr_ann] What should we build?", "[agent img_b] A bridge."]
+        );
     }
 
     #[test]
