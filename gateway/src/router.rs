@@ -61,6 +61,9 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
         // Agents.
         .routes(routes!(conv::list_agents))
         .routes(routes!(conv::get_agent, conv::destroy_agent))
+        .routes(routes!(conv::pause_agent))
+        .routes(routes!(conv::resume_agent))
+        .routes(routes!(conv::terminate_agent))
         // Tenants and users.
         .routes(routes!(auth::create_tenant, auth::list_tenants))
         .routes(routes!(auth::get_tenant, auth::update_tenant, auth::delete_tenant))

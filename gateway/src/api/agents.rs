@@ -115,3 +115,87 @@ pub async fn destroy_all(peers: &Peers, ctx: &RequestContext, container_id: Stri
     let request = ctx.request(rt::DestroyAllAgentsRequest { container_id });
     Ok(peers.runtime.destroy_all_agents(request).await?.into_inner().destroyed)
 }
+
+/// What an agent's lifecycle call does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LifecycleAction {
+    Pause,
+    Resume,
+    Terminate,
+}
+
+/// Where an agent is in its life: `idle` (asleep, woken by what reaches
+/// it), `running` (a turn), `paused` (not woken; what reaches it waits
+/// unread) or `terminated` (never runs again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Lifecycle {
+    Idle,
+    Running,
+    Paused,
+    Terminated,
+}
+
+/// An agent after a lifecycle call.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentLifecycle {
+    /// The image the agent runs (a group member's id).
+    pub image_id: String,
+    pub state: Lifecycle,
+    /// After `terminate`: the image and every agent it started, at any
+    /// depth (empty when it was terminated already).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub terminated_image_ids: Option<Vec<String>>,
+}
+
+impl AgentLifecycle {
+    fn new(view: Option<rt::ImageView>, terminated_image_ids: Option<Vec<String>>) -> Result<Self, ApiError> {
+        let view = view.ok_or_else(|| missing("image"))?;
+        let image = view.image.ok_or_else(|| missing("image"))?;
+        let running = view
+            .agent
+            .is_some_and(|agent| agent.state == rt::AgentState::Running as i32);
+        let state = match avm_proto::session::v1::AgentState::try_from(image.agent_state) {
+            Ok(avm_proto::session::v1::AgentState::Paused) => Lifecycle::Paused,
+            Ok(avm_proto::session::v1::AgentState::Terminated) => Lifecycle::Terminated,
+            _ if running => Lifecycle::Running,
+            _ => Lifecycle::Idle,
+        };
+        Ok(Self {
+            image_id: image.image_id,
+            state,
+            terminated_image_ids,
+        })
+    }
+}
+
+/// Pauses, resumes or terminates the agent of an image, named by the image
+/// id or by the id of its running agent.
+pub async fn change(
+    peers: &Peers,
+    ctx: &RequestContext,
+    id: String,
+    action: LifecycleAction,
+) -> Result<AgentLifecycle, ApiError> {
+    let image_id = if id.starts_with("img_") {
+        id
+    } else {
+        get(peers, ctx, id).await?.image_id
+    };
+    match action {
+        LifecycleAction::Pause => {
+            let request = ctx.request(rt::PauseAgentRequest { image_id });
+            AgentLifecycle::new(peers.runtime.pause_agent(request).await?.into_inner().image, None)
+        }
+        LifecycleAction::Resume => {
+            let request = ctx.request(rt::ResumeAgentRequest { image_id });
+            AgentLifecycle::new(peers.runtime.resume_agent(request).await?.into_inner().image, None)
+        }
+        LifecycleAction::Terminate => {
+            let request = ctx.request(rt::TerminateAgentRequest { image_id });
+            let terminated = peers.runtime.terminate_agent(request).await?.into_inner();
+            AgentLifecycle::new(terminated.image, Some(terminated.terminated_image_ids))
+        }
+    }
+}

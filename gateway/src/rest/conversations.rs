@@ -12,7 +12,7 @@ use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use crate::api::agents::{self, Agent, AgentDestroyed, AgentFilter, AgentList};
+use crate::api::agents::{self, Agent, AgentDestroyed, AgentFilter, AgentLifecycle, AgentList, LifecycleAction};
 use crate::api::containers::{
     self, Container, ContainerDeleted, ContainerList, ContainerRef, ShareList, ShareRequest, ShareState,
 };
@@ -261,4 +261,36 @@ pub async fn get_agent(State(state): St, Ctx(ctx): Ctx, Path(id): Path<String>) 
     responses((status = 200, description = "Stopped and forgotten", body = AgentDestroyed)))]
 pub async fn destroy_agent(State(state): St, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
     ok(&ctx, agents::destroy(&state.peers, &ctx, id).await)
+}
+
+/// Pauses an agent, named by its image id (or its running agent's id): a
+/// running turn is interrupted, and it is not woken until resumed; what
+/// reaches it meanwhile stays unread.
+#[utoipa::path(post, path = "/v1/agents/{id}/pause", tag = "agents", params(("id" = String, Path)),
+    responses((status = 200, description = "Paused", body = AgentLifecycle)))]
+pub async fn pause_agent(State(state): St, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    ok(
+        &ctx,
+        agents::change(&state.peers, &ctx, id, LifecycleAction::Pause).await,
+    )
+}
+
+/// Resumes a paused agent; it reads what waited.
+#[utoipa::path(post, path = "/v1/agents/{id}/resume", tag = "agents", params(("id" = String, Path)),
+    responses((status = 200, description = "Resumed", body = AgentLifecycle)))]
+pub async fn resume_agent(State(state): St, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    ok(
+        &ctx,
+        agents::change(&state.peers, &ctx, id, LifecycleAction::Resume).await,
+    )
+}
+
+/// Terminates an agent and every agent it started: they stop and never run again.
+#[utoipa::path(post, path = "/v1/agents/{id}/terminate", tag = "agents", params(("id" = String, Path)),
+    responses((status = 200, description = "Terminated, with every agent terminated with it", body = AgentLifecycle)))]
+pub async fn terminate_agent(State(state): St, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    ok(
+        &ctx,
+        agents::change(&state.peers, &ctx, id, LifecycleAction::Terminate).await,
+    )
 }

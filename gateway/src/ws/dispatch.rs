@@ -405,6 +405,15 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, name: &str, data: Val
             let success = absent_is_none(agents::destroy(peers, ctx, agent_id.clone()).await)?.is_some();
             answer(AgentDestroyed { agent_id, success })
         }
+        "agent_pause" | "agent_resume" | "agent_terminate" => {
+            let ImageRef { image_id } = decode(data)?;
+            let action = match name {
+                "agent_pause" => agents::LifecycleAction::Pause,
+                "agent_resume" => agents::LifecycleAction::Resume,
+                _ => agents::LifecycleAction::Terminate,
+            };
+            answer(agents::change(peers, ctx, image_id, action).await?)
+        }
         "agent_destroy_all" => {
             let ContainerRef { container_id } = decode(data)?;
             agents::destroy_all(peers, ctx, container_id.clone()).await?;
@@ -586,6 +595,9 @@ mod tests {
         "agent_list",
         "agent_destroy",
         "agent_destroy_all",
+        "agent_pause",
+        "agent_resume",
+        "agent_terminate",
         "quota_get",
         "credential_set",
         "credential_list",

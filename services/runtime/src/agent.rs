@@ -193,6 +193,11 @@ impl Agent {
         }
     }
 
+    /// Returns whether the agent left the pool.
+    pub(crate) fn is_retired(&self) -> bool {
+        self.lock().retired
+    }
+
     /// Returns whether a turn is running.
     pub(crate) fn is_running(&self) -> bool {
         self.lock().turn.is_some()

@@ -278,6 +278,62 @@ impl RuntimeService for RuntimeGrpc {
         Ok(Response::new(pb::WakeAgentResponse { woken }))
     }
 
+    async fn pause_agent(
+        &self,
+        request: Request<pb::PauseAgentRequest>,
+    ) -> Result<Response<pb::PauseAgentResponse>, Status> {
+        let ctx = caller(&request)?;
+        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
+            return remote.pause_agent(relay(&request)).await;
+        }
+        let image = self.pool.pause(&ctx, &request.get_ref().image_id).await?;
+        Ok(Response::new(pb::PauseAgentResponse {
+            image: Some(image_pb(ImageView { image, agent: None })),
+        }))
+    }
+
+    async fn resume_agent(
+        &self,
+        request: Request<pb::ResumeAgentRequest>,
+    ) -> Result<Response<pb::ResumeAgentResponse>, Status> {
+        let ctx = caller(&request)?;
+        let image = self.pool.resume(&ctx, &request.get_ref().image_id).await?;
+        let view = self
+            .pool
+            .get_image(&ctx, &image.image_id)
+            .await
+            .unwrap_or(ImageView { image, agent: None });
+        Ok(Response::new(pb::ResumeAgentResponse {
+            image: Some(image_pb(view)),
+        }))
+    }
+
+    async fn terminate_agent(
+        &self,
+        request: Request<pb::TerminateAgentRequest>,
+    ) -> Result<Response<pb::TerminateAgentResponse>, Status> {
+        let ctx = caller(&request)?;
+        let (image, terminated) = self.pool.terminate(&ctx, &request.get_ref().image_id).await?;
+        // With replicas: the agents terminated run wherever they run.
+        for remote in self.others(&request).await? {
+            for image_id in &terminated {
+                let stop = relay_message(
+                    request.metadata(),
+                    pb::StopImageRequest {
+                        image_id: image_id.clone(),
+                    },
+                );
+                if let Err(status) = remote.clone().stop_image(stop).await {
+                    tracing::warn!(image_id, error = %status.message(), "a terminated agent may still run on another replica");
+                }
+            }
+        }
+        Ok(Response::new(pb::TerminateAgentResponse {
+            image: Some(image_pb(ImageView { image, agent: None })),
+            terminated_image_ids: terminated,
+        }))
+    }
+
     async fn subscribe_group_events(
         &self,
         request: Request<pb::SubscribeGroupEventsRequest>,

@@ -29,6 +29,7 @@ use crate::tools::{Fetcher, ToolContext, Toolbox, Workspace, access};
 use crate::turn::{self, TurnLimits, TurnPorts};
 
 mod groups;
+mod lifecycle;
 
 pub use groups::RemoteWake;
 
@@ -244,6 +245,7 @@ impl AgentPool {
             }
         }
         let image = self.sessions().get_image(ctx, image_id).await?;
+        lifecycle::check_runnable(&image)?;
         let plan = crate::plan::plan(&self.inner.resources, ctx, &image).await?;
         // A turn of the image's previous agent, interrupted when it left the
         // pool, stores what it had before the history is read.

@@ -226,7 +226,7 @@ async fn mention(mode: Mode) -> anyhow::Result<()> {
 both_modes!(messages_sent_during_a_turn_are_read_by_the_next, during_a_turn);
 
 async fn during_a_turn(mode: Mode) -> anyhow::Result<()> {
-    // The first answer is held back long enough to post two more messages.
+    // Each answer is held back long enough to post two more messages.
     let slow = MockBehavior {
         first_token_delay: Duration::from_secs(2),
         ..MockBehavior::default()
@@ -238,10 +238,6 @@ async fn during_a_turn(mode: Mode) -> anyhow::Result<()> {
 
     post(&cluster, &group_id, json!({"content": "first question"})).await?;
     mock.wait_for_requests(1, Duration::from_secs(15)).await?;
-    mock.set_behavior(MockBehavior {
-        reply: Some(SYSTEM_PLACEHOLDER.to_owned()),
-        ..MockBehavior::default()
-    });
     post(&cluster, &group_id, json!({"content": "second question"})).await?;
     post(&cluster, &group_id, json!({"content": "third question"})).await?;
 
@@ -313,5 +309,74 @@ async fn runaway(mode: Mode) -> anyhow::Result<()> {
     let (_, group) = call(&cluster, "GET", &format!("/v1/groups/{group_id}"), None).await?;
     assert_eq!(group["lastSeq"], 7, "nobody answers the last: {group}");
     assert_eq!(group["consecutiveAgentMessages"], 6);
+    Ok(())
+}
+
+both_modes!(a_paused_agent_keeps_its_messages_until_resumed, pause_and_resume);
+
+async fn pause_and_resume(mode: Mode) -> anyhow::Result<()> {
+    let (mock, cluster) = prompted(mode, MockBehavior::default()).await?;
+    let alice = image(&cluster, "desk", "alice").await?;
+    let group_id = group(&cluster, "desk", "all", &[&alice]).await?;
+    let mut sse = watch(&cluster, &group_id).await?;
+
+    let (status, paused) = call(&cluster, "POST", &format!("/v1/agents/{alice}/pause"), None).await?;
+    assert_eq!((status, &paused["state"]), (200, &json!("paused")), "{paused}");
+    post(&cluster, &group_id, json!({"content": "are you there?"})).await?;
+    post(&cluster, &group_id, json!({"content": "hello?"})).await?;
+    // A paused agent is not woken (the post answers after the wake) and
+    // takes no direct message either.
+    assert!(mock.requests().is_empty());
+    let (status, refused) = call(
+        &cluster,
+        "POST",
+        &format!("/v1/images/{alice}/messages"),
+        Some(json!({"content": "psst"})),
+    )
+    .await?;
+    assert_eq!(
+        (status, &refused["error"]["code"]),
+        (409, &json!("AGENT_PAUSED")),
+        "{refused}"
+    );
+    let (_, members) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
+    let cursor = |members: &Value| {
+        members["members"]
+            .as_array()
+            .and_then(|all| all.iter().find(|m| m["memberId"] == alice.as_str()))
+            .map(|m| m["readSeq"].clone())
+    };
+    assert_eq!(cursor(&members), Some(json!(0)), "kept unread");
+
+    // Resumed, it reads both in one turn and answers.
+    let (status, resumed) = call(&cluster, "POST", &format!("/v1/agents/{alice}/resume"), None).await?;
+    assert_eq!(status, 200, "{resumed}");
+    assert_ne!(resumed["state"], "paused");
+    let events = until_read(&mut sse, 1).await?;
+    let replies: Vec<Value> = messages_of(&events)
+        .into_iter()
+        .filter(|m| m["sender"]["kind"] == "agent")
+        .collect();
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 1);
+    let read = last_user_text(&requests[0]);
+    assert!(read.contains("are you there?") && read.contains("hello?"), "{read}");
+    let (_, members) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
+    assert_eq!(cursor(&members), Some(json!(3)));
+
+    // Terminated, it never runs again.
+    let (status, terminated) = call(&cluster, "POST", &format!("/v1/agents/{alice}/terminate"), None).await?;
+    assert_eq!(status, 200, "{terminated}");
+    assert_eq!(terminated["state"], "terminated");
+    assert_eq!(terminated["terminatedImageIds"], json!([alice]));
+    let (status, refused) = call(&cluster, "POST", &format!("/v1/agents/{alice}/resume"), None).await?;
+    assert_eq!(
+        (status, &refused["error"]["code"]),
+        (409, &json!("AGENT_TERMINATED")),
+        "{refused}"
+    );
+    post(&cluster, &group_id, json!({"content": "still there?"})).await?;
+    assert_eq!(mock.requests().len(), 1);
     Ok(())
 }

@@ -29,6 +29,50 @@ pub struct ImageInfo {
     pub tools: Vec<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Whether its agent may run.
+    pub lifecycle: Lifecycle,
+    /// The image whose agent started this one, for a child agent.
+    pub parent_image_id: Option<String>,
+    /// How many parents are above it (0 for an agent nobody started).
+    pub depth: u32,
+}
+
+/// Whether an image's agent may run, as stored with the image.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// It runs when a message reaches it.
+    #[default]
+    Active,
+    /// It is not woken; what reaches it waits unread.
+    Paused,
+    /// It never runs again.
+    Terminated,
+}
+
+impl Lifecycle {
+    fn of(state: i32) -> Self {
+        match pb::AgentState::try_from(state) {
+            Ok(pb::AgentState::Paused) => Lifecycle::Paused,
+            Ok(pb::AgentState::Terminated) => Lifecycle::Terminated,
+            _ => Lifecycle::Active,
+        }
+    }
+
+    fn pb(self) -> pb::AgentState {
+        match self {
+            Lifecycle::Active => pb::AgentState::Active,
+            Lifecycle::Paused => pb::AgentState::Paused,
+            Lifecycle::Terminated => pb::AgentState::Terminated,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lifecycle::Active => "active",
+            Lifecycle::Paused => "paused",
+            Lifecycle::Terminated => "terminated",
+        }
+    }
 }
 
 impl From<pb::Image> for ImageInfo {
@@ -46,6 +90,9 @@ impl From<pb::Image> for ImageInfo {
             tools: image.tools,
             created_at_ms: image.created_at_ms,
             updated_at_ms: image.updated_at_ms,
+            lifecycle: Lifecycle::of(image.agent_state),
+            parent_image_id: image.parent_image_id,
+            depth: image.depth,
         }
     }
 }
@@ -65,7 +112,9 @@ impl From<ImageInfo> for pb::Image {
             tools: image.tools,
             created_at_ms: image.created_at_ms,
             updated_at_ms: image.updated_at_ms,
-            ..Default::default()
+            agent_state: image.lifecycle.pb() as i32,
+            parent_image_id: image.parent_image_id,
+            depth: image.depth,
         }
     }
 }
@@ -187,6 +236,23 @@ impl Sessions {
         });
         self.service.update_image(request).await?;
         Ok(())
+    }
+
+    /// Sets whether an image's agent may run; returns the image and, when
+    /// it was terminated by this call, every image terminated with it.
+    pub async fn set_lifecycle(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        lifecycle: Lifecycle,
+    ) -> Result<(ImageInfo, Vec<String>), RuntimeError> {
+        let request = ctx.request(pb::SetAgentStateRequest {
+            image_id: image_id.to_owned(),
+            state: lifecycle.pb() as i32,
+        });
+        let changed = self.service.set_agent_state(request).await?.into_inner();
+        let image = changed.image.map(ImageInfo::from).ok_or_else(missing)?;
+        Ok((image, changed.terminated_image_ids))
     }
 
     /// Deletes an image with its session and messages.

@@ -164,7 +164,7 @@ impl AgentPool {
     }
 
     /// Wakes an agent here or on the replica holding it.
-    async fn wake_member(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
+    pub(super) async fn wake_member(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
         match self.wake(ctx, image_id).await {
             Err(RuntimeError::Elsewhere(addr)) if let Some(remote) = self.inner.remote_wake.get() => {
                 remote(addr, ctx.clone(), image_id.to_owned()).await
@@ -178,7 +178,11 @@ impl AgentPool {
     #[tracing::instrument(name = "runtime.wake_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn wake(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
         ctx.require(Scopes::WRITE)?;
-        let (agent, _) = self.ensure_agent(ctx, image_id).await?;
+        let agent = match self.ensure_agent(ctx, image_id).await {
+            // Paused or terminated: what reached it stays unread.
+            Err(err) if super::lifecycle::not_runnable(&err) => return Ok(false),
+            agent => agent?.0,
+        };
         if agent.wake() {
             tracing::debug!(image_id, "agent woken");
             tokio::spawn(self.clone().read_groups(agent));
@@ -206,6 +210,11 @@ impl AgentPool {
     fn read_groups(self, agent: Arc<Agent>) -> BoxFuture<'static, ()> {
         Box::pin(async move {
             loop {
+                // Paused, terminated or stopped meanwhile: it reads no more.
+                if agent.is_retired() {
+                    agent.read_done();
+                    break;
+                }
                 let more = match self.read_unread(&agent).await {
                     Ok(more) => more,
                     Err(err) => {
@@ -228,7 +237,10 @@ impl AgentPool {
         let mut more = false;
         for unread in self.sessions().unread(&ctx, &me, READ_LIMIT).await? {
             let group_id = unread.group.group_id.clone();
-            match self.answer_group(&ctx, &me, unread).await {
+            if agent.is_retired() {
+                break;
+            }
+            match self.answer_group(&ctx, agent, &me, unread).await {
                 Ok(read_all) => more |= !read_all,
                 Err(err) => {
                     tracing::warn!(group_id, image_id = %me.member_id, error = %err, "cannot answer a group");
@@ -240,7 +252,13 @@ impl AgentPool {
 
     /// Runs a turn on a group's unread messages and posts its reply; returns
     /// `false` when more messages wait than one turn reads.
-    async fn answer_group(&self, ctx: &RequestContext, me: &Member, unread: UnreadGroup) -> Result<bool, RuntimeError> {
+    async fn answer_group(
+        &self,
+        ctx: &RequestContext,
+        agent: &Agent,
+        me: &Member,
+        unread: UnreadGroup,
+    ) -> Result<bool, RuntimeError> {
         let Some(last) = unread.messages.last().map(|message| message.seq) else {
             return Ok(true);
         };
@@ -274,6 +292,10 @@ impl AgentPool {
         let members = self.sessions().group_members(ctx, &group.group_id).await?;
         let prompt = render(group, me, &others);
         let reply = self.group_turn(ctx, group, &me.member_id, prompt).await?;
+        if reply.is_none() && agent.is_retired() {
+            // Cut by a pause or a stop: read again when it runs next.
+            return Ok(true);
+        }
         let mut cursor = last;
         if let Some(text) = reply.filter(|text| !text.trim().is_empty()) {
             let mentions = mentioned(&text, me, &members);
