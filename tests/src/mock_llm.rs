@@ -437,7 +437,16 @@ async fn answer(shared: Arc<Shared>, api: MockApi, headers: &HeaderMap, body: &[
         return error_response(api, 400, &message, id);
     }
     let progress = tools::progress(api, &json);
-    let calls = tools::calls_for(&behavior.tool_calls, behavior.tool_rounds, progress.rounds);
+    // Like a real model, it calls only the tools the request offers.
+    let offered = tools::offered(api, &json);
+    let calls = tools::calls_for(&behavior.tool_calls, behavior.tool_rounds, progress.rounds)
+        .map(|calls| {
+            calls
+                .into_iter()
+                .filter(|call| offered.contains(&call.name))
+                .collect::<Vec<_>>()
+        })
+        .filter(|calls| !calls.is_empty());
     if behavior.reply.is_none() && !progress.results.is_empty() {
         behavior.reply = Some(format!("Tool results: {}", progress.results.join(" | ")));
     }

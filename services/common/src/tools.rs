@@ -11,6 +11,7 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     "search_files",
     "run_command",
     "fetch_url",
+    "spawn_agent",
 ];
 
 /// What a tool resource's URI starts with.

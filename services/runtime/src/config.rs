@@ -41,6 +41,10 @@ pub struct RuntimeConfig {
     /// Consecutive agent messages a group takes without a user's: past it,
     /// agent messages wake nobody until a user posts (runaway protection).
     pub group_runaway_limit: u64,
+    /// Levels of child agents below an agent nobody started (`spawn_agent`).
+    pub max_agent_depth: u32,
+    /// Children one agent may have started (terminated ones included).
+    pub max_children_per_agent: usize,
     /// The limits `run_command` runs under (`[runtime.sandbox]`).
     pub sandbox: SandboxLimits,
     /// What `fetch_url` may reach and how much it reads (`[runtime.fetch]`).
@@ -61,6 +65,8 @@ impl Default for RuntimeConfig {
             max_tool_steps: 25,
             tool_concurrency: 4,
             group_runaway_limit: 20,
+            max_agent_depth: 3,
+            max_children_per_agent: 8,
             sandbox: SandboxLimits::default(),
             fetch: FetchConfig::default(),
             mcp: McpConfig::default(),

@@ -28,6 +28,7 @@ use crate::settings::LlmSettings;
 use crate::tools::{Fetcher, ToolContext, Toolbox, Workspace, access};
 use crate::turn::{self, TurnLimits, TurnPorts};
 
+mod children;
 mod groups;
 mod lifecycle;
 
@@ -113,7 +114,7 @@ impl AgentPool {
             max_steps: config.max_tool_steps.max(1),
             tool_concurrency: config.tool_concurrency.max(1),
         };
-        Ok(Self {
+        let pool = Self {
             inner: Arc::new(PoolInner {
                 config,
                 llm,
@@ -122,6 +123,7 @@ impl AgentPool {
                     metering,
                     identity,
                     limits,
+                    spawner: Arc::default(),
                 },
                 resources,
                 hubs,
@@ -134,7 +136,9 @@ impl AgentPool {
                 remote_wake: std::sync::OnceLock::new(),
                 group_feeds: Mutex::new(HashMap::new()),
             }),
-        })
+        };
+        pool.serve_spawns();
+        Ok(pool)
     }
 
     fn agents(&self) -> MutexGuard<'_, HashMap<AgentKey, Arc<OnceCell<Arc<Agent>>>>> {

@@ -34,7 +34,7 @@ use crate::message::{self, Message, MessageBody};
 use crate::metering::{Metering, Tokens, charge, estimate_tokens};
 use crate::peers::{CallStatus, Sessions, UsageRecord};
 use crate::settings::TenantLlm;
-use crate::tools::{Caller, ServerState, ToolReply, Toolbox};
+use crate::tools::{Builtin, Caller, ServerState, ToolReply, Toolbox};
 
 /// What a turn needs of the world: where messages are stored, where usage
 /// is reported, and the runtime's own credential (a reply is stored whether
@@ -45,7 +45,16 @@ pub(crate) struct TurnPorts {
     pub(crate) metering: Metering,
     pub(crate) identity: ServiceIdentity,
     pub(crate) limits: TurnLimits,
+    /// Runs `spawn_agent` calls (the pool, set once it exists).
+    pub(crate) spawner: Arc<std::sync::OnceLock<Spawner>>,
 }
+
+/// Runs a `spawn_agent` call of an agent's turn, as its caller.
+pub(crate) type Spawner = Arc<
+    dyn Fn(RequestContext, Arc<Agent>, serde_json::Value) -> futures::future::BoxFuture<'static, ToolReply>
+        + Send
+        + Sync,
+>;
 
 /// How far one turn may go.
 #[derive(Clone, Copy, Debug)]
@@ -335,7 +344,7 @@ async fn fail(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, error: Fai
 async fn run_tools(
     ports: &TurnPorts,
     ctx: &RequestContext,
-    agent: &Agent,
+    agent: &Arc<Agent>,
     calls: &[ToolCall],
     cancel: &CancellationToken,
 ) -> (History, bool) {
@@ -345,6 +354,15 @@ async fn run_tools(
             let toolbox = toolbox.clone();
             async move {
                 let reply = match toolbox {
+                    Some(toolbox) if call.name == Builtin::SpawnAgent.name() && toolbox.has(Builtin::SpawnAgent) => {
+                        match ports.spawner.get() {
+                            Some(spawn) => spawn(ctx.clone(), Arc::clone(agent), call.input.clone()).await,
+                            None => ToolReply {
+                                text: "spawn_agent is not available on this runtime".to_owned(),
+                                is_error: true,
+                            },
+                        }
+                    }
                     Some(toolbox) => toolbox.call(&call).await,
                     None => ToolReply {
                         text: format!("this agent has no tools; {:?} was not run", call.name),

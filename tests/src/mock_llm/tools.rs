@@ -17,6 +17,20 @@ pub struct MockToolCall {
     pub round: usize,
 }
 
+/// Returns the names of the tools a request offers the model.
+pub(super) fn offered(api: MockApi, body: &Value) -> Vec<String> {
+    let tools = body.get("tools").and_then(Value::as_array).cloned().unwrap_or_default();
+    tools
+        .iter()
+        .filter_map(|tool| match api {
+            MockApi::Anthropic => tool.get("name"),
+            MockApi::OpenAi => tool.get("function").and_then(|function| function.get("name")),
+        })
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Returns the calls of the reply after `rounds_done` tool rounds, if it calls any.
 pub(super) fn calls_for(calls: &[MockToolCall], tool_rounds: usize, rounds_done: usize) -> Option<Vec<MockToolCall>> {
     if calls.is_empty() {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use avm_tests::cluster::{Cluster, Llm, Mode, Options};
-use avm_tests::mock_llm::{MockBehavior, MockLlm, RecordedRequest, SYSTEM_PLACEHOLDER};
+use avm_tests::mock_llm::{MockBehavior, MockLlm, MockToolCall, RecordedRequest, SYSTEM_PLACEHOLDER};
 use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
@@ -378,5 +378,141 @@ async fn pause_and_resume(mode: Mode) -> anyhow::Result<()> {
     );
     post(&cluster, &group_id, json!({"content": "still there?"})).await?;
     assert_eq!(mock.requests().len(), 1);
+    Ok(())
+}
+
+both_modes!(a_parent_delegates_to_a_child_that_uses_a_tool, delegate);
+
+async fn delegate(mode: Mode) -> anyhow::Result<()> {
+    // The model calls the tools it is offered: the parent spawns a child
+    // (and lists its files), the child lists its own; each then answers
+    // with what its tools returned.
+    let spawn = json!({
+        "task": "List your files and report.",
+        "prompt": "You are a careful child.",
+        "name": "lister",
+        "tools": ["list_files"],
+    });
+    let mock = MockLlm::start(MockBehavior {
+        tool_calls: vec![
+            MockToolCall {
+                name: "spawn_agent".to_owned(),
+                input: spawn,
+                round: 1,
+            },
+            MockToolCall {
+                name: "list_files".to_owned(),
+                input: json!({}),
+                round: 1,
+            },
+        ],
+        ..MockBehavior::default()
+    })
+    .await?;
+    let cluster = Cluster::start(
+        mode,
+        Options::with_llm(Llm::Anthropic {
+            base_url: mock.anthropic_base_url(),
+        }),
+    )
+    .await?;
+    let (status, parent) = call(
+        &cluster,
+        "POST",
+        "/v1/containers",
+        Some(json!({"containerId": "office"})),
+    )
+    .await?;
+    assert_eq!(status, 201, "{parent}");
+    let (status, parent) = call(
+        &cluster,
+        "POST",
+        "/v1/containers/office/images",
+        Some(json!({"name": "lead", "systemPrompt": "You delegate.", "tools": ["spawn_agent", "list_files"]})),
+    )
+    .await?;
+    assert_eq!(status, 201, "{parent}");
+    let parent_id = text(&parent["imageId"]);
+
+    let response = cluster
+        .http()?
+        .post(cluster.url(&format!("/v1/images/{parent_id}/messages")))
+        .json(&json!({"content": "Delegate the listing."}))
+        .send()
+        .await?;
+    assert_eq!(response.status(), 200);
+    let mut turn = SseStream::new(response);
+    let mut events = Vec::new();
+    loop {
+        let (_, kind, data) = turn.next_event().await?;
+        let done = kind == "conversation_end" || kind == "error_occurred";
+        events.push((kind, data));
+        if done {
+            break;
+        }
+    }
+    assert_eq!(
+        events.last().map(|(kind, _)| kind.as_str()),
+        Some("conversation_end"),
+        "{events:?}"
+    );
+    let spawned = events
+        .iter()
+        .find(|(kind, _)| kind == "agent_spawned")
+        .map(|(_, data)| data["data"].clone())
+        .ok_or_else(|| anyhow::anyhow!("no agent_spawned: {events:?}"))?;
+    assert_eq!(spawned["parentImageId"], parent_id.as_str());
+    assert_eq!(spawned["depth"], 1);
+    let child_id = text(&spawned["childImageId"]);
+
+    // The child used its tool and answered; that answer is the parent's tool result.
+    let (_, history) = call(&cluster, "GET", &format!("/v1/images/{child_id}/messages"), None).await?;
+    let history = history["messages"].as_array().cloned().unwrap_or_default();
+    let used: Vec<String> = history
+        .iter()
+        .filter(|message| message["subtype"] == "tool-result")
+        .map(|message| message.to_string())
+        .collect();
+    assert!(!used.is_empty(), "the child ran a tool: {history:?}");
+    let answer = history
+        .iter()
+        .rev()
+        .find(|message| message["subtype"] == "assistant")
+        .map(|message| text(&message["content"][0]["text"]))
+        .unwrap_or_default();
+    assert!(answer.starts_with("Tool results:"), "{history:?}");
+    let results: Vec<String> = events
+        .iter()
+        .filter(|(kind, _)| kind == "tool_result")
+        .map(|(_, data)| text(&data["data"]["result"]))
+        .collect();
+    assert!(
+        results.contains(&answer),
+        "the spawn's result is the child's answer: {results:?} vs {answer:?}"
+    );
+    let reply = events
+        .iter()
+        .rev()
+        .find(|(kind, _)| kind == "assistant_message")
+        .map(|(_, data)| data["data"]["content"].to_string())
+        .unwrap_or_default();
+    assert!(reply.contains("Tool results:"), "{reply}");
+
+    // The child's model was offered only its own tool, with its own prompt.
+    let requests = mock.requests();
+    let child_request = requests
+        .iter()
+        .find(|request| request.body["system"] == "You are a careful child.")
+        .ok_or_else(|| anyhow::anyhow!("the child never asked its model"))?;
+    let offered: Vec<&str> = child_request.body["tools"]
+        .as_array()
+        .map(|tools| tools.iter().filter_map(|tool| tool["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(offered, ["list_files"]);
+
+    // Terminated with its parent.
+    let (status, terminated) = call(&cluster, "POST", &format!("/v1/agents/{parent_id}/terminate"), None).await?;
+    assert_eq!(status, 200, "{terminated}");
+    assert_eq!(terminated["terminatedImageIds"], json!([parent_id, child_id]));
     Ok(())
 }

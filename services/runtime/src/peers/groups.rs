@@ -214,6 +214,21 @@ impl Sessions {
         Ok((GroupPost::of(posted.message.unwrap_or_default()), posted.created))
     }
 
+    /// Adds a member to a group.
+    pub async fn add_group_member(
+        &self,
+        ctx: &RequestContext,
+        group_id: &str,
+        member: &Member,
+    ) -> Result<(), RuntimeError> {
+        let request = ctx.request(pb::AddGroupMemberRequest {
+            group_id: group_id.to_owned(),
+            member: Some(member.pb()),
+        });
+        self.service.add_group_member(request).await?;
+        Ok(())
+    }
+
     /// Moves a member's read cursor up to `seq`.
     pub async fn advance_read_cursor(
         &self,

@@ -119,6 +119,17 @@ impl From<ImageInfo> for pb::Image {
     }
 }
 
+/// A child agent's image, as its parent asks for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewChild {
+    pub container_id: String,
+    pub parent_image_id: String,
+    pub name: String,
+    pub system_prompt: Option<String>,
+    pub agent: Option<String>,
+    pub tools: Vec<String>,
+}
+
 /// Images the session service deleted, or the mark that deletions flow.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Deletion {
@@ -236,6 +247,33 @@ impl Sessions {
         });
         self.service.update_image(request).await?;
         Ok(())
+    }
+
+    /// Creates the image of a child agent in its parent's container.
+    pub async fn create_child_image(&self, ctx: &RequestContext, child: NewChild) -> Result<ImageInfo, RuntimeError> {
+        let request = ctx.request(pb::CreateImageRequest {
+            container_id: child.container_id,
+            name: Some(child.name),
+            description: None,
+            system_prompt: child.system_prompt,
+            mcp_servers_json: String::new(),
+            agent: child.agent,
+            variables_json: String::new(),
+            tools: child.tools,
+            parent_image_id: Some(child.parent_image_id),
+        });
+        let image = self.service.create_image(request).await?.into_inner().image;
+        image.map(ImageInfo::from).ok_or_else(missing)
+    }
+
+    /// Returns the images of the agents an image's agent started, newest first.
+    pub async fn children(&self, ctx: &RequestContext, image_id: &str) -> Result<Vec<ImageInfo>, RuntimeError> {
+        let request = ctx.request(pb::ListImagesRequest {
+            container_id: None,
+            parent_image_id: Some(image_id.to_owned()),
+        });
+        let images = self.service.list_images(request).await?.into_inner().images;
+        Ok(images.into_iter().map(ImageInfo::from).collect())
     }
 
     /// Sets whether an image's agent may run; returns the image and, when

@@ -51,7 +51,9 @@ pub fn run(tool: Builtin, workspace: &Workspace, input: &Value) -> Result<String
             let path = input.get("path").and_then(Value::as_str).unwrap_or("");
             search_files(workspace, path, text)
         }
-        Builtin::RunCommand | Builtin::FetchUrl => Err(format!("{} is not a file tool", tool.name())),
+        Builtin::RunCommand | Builtin::FetchUrl | Builtin::SpawnAgent => {
+            Err(format!("{} is not a file tool", tool.name()))
+        }
     }
 }
 

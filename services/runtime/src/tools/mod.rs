@@ -43,11 +43,13 @@ pub enum Builtin {
     SearchFiles,
     RunCommand,
     FetchUrl,
+    /// Starts a child agent with a task; the turn runs it, not the toolbox.
+    SpawnAgent,
 }
 
 impl Builtin {
     /// Every built-in tool.
-    pub const ALL: [Builtin; 7] = [
+    pub const ALL: [Builtin; 8] = [
         Builtin::ReadFile,
         Builtin::WriteFile,
         Builtin::EditFile,
@@ -55,6 +57,7 @@ impl Builtin {
         Builtin::SearchFiles,
         Builtin::RunCommand,
         Builtin::FetchUrl,
+        Builtin::SpawnAgent,
     ];
 
     /// Returns the tool's name, as the model and the image config name it.
@@ -67,6 +70,7 @@ impl Builtin {
             Builtin::SearchFiles => "search_files",
             Builtin::RunCommand => "run_command",
             Builtin::FetchUrl => "fetch_url",
+            Builtin::SpawnAgent => "spawn_agent",
         }
     }
 
@@ -113,6 +117,21 @@ impl Builtin {
                  content type and text, cut at a size limit. Internal addresses are refused.",
                 json!({"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}),
             ),
+            Builtin::SpawnAgent => (
+                "Starts a child agent in this container and gives it a task. It answers with the child's reply \
+                 (or, with `wait: false`, at once with the child's image id while it works). The child has its \
+                 own prompt (`prompt`, or the `resource://agents/…` definition in `agent`) and may use the tools \
+                 in `tools` (among this agent's own); with `groupId` it also joins that group.",
+                json!({"type": "object", "properties": {
+                    "task": {"type": "string", "description": "What the child is to do; its first message."},
+                    "prompt": {"type": "string", "description": "The child's system prompt."},
+                    "agent": {"type": "string", "description": "A resource://agents/… definition the child runs."},
+                    "name": {"type": "string", "description": "A name for the child."},
+                    "tools": {"type": "array", "items": {"type": "string"}, "description": "Tools the child may use, among this agent's."},
+                    "groupId": {"type": "string", "description": "A group of this container the child joins."},
+                    "wait": {"type": "boolean", "description": "Wait for the child's answer (default true)."}
+                }, "required": ["task"]}),
+            ),
         };
         ToolSpec {
             name: self.name().to_owned(),
@@ -130,14 +149,14 @@ pub struct ToolReply {
 }
 
 impl ToolReply {
-    fn ok(text: String) -> Self {
+    pub(crate) fn ok(text: String) -> Self {
         Self {
             text: truncate(text),
             is_error: false,
         }
     }
 
-    fn error(text: String) -> Self {
+    pub(crate) fn error(text: String) -> Self {
         Self {
             text: truncate(text),
             is_error: true,
@@ -316,8 +335,14 @@ impl Toolbox {
                 }
                 .await,
             ),
+            Builtin::SpawnAgent => ToolReply::error("spawn_agent is run by the agent's turn".to_owned()),
             _ => self.call_file_tool(tool, call).await,
         }
+    }
+
+    /// Returns whether the agent may call this built-in tool.
+    pub fn has(&self, tool: Builtin) -> bool {
+        self.tools.contains(&tool)
     }
 
     /// Runs a file tool, off the async threads.
