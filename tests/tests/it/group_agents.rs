@@ -516,3 +516,84 @@ async fn delegate(mode: Mode) -> anyhow::Result<()> {
     assert_eq!(terminated["terminatedImageIds"], json!([parent_id, child_id]));
     Ok(())
 }
+
+both_modes!(a_thousand_sleeping_members_hold_no_agents, sleeping_members);
+
+async fn sleeping_members(mode: Mode) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    const MEMBERS: usize = 1000;
+    let (mock, cluster) = prompted(mode, MockBehavior::default()).await?;
+    let (status, _) = call(&cluster, "POST", "/v1/containers", Some(json!({"containerId": "hall"}))).await?;
+    assert_eq!(status, 201);
+    let tasks = || tokio::runtime::Handle::current().metrics().num_alive_tasks();
+    let tasks_before = tasks();
+    let created: Vec<anyhow::Result<(u16, Value)>> = futures::stream::iter(0..MEMBERS)
+        .map(|n| {
+            let cluster = &cluster;
+            async move {
+                call(
+                    cluster,
+                    "POST",
+                    "/v1/containers/hall/images",
+                    Some(json!({"name": format!("sleeper {n}"), "systemPrompt": format!("You are sleeper {n}.")})),
+                )
+                .await
+            }
+        })
+        .buffered(16)
+        .collect()
+        .await;
+    let mut agents = Vec::with_capacity(MEMBERS);
+    for image in created {
+        let (status, image) = image?;
+        anyhow::ensure!(status == 201, "{image}");
+        agents.push(text(&image["imageId"]));
+    }
+    // In groups of at most 64 (what one creation takes), woken by mentions.
+    let mut groups = Vec::new();
+    for members in agents.chunks(50) {
+        let ids: Vec<&str> = members.iter().map(String::as_str).collect();
+        groups.push(group(&cluster, "hall", "mentions", &ids).await?);
+    }
+    for group_id in &groups {
+        let posted = post(&cluster, group_id, json!({"content": "good night"})).await?;
+        assert_eq!(posted["seq"], 1);
+    }
+    let (_, running) = call(&cluster, "GET", "/v1/agents?containerId=hall", None).await?;
+    assert_eq!(running["agents"].as_array().map(Vec::len), Some(0), "asleep: rows only");
+    let tasks_asleep = tasks();
+
+    // One mention wakes one agent among the thousand.
+    let mut sse = watch(&cluster, &groups[3]).await?;
+    let sleeper = &agents[3 * 50 + 7];
+    post(
+        &cluster,
+        &groups[3],
+        json!({"content": "wake up", "mentions": [sleeper]}),
+    )
+    .await?;
+    let events = until_read(&mut sse, 1).await?;
+    let replies = messages_of(&events);
+    assert_eq!(
+        replies.last().map(|m| m["content"].clone()),
+        Some(json!("You are sleeper 157."))
+    );
+    assert_eq!(mock.requests().len(), 1);
+    let (_, running) = call(&cluster, "GET", "/v1/agents?containerId=hall", None).await?;
+    let running = running["agents"].as_array().cloned().unwrap_or_default();
+    assert_eq!(running.len(), 1, "{running:?}");
+    assert_eq!(running[0]["imageId"], sleeper.as_str());
+    let tasks_after = tasks();
+    println!(
+        "{MEMBERS} members in {} groups: {} agent in memory; tasks alive: {tasks_before} before, \
+         {tasks_asleep} with every member asleep, {tasks_after} after one answered ({mode:?})",
+        groups.len(),
+        running.len()
+    );
+    // In one process the server's tasks are counted here: a thousand
+    // sleeping members hold none (the few counted are connections closing).
+    if mode == Mode::OneProcess {
+        assert!(tasks_asleep < tasks_before + 50, "{tasks_before} → {tasks_asleep}");
+    }
+    Ok(())
+}
