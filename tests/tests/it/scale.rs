@@ -3,7 +3,8 @@
 //! gateway a client uses and whichever runtime holds the agent; events reach
 //! subscribers on the other gateway in order; one image never runs two turns
 //! at once; a runtime killed mid-turn ends its turns with `RUNTIME_LOST` and
-//! its conversations answer again; a runtime stopped with SIGTERM drains.
+//! its conversations answer again; a runtime stopped with SIGTERM drains;
+//! a group's agents on two runtimes each answer once, seen through either gateway.
 
 use std::time::{Duration, Instant};
 
@@ -302,6 +303,114 @@ async fn a_runtime_stopped_with_sigterm_drains() -> anyhow::Result<()> {
         assert_eq!(end["data"]["reason"], "completed", "{end}");
         let again = send_and_finish(sender, &chat.image_id, json!("still there?")).await?;
         assert_eq!(again.last().map(|f| f["type"].clone()), Some(json!("conversation_end")));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_of_one_group_on_two_runtimes_answer_once_each() -> anyhow::Result<()> {
+    use avm_proto::runtime::v1 as rt;
+    use avm_proto::runtime::v1::runtime_service_client::RuntimeServiceClient;
+    if !external_configured()? {
+        return Ok(());
+    }
+    let mock = MockLlm::start(MockBehavior {
+        reply: Some(avm_tests::mock_llm::SYSTEM_PLACEHOLDER.to_owned()),
+        ..MockBehavior::default()
+    })
+    .await?;
+    let (mut cluster, _) = mesh(&mock).await?;
+    let second = cluster.spawn_gateway().await?;
+    call(
+        &cluster,
+        "POST",
+        "/v1/containers",
+        Some(json!({"containerId": "split"})),
+    )
+    .await?;
+    let mut agents = Vec::new();
+    for name in ["alice", "bob"] {
+        let (status, image) = call(
+            &cluster,
+            "POST",
+            "/v1/containers/split/images",
+            Some(json!({"name": name, "systemPrompt": format!("You are {name}.")})),
+        )
+        .await?;
+        anyhow::ensure!(status == 201, "{image}");
+        agents.push(image["imageId"].as_str().unwrap_or_default().to_owned());
+    }
+    // Alice starts on the first runtime, bob on the second.
+    let token = cluster.access_token(&cluster.admin_key).await?;
+    for (agent, runtime) in agents.iter().zip(&cluster.runtimes) {
+        let channel = tonic::transport::Endpoint::from_shared(runtime.clone())?
+            .connect()
+            .await?;
+        let mut client = RuntimeServiceClient::with_interceptor(channel, avm_tests::cluster::bearer(&token)?);
+        client
+            .run_image(rt::RunImageRequest {
+                image_id: agent.clone(),
+            })
+            .await?;
+    }
+    for runtime in &cluster.runtimes {
+        assert_eq!(active_agents(runtime).await?, 1.0, "one agent on {runtime}");
+    }
+    let (status, group) = call(
+        &cluster,
+        "POST",
+        "/v1/containers/split/groups",
+        Some(json!({"name": "split", "members": [
+            {"kind": "agent", "memberId": agents[0]},
+            {"kind": "agent", "memberId": agents[1]},
+        ]})),
+    )
+    .await?;
+    anyhow::ensure!(status == 201, "{group}");
+    let group_id = group["groupId"].as_str().unwrap_or_default().to_owned();
+
+    // Watched through the other gateway; posted through the first.
+    let response = avm_tests::cluster::http_client(&cluster.admin_key)?
+        .get(format!("{second}/v1/groups/{group_id}/messages"))
+        .header("accept", "text/event-stream")
+        .send()
+        .await?;
+    assert_eq!(response.status(), 200);
+    let mut stream = crate::support::SseStream::new(response);
+    let (status, posted) = call(
+        &cluster,
+        "POST",
+        &format!("/v1/groups/{group_id}/messages"),
+        Some(json!({"content": "Who is where?"})),
+    )
+    .await?;
+    assert_eq!(status, 201, "{posted}");
+    let mut replies = Vec::new();
+    let mut reads = 0;
+    while reads < 2 {
+        let (_, kind, data) = stream.next_event().await?;
+        anyhow::ensure!(kind != "system_error", "{data}");
+        match kind.as_str() {
+            "group_read" => reads += 1,
+            "group_message" if data["data"]["sender"]["kind"] == "agent" => replies.push(data["data"].clone()),
+            _ => {}
+        }
+    }
+    let mut said: Vec<String> = replies
+        .iter()
+        .map(|reply| reply["content"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    said.sort();
+    assert_eq!(said, ["You are alice.", "You are bob."], "{replies:?}");
+    let (_, history) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/messages"), None).await?;
+    assert_eq!(history["messages"].as_array().map(Vec::len), Some(3), "{history}");
+    assert_eq!(mock.requests().len(), 2, "one turn each");
+    for runtime in &cluster.runtimes {
+        assert_eq!(
+            active_agents(runtime).await?,
+            1.0,
+            "each stayed where it was: {runtime}"
+        );
     }
     Ok(())
 }
