@@ -329,16 +329,18 @@ impl AgentPool {
         image_id: &str,
         content: Content,
     ) -> Result<SendAccepted, RuntimeError> {
-        Ok(self.start_turn(ctx, image_id, content).await?.0)
+        Ok(self.start_turn(ctx, image_id, content, None).await?.0)
     }
 
-    /// Does what [`Self::send_message`] says; the handle ends with the turn,
-    /// with the text of its last reply when it completed.
+    /// Does what [`Self::send_message`] says, for a message of `group` when
+    /// one is named; the handle ends with the turn, with the text of its
+    /// last reply when it completed.
     async fn start_turn(
         &self,
         ctx: &RequestContext,
         image_id: &str,
         content: Content,
+        group: Option<&str>,
     ) -> Result<(SendAccepted, tokio::task::JoinHandle<Option<String>>), RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         content.validate()?;
@@ -398,6 +400,7 @@ impl AgentPool {
                     agent_id: agent.agent_id.clone(),
                     session_id: agent.image.session_id.clone(),
                     user_message_id: user_message_id.clone(),
+                    group_id: group.unwrap_or_default().to_owned(),
                 });
                 let replicas = replicas.clone();
                 let (tenant_id, image_id) = (agent.tenant_id.clone(), agent.image.image_id.clone());
@@ -1008,6 +1011,7 @@ impl AgentPool {
             // Told to the session's subscribers anyway, as it happened.
             .unwrap_or_else(Some);
         let hub = self.inner.hubs.open(&record.session_id).await;
+        let (tenant_id, group_id) = (record.tenant_id.clone(), record.group_id.clone());
         let context = Arc::new(EventContext {
             container_id: record.container_id,
             image_id: record.image_id,
@@ -1030,6 +1034,12 @@ impl AgentPool {
             &context,
             &json!({"code": "RUNTIME_LOST", "message": text, "recoverable": true}),
         );
+        // A group turn's messages are still unread (the cursor moves after
+        // the reply): the agent, woken again, answers them. Its reply is
+        // named after them, so one posted before the crash is not posted twice.
+        if !group_id.is_empty() {
+            tokio::spawn(self.clone().wake_again(tenant_id, context.image_id.clone(), group_id));
+        }
     }
 
     /// Stores `TURN_LOST` after the user message of a turn that a crash cut

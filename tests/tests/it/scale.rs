@@ -414,3 +414,85 @@ async fn agents_of_one_group_on_two_runtimes_answer_once_each() -> anyhow::Resul
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_message_whose_runtime_is_killed_is_answered_once_by_a_survivor() -> anyhow::Result<()> {
+    use avm_proto::runtime::v1 as rt;
+    use avm_proto::runtime::v1::runtime_service_client::RuntimeServiceClient;
+    if !external_configured()? {
+        return Ok(());
+    }
+    // Slow enough that the runtime dies while the answer streams.
+    let mock = MockLlm::start(MockBehavior {
+        tokens: 200,
+        token_interval: Duration::from_millis(20),
+        ..MockBehavior::default()
+    })
+    .await?;
+    let (mut cluster, _) = mesh(&mock).await?;
+    call(&cluster, "POST", "/v1/containers", Some(json!({"containerId": "fail"}))).await?;
+    let (status, image) = call(
+        &cluster,
+        "POST",
+        "/v1/containers/fail/images",
+        Some(json!({"name": "alice"})),
+    )
+    .await?;
+    anyhow::ensure!(status == 201, "{image}");
+    let alice = image["imageId"].as_str().unwrap_or_default().to_owned();
+    // Alice runs on the first runtime, the one to die.
+    let token = cluster.access_token(&cluster.admin_key).await?;
+    let channel = tonic::transport::Endpoint::from_shared(cluster.runtimes[0].clone())?
+        .connect()
+        .await?;
+    RuntimeServiceClient::with_interceptor(channel, avm_tests::cluster::bearer(&token)?)
+        .run_image(rt::RunImageRequest {
+            image_id: alice.clone(),
+        })
+        .await?;
+    let (_, group) = call(
+        &cluster,
+        "POST",
+        "/v1/containers/fail/groups",
+        Some(json!({"name": "fail", "members": [{"kind": "agent", "memberId": alice}]})),
+    )
+    .await?;
+    let group_id = group["groupId"].as_str().unwrap_or_default().to_owned();
+    let (status, posted) = call(
+        &cluster,
+        "POST",
+        &format!("/v1/groups/{group_id}/messages"),
+        Some(json!({"content": "Answer me once."})),
+    )
+    .await?;
+    assert_eq!(status, 201, "{posted}");
+    mock.wait_for_requests(1, Duration::from_secs(15)).await?;
+    cluster.kill_runtime(0).await?;
+    let killed = Instant::now();
+
+    // The survivor finds the lost turn, wakes alice, and she answers: her
+    // read cursor moves past her reply once it is stored.
+    let members = format!("/v1/groups/{group_id}/members");
+    loop {
+        let (_, listed) = call(&cluster, "GET", &members, None).await?;
+        let read = listed["members"]
+            .as_array()
+            .and_then(|all| all.iter().find(|m| m["memberId"] == alice.as_str()))
+            .and_then(|m| m["readSeq"].as_u64());
+        if read == Some(2) {
+            break;
+        }
+        anyhow::ensure!(
+            killed.elapsed() < Duration::from_secs(30),
+            "no answer after the runtime died: {listed}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("answered {:?} after the kill", killed.elapsed());
+    let (_, history) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/messages"), None).await?;
+    let all = history["messages"].as_array().cloned().unwrap_or_default();
+    assert_eq!(all.len(), 2, "one answer: {all:?}");
+    assert_eq!(all[1]["sender"]["memberId"], alice.as_str());
+    assert_eq!(all[1]["messageId"], format!("reply.{alice}.1"));
+    Ok(())
+}

@@ -160,7 +160,7 @@ impl AgentPool {
             plain_text: true,
         };
         let (_, turn) = self
-            .start_turn(ctx, &child.image_id, task)
+            .start_turn(ctx, &child.image_id, task, None)
             .await
             .map_err(|err| format!("the child agent {} could not start: {err}", child.image_id))?;
         if !spawn.wait {

@@ -173,6 +173,23 @@ impl AgentPool {
         }
     }
 
+    /// Wakes an agent whose group turn was lost with its runtime. Boxed: the
+    /// wake may start the agent here, which ends lost turns.
+    pub(super) fn wake_again(self, tenant_id: String, image_id: String, group_id: String) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let woken = match self.inner.ports.identity.tenant_context(&tenant_id).await {
+                Ok(ctx) => self.wake_member(&ctx, &image_id).await,
+                Err(err) => Err(err.into()),
+            };
+            match woken {
+                Ok(_) => tracing::info!(image_id, group_id, "agent woken again after its runtime was lost"),
+                Err(err) => {
+                    tracing::warn!(image_id, group_id, error = %err, "cannot wake again an agent whose runtime was lost");
+                }
+            }
+        })
+    }
+
     /// Wakes an image's agent to read its unread group messages: starts it
     /// reading, or makes it read again once it is done.
     #[tracing::instrument(name = "runtime.wake_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
@@ -344,7 +361,10 @@ impl AgentPool {
             plain_text: true,
         };
         let (accepted, turn) = loop {
-            match self.start_turn(ctx, image_id, content.clone()).await {
+            match self
+                .start_turn(ctx, image_id, content.clone(), Some(&group.group_id))
+                .await
+            {
                 Err(RuntimeError::AgentBusy) => {
                     if let Some(agent) =
                         self.lookup(&ctx.tenant_id, &crate::error::AgentTarget::Image(image_id.to_owned()))

@@ -72,6 +72,10 @@ pub struct TurnRecord {
     /// replicas): its lost turn's error message is named after it.
     #[serde(default)]
     pub user_message_id: String,
+    /// The group whose messages the turn answered (empty for a direct
+    /// message): a survivor wakes the agent again to answer them.
+    #[serde(default)]
+    pub group_id: String,
 }
 
 /// The Redis side of one runtime replica; cheap to clone.
