@@ -88,6 +88,13 @@ pub struct ImageRecord {
     /// The running agent, when online.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_id: Option<String>,
+    /// Whether its agent may run: `active`, `paused` or `terminated`.
+    pub agent_state: &'static str,
+    /// The image whose agent started this one (`spawn_agent`), for a child agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_image_id: Option<String>,
+    /// Levels below an agent nobody started; 0 for one a client made.
+    pub depth: u32,
 }
 
 impl ImageRecord {
@@ -109,6 +116,13 @@ impl ImageRecord {
             tools: image.tools,
             created_at: image.created_at_ms,
             updated_at: image.updated_at_ms,
+            agent_state: match ss::AgentState::try_from(image.agent_state) {
+                Ok(ss::AgentState::Paused) => "paused",
+                Ok(ss::AgentState::Terminated) => "terminated",
+                _ => "active",
+            },
+            parent_image_id: image.parent_image_id,
+            depth: image.depth,
         })
     }
 }
