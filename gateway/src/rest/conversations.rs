@@ -190,6 +190,18 @@ pub struct EventsQuery {
     pub after: Option<String>,
 }
 
+impl EventsQuery {
+    /// Where to resume: `after`, else the `Last-Event-ID` header.
+    pub(crate) fn resume_after(self, headers: &HeaderMap) -> Option<String> {
+        self.after.or_else(|| {
+            headers
+                .get("last-event-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        })
+    }
+}
+
 /// Streams an image's events after a cursor, then live.
 #[utoipa::path(get, path = "/v1/images/{id}/events", tag = "images", params(("id" = String, Path), EventsQuery),
     responses((status = 200, description = "The protocol's events as server-sent events, each with `id: <cursor>`",
@@ -201,12 +213,7 @@ pub async fn image_events(
     Query(query): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let after = query.after.or_else(|| {
-        headers
-            .get("last-event-id")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    });
+    let after = query.resume_after(&headers);
     match images::events(&state.peers, &ctx, id, after).await {
         Ok(events) => sse(sse_events(events), &ctx),
         Err(err) => error_response(&err, &ctx.request_id),

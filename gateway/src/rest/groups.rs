@@ -144,12 +144,7 @@ pub async fn group_events(
     Query(query): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let after = query.after.or_else(|| {
-        headers
-            .get("last-event-id")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    });
+    let after = query.resume_after(&headers);
     match groups::events(&state.peers, &ctx, group_id, after, None).await {
         Ok(events) => sse(sse_events(events), &ctx),
         Err(err) => error_response(&err, &ctx.request_id),

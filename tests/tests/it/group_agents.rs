@@ -16,11 +16,13 @@ use crate::support::{SseStream, call};
 
 /// A cluster whose LLM answers each agent with its own system prompt.
 async fn prompted(mode: Mode, behavior: MockBehavior) -> anyhow::Result<(MockLlm, Cluster)> {
-    let mock = MockLlm::start(MockBehavior {
-        reply: Some(SYSTEM_PLACEHOLDER.to_owned()),
-        ..behavior
-    })
-    .await?;
+    let reply = Some(SYSTEM_PLACEHOLDER.to_owned());
+    mocked(mode, MockBehavior { reply, ..behavior }).await
+}
+
+/// A cluster whose LLM is the mock, behaving so.
+async fn mocked(mode: Mode, behavior: MockBehavior) -> anyhow::Result<(MockLlm, Cluster)> {
+    let mock = MockLlm::start(behavior).await?;
     let cluster = Cluster::start(
         mode,
         Options::with_llm(Llm::Anthropic {
@@ -393,27 +395,24 @@ async fn delegate(mode: Mode) -> anyhow::Result<()> {
         "name": "lister",
         "tools": ["list_files"],
     });
-    let mock = MockLlm::start(MockBehavior {
-        tool_calls: vec![
-            MockToolCall {
-                name: "spawn_agent".to_owned(),
-                input: spawn,
-                round: 1,
-            },
-            MockToolCall {
-                name: "list_files".to_owned(),
-                input: json!({}),
-                round: 1,
-            },
-        ],
-        ..MockBehavior::default()
-    })
-    .await?;
-    let cluster = Cluster::start(
+    let calls = vec![
+        MockToolCall {
+            name: "spawn_agent".to_owned(),
+            input: spawn,
+            round: 1,
+        },
+        MockToolCall {
+            name: "list_files".to_owned(),
+            input: json!({}),
+            round: 1,
+        },
+    ];
+    let (mock, cluster) = mocked(
         mode,
-        Options::with_llm(Llm::Anthropic {
-            base_url: mock.anthropic_base_url(),
-        }),
+        MockBehavior {
+            tool_calls: calls,
+            ..MockBehavior::default()
+        },
     )
     .await?;
     let (status, parent) = call(
