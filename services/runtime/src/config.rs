@@ -41,6 +41,11 @@ pub struct RuntimeConfig {
     /// Consecutive agent messages a group takes without a user's: past it,
     /// agent messages wake nobody until a user posts (runaway protection).
     pub group_runaway_limit: u64,
+    /// Group turns running at once on this replica; the wakes beyond wait,
+    /// each tenant in turn. 0: no limit.
+    pub max_running_agents: usize,
+    /// Group turns of one tenant running at once; 0: no limit.
+    pub max_running_agents_per_tenant: usize,
     /// The limits `run_command` runs under (`[runtime.sandbox]`).
     pub sandbox: SandboxLimits,
     /// What `fetch_url` may reach and how much it reads (`[runtime.fetch]`).
@@ -61,6 +66,8 @@ impl Default for RuntimeConfig {
             max_tool_steps: 25,
             tool_concurrency: 4,
             group_runaway_limit: 20,
+            max_running_agents: 64,
+            max_running_agents_per_tenant: 8,
             sandbox: SandboxLimits::default(),
             fetch: FetchConfig::default(),
             mcp: McpConfig::default(),
