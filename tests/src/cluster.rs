@@ -40,6 +40,9 @@ pub struct Options {
     pub agent_idle_timeout: Option<Duration>,
     /// Consecutive agent messages a group takes (`[runtime] group_runaway_limit`).
     pub group_runaway_limit: Option<u64>,
+    /// Group turns at once per runtime and per tenant (`[runtime]
+    /// max_running_agents`, `max_running_agents_per_tenant`).
+    pub max_running_agents: Option<(usize, usize)>,
     pub max_frame_bytes: Option<usize>,
     pub llm_idle_timeout: Option<Duration>,
     /// Frames per second one WebSocket connection may send.
@@ -74,6 +77,7 @@ impl Default for Options {
             database_url: None,
             agent_idle_timeout: None,
             group_runaway_limit: None,
+            max_running_agents: None,
             max_frame_bytes: None,
             llm_idle_timeout: None,
             messages_per_second: None,
@@ -474,6 +478,10 @@ impl Cluster {
         if let Some(limit) = self.options.group_runaway_limit {
             config.runtime.group_runaway_limit = limit;
         }
+        if let Some((replica, tenant)) = self.options.max_running_agents {
+            config.runtime.max_running_agents = replica;
+            config.runtime.max_running_agents_per_tenant = tenant;
+        }
         if let Some(limit) = self.options.max_frame_bytes {
             config.gateway.max_frame_bytes = limit;
         }
@@ -570,6 +578,10 @@ impl Cluster {
         }
         if let Some(limit) = self.options.group_runaway_limit {
             env.push(("AVM_RUNTIME_GROUP_RUNAWAY_LIMIT".into(), limit.to_string()));
+        }
+        if let Some((replica, tenant)) = self.options.max_running_agents {
+            env.push(("AVM_RUNTIME_MAX_RUNNING_AGENTS".into(), replica.to_string()));
+            env.push(("AVM_RUNTIME_MAX_RUNNING_AGENTS_PER_TENANT".into(), tenant.to_string()));
         }
         if let Some(store) = &self.options.workspace_store {
             env.push(("AVM_RUNTIME_WORKSPACE_STORE".into(), store.clone()));

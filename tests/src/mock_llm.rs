@@ -205,6 +205,10 @@ pub struct MockStats {
     pub streams_cancelled: usize,
     /// Text deltas handed to the connection, over all streams.
     pub deltas_sent: usize,
+    /// Streams being sent now.
+    pub streams_open: usize,
+    /// The most streams ever sent at once.
+    pub most_streams_open: usize,
 }
 
 /// A running mock LLM; dropping it stops it.
@@ -874,6 +878,7 @@ impl Drop for StreamGuard {
     fn drop(&mut self) {
         let finished = self.finished;
         self.shared.update(|stats| {
+            stats.streams_open -= 1;
             if finished {
                 stats.streams_completed += 1;
             } else {
@@ -889,6 +894,10 @@ fn body_stream(
     shared: Arc<Shared>,
     steps: Vec<Step>,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    shared.update(|stats| {
+        stats.streams_open += 1;
+        stats.most_streams_open = stats.most_streams_open.max(stats.streams_open);
+    });
     let guard = StreamGuard {
         shared,
         finished: false,

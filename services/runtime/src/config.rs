@@ -45,6 +45,11 @@ pub struct RuntimeConfig {
     pub max_agent_depth: u32,
     /// Children one agent may have started (terminated ones included).
     pub max_children_per_agent: usize,
+    /// Group turns running at once on this replica; the wakes beyond wait,
+    /// each tenant in turn. 0: no limit.
+    pub max_running_agents: usize,
+    /// Group turns of one tenant running at once; 0: no limit.
+    pub max_running_agents_per_tenant: usize,
     /// The limits `run_command` runs under (`[runtime.sandbox]`).
     pub sandbox: SandboxLimits,
     /// What `fetch_url` may reach and how much it reads (`[runtime.fetch]`).
@@ -67,6 +72,8 @@ impl Default for RuntimeConfig {
             group_runaway_limit: 20,
             max_agent_depth: 3,
             max_children_per_agent: 8,
+            max_running_agents: 64,
+            max_running_agents_per_tenant: 8,
             sandbox: SandboxLimits::default(),
             fetch: FetchConfig::default(),
             mcp: McpConfig::default(),

@@ -29,9 +29,11 @@ use crate::tools::{Fetcher, ToolContext, Toolbox, Workspace, access};
 use crate::turn::{self, TurnLimits, TurnPorts};
 
 mod children;
+mod gate;
 mod groups;
 mod lifecycle;
 
+use gate::RunGate;
 pub use groups::RemoteWake;
 
 /// The answer to an accepted message: who runs it and the turn's events.
@@ -78,6 +80,8 @@ struct PoolInner {
     remote_wake: std::sync::OnceLock<RemoteWake>,
     /// The seq of the last `group_message` event published, per group with a hub.
     group_feeds: Mutex<HashMap<String, Arc<tokio::sync::Mutex<u64>>>>,
+    /// Admits agents' group turns within the replica's and each tenant's limits.
+    gate: RunGate,
 }
 
 /// The agent pool of one runtime process; cheap to clone.
@@ -114,6 +118,7 @@ impl AgentPool {
             max_steps: config.max_tool_steps.max(1),
             tool_concurrency: config.tool_concurrency.max(1),
         };
+        let gate = RunGate::new(config.max_running_agents, config.max_running_agents_per_tenant);
         let pool = Self {
             inner: Arc::new(PoolInner {
                 config,
@@ -135,6 +140,7 @@ impl AgentPool {
                 draining: AtomicBool::new(false),
                 remote_wake: std::sync::OnceLock::new(),
                 group_feeds: Mutex::new(HashMap::new()),
+                gate,
             }),
         };
         pool.serve_spawns();

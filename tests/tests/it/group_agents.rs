@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::both_modes;
 use crate::groups::{image, text};
-use crate::support::{SseStream, call};
+use crate::support::{SseStream, call, call_as};
 
 /// A cluster whose LLM answers each agent with its own system prompt.
 async fn prompted(mode: Mode, behavior: MockBehavior) -> anyhow::Result<(MockLlm, Cluster)> {
@@ -594,5 +594,124 @@ async fn sleeping_members(mode: Mode) -> anyhow::Result<()> {
     if mode == Mode::OneProcess {
         assert!(tasks_asleep < tasks_before + 50, "{tasks_before} → {tasks_asleep}");
     }
+    Ok(())
+}
+
+both_modes!(a_hundred_wakes_of_three_tenants_run_within_the_pool_limits, pool_limits);
+
+async fn pool_limits(mode: Mode) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    const PER_REPLICA: usize = 4;
+    const PER_TENANT: usize = 2;
+    let mock = MockLlm::start(MockBehavior {
+        reply: Some(SYSTEM_PLACEHOLDER.to_owned()),
+        first_token_delay: Duration::from_millis(30),
+        ..MockBehavior::default()
+    })
+    .await?;
+    let options = Options {
+        max_running_agents: Some((PER_REPLICA, PER_TENANT)),
+        ..Options::with_llm(Llm::Anthropic {
+            base_url: mock.anthropic_base_url(),
+        })
+    };
+    let cluster = Cluster::start(mode, options).await?;
+    // Three tenants, 34 + 33 + 33 agents, each tenant's in one group.
+    let mut tenants = Vec::new();
+    for (t, agents) in [34usize, 33, 33].into_iter().enumerate() {
+        let tenant = avm_tests::accounts::create_tenant(&cluster, &format!("pool-{t}"), None).await?;
+        let key = tenant.admin.key.clone();
+        let (status, _) = call_as(
+            &cluster,
+            &key,
+            "POST",
+            "/v1/containers",
+            Some(json!({"containerId": "crowd"})),
+        )
+        .await?;
+        anyhow::ensure!(status == 201);
+        let mut members = Vec::new();
+        for n in 0..agents {
+            let (status, image) = call_as(
+                &cluster,
+                &key,
+                "POST",
+                "/v1/containers/crowd/images",
+                Some(json!({"name": format!("a{n}"), "systemPrompt": format!("tenant {t} agent {n}")})),
+            )
+            .await?;
+            anyhow::ensure!(status == 201, "{image}");
+            members.push(json!({"kind": "agent", "memberId": image["imageId"]}));
+        }
+        let (status, group) = call_as(
+            &cluster,
+            &key,
+            "POST",
+            "/v1/containers/crowd/groups",
+            Some(json!({"name": "crowd", "members": members})),
+        )
+        .await?;
+        anyhow::ensure!(status == 201, "{group}");
+        let response = avm_tests::cluster::http_client(&key)?
+            .get(cluster.url(&format!("/v1/groups/{}/messages", text(&group["groupId"]))))
+            .header("accept", "text/event-stream")
+            .send()
+            .await?;
+        anyhow::ensure!(response.status() == 200);
+        tenants.push((key, text(&group["groupId"]), agents, SseStream::new(response)));
+    }
+    // A hundred wakes at once: one message into each group, together.
+    let cluster = &cluster;
+    let posts = tenants.iter().map(|(key, group_id, _, _)| async move {
+        let path = format!("/v1/groups/{group_id}/messages");
+        call_as(
+            cluster,
+            key,
+            "POST",
+            &path,
+            Some(json!({"content": "Everyone, answer."})),
+        )
+        .await
+    });
+    for posted in futures::future::join_all(posts).await {
+        let (status, posted) = posted?;
+        anyhow::ensure!(status == 201, "{posted}");
+    }
+    let answered: Vec<anyhow::Result<usize>> = futures::stream::iter(tenants.iter_mut())
+        .map(|(_, _, agents, stream)| async move {
+            let events = until_read(stream, *agents).await?;
+            Ok(messages_of(&events).len() - 1)
+        })
+        .buffer_unordered(3)
+        .collect()
+        .await;
+    let answered: Vec<usize> = answered.into_iter().collect::<anyhow::Result<_>>()?;
+    assert_eq!(
+        answered.iter().sum::<usize>(),
+        100,
+        "every agent answered once: {answered:?}"
+    );
+
+    let stats = mock.stats();
+    println!(
+        "100 wakes of 3 tenants: at most {} LLM streams at once (limit {PER_REPLICA} per runtime, {PER_TENANT} per tenant) ({mode:?})",
+        stats.most_streams_open
+    );
+    assert!(stats.most_streams_open <= PER_REPLICA, "{stats:?}");
+    // Every tenant was served before any was done: none waited for another.
+    let order: Vec<usize> = mock
+        .requests()
+        .iter()
+        .filter_map(|request| {
+            let system = request.body["system"].as_str()?;
+            system.strip_prefix("tenant ")?.split(' ').next()?.parse().ok()
+        })
+        .collect();
+    assert_eq!(order.len(), 100);
+    let first = |t: usize| order.iter().position(|&o| o == t).unwrap_or(usize::MAX);
+    let last = |t: usize| order.iter().rposition(|&o| o == t).unwrap_or(0);
+    let latest_start = (0..3).map(first).max().unwrap_or(usize::MAX);
+    let earliest_end = (0..3).map(last).min().unwrap_or(0);
+    assert!(latest_start < earliest_end, "a tenant was starved: {order:?}");
     Ok(())
 }

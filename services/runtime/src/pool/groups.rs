@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use avm_common::auth::Scopes;
 use avm_common::{ApiError, Code, RequestContext};
+use futures::StreamExt;
 use futures::future::BoxFuture;
 use serde_json::json;
 
@@ -21,6 +22,9 @@ use crate::peers::{GroupInfo, GroupPost, Member, UnreadGroup};
 
 /// Unread messages of a group read by one turn.
 const READ_LIMIT: u32 = 100;
+
+/// Agents one group message wakes at once.
+const WAKES_AT_ONCE: usize = 16;
 
 /// Whom a posted group message woke.
 #[derive(Debug, Default)]
@@ -77,8 +81,13 @@ impl AgentPool {
         let context = sender_context(group, message);
         let hub = self.inner.hubs.get_or_create(&group.group_id);
         self.publish_in_order(ctx, group, message, &context).await?;
+        let members = self.sessions().group_members(ctx, &group.group_id).await?;
+        let targets: Vec<Member> = members
+            .into_iter()
+            .filter(|member| member.agent && wakes(group, message, &member.member_id))
+            .collect();
         let limit = self.inner.config.group_runaway_limit;
-        if limit > 0 && message.consecutive_agent_messages >= limit {
+        if !targets.is_empty() && limit > 0 && message.consecutive_agent_messages >= limit {
             tracing::warn!(
                 group_id = %group.group_id,
                 consecutive_agent_messages = message.consecutive_agent_messages,
@@ -100,18 +109,18 @@ impl AgentPool {
                 runaway_stopped: true,
             });
         }
-        let members = self.sessions().group_members(ctx, &group.group_id).await?;
-        // A user's message wakes every agent (or those it mentions); an
-        // agent's wakes only those it mentions, so agents do not chatter.
-        let mentioned_only = group.wake_on_mention || message.sender.agent;
-        let targets = members.into_iter().filter(|member| {
-            member.agent
-                && member.member_id != message.sender.member_id
-                && (!mentioned_only || message.mentions.contains(&member.member_id))
-        });
+        // Woken several at once: waking one may start it (its history read).
+        let results: Vec<(Member, Result<bool, RuntimeError>)> = futures::stream::iter(targets)
+            .map(|member| async move {
+                let woken = self.wake_member(ctx, &member.member_id).await;
+                (member, woken)
+            })
+            .buffered(WAKES_AT_ONCE)
+            .collect()
+            .await;
         let mut woken = Woken::default();
-        for member in targets {
-            match self.wake_member(ctx, &member.member_id).await {
+        for (member, result) in results {
+            match result {
                 Ok(true) => woken.image_ids.push(member.member_id),
                 Ok(false) => {}
                 Err(err) => {
@@ -282,21 +291,12 @@ impl AgentPool {
         let group = &unread.group;
         let read_all = unread.unread_count <= unread.messages.len() as u64;
         let limit = self.inner.config.group_runaway_limit;
-        if limit > 0
-            && unread
-                .messages
-                .last()
-                .is_some_and(|newest| newest.consecutive_agent_messages >= limit)
-        {
-            // Left unread: a user's next message starts the group over.
-            return Ok(true);
-        }
         let others: Vec<&GroupPost> = unread.messages.iter().filter(|message| message.sender != *me).collect();
-        let concerned = if group.wake_on_mention {
-            others.iter().any(|message| message.mentions.contains(&me.member_id))
-        } else {
-            !others.is_empty()
-        };
+        // What would wake it, under the runaway limit; the rest is context
+        // (read with what concerns it, or left for a user's next message).
+        let concerned = others.iter().any(|message| {
+            wakes(group, message, &me.member_id) && (limit == 0 || message.consecutive_agent_messages < limit)
+        });
         if !concerned {
             if others.is_empty() {
                 // Only its own replies: read.
@@ -308,7 +308,11 @@ impl AgentPool {
         }
         let members = self.sessions().group_members(ctx, &group.group_id).await?;
         let prompt = render(group, me, &others);
-        let reply = self.group_turn(ctx, group, &me.member_id, prompt).await?;
+        // At most so many group turns at once, each tenant in turn.
+        let permit = self.inner.gate.admit(&agent.tenant_id).await;
+        let reply = self.group_turn(ctx, group, &me.member_id, prompt).await;
+        drop(permit);
+        let reply = reply?;
         if reply.is_none() && agent.is_retired() {
             // Cut by a pause or a stop: read again when it runs next.
             return Ok(true);
@@ -402,6 +406,14 @@ impl AgentPool {
         let (reply, ()) = tokio::join!(turn, relay);
         Ok(reply.unwrap_or_default())
     }
+}
+
+/// Whether `message` wakes the agent member `image_id`: a user's message
+/// wakes every agent (or, in a `mentions` group, those it mentions); an
+/// agent's wakes only those it mentions, so agents do not chatter unasked.
+fn wakes(group: &GroupInfo, message: &GroupPost, image_id: &str) -> bool {
+    message.sender.member_id != image_id
+        && (!(group.wake_on_mention || message.sender.agent) || message.mentions.iter().any(|id| id == image_id))
 }
 
 /// The context of a group event about a message: the group, and the agent
