@@ -220,7 +220,8 @@ struct Party {
     /// The text of its first turn, and of its message in its group.
     marker: String,
     group_name: String,
-    /// The text of a turn driven while others are subscribed to this party's sessions.
+    /// The text of a turn and of a group message sent while others are
+    /// subscribed to this party's sessions and group.
     later_marker: String,
     /// The template of its prompt resource.
     resource_marker: String,
@@ -905,6 +906,8 @@ const OPS: &[Op] = &[
     Op::Grpc("session.PostGroupMessage as agent"),
     Op::Grpc("session.ListGroupMessages"),
     Op::Grpc("session.AdvanceReadCursor"),
+    Op::Grpc("session.ListUnread of agent"),
+    Op::Grpc("session.ListUnread of user"),
     Op::Grpc("runtime.GetImage"),
     Op::Grpc("runtime.ListImages"),
     Op::Grpc("runtime.DeleteImage"),
@@ -1268,6 +1271,10 @@ impl<'a> Attacker<'a> {
                 }),
             unary "session.ListGroupMessages" =>
                 session.list_group_messages(ss::ListGroupMessagesRequest { group_id: group(), after_seq: 0, limit: 0 }),
+            unary "session.ListUnread of agent" =>
+                session.list_unread(ss::ListUnreadRequest { member: Some(as_agent(image())), message_limit: 10 }),
+            unary "session.ListUnread of user" =>
+                session.list_unread(ss::ListUnreadRequest { member: Some(as_user(user())), message_limit: 10 }),
             unary "session.AdvanceReadCursor" =>
                 session.advance_read_cursor(ss::AdvanceReadCursorRequest {
                     group_id: group(), member: Some(as_agent(image())), seq: u64::MAX
