@@ -1,7 +1,8 @@
 //! The ownership matrix. Three tenants of two users each (the tenant's admin
 //! and a member) each own one object of every kind: a user, API keys, a
-//! container with an image, its conversation and a running agent, a private
-//! prompt resource; each tenant also has a container named `default` and
+//! container with an image, its conversation and a running agent, a group
+//! with that agent as a member and a message in it, a private prompt
+//! resource; each tenant also has a container named `default` and
 //! its own configuration overrides. Resources and configuration belong to
 //! the whole tenant, so only other tenants attack them. Every principal then tries
 //! every public operation that names an object — every REST route, every
@@ -101,6 +102,8 @@ struct Ids {
     image: String,
     session: String,
     agent: String,
+    /// A group in the container, with the image as an agent member.
+    group: String,
     /// A private prompt resource (`res_…`) and its name.
     resource: String,
     resource_name: String,
@@ -128,6 +131,7 @@ impl Ids {
             image: nothing(&self.image, '0'),
             session: nothing(&self.session, '0'),
             agent: nothing(&self.agent, '0'),
+            group: nothing(&self.group, '0'),
             resource: nothing(&self.resource, '0'),
             resource_name: format!("void-{}", "z".repeat(self.resource_name.len().saturating_sub(5))),
         }
@@ -139,7 +143,7 @@ impl Ids {
     }
 
     /// Returns each id with the placeholder that stands for it.
-    fn named(&self) -> [(&str, &'static str); 11] {
+    fn named(&self) -> [(&str, &'static str); 12] {
         [
             // First: it holds the key's hex digits.
             (self.key_guess.as_str(), "{key_guess}"),
@@ -151,17 +155,20 @@ impl Ids {
             (self.image.as_str(), "{image}"),
             (self.session.as_str(), "{session}"),
             (self.agent.as_str(), "{agent}"),
+            (self.group.as_str(), "{group}"),
             (self.resource.as_str(), "{resource}"),
             (self.resource_name.as_str(), "{resource_name}"),
         ]
     }
 
-    /// Fills a template with these ids and the caller's own (`{my_user}`, `{my_tenant}`).
+    /// Fills a template with these ids and the caller's own (`{my_user}`,
+    /// `{my_tenant}`, `{my_container}`, `{my_group}`).
     fn fill(&self, template: &str, me: &Ids) -> String {
         let mut text = template
             .replace("{my_user}", &me.user)
             .replace("{my_tenant}", &me.tenant)
             .replace("{my_container}", &me.container)
+            .replace("{my_group}", &me.group)
             .replace("{resource_uri}", &self.resource_uri());
         for (id, placeholder) in self.named() {
             text = text.replace(placeholder, id);
@@ -210,8 +217,11 @@ struct Party {
     own: Ids,
     image_name: String,
     system_prompt: String,
+    /// The text of its first turn, and of its message in its group.
     marker: String,
-    /// The text of a turn driven while others are subscribed to this party's sessions.
+    group_name: String,
+    /// The text of a turn and of a group message sent while others are
+    /// subscribed to this party's sessions and group.
     later_marker: String,
     /// The template of its prompt resource.
     resource_marker: String,
@@ -250,6 +260,8 @@ impl Party {
             ("image id", &self.own.image),
             ("session id", &self.own.session),
             ("agent id", &self.own.agent),
+            ("group id", &self.own.group),
+            ("group name", &self.group_name),
             ("image name", &self.image_name),
             ("system prompt", &self.system_prompt),
             ("message", &self.marker),
@@ -348,6 +360,8 @@ impl Party {
             &marker,
         )
         .await?;
+        let group_name = new_id(&format!("group-{label}"));
+        let group = start_group(cluster, &account.key, &container, &image, &group_name, &marker).await?;
         let default = if holds_default {
             let image_name = new_id(&format!("default-image-{label}"));
             let marker = new_id(&format!("default-marker-{label}"));
@@ -403,6 +417,7 @@ impl Party {
             image,
             session,
             agent,
+            group,
             resource,
             resource_name,
             key_guess: key_guess(&account.key_id),
@@ -423,6 +438,7 @@ impl Party {
             image_name,
             system_prompt,
             marker,
+            group_name,
             default,
         })
     }
@@ -448,8 +464,49 @@ async fn talk(
     Ok((talk.image_id, talk.session_id, agent.to_owned()))
 }
 
-/// What a principal sees of its own objects, for telling whether anyone else changed them.
-async fn snapshot(cluster: &Cluster, party: &Party) -> anyhow::Result<Value> {
+/// Creates a group in `container` with `image` as an agent member that only
+/// a mention wakes (so nothing runs unasked), and posts `marker` into it;
+/// returns the group's id.
+async fn start_group(
+    cluster: &Cluster,
+    key: &str,
+    container: &str,
+    image: &str,
+    name: &str,
+    marker: &str,
+) -> anyhow::Result<String> {
+    let http = http_client(key)?;
+    let created: Value = http
+        .post(cluster.url(&format!("/v1/containers/{container}/groups")))
+        .json(&json!({
+            "name": name,
+            "wakeMode": "mentions",
+            "members": [{"kind": "agent", "memberId": image}],
+        }))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let group = created["groupId"]
+        .as_str()
+        .with_context(|| format!("create a group in {container}: {created}"))?
+        .to_owned();
+    let response = http
+        .post(cluster.url(&format!("/v1/groups/{group}/messages")))
+        .json(&json!({"content": format!("in the group: {marker}")}))
+        .send()
+        .await?;
+    ensure!(
+        response.status().is_success(),
+        "post into the group in {container}: {}",
+        response.text().await?
+    );
+    Ok(group)
+}
+
+/// What a principal sees of its own objects, for telling whether anyone else
+/// changed them; an agent's lifecycle state only shows over gRPC.
+async fn snapshot(cluster: &Cluster, channels: &Channels, party: &Party) -> anyhow::Result<Value> {
     let http = http_client(&party.account.key)?;
     let get = |path: String| {
         let request = http.get(cluster.url(&path));
@@ -463,6 +520,7 @@ async fn snapshot(cluster: &Cluster, party: &Party) -> anyhow::Result<Value> {
             Ok::<_, anyhow::Error>(json!({"status": status, "body": body}))
         }
     };
+    let mut session = SessionServiceClient::with_interceptor(channels.session.clone(), bearer(&party.token)?);
     let own = &party.own;
     let mut view = serde_json::Map::new();
     let containers = get("/v1/containers".into()).await?;
@@ -475,8 +533,33 @@ async fn snapshot(cluster: &Cluster, party: &Party) -> anyhow::Result<Value> {
                 format!("messages of {image}"),
                 get(format!("/v1/images/{image}/messages")).await?,
             );
+            let state = match session
+                .get_image(ss::GetImageRequest {
+                    image_id: image.clone(),
+                })
+                .await
+            {
+                Ok(found) => {
+                    let state = found.into_inner().image.map(|image| image.agent_state);
+                    json!({"status": 200, "body": {"agentState": state}})
+                }
+                Err(status) => json!({"status": format!("{:?}", status.code()), "body": status.message()}),
+            };
+            view.insert(format!("agent state of {image}"), state);
         }
         view.insert(format!("images of {container}"), images);
+        let groups = get(format!("/v1/containers/{container}/groups")).await?;
+        for group in ids_in(&groups["body"]["groups"], "groupId") {
+            view.insert(
+                format!("members of {group}"),
+                get(format!("/v1/groups/{group}/members")).await?,
+            );
+            view.insert(
+                format!("messages of {group}"),
+                get(format!("/v1/groups/{group}/messages")).await?,
+            );
+        }
+        view.insert(format!("groups of {container}"), groups);
         view.insert(
             format!("shares of {container}"),
             get(format!("/v1/containers/{container}/shares")).await?,
@@ -519,10 +602,13 @@ fn ids_in(list: &Value, field: &str) -> Vec<String> {
 enum Op {
     /// An HTTP call: method, path with query, JSON body (`""` for none).
     Rest(&'static str, &'static str, &'static str),
+    /// An HTTP GET that asks for server-sent events (`Accept: text/event-stream`).
+    Sse(&'static str),
     /// A WebSocket request: its type without `_request`, and its `data`.
     Ws(&'static str, &'static str),
-    /// A WebSocket `subscribe` to the target's session, optionally after a cursor.
-    Subscribe(Option<&'static str>),
+    /// A WebSocket `subscribe` frame without its `type`: a session or a group,
+    /// optionally after a cursor.
+    Subscribe(&'static str),
     /// A gRPC method, called directly with the caller's access token; see [`Attacker::grpc`].
     Grpc(&'static str),
 }
@@ -533,9 +619,19 @@ impl Op {
         match self {
             // A workspace file the owner never wrote is missing for the owner too.
             Op::Rest(method, path, _) => *method == "GET" && !path.contains("/workspace/files/"),
+            Op::Sse(_) => true,
             Op::Ws(kind, _) => matches!(
                 *kind,
-                "container_get" | "image_list" | "image_get" | "image_messages" | "agent_get" | "agent_list"
+                "container_get"
+                    | "image_list"
+                    | "image_get"
+                    | "image_messages"
+                    | "agent_get"
+                    | "agent_list"
+                    | "group_get"
+                    | "group_list"
+                    | "group_member_list"
+                    | "group_message_list"
             ),
             Op::Subscribe(_) => true,
             Op::Grpc(method) => method.split_once('.').is_some_and(|(_, name)| {
@@ -550,9 +646,11 @@ impl Op {
     /// (resources, configuration): only other tenants attack with it.
     fn tenant_wide(&self) -> bool {
         match self {
-            Op::Rest(_, path, _) => ["/v1/resources", "/v1/config", "/v1/usage", "/v1/logs", "/v1/metrics"]
-                .iter()
-                .any(|prefix| path.starts_with(prefix)),
+            Op::Rest(_, path, _) | Op::Sse(path) => {
+                ["/v1/resources", "/v1/config", "/v1/usage", "/v1/logs", "/v1/metrics"]
+                    .iter()
+                    .any(|prefix| path.starts_with(prefix))
+            }
             Op::Ws(_, data) => data.contains("{resource_uri}"),
             Op::Subscribe(_) => false,
             Op::Grpc(method) => ["resource.", "config.", "observability."]
@@ -566,9 +664,9 @@ impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Op::Rest(method, path, body) => write!(f, "REST {method} {path} {body}"),
+            Op::Sse(path) => write!(f, "REST GET {path} (Accept: text/event-stream)"),
             Op::Ws(kind, data) => write!(f, "WS {kind}_request {data}"),
-            Op::Subscribe(None) => write!(f, "WS subscribe"),
-            Op::Subscribe(Some(cursor)) => write!(f, "WS subscribe afterCursor={cursor}"),
+            Op::Subscribe(frame) => write!(f, "WS subscribe {frame}"),
             Op::Grpc(method) => write!(f, "gRPC {method}"),
         }
     }
@@ -610,6 +708,58 @@ const OPS: &[Op] = &[
     Op::Rest("GET", "/v1/agents?containerId={container}", ""),
     Op::Rest("GET", "/v1/agents/{agent}", ""),
     Op::Rest("DELETE", "/v1/agents/{agent}", ""),
+    Op::Rest("POST", "/v1/agents/{image}/pause", ""),
+    Op::Rest("POST", "/v1/agents/{image}/resume", ""),
+    Op::Rest("POST", "/v1/agents/{image}/terminate", ""),
+    Op::Rest("POST", "/v1/agents/{agent}/pause", ""),
+    Op::Rest("POST", "/v1/agents/{agent}/resume", ""),
+    Op::Rest("POST", "/v1/agents/{agent}/terminate", ""),
+    Op::Rest(
+        "POST",
+        "/v1/containers/{container}/groups",
+        r#"{"name":"planted","wakeMode":"mentions"}"#,
+    ),
+    Op::Rest("GET", "/v1/containers/{container}/groups", ""),
+    Op::Rest("GET", "/v1/groups/{group}", ""),
+    Op::Rest("PATCH", "/v1/groups/{group}", r#"{"name":"planted","wakeMode":"all"}"#),
+    Op::Rest("DELETE", "/v1/groups/{group}", ""),
+    Op::Rest("GET", "/v1/groups/{group}/members", ""),
+    Op::Rest(
+        "POST",
+        "/v1/groups/{group}/members",
+        r#"{"kind":"user","memberId":"{my_user}"}"#,
+    ),
+    Op::Rest(
+        "POST",
+        "/v1/groups/{group}/members",
+        r#"{"kind":"agent","memberId":"{image}"}"#,
+    ),
+    Op::Rest("DELETE", "/v1/groups/{group}/members/{image}", ""),
+    Op::Rest("DELETE", "/v1/groups/{group}/members/{user}", ""),
+    Op::Rest("GET", "/v1/groups/{group}/messages", ""),
+    Op::Rest("GET", "/v1/groups/{group}/messages?after=0&limit=1000", ""),
+    Op::Sse("/v1/groups/{group}/messages"),
+    Op::Sse("/v1/groups/{group}/messages?after=0"),
+    Op::Rest(
+        "POST",
+        "/v1/groups/{group}/messages",
+        r#"{"content":"planted","messageId":"planted"}"#,
+    ),
+    Op::Rest("GET", "/v1/groups/{group}/events", ""),
+    Op::Rest("GET", "/v1/groups/{group}/events?after=0", ""),
+    Op::Rest("POST", "/v1/groups/{group}/read", "{}"),
+    Op::Rest("POST", "/v1/groups/{group}/read", r#"{"seq":1}"#),
+    // The attacker's own group and container, with the target's image as an agent.
+    Op::Rest(
+        "POST",
+        "/v1/groups/{my_group}/members",
+        r#"{"kind":"agent","memberId":"{image}"}"#,
+    ),
+    Op::Rest(
+        "POST",
+        "/v1/containers/{my_container}/groups",
+        r#"{"name":"planted","members":[{"kind":"agent","memberId":"{image}"}]}"#,
+    ),
     Op::Rest("GET", "/v1/tenants/{tenant}", ""),
     Op::Rest("PATCH", "/v1/tenants/{tenant}", r#"{"name":"planted"}"#),
     Op::Rest("PATCH", "/v1/tenants/{tenant}", r#"{"limits":{"requestsPerMinute":1}}"#),
@@ -682,12 +832,49 @@ const OPS: &[Op] = &[
     Op::Ws("agent_list", r#"{"containerId":"{container}"}"#),
     Op::Ws("agent_destroy", r#"{"agentId":"{agent}"}"#),
     Op::Ws("agent_destroy_all", r#"{"containerId":"{container}"}"#),
+    Op::Ws("agent_pause", r#"{"imageId":"{image}"}"#),
+    Op::Ws("agent_resume", r#"{"imageId":"{image}"}"#),
+    Op::Ws("agent_terminate", r#"{"imageId":"{image}"}"#),
+    Op::Ws(
+        "group_create",
+        r#"{"containerId":"{container}","name":"planted","wakeMode":"mentions"}"#,
+    ),
+    Op::Ws(
+        "group_create",
+        r#"{"containerId":"{my_container}","name":"planted","members":[{"kind":"agent","memberId":"{image}"}]}"#,
+    ),
+    Op::Ws("group_list", r#"{"containerId":"{container}"}"#),
+    Op::Ws("group_get", r#"{"groupId":"{group}"}"#),
+    Op::Ws(
+        "group_update",
+        r#"{"groupId":"{group}","updates":{"name":"planted","wakeMode":"all"}}"#,
+    ),
+    Op::Ws("group_delete", r#"{"groupId":"{group}"}"#),
+    Op::Ws(
+        "group_member_add",
+        r#"{"groupId":"{group}","kind":"user","memberId":"{my_user}"}"#,
+    ),
+    Op::Ws(
+        "group_member_add",
+        r#"{"groupId":"{my_group}","kind":"agent","memberId":"{image}"}"#,
+    ),
+    Op::Ws("group_member_remove", r#"{"groupId":"{group}","memberId":"{image}"}"#),
+    Op::Ws("group_member_remove", r#"{"groupId":"{group}","memberId":"{user}"}"#),
+    Op::Ws("group_member_list", r#"{"groupId":"{group}"}"#),
+    Op::Ws(
+        "group_message_send",
+        r#"{"groupId":"{group}","content":"planted","messageId":"planted"}"#,
+    ),
+    Op::Ws("group_message_list", r#"{"groupId":"{group}","afterSeq":0}"#),
+    Op::Ws("group_read", r#"{"groupId":"{group}"}"#),
     Op::Ws(
         "image_create",
         r#"{"containerId":"{my_container}","config":{"name":"planted","systemPrompt":"{resource_uri}"}}"#,
     ),
-    Op::Subscribe(None),
-    Op::Subscribe(Some("0")),
+    Op::Subscribe(r#"{"sessionId":"{session}"}"#),
+    Op::Subscribe(r#"{"sessionId":"{session}","afterCursor":"0"}"#),
+    Op::Subscribe(r#"{"groupId":"{group}"}"#),
+    Op::Subscribe(r#"{"groupId":"{group}","afterCursor":"0"}"#),
     // gRPC: every method of proto/avm/{session,runtime,auth,resource,config}/v1 that takes an id.
     Op::Grpc("session.GetContainer"),
     Op::Grpc("session.DeleteContainer"),
@@ -702,6 +889,25 @@ const OPS: &[Op] = &[
     Op::Grpc("session.DeleteImage"),
     Op::Grpc("session.AppendMessage"),
     Op::Grpc("session.ListMessages"),
+    Op::Grpc("session.ListImages children"),
+    Op::Grpc("session.CreateImage child"),
+    Op::Grpc("session.SetAgentState"),
+    Op::Grpc("session.CreateGroup"),
+    Op::Grpc("session.CreateGroup with agent"),
+    Op::Grpc("session.GetGroup"),
+    Op::Grpc("session.ListGroups"),
+    Op::Grpc("session.UpdateGroup"),
+    Op::Grpc("session.DeleteGroup"),
+    Op::Grpc("session.AddGroupMember"),
+    Op::Grpc("session.AddGroupMember agent"),
+    Op::Grpc("session.RemoveGroupMember"),
+    Op::Grpc("session.ListGroupMembers"),
+    Op::Grpc("session.PostGroupMessage"),
+    Op::Grpc("session.PostGroupMessage as agent"),
+    Op::Grpc("session.ListGroupMessages"),
+    Op::Grpc("session.AdvanceReadCursor"),
+    Op::Grpc("session.ListUnread of agent"),
+    Op::Grpc("session.ListUnread of user"),
     Op::Grpc("runtime.GetImage"),
     Op::Grpc("runtime.ListImages"),
     Op::Grpc("runtime.DeleteImage"),
@@ -720,6 +926,13 @@ const OPS: &[Op] = &[
     Op::Grpc("runtime.ListWorkspace"),
     Op::Grpc("runtime.ReadWorkspaceFile"),
     Op::Grpc("runtime.WriteWorkspaceFile"),
+    Op::Grpc("runtime.WakeGroup"),
+    Op::Grpc("runtime.WakeAgent"),
+    Op::Grpc("runtime.SubscribeGroupEvents"),
+    Op::Grpc("runtime.SubscribeGroupEvents after 0"),
+    Op::Grpc("runtime.PauseAgent"),
+    Op::Grpc("runtime.ResumeAgent"),
+    Op::Grpc("runtime.TerminateAgent"),
     Op::Grpc("auth.GetTenant"),
     Op::Grpc("auth.UpdateTenant name"),
     Op::Grpc("auth.UpdateTenant limits"),
@@ -847,7 +1060,11 @@ impl<'a> Attacker<'a> {
     async fn call(&mut self, op: Op, ids: &Ids) -> anyhow::Result<Answer> {
         let me = &self.party.own;
         let answer = match op {
-            Op::Rest(method, path, body) => self.rest(method, &ids.fill(path, me), &ids.fill(body, me)).await?,
+            Op::Rest(method, path, body) => {
+                self.rest(method, &ids.fill(path, me), &ids.fill(body, me), false)
+                    .await?
+            }
+            Op::Sse(path) => self.rest("GET", &ids.fill(path, me), "", true).await?,
             Op::Ws(kind, data) => {
                 let data: Value = serde_json::from_str(&ids.fill(data, me))?;
                 let request_id = self.ws.send_request(kind, data).await?;
@@ -858,8 +1075,10 @@ impl<'a> Attacker<'a> {
                 });
                 ws_answer(ok, &frames, &frames)
             }
-            Op::Subscribe(after) => {
-                self.ws.subscribe(&ids.session, after).await?;
+            Op::Subscribe(frame) => {
+                let mut frame: Value = serde_json::from_str(&ids.fill(frame, me))?;
+                frame["type"] = json!("subscribe");
+                self.ws.send_json(&frame).await?;
                 // Whatever the subscription brings arrives before the answer
                 // to the next request: the gateway opens it before reading on.
                 let request_id = self.ws.send_request("container_list", json!({})).await?;
@@ -873,10 +1092,13 @@ impl<'a> Attacker<'a> {
         Ok(answer.scrubbed(ids))
     }
 
-    async fn rest(&self, method: &str, path: &str, body: &str) -> anyhow::Result<Answer> {
+    async fn rest(&self, method: &str, path: &str, body: &str, stream: bool) -> anyhow::Result<Answer> {
         let mut request = self
             .http
             .request(reqwest::Method::from_bytes(method.as_bytes())?, self.cluster.url(path));
+        if stream {
+            request = request.header(reqwest::header::ACCEPT, "text/event-stream");
+        }
         if !body.is_empty() {
             request = request
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -928,7 +1150,18 @@ impl<'a> Attacker<'a> {
         let image = || ids.image.clone();
         let session_id = || ids.session.clone();
         let agent = || ids.agent.clone();
+        let group = || ids.group.clone();
         let me = || self.party.own.user.clone();
+        let my_container = || self.party.own.container.clone();
+        let my_group = || self.party.own.group.clone();
+        let as_user = |user_id: String| ss::GroupMemberRef {
+            kind: ss::GroupMemberKind::User as i32,
+            member_id: user_id,
+        };
+        let as_agent = |image_id: String| ss::GroupMemberRef {
+            kind: ss::GroupMemberKind::Agent as i32,
+            member_id: image_id,
+        };
         let planted = || "planted".to_owned();
         let message = || ss::Message {
             message_id: "msg_planted".into(),
@@ -983,6 +1216,69 @@ impl<'a> Attacker<'a> {
                 session.append_message(ss::AppendMessageRequest { session_id: session_id(), message: Some(message()) }),
             unary "session.ListMessages" =>
                 session.list_messages(ss::ListMessagesRequest { session_id: session_id() }),
+            unary "session.ListImages children" =>
+                session.list_images(ss::ListImagesRequest { container_id: None, parent_image_id: Some(image()) }),
+            unary "session.CreateImage child" =>
+                session.create_image(ss::CreateImageRequest {
+                    container_id: my_container(), name: Some(planted()), parent_image_id: Some(image()),
+                    ..Default::default()
+                }),
+            unary "session.SetAgentState" =>
+                session.set_agent_state(ss::SetAgentStateRequest {
+                    image_id: image(), state: ss::AgentState::Paused as i32
+                }),
+            unary "session.CreateGroup" =>
+                session.create_group(ss::CreateGroupRequest {
+                    container_id: container(), name: planted(),
+                    wake_mode: ss::GroupWakeMode::Mentions as i32, members: vec![as_user(me())],
+                }),
+            unary "session.CreateGroup with agent" =>
+                session.create_group(ss::CreateGroupRequest {
+                    container_id: my_container(), name: planted(),
+                    wake_mode: ss::GroupWakeMode::Mentions as i32, members: vec![as_agent(image())],
+                }),
+            unary "session.GetGroup" =>
+                session.get_group(ss::GetGroupRequest { group_id: group() }),
+            unary "session.ListGroups" =>
+                session.list_groups(ss::ListGroupsRequest { container_id: container(), ..Default::default() }),
+            unary "session.UpdateGroup" =>
+                session.update_group(ss::UpdateGroupRequest {
+                    group_id: group(), name: Some(planted()), wake_mode: Some(ss::GroupWakeMode::All as i32)
+                }),
+            unary "session.DeleteGroup" =>
+                session.delete_group(ss::DeleteGroupRequest { group_id: group() }),
+            unary "session.AddGroupMember" =>
+                session.add_group_member(ss::AddGroupMemberRequest { group_id: group(), member: Some(as_user(me())) }),
+            unary "session.AddGroupMember agent" =>
+                session.add_group_member(ss::AddGroupMemberRequest {
+                    group_id: my_group(), member: Some(as_agent(image()))
+                }),
+            unary "session.RemoveGroupMember" =>
+                session.remove_group_member(ss::RemoveGroupMemberRequest {
+                    group_id: group(), member: Some(as_agent(image()))
+                }),
+            unary "session.ListGroupMembers" =>
+                session.list_group_members(ss::ListGroupMembersRequest { group_id: group() }),
+            unary "session.PostGroupMessage" =>
+                session.post_group_message(ss::PostGroupMessageRequest {
+                    group_id: group(), message_id: planted(), sender: Some(as_user(me())),
+                    content: planted(), mentions: vec![image()],
+                }),
+            unary "session.PostGroupMessage as agent" =>
+                session.post_group_message(ss::PostGroupMessageRequest {
+                    group_id: group(), message_id: planted(), sender: Some(as_agent(image())),
+                    content: planted(), mentions: vec![],
+                }),
+            unary "session.ListGroupMessages" =>
+                session.list_group_messages(ss::ListGroupMessagesRequest { group_id: group(), after_seq: 0, limit: 0 }),
+            unary "session.ListUnread of agent" =>
+                session.list_unread(ss::ListUnreadRequest { member: Some(as_agent(image())), message_limit: 10 }),
+            unary "session.ListUnread of user" =>
+                session.list_unread(ss::ListUnreadRequest { member: Some(as_user(user())), message_limit: 10 }),
+            unary "session.AdvanceReadCursor" =>
+                session.advance_read_cursor(ss::AdvanceReadCursorRequest {
+                    group_id: group(), member: Some(as_agent(image())), seq: u64::MAX
+                }),
             unary "runtime.GetImage" =>
                 runtime.get_image(rt::GetImageRequest { image_id: image() }),
             unary "runtime.ListImages" =>
@@ -1030,6 +1326,22 @@ impl<'a> Attacker<'a> {
                 runtime.write_workspace_file(rt::WriteWorkspaceFileRequest {
                     image_id: image(), path: "notes/planted.txt".into(), content: planted().into_bytes()
                 }),
+            unary "runtime.WakeGroup" =>
+                runtime.wake_group(rt::WakeGroupRequest { group_id: group(), seq: 1 }),
+            unary "runtime.WakeAgent" =>
+                runtime.wake_agent(rt::WakeAgentRequest { image_id: image() }),
+            stream "runtime.SubscribeGroupEvents" =>
+                runtime.subscribe_group_events(rt::SubscribeGroupEventsRequest { group_id: group(), after_cursor: None }),
+            stream "runtime.SubscribeGroupEvents after 0" =>
+                runtime.subscribe_group_events(rt::SubscribeGroupEventsRequest {
+                    group_id: group(), after_cursor: Some("0".into())
+                }),
+            unary "runtime.PauseAgent" =>
+                runtime.pause_agent(rt::PauseAgentRequest { image_id: image() }),
+            unary "runtime.ResumeAgent" =>
+                runtime.resume_agent(rt::ResumeAgentRequest { image_id: image() }),
+            unary "runtime.TerminateAgent" =>
+                runtime.terminate_agent(rt::TerminateAgentRequest { image_id: image() }),
             unary "auth.GetTenant" =>
                 auth.get_tenant(au::GetTenantRequest { tenant_id: tenant() }),
             unary "auth.UpdateTenant name" =>
@@ -1233,7 +1545,7 @@ async fn attack_everything(
 ) -> anyhow::Result<usize> {
     let mut views = Vec::new();
     for party in parties {
-        let view = snapshot(cluster, party).await?;
+        let view = snapshot(cluster, channels, party).await?;
         let answered = view
             .as_object()
             .is_some_and(|parts| parts.values().all(|part| part["status"] == 200));
@@ -1288,7 +1600,7 @@ async fn attack_everything(
                     ));
                 }
             }
-            let after = snapshot(cluster, victim).await?;
+            let after = snapshot(cluster, channels, victim).await?;
             if after != *view {
                 problems.push(format!(
                     "{} changed {}'s objects:\n  before: {view}\n  after:  {after}",
@@ -1477,9 +1789,10 @@ async fn container_ids_are_one_namespace_per_tenant(
     Ok(())
 }
 
-/// Everyone subscribes to every session it must not reach and is refused;
-/// then everyone holds a turn; every subscriber's next frame is still the
-/// answer to its own next request, with nothing of anyone else.
+/// Everyone subscribes to every session and group it must not reach and is
+/// refused; then everyone holds a turn and posts into its group; every
+/// subscriber's next frame is still the answer to its own next request, with
+/// nothing of anyone else.
 async fn subscriptions_deliver_nothing_foreign(
     cluster: &Cluster,
     parties: &[Party],
@@ -1489,22 +1802,31 @@ async fn subscriptions_deliver_nothing_foreign(
     for attacker in parties {
         let mut ws = WsClient::connect(&cluster.ws_url_as(&attacker.account.key)).await?;
         let mut sessions = 0;
+        let mut groups = 0;
         for victim in parties.iter().filter(|victim| attacker.attacks(victim)) {
             let held = victim.default.iter().map(|held| held.session.as_str());
             for session in std::iter::once(victim.own.session.as_str()).chain(held) {
                 ws.subscribe(session, None).await?;
                 sessions += 1;
             }
+            ws.send_json(&json!({"type": "subscribe", "groupId": victim.own.group}))
+                .await?;
+            groups += 1;
         }
         let request_id = ws.send_request("container_list", json!({})).await?;
         let frames = frames_until_response(&mut ws, &request_id).await?;
-        let refusals = frames
-            .iter()
-            .filter(|f| f["type"] == "system_error" && f["data"]["code"] == "SESSION_NOT_FOUND")
-            .count();
-        if refusals != sessions || frames.len() != sessions + 1 {
+        let refused = |code: &str| {
+            frames
+                .iter()
+                .filter(|f| f["type"] == "system_error" && f["data"]["code"] == code)
+                .count()
+        };
+        if refused("SESSION_NOT_FOUND") != sessions
+            || refused("GROUP_NOT_FOUND") != groups
+            || frames.len() != sessions + groups + 1
+        {
             problems.push(format!(
-                "{}: {sessions} foreign subscriptions were answered by {frames:?}",
+                "{}: {sessions} foreign session and {groups} group subscriptions were answered by {frames:?}",
                 attacker.label
             ));
         }
@@ -1518,6 +1840,17 @@ async fn subscriptions_deliver_nothing_foreign(
             frames.last().is_some_and(|frame| frame["type"] == "conversation_end"),
             "{}'s later turn failed: {frames:?}",
             party.label
+        );
+        let response = http_client(&party.account.key)?
+            .post(cluster.url(&format!("/v1/groups/{}/messages", party.own.group)))
+            .json(&json!({"content": format!("later in the group: {}", party.later_marker)}))
+            .send()
+            .await?;
+        ensure!(
+            response.status().is_success(),
+            "{}'s later group message failed: {}",
+            party.label,
+            response.text().await?
         );
     }
     for (attacker, mut ws) in watchers {
