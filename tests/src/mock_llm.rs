@@ -113,6 +113,9 @@ pub struct MockBehavior {
     pub tool_calls: Vec<MockToolCall>,
     /// How many replies call the tools before one answers with text.
     pub tool_rounds: usize,
+    /// Calls only the tools a request offers, as a well-behaved model does
+    /// (else it calls what it is told, offered or not).
+    pub offered_tools_only: bool,
 }
 
 impl Default for MockBehavior {
@@ -126,6 +129,7 @@ impl Default for MockBehavior {
             failure: None,
             tool_calls: Vec::new(),
             tool_rounds: 1,
+            offered_tools_only: false,
         }
     }
 }
@@ -441,13 +445,12 @@ async fn answer(shared: Arc<Shared>, api: MockApi, headers: &HeaderMap, body: &[
         return error_response(api, 400, &message, id);
     }
     let progress = tools::progress(api, &json);
-    // Like a real model, it calls only the tools the request offers.
     let offered = tools::offered(api, &json);
     let calls = tools::calls_for(&behavior.tool_calls, behavior.tool_rounds, progress.rounds)
         .map(|calls| {
             calls
                 .into_iter()
-                .filter(|call| offered.contains(&call.name))
+                .filter(|call| !behavior.offered_tools_only || offered.contains(&call.name))
                 .collect::<Vec<_>>()
         })
         .filter(|calls| !calls.is_empty());

@@ -7,6 +7,7 @@
 
 use avm_common::auth::Role;
 use avm_common::{ApiError, RequestContext};
+use avm_proto::auth::v1 as au;
 use avm_proto::runtime::v1 as rt;
 use avm_proto::session::v1 as ss;
 use serde::{Deserialize, Serialize};
@@ -358,6 +359,13 @@ pub async fn create(
     {
         members.push(me.pb());
     }
+    if request.members.iter().any(|member| member.kind == MemberKind::User) {
+        // A container the caller may not see answers first, as everywhere.
+        super::containers::get(peers, ctx, container_id.clone()).await?;
+        for member in &request.members {
+            check_user_member(peers, ctx, member).await?;
+        }
+    }
     members.extend(request.members.iter().map(MemberRef::pb));
     let call = ctx.request(ss::CreateGroupRequest {
         container_id,
@@ -426,13 +434,43 @@ pub async fn delete(peers: &Peers, ctx: &RequestContext, group_id: String) -> Re
     })
 }
 
-/// Adds an agent or a user to a group.
+/// Fails unless a user member is a user of the caller's tenant whom the
+/// caller may see (an admin any of the tenant's users, a member themself):
+/// others answer like a user that does not exist.
+async fn check_user_member(peers: &Peers, ctx: &RequestContext, member: &MemberRef) -> Result<(), ApiError> {
+    if member.kind != MemberKind::User || member.member_id == ctx.principal.user_id {
+        return Ok(());
+    }
+    let call = ctx.request(au::GetUserRequest {
+        user_id: member.member_id.clone(),
+    });
+    let user = match peers.auth.get_user(call).await {
+        Ok(found) => found.into_inner().user,
+        Err(status) if status.code() == tonic::Code::NotFound => None,
+        Err(status) => return Err(ApiError::from_status(&status)),
+    };
+    match user {
+        Some(user) if user.tenant_id == ctx.tenant_id => Ok(()),
+        _ => Err(ApiError::new(
+            avm_common::Code::NotFound,
+            "USER_NOT_FOUND",
+            format!("user {} not found", member.member_id),
+        )),
+    }
+}
+
+/// Adds an agent or a user (of the caller's tenant) to a group.
 pub async fn add_member(
     peers: &Peers,
     ctx: &RequestContext,
     group_id: String,
     member: MemberRef,
 ) -> Result<Member, ApiError> {
+    if member.kind == MemberKind::User {
+        // A group the caller may not see answers first, as everywhere.
+        get(peers, ctx, group_id.clone()).await?;
+        check_user_member(peers, ctx, &member).await?;
+    }
     let call = ctx.request(ss::AddGroupMemberRequest {
         group_id,
         member: Some(member.pb()),
@@ -628,7 +666,7 @@ pub async fn events(
         })
     });
     let Some(after_seq) = history else {
-        return Ok(Box::pin(live));
+        return Ok(once_each(live, 0));
     };
     let group = get(peers, ctx, group_id.clone()).await?;
     let stored = messages(
@@ -663,11 +701,31 @@ pub async fn events(
             })
         })
         .collect();
-    let live = futures::StreamExt::filter(live, move |item| {
-        let repeated = matches!(item, Ok(event) if event.r#type == "group_message" && message_seq(event) <= shown);
-        futures::future::ready(!repeated)
-    });
-    Ok(Box::pin(futures::StreamExt::chain(futures::stream::iter(stored), live)))
+    Ok(Box::pin(futures::StreamExt::chain(
+        futures::stream::iter(stored),
+        once_each(live, shown),
+    )))
+}
+
+/// Passes each group message once, in seq order, after `shown`: with
+/// replicas, a message may be published by the runtime that posted it and
+/// by another that published a later one first (filling its gap in order).
+fn once_each(
+    live: impl futures::Stream<Item = Result<rt::Event, ApiError>> + Send + 'static,
+    mut shown: u64,
+) -> EventStream {
+    Box::pin(futures::StreamExt::filter(live, move |item| {
+        let pass = match item {
+            Ok(event) if event.r#type == "group_message" => {
+                let seq = message_seq(event);
+                let new = seq > shown;
+                shown = shown.max(seq);
+                new
+            }
+            _ => true,
+        };
+        futures::future::ready(pass)
+    }))
 }
 
 /// The seq of a `group_message` event's message.

@@ -59,6 +59,7 @@ async fn main() -> anyhow::Result<()> {
         failure: args.fail,
         tool_calls: args.calls,
         tool_rounds: args.rounds,
+        offered_tools_only: false,
     };
     let mock = MockLlm::start_on(SocketAddr::new(args.host, args.port), behavior).await?;
     // Nobody reads them back here; kept, they would grow without end.

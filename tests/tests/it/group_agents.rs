@@ -411,6 +411,7 @@ async fn delegate(mode: Mode) -> anyhow::Result<()> {
         mode,
         MockBehavior {
             tool_calls: calls,
+            offered_tools_only: true,
             ..MockBehavior::default()
         },
     )

@@ -189,6 +189,18 @@ async fn rest_groups(mode: Mode) -> anyhow::Result<()> {
     )
     .await?;
     assert_eq!((status, text(&err["error"]["code"])), (400, "INVALID_FIELD".to_owned()));
+    // A user member is a user of the tenant.
+    let (status, err) = call(
+        &cluster,
+        "POST",
+        &members_path,
+        Some(json!({"kind": "user", "memberId": "usr_nobody"})),
+    )
+    .await?;
+    assert_eq!(
+        (status, text(&err["error"]["code"])),
+        (404, "USER_NOT_FOUND".to_owned())
+    );
     let (status, err) = call(&cluster, "DELETE", &format!("{members_path}/img_missing"), None).await?;
     assert_eq!(
         (status, text(&err["error"]["code"])),
