@@ -298,13 +298,14 @@ impl AgentPool {
             wakes(group, message, &me.member_id) && (limit == 0 || message.consecutive_agent_messages < limit)
         });
         if !concerned {
-            if others.is_empty() {
-                // Only its own replies: read.
+            // Only its own replies, or more than a turn reads with nothing
+            // for it among the oldest: read past them, to what woke it.
+            if others.is_empty() || !read_all {
                 self.sessions()
                     .advance_read_cursor(ctx, &group.group_id, me, last)
                     .await?;
             }
-            return Ok(true);
+            return Ok(read_all);
         }
         let members = self.sessions().group_members(ctx, &group.group_id).await?;
         let prompt = render(group, me, &others);
