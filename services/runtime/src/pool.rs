@@ -638,13 +638,7 @@ impl AgentPool {
         validate_id("IMAGE_NOT_FOUND", "image", image_id)?;
         // The session service decides whether the caller may see the image.
         self.sessions().get_image(ctx, image_id).await?;
-        match self.lookup(&ctx.tenant_id, &AgentTarget::Image(image_id.to_owned())) {
-            Some(agent) => {
-                self.retire(&agent, "stopped");
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(self.leave(&ctx.tenant_id, image_id, "stopped"))
     }
 
     /// Changes an image; new tools stop its agent (interrupting a running
