@@ -41,6 +41,8 @@ pub(crate) struct Agent {
     state: Mutex<AgentState>,
     /// Woken when a turn ends.
     stopped: tokio::sync::Notify,
+    /// Woken when it stops reading its group messages.
+    read_finished: tokio::sync::Notify,
 }
 
 struct AgentState {
@@ -52,6 +54,9 @@ struct AgentState {
     /// Whether it is reading its unread group messages, and whether it was
     /// woken again meanwhile (then it reads once more when done).
     reading: Option<bool>,
+    /// How many times it stopped reading: a wake is read once this passes
+    /// its value at the wake.
+    reads_finished: u64,
 }
 
 impl Agent {
@@ -81,12 +86,14 @@ impl Agent {
             tools,
             image,
             stopped: tokio::sync::Notify::new(),
+            read_finished: tokio::sync::Notify::new(),
             state: Mutex::new(AgentState {
                 history,
                 turn: None,
                 last_active: Instant::now(),
                 retired: false,
                 reading: None,
+                reads_finished: 0,
             }),
         }
     }
@@ -210,11 +217,11 @@ impl Agent {
         state.turn.is_none() && state.reading.is_none() && state.last_active.elapsed() >= timeout
     }
 
-    /// Wakes the agent to read its group messages: `true` when it should
-    /// start reading, `false` when it reads already (it reads again after).
-    pub(crate) fn wake(&self) -> bool {
+    /// Wakes the agent to read its group messages: whether it should start
+    /// reading (else it reads already, and reads again after).
+    pub(crate) fn wake(&self) -> Wake {
         let mut state = self.lock();
-        match &mut state.reading {
+        let start = match &mut state.reading {
             Some(again) => {
                 *again = true;
                 false
@@ -223,6 +230,10 @@ impl Agent {
                 state.reading = Some(false);
                 true
             }
+        };
+        Wake {
+            start,
+            reads_finished: state.reads_finished,
         }
     }
 
@@ -232,6 +243,31 @@ impl Agent {
         let again = state.reading == Some(true);
         state.reading = again.then_some(false);
         state.last_active = Instant::now();
+        if !again {
+            state.reads_finished += 1;
+            drop(state);
+            self.read_finished.notify_waiters();
+        }
         again
     }
+
+    /// Waits until the agent stopped reading after `wake`: what woke it was
+    /// read, unless it left the pool meanwhile.
+    pub(crate) async fn read(&self, wake: &Wake) {
+        loop {
+            let notified = self.read_finished.notified();
+            if self.lock().reads_finished > wake.reads_finished {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A wake of an agent, to wait until it was read.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Wake {
+    /// Whether the wake starts the agent reading (a reader task to spawn).
+    pub(crate) start: bool,
+    reads_finished: u64,
 }

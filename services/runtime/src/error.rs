@@ -69,6 +69,12 @@ impl RuntimeError {
         !matches!(self.code(), Code::ResourceExhausted | Code::PermissionDenied)
     }
 
+    /// Returns whether the same call may succeed later (a peer or this
+    /// replica was unavailable), rather than never.
+    pub fn transient(&self) -> bool {
+        matches!(self.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Internal)
+    }
+
     fn code(&self) -> Code {
         match self {
             RuntimeError::Invalid { .. } => Code::InvalidArgument,

@@ -38,10 +38,10 @@ pub fn grpc_server(
     });
     if let Some(forwarder) = &forwarder {
         let forwarder = Arc::clone(forwarder);
-        pool.forward_wakes(Arc::new(move |addr, ctx, image_id| {
+        pool.forward_wakes(Arc::new(move |addr, ctx, image_id, wait| {
             let remote = forwarder.remote(&addr);
             Box::pin(async move {
-                let request = relay_message(ctx.request(()).metadata(), pb::WakeAgentRequest { image_id });
+                let request = relay_message(ctx.request(()).metadata(), pb::WakeAgentRequest { image_id, wait });
                 let woken = remote?.wake_agent(request).await?.into_inner().woken;
                 Ok(woken)
             })
@@ -269,7 +269,12 @@ impl RuntimeService for RuntimeGrpc {
     ) -> Result<Response<pb::WakeAgentResponse>, Status> {
         let ctx = caller(&request)?;
         let image_id = &request.get_ref().image_id;
-        let woken = match self.pool.wake(&ctx, image_id).await {
+        let woken = if request.get_ref().wait {
+            self.pool.wake_and_read(&ctx, image_id).await
+        } else {
+            self.pool.wake(&ctx, image_id).await
+        };
+        let woken = match woken {
             Err(RuntimeError::Elsewhere(addr)) if let Some(remote) = self.remote_for(&request, &addr) => {
                 return remote?.wake_agent(relay(&request)).await;
             }

@@ -32,6 +32,7 @@ mod children;
 mod gate;
 mod groups;
 mod lifecycle;
+mod wakes;
 
 use gate::RunGate;
 pub use groups::RemoteWake;
@@ -844,6 +845,7 @@ impl AgentPool {
                 .fanout()
                 .spawn(replicas.client(), Arc::clone(&self.inner.hubs), shutdown.clone());
             tokio::spawn(self.clone().keep_replica(replicas.clone(), shutdown.clone()));
+            tokio::spawn(self.clone().take_wakes(replicas.clone(), shutdown.clone()));
         }
         let pool = self.clone();
         let config = &pool.inner.config;
@@ -950,16 +952,18 @@ impl AgentPool {
         self.inner.replicas.is_some()
     }
 
-    /// Keeps this replica registered, and ends the turns of replicas that
-    /// died, until `shutdown`.
+    /// Keeps this replica registered, takes over wakes left unread, and ends
+    /// the turns of replicas that died, until `shutdown`.
     async fn keep_replica(self, replicas: Replicas, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(crate::replicas::HEARTBEAT_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut beat = 0_u64;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 _ = tick.tick() => {}
             }
+            beat += 1;
             match replicas.heartbeat().await {
                 Ok(true) => {}
                 Ok(false) => {
@@ -971,6 +975,7 @@ impl AgentPool {
                 }
                 Err(_) => continue,
             }
+            self.reclaim_wakes(&replicas, beat).await;
             let Ok(dead) = replicas.dead_replicas().await else {
                 continue;
             };

@@ -225,6 +225,47 @@ async fn mention(mode: Mode) -> anyhow::Result<()> {
     Ok(())
 }
 
+both_modes!(a_mention_after_long_chatter_is_answered, busy_group);
+
+/// More unread messages than a turn reads, none of the oldest for the agent:
+/// it reads past them to the mention that woke it, in one turn.
+async fn busy_group(mode: Mode) -> anyhow::Result<()> {
+    const CHATTER: usize = 110;
+    let (mock, cluster) = prompted(mode, MockBehavior::default()).await?;
+    let alice = image(&cluster, "busy", "alice").await?;
+    let group_id = group(&cluster, "busy", "mentions", &[&alice]).await?;
+    for n in 1..=CHATTER {
+        post(&cluster, &group_id, json!({"content": format!("chatter {n}")})).await?;
+    }
+    let mut sse = watch(&cluster, &group_id).await?;
+    post(
+        &cluster,
+        &group_id,
+        json!({"content": "Alice, your turn.", "mentions": [alice]}),
+    )
+    .await?;
+    let events = until_read(&mut sse, 1).await?;
+    let reply = messages_of(&events)
+        .into_iter()
+        .find(|message| message["sender"]["memberId"] == alice.as_str());
+    assert_eq!(
+        reply.map(|message| message["seq"].clone()),
+        Some(json!(CHATTER + 2)),
+        "alice answers after the mention"
+    );
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 1, "one turn");
+    let read = last_user_text(&requests[0]);
+    assert!(read.contains("] Alice, your turn."), "{read}");
+    let (_, members) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
+    let cursor = members["members"]
+        .as_array()
+        .and_then(|all| all.iter().find(|m| m["memberId"] == alice.as_str()))
+        .map(|m| m["readSeq"].clone());
+    assert_eq!(cursor, Some(json!(CHATTER + 2)));
+    Ok(())
+}
+
 both_modes!(messages_sent_during_a_turn_are_read_by_the_next, during_a_turn);
 
 async fn during_a_turn(mode: Mode) -> anyhow::Result<()> {

@@ -1329,7 +1329,10 @@ impl<'a> Attacker<'a> {
             unary "runtime.WakeGroup" =>
                 runtime.wake_group(rt::WakeGroupRequest { group_id: group(), seq: 1 }),
             unary "runtime.WakeAgent" =>
-                runtime.wake_agent(rt::WakeAgentRequest { image_id: image() }),
+                runtime.wake_agent(rt::WakeAgentRequest {
+                    image_id: image(),
+                    wait: false,
+                }),
             stream "runtime.SubscribeGroupEvents" =>
                 runtime.subscribe_group_events(rt::SubscribeGroupEventsRequest { group_id: group(), after_cursor: None }),
             stream "runtime.SubscribeGroupEvents after 0" =>

@@ -496,3 +496,119 @@ async fn a_group_message_whose_runtime_is_killed_is_answered_once_by_a_survivor(
     assert_eq!(all[1]["messageId"], format!("reply.{alice}.1"));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_waiting_on_a_killed_runtime_is_taken_over_by_a_survivor() -> anyhow::Result<()> {
+    use avm_proto::runtime::v1 as rt;
+    use avm_proto::runtime::v1::runtime_service_client::RuntimeServiceClient;
+    if !external_configured()? {
+        return Ok(());
+    }
+    // One group turn at a time per runtime, slow enough that the runtime
+    // dies with one agent answering and the other still waiting its turn:
+    // that one had no turn yet, so only its wake, left unacknowledged on
+    // the bus, says it has a message to answer.
+    let mock = MockLlm::start(MockBehavior {
+        tokens: 200,
+        token_interval: Duration::from_millis(20),
+        ..MockBehavior::default()
+    })
+    .await?;
+    let options = Options {
+        runtimes: 2,
+        max_running_agents: Some((1, 1)),
+        ..Options::with_llm(Llm::Anthropic {
+            base_url: mock.anthropic_base_url(),
+        })
+    };
+    let mut cluster = Cluster::start(Mode::PerComponent, options).await?;
+    call(
+        &cluster,
+        "POST",
+        "/v1/containers",
+        Some(json!({"containerId": "queue"})),
+    )
+    .await?;
+    let token = cluster.access_token(&cluster.admin_key).await?;
+    let channel = tonic::transport::Endpoint::from_shared(cluster.runtimes[0].clone())?
+        .connect()
+        .await?;
+    let mut first = RuntimeServiceClient::with_interceptor(channel, avm_tests::cluster::bearer(&token)?);
+    let mut agents = Vec::new();
+    for name in ["alice", "bob"] {
+        let (status, image) = call(
+            &cluster,
+            "POST",
+            "/v1/containers/queue/images",
+            Some(json!({"name": name})),
+        )
+        .await?;
+        anyhow::ensure!(status == 201, "{image}");
+        let image_id = image["imageId"].as_str().unwrap_or_default().to_owned();
+        // Both on the runtime to die.
+        first
+            .run_image(rt::RunImageRequest {
+                image_id: image_id.clone(),
+            })
+            .await?;
+        agents.push(image_id);
+    }
+    let (_, group) = call(
+        &cluster,
+        "POST",
+        "/v1/containers/queue/groups",
+        Some(json!({"name": "queue", "members": [
+            {"kind": "agent", "memberId": agents[0]},
+            {"kind": "agent", "memberId": agents[1]},
+        ]})),
+    )
+    .await?;
+    let group_id = group["groupId"].as_str().unwrap_or_default().to_owned();
+    let (status, posted) = call(
+        &cluster,
+        "POST",
+        &format!("/v1/groups/{group_id}/messages"),
+        Some(json!({"content": "Both of you, answer once."})),
+    )
+    .await?;
+    assert_eq!(status, 201, "{posted}");
+    mock.wait_for_requests(1, Duration::from_secs(15)).await?;
+    assert_eq!(mock.requests().len(), 1, "the other agent waits for its turn");
+    cluster.kill_runtime(0).await?;
+    let killed = Instant::now();
+
+    let messages = format!("/v1/groups/{group_id}/messages");
+    let all = loop {
+        let (_, history) = call(&cluster, "GET", &messages, None).await?;
+        let all = history["messages"].as_array().cloned().unwrap_or_default();
+        if all.len() >= 3 {
+            break all;
+        }
+        anyhow::ensure!(
+            killed.elapsed() < Duration::from_secs(60),
+            "not both answered after the runtime died: {history}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!("both answered {:?} after the kill", killed.elapsed());
+    let mut senders: Vec<String> = all[1..]
+        .iter()
+        .map(|message| message["sender"]["memberId"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    senders.sort();
+    let mut expected = agents.clone();
+    expected.sort();
+    assert_eq!(senders, expected, "each answers once: {all:?}");
+    let metrics = reqwest::get(format!("{}/metrics", cluster.runtimes[1]))
+        .await?
+        .text()
+        .await?;
+    let reclaimed = metrics
+        .lines()
+        .find(|line| line.starts_with("avm_runtime_wakes_reclaimed_total"))
+        .and_then(|line| line.split_whitespace().last())
+        .and_then(|value| value.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(reclaimed >= 1.0, "the survivor took a wake over: {reclaimed}");
+    Ok(())
+}

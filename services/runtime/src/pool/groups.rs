@@ -29,15 +29,17 @@ const WAKES_AT_ONCE: usize = 16;
 /// Whom a posted group message woke.
 #[derive(Debug, Default)]
 pub struct Woken {
-    /// The agent members woken, in the order they joined.
+    /// The agent members woken (with replicas: whose wakes were queued), in
+    /// the order they joined.
     pub image_ids: Vec<String>,
     /// The group reached its limit of consecutive agent messages.
     pub runaway_stopped: bool,
 }
 
-/// Sends a wake to the replica at an address (image id, as the caller).
+/// Sends a wake to the replica at an address (image id, as the caller, and
+/// whether to answer only once the agent read what woke it).
 pub type RemoteWake =
-    Arc<dyn Fn(String, RequestContext, String) -> BoxFuture<'static, Result<bool, RuntimeError>> + Send + Sync>;
+    Arc<dyn Fn(String, RequestContext, String, bool) -> BoxFuture<'static, Result<bool, RuntimeError>> + Send + Sync>;
 
 impl AgentPool {
     /// Sends the wakes of agents another replica holds through `remote`.
@@ -109,10 +111,23 @@ impl AgentPool {
                 runaway_stopped: true,
             });
         }
+        if let Some(replicas) = &self.inner.replicas {
+            // Through the bus: delivered to a replica, which has the agent's
+            // owner read it, and taken over by another if that one dies.
+            let image_ids: Vec<String> = targets.into_iter().map(|member| member.member_id).collect();
+            replicas
+                .queue_wakes(&ctx.tenant_id, &group.group_id, message.seq, &image_ids)
+                .await?;
+            metrics::counter!("avm_runtime_wakes_queued_total").increment(image_ids.len() as u64);
+            return Ok(Woken {
+                image_ids,
+                runaway_stopped: false,
+            });
+        }
         // Woken several at once: waking one may start it (its history read).
         let results: Vec<(Member, Result<bool, RuntimeError>)> = futures::stream::iter(targets)
             .map(|member| async move {
-                let woken = self.wake_member(ctx, &member.member_id).await;
+                let woken = self.wake_member(ctx, &member.member_id, false).await;
                 (member, woken)
             })
             .buffered(WAKES_AT_ONCE)
@@ -172,11 +187,22 @@ impl AgentPool {
         Ok(())
     }
 
-    /// Wakes an agent here or on the replica holding it.
-    pub(super) async fn wake_member(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
-        match self.wake(ctx, image_id).await {
+    /// Wakes an agent here or on the replica holding it; with `wait`, answers
+    /// once the agent read what woke it.
+    pub(super) async fn wake_member(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        wait: bool,
+    ) -> Result<bool, RuntimeError> {
+        let woken = if wait {
+            self.wake_and_read(ctx, image_id).await
+        } else {
+            self.wake(ctx, image_id).await
+        };
+        match woken {
             Err(RuntimeError::Elsewhere(addr)) if let Some(remote) = self.inner.remote_wake.get() => {
-                remote(addr, ctx.clone(), image_id.to_owned()).await
+                remote(addr, ctx.clone(), image_id.to_owned(), wait).await
             }
             result => result,
         }
@@ -187,7 +213,7 @@ impl AgentPool {
     pub(super) fn wake_again(self, tenant_id: String, image_id: String, group_id: String) -> BoxFuture<'static, ()> {
         Box::pin(async move {
             let woken = match self.inner.ports.identity.tenant_context(&tenant_id).await {
-                Ok(ctx) => self.wake_member(&ctx, &image_id).await,
+                Ok(ctx) => self.wake_member(&ctx, &image_id, false).await,
                 Err(err) => Err(err.into()),
             };
             match woken {
@@ -203,17 +229,41 @@ impl AgentPool {
     /// reading, or makes it read again once it is done.
     #[tracing::instrument(name = "runtime.wake_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn wake(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
+        Ok(self.start_reading(ctx, image_id).await?.is_some())
+    }
+
+    /// Wakes an image's agent and answers once it read what woke it: `false`
+    /// when it is paused or terminated (what reached it stays unread), and
+    /// unavailable when it left this replica before it was done.
+    #[tracing::instrument(name = "runtime.wake_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn wake_and_read(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
+        let Some((agent, wake)) = self.start_reading(ctx, image_id).await? else {
+            return Ok(false);
+        };
+        agent.read(&wake).await;
+        if agent.is_retired() {
+            return Err(RuntimeError::AgentRestarting);
+        }
+        Ok(true)
+    }
+
+    async fn start_reading(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+    ) -> Result<Option<(Arc<Agent>, crate::agent::Wake)>, RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         let agent = match self.ensure_agent(ctx, image_id).await {
             // Paused or terminated: what reached it stays unread.
-            Err(err) if super::lifecycle::not_runnable(&err) => return Ok(false),
+            Err(err) if super::lifecycle::not_runnable(&err) => return Ok(None),
             agent => agent?.0,
         };
-        if agent.wake() {
+        let wake = agent.wake();
+        if wake.start {
             tracing::debug!(image_id, "agent woken");
-            tokio::spawn(self.clone().read_groups(agent));
+            tokio::spawn(self.clone().read_groups(Arc::clone(&agent)));
         }
-        Ok(true)
+        Ok(Some((agent, wake)))
     }
 
     /// Subscribes to a group's events, replaying retained ones after `after_cursor`.

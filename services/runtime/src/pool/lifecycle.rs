@@ -56,7 +56,7 @@ impl AgentPool {
         validate_id("IMAGE_NOT_FOUND", "image", image_id)?;
         let (image, _) = self.sessions().set_lifecycle(ctx, image_id, Lifecycle::Active).await?;
         tracing::info!(image_id, "agent resumed");
-        if let Err(err) = self.wake_member(ctx, image_id).await {
+        if let Err(err) = self.wake_member(ctx, image_id, false).await {
             tracing::warn!(image_id, error = %err, "a resumed agent could not be woken; its next message wakes it");
         }
         Ok(image)

@@ -11,6 +11,9 @@
 //!   holds; it is released when the agent leaves the pool. A replica whose
 //!   own heartbeat lapsed (paused, cut off) drops every agent before it takes
 //!   another turn, since survivors may have claimed them.
+//! - Group messages wake agents through a stream all replicas consume
+//!   (`wakes.rs`): a wake is acknowledged once the agent read the message,
+//!   and a dead replica's unacknowledged wakes are taken over.
 //! - The turns a replica runs are recorded under its name, so when it dies a
 //!   survivor ends each of them in history and on the event streams
 //!   (`RUNTIME_LOST`); each record is taken by exactly one survivor.
@@ -19,6 +22,7 @@
 //! Redis must not be a cluster.
 
 mod fanout;
+mod wakes;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 pub use fanout::Fanout;
 use fanout::Outgoing;
+pub use wakes::{RECLAIM_AFTER, WakeEntry};
 
 /// How long a replica's heartbeat outlives its last renewal.
 pub const HEARTBEAT_TTL: Duration = Duration::from_secs(3);
@@ -92,6 +97,8 @@ struct Inner {
     fanout: Fanout,
     /// The leases this replica holds, by (tenant, image): the lease's value.
     leases: Mutex<HashMap<(String, String), String>>,
+    /// The ids of the wakes this replica works on.
+    wakes_in_flight: Mutex<std::collections::HashSet<String>>,
     draining: AtomicBool,
 }
 
@@ -162,6 +169,7 @@ impl Replicas {
                 conn,
                 fanout,
                 leases: Mutex::new(HashMap::new()),
+                wakes_in_flight: Mutex::new(std::collections::HashSet::new()),
                 draining: AtomicBool::new(false),
             }),
         };

@@ -1,0 +1,98 @@
+//! With replicas, group messages wake agents through the wake bus (a Redis
+//! stream, `replicas/wakes.rs`): each replica takes wakes from it, has the
+//! agent's owner (here or the replica holding its lease) read what woke it,
+//! and acknowledges the wake only then. A replica that dies with wakes
+//! unacknowledged leaves them to a survivor, which has them read again.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::AgentPool;
+use crate::replicas::{Replicas, WakeEntry};
+
+/// Heartbeats between two prunings of gone replicas' consumers.
+const PRUNE_EVERY: u64 = 60;
+
+impl AgentPool {
+    /// Takes wakes from the bus until `shutdown`.
+    pub(super) async fn take_wakes(self, replicas: Replicas, shutdown: CancellationToken) {
+        let mut conn = None;
+        loop {
+            if shutdown.is_cancelled() {
+                return;
+            }
+            let reader = match conn.as_mut() {
+                Some(reader) => reader,
+                None => match replicas.wake_reader().await {
+                    Ok(reader) => conn.insert(reader),
+                    Err(_) => {
+                        // Logged by the connection; tried again shortly.
+                        tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                        }
+                    }
+                },
+            };
+            let entries = tokio::select! {
+                () = shutdown.cancelled() => return,
+                entries = replicas.read_wakes(reader) => entries,
+            };
+            match entries {
+                Ok(entries) => {
+                    for entry in entries {
+                        self.deliver_wake(&replicas, entry);
+                    }
+                }
+                Err(_) => conn = None,
+            }
+        }
+    }
+
+    /// Keeps this replica's wakes its own, and takes over the wakes left
+    /// idle by a replica that died or a delivery that failed (every
+    /// heartbeat; `beat` counts them).
+    pub(super) async fn reclaim_wakes(&self, replicas: &Replicas, beat: u64) {
+        replicas.keep_wakes().await;
+        if let Ok(entries) = replicas.reclaim_wakes().await {
+            for entry in entries {
+                tracing::info!(image_id = %entry.image_id, group_id = %entry.group_id, seq = entry.seq, "a group message's wake taken over");
+                metrics::counter!("avm_runtime_wakes_reclaimed_total").increment(1);
+                self.deliver_wake(replicas, entry);
+            }
+        }
+        metrics::gauge!("avm_runtime_wakes_in_flight").set(replicas.wakes_in_flight() as f64);
+        if beat.is_multiple_of(PRUNE_EVERY) {
+            replicas.prune_wake_consumers().await;
+        }
+    }
+
+    /// Has the agent of a wake read what woke it, then acknowledges the wake;
+    /// a wake that could not be read stays pending, to be taken over.
+    fn deliver_wake(&self, replicas: &Replicas, entry: WakeEntry) {
+        if !replicas.begin_wake(&entry.id) {
+            return;
+        }
+        let (pool, replicas) = (self.clone(), replicas.clone());
+        tokio::spawn(async move {
+            let read = match pool.inner.ports.identity.tenant_context(&entry.tenant_id).await {
+                Ok(ctx) => pool.wake_member(&ctx, &entry.image_id, true).await,
+                Err(err) => Err(err.into()),
+            };
+            let done = match read {
+                Ok(_) => true,
+                Err(err) if err.transient() => {
+                    tracing::warn!(image_id = %entry.image_id, group_id = %entry.group_id, seq = entry.seq, error = %err, "a group message's wake was not read; it is taken over in a few seconds");
+                    false
+                }
+                Err(err) => {
+                    // The image is gone or may not run: nothing to read again.
+                    tracing::warn!(image_id = %entry.image_id, group_id = %entry.group_id, error = %err, "a group message's wake cannot be read; dropped");
+                    true
+                }
+            };
+            replicas.end_wake(&entry.id, done).await;
+        });
+    }
+}
