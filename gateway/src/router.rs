@@ -38,6 +38,7 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
         // Images, their agents, messages and events.
         .routes(routes!(conv::create_image, conv::list_images))
         .routes(routes!(conv::get_image, conv::update_image, conv::delete_image))
+        .routes(routes!(conv::list_children))
         .routes(routes!(conv::run_image))
         .routes(routes!(conv::stop_image))
         .routes(routes!(conv::interrupt))

@@ -126,7 +126,8 @@ pub enum LifecycleAction {
 
 /// Where an agent is in its life: `idle` (asleep, woken by what reaches
 /// it), `running` (a turn), `paused` (not woken; what reaches it waits
-/// unread) or `terminated` (never runs again).
+/// unread), `error` (stopped by a failure retrying would not fix; like
+/// `paused` until resumed) or `terminated` (never runs again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Lifecycle {
@@ -134,6 +135,7 @@ pub enum Lifecycle {
     Running,
     Paused,
     Terminated,
+    Error,
 }
 
 /// An agent after a lifecycle call.
@@ -143,6 +145,9 @@ pub struct AgentLifecycle {
     /// The image the agent runs (a group member's id).
     pub image_id: String,
     pub state: Lifecycle,
+    /// What stopped it, in the `error` state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// After `terminate`: the image and every agent it started, at any
     /// depth (empty when it was terminated already).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -159,12 +164,14 @@ impl AgentLifecycle {
         let state = match avm_proto::session::v1::AgentState::try_from(image.agent_state) {
             Ok(avm_proto::session::v1::AgentState::Paused) => Lifecycle::Paused,
             Ok(avm_proto::session::v1::AgentState::Terminated) => Lifecycle::Terminated,
+            Ok(avm_proto::session::v1::AgentState::Error) => Lifecycle::Error,
             _ if running => Lifecycle::Running,
             _ => Lifecycle::Idle,
         };
         Ok(Self {
             image_id: image.image_id,
             state,
+            error: image.agent_error,
             terminated_image_ids,
         })
     }

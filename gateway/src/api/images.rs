@@ -88,8 +88,12 @@ pub struct ImageRecord {
     /// The running agent, when online.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_id: Option<String>,
-    /// Whether its agent may run: `active`, `paused` or `terminated`.
+    /// Whether its agent may run: `active`, `paused`, `error` (stopped by a
+    /// failure retrying would not fix, until resumed) or `terminated`.
     pub agent_state: &'static str,
+    /// What stopped its agent, in the `error` state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_error: Option<String>,
     /// The image whose agent started this one (`spawn_agent`), for a child agent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parent_image_id: Option<String>,
@@ -119,8 +123,10 @@ impl ImageRecord {
             agent_state: match ss::AgentState::try_from(image.agent_state) {
                 Ok(ss::AgentState::Paused) => "paused",
                 Ok(ss::AgentState::Terminated) => "terminated",
+                Ok(ss::AgentState::Error) => "error",
                 _ => "active",
             },
+            agent_error: image.agent_error,
             parent_image_id: image.parent_image_id,
             depth: image.depth,
         })
@@ -248,9 +254,18 @@ async fn session_of(peers: &Peers, ctx: &RequestContext, image_id: String) -> Re
     Ok(image.ok_or_else(|| missing("image"))?.session_id)
 }
 
-/// Lists images newest first, of one container or of all the caller's.
-pub async fn list(peers: &Peers, ctx: &RequestContext, container_id: Option<String>) -> Result<ImageList, ApiError> {
-    let request = ctx.request(rt::ListImagesRequest { container_id });
+/// Lists images newest first, of one container or of all the caller's; with
+/// `parent_image_id`, only the agents that image's agent started.
+pub async fn list(
+    peers: &Peers,
+    ctx: &RequestContext,
+    container_id: Option<String>,
+    parent_image_id: Option<String>,
+) -> Result<ImageList, ApiError> {
+    let request = ctx.request(rt::ListImagesRequest {
+        container_id,
+        parent_image_id,
+    });
     let views = peers.runtime.list_images(request).await?.into_inner().images;
     Ok(ImageList {
         images: views.into_iter().map(ImageRecord::new).collect::<Result<_, _>>()?,

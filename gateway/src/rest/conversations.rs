@@ -99,7 +99,13 @@ pub async fn create_image(
 #[utoipa::path(get, path = "/v1/containers/{id}/images", tag = "images", params(("id" = String, Path)),
     responses((status = 200, description = "The container's images, newest first", body = ImageList)))]
 pub async fn list_images(State(state): St, Ctx(ctx): Ctx, Path(container_id): Path<String>) -> Response {
-    ok(&ctx, images::list(&state.peers, &ctx, Some(container_id)).await)
+    ok(&ctx, images::list(&state.peers, &ctx, Some(container_id), None).await)
+}
+
+#[utoipa::path(get, path = "/v1/images/{id}/children", tag = "images", params(("id" = String, Path)),
+    responses((status = 200, description = "The agents this image's agent started (spawn_agent), newest first", body = ImageList)))]
+pub async fn list_children(State(state): St, Ctx(ctx): Ctx, Path(image_id): Path<String>) -> Response {
+    ok(&ctx, images::list(&state.peers, &ctx, None, Some(image_id)).await)
 }
 
 #[utoipa::path(get, path = "/v1/images/{id}", tag = "images", params(("id" = String, Path)),

@@ -86,6 +86,7 @@ struct ImageCreate {
 #[serde(rename_all = "camelCase")]
 struct ImageFilter {
     container_id: Option<String>,
+    parent_image_id: Option<String>,
 }
 
 /// `credential_set_request` data.
@@ -341,8 +342,11 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, name: &str, data: Val
             }
         }
         "image_list" => {
-            let ImageFilter { container_id } = decode(data)?;
-            let records = images::list(peers, ctx, container_id).await?.images;
+            let ImageFilter {
+                container_id,
+                parent_image_id,
+            } = decode(data)?;
+            let records = images::list(peers, ctx, container_id, parent_image_id).await?.images;
             answer(Records {
                 subscriptions: records.iter().map(|record| record.session_id.clone()).collect(),
                 records,

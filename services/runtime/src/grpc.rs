@@ -425,9 +425,14 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::ListImagesRequest>,
     ) -> Result<Response<pb::ListImagesResponse>, Status> {
         let ctx = caller(&request)?;
+        let request = request.get_ref();
         let views = self
             .pool
-            .list_images(&ctx, request.get_ref().container_id.as_deref())
+            .list_images(
+                &ctx,
+                request.container_id.as_deref(),
+                request.parent_image_id.as_deref(),
+            )
             .await?;
         Ok(Response::new(pb::ListImagesResponse {
             images: views.into_iter().map(image_pb).collect(),

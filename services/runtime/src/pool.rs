@@ -610,16 +610,30 @@ impl AgentPool {
         Ok(workspace)
     }
 
-    /// Lists images, newest first, of one container or of all the caller's,
-    /// each with its running agent.
+    /// Lists images, newest first, of one container or of all the caller's
+    /// (or the children of one image), each with its running agent.
     #[instrument(name = "runtime.list_images", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn list_images(
         &self,
         ctx: &RequestContext,
         container_id: Option<&str>,
+        parent_image_id: Option<&str>,
     ) -> Result<Vec<ImageView>, RuntimeError> {
         ctx.require(Scopes::READ)?;
-        let images = self.sessions().list_images(ctx, container_id).await?;
+        let images = match parent_image_id {
+            Some(parent_image_id) => {
+                validate_id("IMAGE_NOT_FOUND", "image", parent_image_id)?;
+                // The session service decides whether the caller may see it.
+                let parent = self.sessions().get_image(ctx, parent_image_id).await?;
+                // Children live in their parent's container: naming another leaves none.
+                if container_id.is_some_and(|id| id != parent.container_id) {
+                    Vec::new()
+                } else {
+                    self.sessions().children(ctx, parent_image_id).await?
+                }
+            }
+            None => self.sessions().list_images(ctx, container_id).await?,
+        };
         Ok(images
             .into_iter()
             .map(|image| {

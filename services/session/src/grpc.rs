@@ -249,7 +249,11 @@ impl SessionApi for SessionGrpc {
         let ctx = caller(&request)?;
         let request = request.get_ref();
         let state = agent_state(request.state)?;
-        let change = self.service.set_agent_state(&ctx, &request.image_id, state).await?;
+        let error = Some(request.error.as_str()).filter(|error| !error.is_empty());
+        let change = self
+            .service
+            .set_agent_state(&ctx, &request.image_id, state, error)
+            .await?;
         Ok(Response::new(pb::SetAgentStateResponse {
             image: Some(image_pb(change.image)),
             terminated_image_ids: change.terminated_image_ids,
@@ -492,6 +496,7 @@ fn agent_state(value: i32) -> Result<AgentState, SessionError> {
         Ok(pb::AgentState::Active) => Ok(AgentState::Active),
         Ok(pb::AgentState::Paused) => Ok(AgentState::Paused),
         Ok(pb::AgentState::Terminated) => Ok(AgentState::Terminated),
+        Ok(pb::AgentState::Error) => Ok(AgentState::Error),
         Ok(pb::AgentState::Unspecified) | Err(_) => Err(SessionError::invalid(
             "INVALID_AGENT_STATE",
             "an agent state is active, paused or terminated",
@@ -504,6 +509,7 @@ fn agent_state_pb(state: AgentState) -> pb::AgentState {
         AgentState::Active => pb::AgentState::Active,
         AgentState::Paused => pb::AgentState::Paused,
         AgentState::Terminated => pb::AgentState::Terminated,
+        AgentState::Error => pb::AgentState::Error,
     }
 }
 
@@ -625,6 +631,7 @@ fn image_pb(image: ImageRecord) -> pb::Image {
         created_at_ms: image.created_at_ms,
         updated_at_ms: image.updated_at_ms,
         agent_state: agent_state_pb(image.agent_state).into(),
+        agent_error: image.agent_error,
         parent_image_id: image.parent_image_id,
         depth: image.depth,
     }

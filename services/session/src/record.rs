@@ -40,6 +40,8 @@ pub struct ImageRecord {
     pub updated_at_ms: i64,
     /// Whether its agent may run.
     pub agent_state: AgentState,
+    /// Why its agent is in the `Error` state; `None` in any other.
+    pub agent_error: Option<String>,
     /// The image whose agent started this one, in the same container.
     pub parent_image_id: Option<String>,
     /// How many parents it has: 0 for an image without one.
@@ -56,6 +58,9 @@ pub enum AgentState {
     Paused,
     /// Never runs again; final.
     Terminated,
+    /// Stopped by a failure retrying would not fix; not woken until it is
+    /// made active again. Stored as an active state with its error.
+    Error,
 }
 
 impl AgentState {
@@ -65,6 +70,7 @@ impl AgentState {
             AgentState::Active => "active",
             AgentState::Paused => "paused",
             AgentState::Terminated => "terminated",
+            AgentState::Error => "error",
         }
     }
 

@@ -49,6 +49,8 @@ pub const MAX_AGENT_URI_BYTES: usize = 512;
 pub const MAX_VARIABLES_BYTES: usize = 16 * 1024;
 /// Largest message, counted as the bytes of its text fields.
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+/// Longest error an agent in the `error` state keeps, in characters.
+pub const MAX_AGENT_ERROR_CHARS: usize = 2048;
 
 /// Containers, images, sessions and messages of every tenant.
 ///
@@ -240,6 +242,7 @@ impl SessionService {
             created_at_ms: now,
             updated_at_ms: now,
             agent_state: AgentState::Active,
+            agent_error: None,
             depth: parent.as_ref().map_or(0, |parent| parent.depth.saturating_add(1)),
             parent_image_id: parent.map(|parent| parent.image_id),
         };
@@ -312,9 +315,11 @@ impl SessionService {
         self.store.list_child_images(&scope(ctx), parent_image_id).await
     }
 
-    /// Pauses, resumes or terminates an image's agent. Terminating one
-    /// terminates its descendants in the same transaction and is final:
-    /// a terminated agent may only be terminated again, which changes nothing.
+    /// Pauses, resumes, fails or terminates an image's agent. Terminating
+    /// one terminates its descendants in the same transaction and is final:
+    /// a terminated agent may only be terminated again, which changes
+    /// nothing. `Error` needs `error`, the failure to show (cut to
+    /// [`MAX_AGENT_ERROR_CHARS`]); making it active again clears it.
     #[instrument(
         name = "session.set_agent_state",
         skip_all,
@@ -325,11 +330,24 @@ impl SessionService {
         ctx: &RequestContext,
         image_id: &str,
         state: AgentState,
+        error: Option<&str>,
     ) -> Result<AgentStateChange, SessionError> {
         allow(ctx, Scopes::WRITE)?;
+        let error = match (state, error.map(str::trim)) {
+            (AgentState::Error, Some(error)) if !error.is_empty() => {
+                Some(error.chars().take(MAX_AGENT_ERROR_CHARS).collect::<String>())
+            }
+            (AgentState::Error, _) => {
+                return Err(SessionError::invalid(
+                    "MISSING_AGENT_ERROR",
+                    "an agent set to the error state needs the error",
+                ));
+            }
+            _ => None,
+        };
         let change = self
             .store
-            .set_agent_state(&scope(ctx), image_id, state, now_ms())
+            .set_agent_state(&scope(ctx), image_id, state, error.as_deref(), now_ms())
             .await?;
         tracing::info!(
             image_id,

@@ -112,12 +112,15 @@ pub trait SessionStore: GroupStore + Send + Sync + 'static {
     /// Sets an image's agent state in one transaction; terminating it
     /// terminates every descendant too. A terminated image stays so
     /// (`AgentTerminated` for any other state); setting the state it has
-    /// changes nothing. `ImageNotFound` when it does not exist in the scope.
+    /// changes nothing. `Error` takes `error` (a later one replaces it) and
+    /// leaves a paused image paused; any other state clears it.
+    /// `ImageNotFound` when it does not exist in the scope.
     async fn set_agent_state(
         &self,
         scope: &Scope<'_>,
         image_id: &str,
         state: AgentState,
+        error: Option<&str>,
         now_ms: i64,
     ) -> Result<AgentStateChange, SessionError>;
 

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use avm_tests::cluster::{Cluster, Llm, Mode, Options};
-use avm_tests::mock_llm::{MockBehavior, MockLlm, MockToolCall, RecordedRequest, SYSTEM_PLACEHOLDER};
+use avm_tests::mock_llm::{MockBehavior, MockFailure, MockLlm, MockToolCall, RecordedRequest, SYSTEM_PLACEHOLDER};
 use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
@@ -424,6 +424,89 @@ async fn pause_and_resume(mode: Mode) -> anyhow::Result<()> {
     Ok(())
 }
 
+both_modes!(
+    an_agent_failing_past_retrying_waits_in_error_until_resumed,
+    failing_agent
+);
+
+async fn failing_agent(mode: Mode) -> anyhow::Result<()> {
+    // The provider refuses the key: every turn fails alike.
+    let refused = MockBehavior {
+        failure: Some(MockFailure::Status(401)),
+        ..MockBehavior::default()
+    };
+    let (mock, cluster) = prompted(mode, refused).await?;
+    let alice = image(&cluster, "desk", "alice").await?;
+    let group_id = group(&cluster, "desk", "all", &[&alice]).await?;
+    let mut sse = watch(&cluster, &group_id).await?;
+    let failed = |events: &[(String, Value)]| {
+        events
+            .iter()
+            .find(|(kind, _)| kind == "agent_error")
+            .map(|(_, data)| data["data"].clone())
+    };
+    let until_failed = async |sse: &mut SseStream| -> anyhow::Result<Value> {
+        let mut events = Vec::new();
+        loop {
+            let (_, kind, data) = sse.next_event().await?;
+            events.push((kind, data));
+            if let Some(failure) = failed(&events) {
+                return Ok(failure);
+            }
+        }
+    };
+
+    post(&cluster, &group_id, json!({"content": "first question"})).await?;
+    let failure = until_failed(&mut sse).await?;
+    assert_eq!(failure["imageId"], alice.as_str());
+    assert_eq!(failure["agentState"], "error");
+    assert!(
+        failure["error"]
+            .as_str()
+            .is_some_and(|error| error.starts_with("LLM_UNAUTHENTICATED: ")),
+        "{failure}"
+    );
+    let (_, record) = call(&cluster, "GET", &format!("/v1/images/{alice}"), None).await?;
+    assert_eq!(record["agentState"], "error", "{record}");
+    assert_eq!(record["agentError"], failure["error"]);
+    // What it read stays unread, and it takes no direct message.
+    let (_, members) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
+    let cursor = |members: &Value| {
+        members["members"]
+            .as_array()
+            .and_then(|all| all.iter().find(|m| m["memberId"] == alice.as_str()))
+            .map(|m| m["readSeq"].clone())
+    };
+    assert_eq!(cursor(&members), Some(json!(0)), "kept unread");
+    let (status, refusal) = call(
+        &cluster,
+        "POST",
+        &format!("/v1/images/{alice}/messages"),
+        Some(json!({"content": "psst"})),
+    )
+    .await?;
+    assert_eq!(
+        (status, &refusal["error"]["code"]),
+        (409, &json!("AGENT_ERROR")),
+        "{refusal}"
+    );
+
+    // Resumed, it reads all that waited in one turn (which fails again here).
+    post(&cluster, &group_id, json!({"content": "second question"})).await?;
+    let (status, resumed) = call(&cluster, "POST", &format!("/v1/agents/{alice}/resume"), None).await?;
+    assert_eq!(status, 200, "{resumed}");
+    assert_ne!(resumed["state"], "error", "{resumed}");
+    until_failed(&mut sse).await?;
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 2, "one turn before and one after the resume");
+    let read = last_user_text(&requests[1]);
+    assert!(
+        read.contains("first question") && read.contains("second question"),
+        "{read}"
+    );
+    Ok(())
+}
+
 both_modes!(a_parent_delegates_to_a_child_that_uses_a_tool, delegate);
 
 async fn delegate(mode: Mode) -> anyhow::Result<()> {
@@ -550,6 +633,20 @@ async fn delegate(mode: Mode) -> anyhow::Result<()> {
         .map(|tools| tools.iter().filter_map(|tool| tool["name"].as_str()).collect())
         .unwrap_or_default();
     assert_eq!(offered, ["list_files"]);
+
+    // Listed under its parent, and nowhere else as a child.
+    let (status, children) = call(&cluster, "GET", &format!("/v1/images/{parent_id}/children"), None).await?;
+    assert_eq!(status, 200, "{children}");
+    let listed: Vec<String> = children["images"]
+        .as_array()
+        .map(|images| images.iter().map(|image| text(&image["imageId"])).collect())
+        .unwrap_or_default();
+    assert_eq!(listed, std::slice::from_ref(&child_id));
+    assert_eq!(children["images"][0]["parentImageId"], parent_id.as_str());
+    let (_, grandchildren) = call(&cluster, "GET", &format!("/v1/images/{child_id}/children"), None).await?;
+    assert_eq!(grandchildren["images"], json!([]));
+    let (status, _) = call(&cluster, "GET", "/v1/images/img_missing/children", None).await?;
+    assert_eq!(status, 404);
 
     // Terminated with its parent.
     let (status, terminated) = call(&cluster, "POST", &format!("/v1/agents/{parent_id}/terminate"), None).await?;

@@ -29,6 +29,7 @@ const ROUTES: &[&str] = &[
     "POST /v1/images/{id}/run",
     "POST /v1/images/{id}/stop",
     "POST /v1/images/{id}/interrupt",
+    "GET /v1/images/{id}/children",
     "GET /v1/images/{id}/messages",
     "POST /v1/images/{id}/messages",
     "GET /v1/images/{id}/events",

@@ -694,6 +694,7 @@ const OPS: &[Op] = &[
     Op::Rest("POST", "/v1/images/{image}/run", ""),
     Op::Rest("POST", "/v1/images/{image}/stop", ""),
     Op::Rest("POST", "/v1/images/{image}/interrupt", ""),
+    Op::Rest("GET", "/v1/images/{image}/children", ""),
     Op::Rest("GET", "/v1/images/{image}/messages", ""),
     Op::Rest("POST", "/v1/images/{image}/messages", r#"{"content":"planted"}"#),
     Op::Rest("GET", "/v1/images/{image}/events", ""),
@@ -812,6 +813,7 @@ const OPS: &[Op] = &[
         r#"{"containerId":"{container}","config":{"name":"planted"}}"#,
     ),
     Op::Ws("image_list", r#"{"containerId":"{container}"}"#),
+    Op::Ws("image_list", r#"{"parentImageId":"{image}"}"#),
     Op::Ws("image_get", r#"{"imageId":"{image}"}"#),
     Op::Ws("image_update", r#"{"imageId":"{image}","updates":{"name":"planted"}}"#),
     Op::Ws("image_delete", r#"{"imageId":"{image}"}"#),
@@ -1225,7 +1227,11 @@ impl<'a> Attacker<'a> {
                 }),
             unary "session.SetAgentState" =>
                 session.set_agent_state(ss::SetAgentStateRequest {
-                    image_id: image(), state: ss::AgentState::Paused as i32
+                    image_id: image(), state: ss::AgentState::Paused as i32, error: String::new()
+                }),
+            unary "session.SetAgentState(error)" =>
+                session.set_agent_state(ss::SetAgentStateRequest {
+                    image_id: image(), state: ss::AgentState::Error as i32, error: planted()
                 }),
             unary "session.CreateGroup" =>
                 session.create_group(ss::CreateGroupRequest {
@@ -1282,7 +1288,9 @@ impl<'a> Attacker<'a> {
             unary "runtime.GetImage" =>
                 runtime.get_image(rt::GetImageRequest { image_id: image() }),
             unary "runtime.ListImages" =>
-                runtime.list_images(rt::ListImagesRequest { container_id: Some(container()) }),
+                runtime.list_images(rt::ListImagesRequest { container_id: Some(container()), parent_image_id: None }),
+            unary "runtime.ListImages(children)" =>
+                runtime.list_images(rt::ListImagesRequest { container_id: None, parent_image_id: Some(image()) }),
             unary "runtime.UpdateImage" =>
                 runtime.update_image(rt::UpdateImageRequest {
                     image_id: image(), name: Some(planted()), description: Some(planted()),

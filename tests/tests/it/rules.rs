@@ -146,6 +146,7 @@ async fn online(mode: Mode) -> anyhow::Result<()> {
     let listed = runtime
         .list_images(rt::ListImagesRequest {
             container_id: Some("default".into()),
+            parent_image_id: None,
         })
         .await?
         .into_inner()

@@ -31,6 +31,8 @@ pub struct ImageInfo {
     pub updated_at_ms: i64,
     /// Whether its agent may run.
     pub lifecycle: Lifecycle,
+    /// Why its agent is in the `Error` state.
+    pub agent_error: Option<String>,
     /// The image whose agent started this one, for a child agent.
     pub parent_image_id: Option<String>,
     /// How many parents are above it (0 for an agent nobody started).
@@ -47,6 +49,9 @@ pub enum Lifecycle {
     Paused,
     /// It never runs again.
     Terminated,
+    /// A failure retrying would not fix stopped it: it is not woken, and
+    /// what reaches it waits unread, until it is resumed.
+    Error,
 }
 
 impl Lifecycle {
@@ -54,6 +59,7 @@ impl Lifecycle {
         match pb::AgentState::try_from(state) {
             Ok(pb::AgentState::Paused) => Lifecycle::Paused,
             Ok(pb::AgentState::Terminated) => Lifecycle::Terminated,
+            Ok(pb::AgentState::Error) => Lifecycle::Error,
             _ => Lifecycle::Active,
         }
     }
@@ -63,6 +69,7 @@ impl Lifecycle {
             Lifecycle::Active => pb::AgentState::Active,
             Lifecycle::Paused => pb::AgentState::Paused,
             Lifecycle::Terminated => pb::AgentState::Terminated,
+            Lifecycle::Error => pb::AgentState::Error,
         }
     }
 
@@ -71,6 +78,7 @@ impl Lifecycle {
             Lifecycle::Active => "active",
             Lifecycle::Paused => "paused",
             Lifecycle::Terminated => "terminated",
+            Lifecycle::Error => "error",
         }
     }
 }
@@ -91,6 +99,7 @@ impl From<pb::Image> for ImageInfo {
             created_at_ms: image.created_at_ms,
             updated_at_ms: image.updated_at_ms,
             lifecycle: Lifecycle::of(image.agent_state),
+            agent_error: image.agent_error,
             parent_image_id: image.parent_image_id,
             depth: image.depth,
         }
@@ -113,6 +122,7 @@ impl From<ImageInfo> for pb::Image {
             created_at_ms: image.created_at_ms,
             updated_at_ms: image.updated_at_ms,
             agent_state: image.lifecycle.pb() as i32,
+            agent_error: image.agent_error,
             parent_image_id: image.parent_image_id,
             depth: image.depth,
         }
@@ -284,9 +294,30 @@ impl Sessions {
         image_id: &str,
         lifecycle: Lifecycle,
     ) -> Result<(ImageInfo, Vec<String>), RuntimeError> {
+        self.set_state(ctx, image_id, lifecycle, String::new()).await
+    }
+
+    /// Puts an image's agent in the `Error` state, with the failure.
+    pub async fn set_error(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        error: String,
+    ) -> Result<ImageInfo, RuntimeError> {
+        Ok(self.set_state(ctx, image_id, Lifecycle::Error, error).await?.0)
+    }
+
+    async fn set_state(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        lifecycle: Lifecycle,
+        error: String,
+    ) -> Result<(ImageInfo, Vec<String>), RuntimeError> {
         let request = ctx.request(pb::SetAgentStateRequest {
             image_id: image_id.to_owned(),
             state: lifecycle.pb() as i32,
+            error,
         });
         let changed = self.service.set_agent_state(request).await?.into_inner();
         let image = changed.image.map(ImageInfo::from).ok_or_else(missing)?;

@@ -361,9 +361,21 @@ impl AgentPool {
         let prompt = render(group, me, &others);
         // At most so many group turns at once, each tenant in turn.
         let permit = self.inner.gate.admit(&agent.tenant_id).await;
-        let reply = self.group_turn(ctx, group, &me.member_id, prompt).await;
+        let turn = self.group_turn(ctx, group, &me.member_id, prompt).await;
         drop(permit);
-        let reply = reply?;
+        let GroupTurn { reply, fatal } = match turn {
+            Err(err) if !err.recoverable() => GroupTurn {
+                reply: None,
+                fatal: Some(err.to_string()),
+            },
+            turn => turn?,
+        };
+        if let Some(error) = fatal {
+            // Retrying would fail alike: it stops, and what it read stays
+            // unread until it is resumed.
+            self.fail(ctx, group, &me.member_id, error).await?;
+            return Ok(true);
+        }
         if reply.is_none() && agent.is_retired() {
             // Cut by a pause or a stop: read again when it runs next.
             return Ok(true);
@@ -401,16 +413,43 @@ impl AgentPool {
         Ok(read_all)
     }
 
+    /// Puts an agent whose group turn failed past retrying in the `error`
+    /// state and takes it out of the pool; the group's watchers see
+    /// `agent_error`.
+    async fn fail(
+        &self,
+        ctx: &RequestContext,
+        group: &GroupInfo,
+        image_id: &str,
+        error: String,
+    ) -> Result<(), RuntimeError> {
+        tracing::warn!(image_id, group_id = %group.group_id, error, "agent stopped in the error state; resume it once fixed");
+        metrics::counter!("avm_runtime_agents_failed_total").increment(1);
+        self.sessions().set_error(ctx, image_id, error.clone()).await?;
+        self.leave(&ctx.tenant_id, image_id, "failed");
+        let context = Arc::new(EventContext {
+            container_id: group.container_id.clone(),
+            image_id: image_id.to_owned(),
+            agent_id: String::new(),
+            session_id: group.group_id.clone(),
+        });
+        self.inner.hubs.get_or_create(&group.group_id).publish(
+            "agent_error",
+            &context,
+            &json!({"groupId": group.group_id, "imageId": image_id, "agentState": "error", "error": error}),
+        );
+        Ok(())
+    }
+
     /// Runs one turn of the agent on `prompt` (after any turn already
-    /// running), relaying its events to the group's; returns the text of
-    /// its last reply when it completed.
+    /// running), relaying its events to the group's.
     async fn group_turn(
         &self,
         ctx: &RequestContext,
         group: &GroupInfo,
         image_id: &str,
         prompt: String,
-    ) -> Result<Option<String>, RuntimeError> {
+    ) -> Result<GroupTurn, RuntimeError> {
         let content = Content {
             parts: vec![Part::Text(prompt)],
             plain_text: true,
@@ -443,20 +482,47 @@ impl AgentPool {
                 hubs.get_or_create(&group.group_id)
                     .publish_json(event.kind, &context, event.data_json.clone());
                 if event.ends_turn() {
-                    return;
+                    return fatal(&event);
                 }
             }
             while let Some(event) = live.recv().await {
                 hubs.get_or_create(&group.group_id)
                     .publish_json(event.kind, &context, event.data_json.clone());
                 if event.ends_turn() {
-                    return;
+                    return fatal(&event);
                 }
             }
+            None
         };
-        let (reply, ()) = tokio::join!(turn, relay);
-        Ok(reply.unwrap_or_default())
+        let (reply, fatal) = tokio::join!(turn, relay);
+        Ok(GroupTurn {
+            reply: reply.unwrap_or_default(),
+            fatal,
+        })
     }
+}
+
+/// How an agent's group turn ended.
+struct GroupTurn {
+    /// The text of its last reply, when it completed.
+    reply: Option<String>,
+    /// Its failure, when retrying would fail alike (`code: message`).
+    fatal: Option<String>,
+}
+
+/// The failure a turn's last event reports, when retrying would not fix it.
+fn fatal(event: &crate::hub::SessionEvent) -> Option<String> {
+    if event.kind != "error_occurred" {
+        return None;
+    }
+    let data: serde_json::Value = serde_json::from_str(&event.data_json).ok()?;
+    (data["recoverable"] == false).then(|| {
+        format!(
+            "{}: {}",
+            data["code"].as_str().unwrap_or("ERROR"),
+            data["message"].as_str().unwrap_or_default()
+        )
+    })
 }
 
 /// Whether `message` wakes the agent member `image_id`: a user's message

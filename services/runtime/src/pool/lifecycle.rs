@@ -22,6 +22,14 @@ pub(super) fn check_runnable(image: &ImageInfo) -> Result<(), RuntimeError> {
             "AGENT_TERMINATED",
             format!("the agent of image {} was terminated", image.image_id),
         ),
+        Lifecycle::Error => (
+            "AGENT_ERROR",
+            format!(
+                "the agent of image {} stopped after an error retrying would not fix ({}); resume it once that is fixed",
+                image.image_id,
+                image.agent_error.as_deref().unwrap_or("unknown")
+            ),
+        ),
     };
     Err(RuntimeError::Api(ApiError::new(
         Code::FailedPrecondition,
@@ -30,10 +38,10 @@ pub(super) fn check_runnable(image: &ImageInfo) -> Result<(), RuntimeError> {
     )))
 }
 
-/// Whether an error says the agent may not run (paused or terminated).
+/// Whether an error says the agent may not run (paused, terminated or in error).
 pub(super) fn not_runnable(err: &RuntimeError) -> bool {
     matches!(err, RuntimeError::Api(api) if api.code == Code::FailedPrecondition
-        && matches!(api.reason.as_ref(), "AGENT_PAUSED" | "AGENT_TERMINATED"))
+        && matches!(api.reason.as_ref(), "AGENT_PAUSED" | "AGENT_TERMINATED" | "AGENT_ERROR"))
 }
 
 impl AgentPool {
@@ -49,7 +57,7 @@ impl AgentPool {
         Ok(image)
     }
 
-    /// Resumes an image's agent and wakes it to read what waited.
+    /// Resumes a paused agent, or one in error, and wakes it to read what waited.
     #[tracing::instrument(name = "runtime.resume_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn resume(&self, ctx: &RequestContext, image_id: &str) -> Result<ImageInfo, RuntimeError> {
         ctx.require(Scopes::WRITE)?;

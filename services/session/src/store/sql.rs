@@ -89,7 +89,7 @@ macro_rules! select_image {
     () => {
         "SELECT i.image_id, i.container_id, s.session_id, i.name, i.description, i.system_prompt, \
                 i.mcp_servers_json, i.created_at_ms, i.updated_at_ms, i.agent, i.variables_json, i.tools_json, \
-                i.agent_state, i.parent_image_id, i.depth \
+                i.agent_state, i.agent_error, i.parent_image_id, i.depth \
          FROM images i JOIN sessions s ON s.image_id = i.image_id \
          JOIN containers c ON c.tenant_id = i.tenant_id AND c.container_id = i.container_id "
     };
@@ -152,10 +152,12 @@ pub(super) const LOCK_IMAGE: &str = concat!(
     "UPDATE images SET agent_state = agent_state \
      WHERE tenant_id = $1 AND image_id = $2 AND ",
     image_visible!("$3"),
-    " RETURNING agent_state"
+    " RETURNING agent_state, agent_error"
 );
+/// Sets the stored state `$3` and error `$5` (see [`stored_state`]).
 pub(super) const SET_AGENT_STATE: &str = "\
-    UPDATE images SET agent_state = $3, updated_at_ms = $4 WHERE tenant_id = $1 AND image_id = $2";
+    UPDATE images SET agent_state = $3, agent_error = $5, updated_at_ms = $4 \
+    WHERE tenant_id = $1 AND image_id = $2";
 
 /// The descendants of `$2` (children, grandchildren…), found through
 /// `images_by_parent`; children live in their parent's tenant and container.
@@ -254,6 +256,8 @@ where
     i64: Decode<'r, R::Database> + Type<R::Database>,
 {
     let agent_state: String = row.try_get("agent_state")?;
+    let agent_error: Option<String> = row.try_get("agent_error")?;
+    let agent_state = agent_state_of(&agent_state, agent_error.as_deref())?;
     let depth: i64 = row.try_get("depth")?;
     Ok(ImageRecord {
         image_id: row.try_get("image_id")?,
@@ -269,7 +273,8 @@ where
             .map_err(|_| SessionError::corrupt("images.tools_json"))?,
         created_at_ms: row.try_get("created_at_ms")?,
         updated_at_ms: row.try_get("updated_at_ms")?,
-        agent_state: agent_state_from(&agent_state)?,
+        agent_error: agent_error.filter(|_| agent_state == AgentState::Error),
+        agent_state,
         parent_image_id: row.try_get("parent_image_id")?,
         depth: u32::try_from(depth).map_err(|_| SessionError::corrupt(format!("images.depth is {depth}")))?,
     })
@@ -278,6 +283,23 @@ where
 /// Parses a stored agent state.
 pub(super) fn agent_state_from(name: &str) -> Result<AgentState, SessionError> {
     AgentState::parse(name).ok_or_else(|| SessionError::corrupt(format!("agent state {name:?}")))
+}
+
+/// Returns the state a stored state and error make: an active agent with an
+/// error is in the `Error` state.
+pub(super) fn agent_state_of(name: &str, error: Option<&str>) -> Result<AgentState, SessionError> {
+    Ok(match (agent_state_from(name)?, error) {
+        (AgentState::Active, Some(_)) => AgentState::Error,
+        (state, _) => state,
+    })
+}
+
+/// Returns how a state is stored: its `agent_state` and `agent_error`.
+pub(super) fn stored_state(state: AgentState, error: Option<&str>) -> (&'static str, Option<&str>) {
+    match state {
+        AgentState::Error => ("active", Some(error.unwrap_or("failed"))),
+        state => (state.as_str(), None),
+    }
 }
 
 /// Reads a message row, decoding its JSON body.
@@ -646,12 +668,13 @@ macro_rules! impl_session_store {
                 scope: &$crate::store::Scope<'_>,
                 image_id: &str,
                 state: $crate::record::AgentState,
+                error: Option<&str>,
                 now_ms: i64,
             ) -> Result<$crate::record::AgentStateChange, $crate::error::SessionError> {
                 use $crate::record::AgentState;
                 use $crate::store::sql;
                 let mut tx = self.pool.begin().await?;
-                let Some(current) = sqlx::query_scalar::<$db, String>(sql::LOCK_IMAGE)
+                let Some((current, current_error)) = sqlx::query_as::<$db, (String, Option<String>)>(sql::LOCK_IMAGE)
                     .bind(scope.tenant_id)
                     .bind(image_id)
                     .bind(scope.user_id)
@@ -661,7 +684,7 @@ macro_rules! impl_session_store {
                     tx.rollback().await?;
                     return Err($crate::error::SessionError::ImageNotFound(image_id.to_owned()));
                 };
-                let current = sql::agent_state_from(&current)?;
+                let current = sql::agent_state_of(&current, current_error.as_deref())?;
                 let mut terminated_image_ids = Vec::new();
                 match (current, state) {
                     (AgentState::Terminated, AgentState::Terminated) => {}
@@ -669,13 +692,17 @@ macro_rules! impl_session_store {
                         tx.rollback().await?;
                         return Err($crate::error::SessionError::AgentTerminated(image_id.to_owned()));
                     }
-                    (current, state) if current == state => {}
+                    // A failure of a turn cut by the pause: paused it stays.
+                    (AgentState::Paused, AgentState::Error) => {}
+                    (current, state) if current == state && state != AgentState::Error => {}
                     (_, state) => {
+                        let (stored, error) = sql::stored_state(state, error);
                         sqlx::query(sql::SET_AGENT_STATE)
                             .bind(scope.tenant_id)
                             .bind(image_id)
-                            .bind(state.as_str())
+                            .bind(stored)
                             .bind(now_ms)
+                            .bind(error)
                             .execute(&mut *tx)
                             .await?;
                     }

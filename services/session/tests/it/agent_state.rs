@@ -14,6 +14,7 @@ use crate::support::{api_err, ctx, member, principal_ctx};
 
 conformance_suite!(
     pause_and_resume_round_trip,
+    an_error_is_kept_until_the_agent_is_made_active,
     terminating_cascades_to_every_descendant,
     terminated_agents_stay_terminated,
     children_sit_one_level_below_their_parent,
@@ -64,7 +65,7 @@ async fn pause_and_resume_round_trip(store: Arc<dyn SessionStore>) {
     );
 
     let paused = service
-        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Paused)
+        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Paused, None)
         .await
         .unwrap();
     assert_eq!(paused.image.agent_state, AgentState::Paused);
@@ -73,13 +74,13 @@ async fn pause_and_resume_round_trip(store: Arc<dyn SessionStore>) {
 
     // Setting the state an agent has changes nothing.
     let again = service
-        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Paused)
+        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Paused, None)
         .await
         .unwrap();
     assert_eq!(again.image, paused.image);
 
     let resumed = service
-        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Active)
+        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Active, None)
         .await
         .unwrap();
     assert_eq!(resumed.image.agent_state, AgentState::Active);
@@ -99,7 +100,7 @@ async fn pause_and_resume_round_trip(store: Arc<dyn SessionStore>) {
     let reader = principal_ctx(A, "usr_admin", Role::Admin, Scopes::READ);
     let denied = api_err(
         service
-            .set_agent_state(&reader, &agent.image_id, AgentState::Paused)
+            .set_agent_state(&reader, &agent.image_id, AgentState::Paused, None)
             .await,
     );
     assert_eq!(
@@ -107,6 +108,80 @@ async fn pause_and_resume_round_trip(store: Arc<dyn SessionStore>) {
         (Code::PermissionDenied, "MISSING_SCOPE")
     );
     assert_eq!(state_of(&service, &agent.image_id).await, AgentState::Active);
+}
+
+async fn an_error_is_kept_until_the_agent_is_made_active(store: Arc<dyn SessionStore>) {
+    let service = SessionService::new(store);
+    let agent = image(&service, A, "default", None).await;
+    let missing = api_err(
+        service
+            .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some("  "))
+            .await,
+    );
+    assert_eq!(missing.reason.as_ref(), "MISSING_AGENT_ERROR");
+
+    let failed = service
+        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some("the key was refused"))
+        .await
+        .unwrap();
+    assert_eq!(failed.image.agent_state, AgentState::Error);
+    assert_eq!(failed.image.agent_error.as_deref(), Some("the key was refused"));
+    assert_eq!(service.get_image(&ctx(A), &agent.image_id).await.unwrap(), failed.image);
+    // A later failure replaces it; a long one is cut.
+    let long = "x".repeat(5000);
+    let again = service
+        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some(&long))
+        .await
+        .unwrap();
+    assert_eq!(again.image.agent_error.map(|error| error.len()), Some(2048));
+
+    // Pausing and resuming clears it.
+    let paused = service
+        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Paused, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (paused.image.agent_state, paused.image.agent_error),
+        (AgentState::Paused, None)
+    );
+    // A paused agent's failure (a turn cut by the pause) leaves it paused.
+    let still = service
+        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some("cut"))
+        .await
+        .unwrap();
+    assert_eq!(still.image.agent_state, AgentState::Paused);
+    service
+        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some("late"))
+        .await
+        .unwrap();
+    let resumed = service
+        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Active, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (resumed.image.agent_state, resumed.image.agent_error),
+        (AgentState::Active, None)
+    );
+
+    // An agent in error is terminated like any other, and stays so.
+    service
+        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some("refused"))
+        .await
+        .unwrap();
+    let terminated = service
+        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Terminated, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (terminated.image.agent_state, terminated.image.agent_error),
+        (AgentState::Terminated, None)
+    );
+    let refused = api_err(
+        service
+            .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some("refused"))
+            .await,
+    );
+    assert_eq!(refused.code, Code::FailedPrecondition);
 }
 
 async fn terminating_cascades_to_every_descendant(store: Arc<dyn SessionStore>) {
@@ -117,12 +192,12 @@ async fn terminating_cascades_to_every_descendant(store: Arc<dyn SessionStore>) 
     let second_child = image(&service, A, "default", Some(&root.image_id)).await;
     let stranger = image(&service, A, "default", None).await;
     service
-        .set_agent_state(&ctx(A), &grandchild.image_id, AgentState::Paused)
+        .set_agent_state(&ctx(A), &grandchild.image_id, AgentState::Paused, None)
         .await
         .unwrap();
 
     let change = service
-        .set_agent_state(&ctx(A), &root.image_id, AgentState::Terminated)
+        .set_agent_state(&ctx(A), &root.image_id, AgentState::Terminated, None)
         .await
         .unwrap();
     assert_eq!(change.image.agent_state, AgentState::Terminated);
@@ -146,7 +221,7 @@ async fn terminating_cascades_to_every_descendant(store: Arc<dyn SessionStore>) 
     let middle = image(&service, A, "default", Some(&top.image_id)).await;
     let bottom = image(&service, A, "default", Some(&middle.image_id)).await;
     let first = service
-        .set_agent_state(&ctx(A), &middle.image_id, AgentState::Terminated)
+        .set_agent_state(&ctx(A), &middle.image_id, AgentState::Terminated, None)
         .await
         .unwrap();
     assert_eq!(
@@ -155,7 +230,7 @@ async fn terminating_cascades_to_every_descendant(store: Arc<dyn SessionStore>) 
     );
     assert_eq!(state_of(&service, &top.image_id).await, AgentState::Active);
     let second = service
-        .set_agent_state(&ctx(A), &top.image_id, AgentState::Terminated)
+        .set_agent_state(&ctx(A), &top.image_id, AgentState::Terminated, None)
         .await
         .unwrap();
     assert_eq!(second.terminated_image_ids, [top.image_id.as_str()]);
@@ -166,13 +241,13 @@ async fn terminated_agents_stay_terminated(store: Arc<dyn SessionStore>) {
     let parent = image(&service, A, "default", None).await;
     let child = image(&service, A, "default", Some(&parent.image_id)).await;
     let terminated = service
-        .set_agent_state(&ctx(A), &parent.image_id, AgentState::Terminated)
+        .set_agent_state(&ctx(A), &parent.image_id, AgentState::Terminated, None)
         .await
         .unwrap();
 
     for state in [AgentState::Active, AgentState::Paused] {
         for id in [&parent.image_id, &child.image_id] {
-            let err = api_err(service.set_agent_state(&ctx(A), id, state).await);
+            let err = api_err(service.set_agent_state(&ctx(A), id, state, None).await);
             assert_eq!(
                 (err.code, err.reason.as_ref()),
                 (Code::FailedPrecondition, "AGENT_TERMINATED"),
@@ -184,7 +259,7 @@ async fn terminated_agents_stay_terminated(store: Arc<dyn SessionStore>) {
 
     // Terminating again succeeds and terminates nothing new.
     let again = service
-        .set_agent_state(&ctx(A), &parent.image_id, AgentState::Terminated)
+        .set_agent_state(&ctx(A), &parent.image_id, AgentState::Terminated, None)
         .await
         .unwrap();
     assert_eq!(again.image, terminated.image);
@@ -232,7 +307,7 @@ async fn children_sit_one_level_below_their_parent(store: Arc<dyn SessionStore>)
 
     // A paused parent may still have children.
     service
-        .set_agent_state(&ctx(A), &second.image_id, AgentState::Paused)
+        .set_agent_state(&ctx(A), &second.image_id, AgentState::Paused, None)
         .await
         .unwrap();
     let under_paused = image(&service, A, "default", Some(&second.image_id)).await;
@@ -305,13 +380,17 @@ async fn foreign_images_answer_like_missing_ones(store: Arc<dyn SessionStore>) {
     let child = image(&service, A, "default", Some(&theirs.image_id)).await;
 
     // Another tenant: the same answer as for an image that does not exist.
-    let missing = api_err(service.set_agent_state(&ctx(B), GHOST_IMAGE, AgentState::Paused).await);
+    let missing = api_err(
+        service
+            .set_agent_state(&ctx(B), GHOST_IMAGE, AgentState::Paused, None)
+            .await,
+    );
     assert_eq!(
         (missing.code, missing.reason.as_ref()),
         (Code::NotFound, "IMAGE_NOT_FOUND")
     );
     for state in [AgentState::Paused, AgentState::Terminated] {
-        let foreign = api_err(service.set_agent_state(&ctx(B), &theirs.image_id, state).await);
+        let foreign = api_err(service.set_agent_state(&ctx(B), &theirs.image_id, state, None).await);
         assert_eq!(
             (foreign.code, foreign.reason.as_ref()),
             (missing.code, missing.reason.as_ref())
@@ -340,7 +419,7 @@ async fn foreign_images_answer_like_missing_ones(store: Arc<dyn SessionStore>) {
     let bob = member(A, "usr_bob");
     let hidden = api_err(
         service
-            .set_agent_state(&bob, &child.image_id, AgentState::Terminated)
+            .set_agent_state(&bob, &child.image_id, AgentState::Terminated, None)
             .await,
     );
     assert_eq!(
@@ -362,7 +441,7 @@ async fn foreign_images_answer_like_missing_ones(store: Arc<dyn SessionStore>) {
     // Once shared, the member may.
     service.share_container(&ctx(A), "default", "usr_bob").await.unwrap();
     let paused = service
-        .set_agent_state(&bob, &child.image_id, AgentState::Paused)
+        .set_agent_state(&bob, &child.image_id, AgentState::Paused, None)
         .await
         .unwrap();
     assert_eq!(paused.image.agent_state, AgentState::Paused);
@@ -431,7 +510,7 @@ async fn no_child_outlives_a_concurrent_termination(store: Arc<dyn SessionStore>
             let root_id = root.image_id.clone();
             tasks.spawn(async move {
                 terminator
-                    .set_agent_state(&ctx(A), &root_id, AgentState::Terminated)
+                    .set_agent_state(&ctx(A), &root_id, AgentState::Terminated, None)
                     .await
                     .map(|_| ())
             });
@@ -527,6 +606,7 @@ async fn grpc_agent_state_and_children() {
     let set = |image_id: &str, state: pb::AgentState| pb::SetAgentStateRequest {
         image_id: image_id.to_owned(),
         state: state.into(),
+        error: String::new(),
     };
     let unspecified = client
         .set_agent_state(set(&parent.image_id, pb::AgentState::Unspecified))
@@ -541,6 +621,7 @@ async fn grpc_agent_state_and_children() {
         .set_agent_state(pb::SetAgentStateRequest {
             image_id: parent.image_id.clone(),
             state: 42,
+            error: String::new(),
         })
         .await
         .unwrap_err();

@@ -539,6 +539,7 @@ async fn images_list_newest_first(store: Arc<dyn SessionStore>) {
         created_at_ms,
         updated_at_ms: created_at_ms,
         agent_state: AgentState::Active,
+        agent_error: None,
         parent_image_id: None,
         depth: 0,
     };
