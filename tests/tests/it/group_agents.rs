@@ -518,6 +518,7 @@ async fn delegate(mode: Mode) -> anyhow::Result<()> {
         "prompt": "You are a careful child.",
         "name": "lister",
         "tools": ["list_files"],
+        "newGroup": "pair",
     });
     let calls = vec![
         MockToolCall {
@@ -588,6 +589,23 @@ async fn delegate(mode: Mode) -> anyhow::Result<()> {
     assert_eq!(spawned["parentImageId"], parent_id.as_str());
     assert_eq!(spawned["depth"], 1);
     let child_id = text(&spawned["childImageId"]);
+    // It and its parent (and the user who asked) make the new group.
+    let pair = text(&spawned["groupId"]);
+    let (status, members) = call(&cluster, "GET", &format!("/v1/groups/{pair}/members"), None).await?;
+    assert_eq!(status, 200, "{members}");
+    let mut kinds: Vec<(String, String)> = members["members"]
+        .as_array()
+        .map(|all| all.iter().map(|m| (text(&m["kind"]), text(&m["memberId"]))).collect())
+        .unwrap_or_default();
+    kinds.retain(|(kind, _)| kind == "agent");
+    kinds.sort();
+    let mut expected = vec![
+        ("agent".to_owned(), parent_id.clone()),
+        ("agent".to_owned(), child_id.clone()),
+    ];
+    expected.sort();
+    assert_eq!(kinds, expected);
+    assert_eq!(members["members"].as_array().map(Vec::len), Some(3), "{members}");
 
     // The child used its tool and answered; that answer is the parent's tool result.
     let (_, history) = call(&cluster, "GET", &format!("/v1/images/{child_id}/messages"), None).await?;

@@ -214,6 +214,24 @@ impl Sessions {
         Ok((GroupPost::of(posted.message.unwrap_or_default()), posted.created))
     }
 
+    /// Makes a group in a container with `members`; returns its id.
+    pub async fn create_group(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+        name: &str,
+        members: &[Member],
+    ) -> Result<String, RuntimeError> {
+        let request = ctx.request(pb::CreateGroupRequest {
+            container_id: container_id.to_owned(),
+            name: name.to_owned(),
+            wake_mode: pb::GroupWakeMode::Unspecified as i32,
+            members: members.iter().map(Member::pb).collect(),
+        });
+        let group = self.service.create_group(request).await?.into_inner().group;
+        Ok(group.unwrap_or_default().group_id)
+    }
+
     /// Adds a member to a group.
     pub async fn add_group_member(
         &self,

@@ -23,6 +23,8 @@ struct Spawn {
     name: Option<String>,
     tools: Vec<String>,
     group_id: Option<String>,
+    /// The name of a new group of the parent and the child.
+    new_group: Option<String>,
     wait: bool,
 }
 
@@ -50,13 +52,18 @@ impl Spawn {
             Some(Value::Bool(wait)) => *wait,
             Some(_) => return Err("`wait` must be true or false".to_owned()),
         };
+        let (group_id, new_group) = (text("groupId")?, text("newGroup")?);
+        if group_id.is_some() && new_group.is_some() {
+            return Err("give `groupId` (a group to join) or `newGroup` (a group to make), not both".to_owned());
+        }
         Ok(Self {
             task,
             prompt: text("prompt")?,
             agent: text("agent")?,
             name: text("name")?,
             tools,
-            group_id: text("groupId")?,
+            group_id,
+            new_group,
             wait,
         })
     }
@@ -135,15 +142,40 @@ impl AgentPool {
             .map_err(|err| format!("cannot create the child agent: {err}"))?;
         metrics::counter!("avm_runtime_child_agents_started_total").increment(1);
         tracing::info!(parent_image_id = %parent.image.image_id, child_image_id = %child.image_id, depth = child.depth, "child agent started");
-        parent.emit(
-            "agent_spawned",
-            &json!({
-                "parentImageId": parent.image.image_id,
-                "childImageId": child.image_id,
-                "sessionId": child.session_id,
-                "depth": child.depth,
-            }),
-        );
+        let made_group = match &spawn.new_group {
+            Some(name) => {
+                let mut members = vec![Member::agent(&parent.image.image_id), Member::agent(&child.image_id)];
+                // The user whose message the parent answers takes part too.
+                if ctx.principal.role != avm_common::auth::Role::Service {
+                    members.push(Member {
+                        agent: false,
+                        member_id: ctx.principal.user_id.clone(),
+                    });
+                }
+                let group_id = self
+                    .sessions()
+                    .create_group(ctx, &parent.image.container_id, name, &members)
+                    .await
+                    .map_err(|err| {
+                        format!(
+                            "the child agent {} was started but the group {name:?} cannot be made: {err}",
+                            child.image_id
+                        )
+                    })?;
+                Some(group_id)
+            }
+            None => None,
+        };
+        let mut spawned = json!({
+            "parentImageId": parent.image.image_id,
+            "childImageId": child.image_id,
+            "sessionId": child.session_id,
+            "depth": child.depth,
+        });
+        if let Some(group_id) = &made_group {
+            spawned["groupId"] = json!(group_id);
+        }
+        parent.emit("agent_spawned", &spawned);
         if let Some(group_id) = &spawn.group_id {
             self.sessions()
                 .add_group_member(ctx, group_id, &Member::agent(&child.image_id))
@@ -164,9 +196,11 @@ impl AgentPool {
             .await
             .map_err(|err| format!("the child agent {} could not start: {err}", child.image_id))?;
         if !spawn.wait {
-            return Ok(ToolReply::ok(
-                json!({"childImageId": child.image_id, "sessionId": child.session_id}).to_string(),
-            ));
+            let mut started = json!({"childImageId": child.image_id, "sessionId": child.session_id});
+            if let Some(group_id) = made_group {
+                started["groupId"] = json!(group_id);
+            }
+            return Ok(ToolReply::ok(started.to_string()));
         }
         match turn.await {
             Ok(Some(answer)) => Ok(ToolReply::ok(answer)),
@@ -193,5 +227,8 @@ mod tests {
         assert!(Spawn::parse(&json!({"task": "x", "tools": "read_file"})).is_err());
         let detached = Spawn::parse(&json!({"task": "x", "wait": false})).map(|s| s.wait);
         assert_eq!(detached, Ok(false));
+        assert!(Spawn::parse(&json!({"task": "x", "groupId": "grp_1", "newGroup": "pair"})).is_err());
+        let grouped = Spawn::parse(&json!({"task": "x", "newGroup": "pair"})).map(|s| s.new_group);
+        assert_eq!(grouped, Ok(Some("pair".to_owned())));
     }
 }

@@ -121,7 +121,8 @@ impl Builtin {
                 "Starts a child agent in this container and gives it a task. It answers with the child's reply \
                  (or, with `wait: false`, at once with the child's image id while it works). The child has its \
                  own prompt (`prompt`, or the `resource://agents/…` definition in `agent`) and may use the tools \
-                 in `tools` (among this agent's own); with `groupId` it also joins that group.",
+                 in `tools` (among this agent's own); with `groupId` it also joins that group, with `newGroup` \
+                 it and this agent make a new group of that name.",
                 json!({"type": "object", "properties": {
                     "task": {"type": "string", "description": "What the child is to do; its first message."},
                     "prompt": {"type": "string", "description": "The child's system prompt."},
@@ -129,6 +130,7 @@ impl Builtin {
                     "name": {"type": "string", "description": "A name for the child."},
                     "tools": {"type": "array", "items": {"type": "string"}, "description": "Tools the child may use, among this agent's."},
                     "groupId": {"type": "string", "description": "A group of this container the child joins."},
+                    "newGroup": {"type": "string", "description": "The name of a new group of this agent and the child (instead of groupId)."},
                     "wait": {"type": "boolean", "description": "Wait for the child's answer (default true)."}
                 }, "required": ["task"]}),
             ),
