@@ -40,6 +40,8 @@ pub struct Options {
     pub agent_idle_timeout: Option<Duration>,
     /// Consecutive agent messages a group takes (`[runtime] group_runaway_limit`).
     pub group_runaway_limit: Option<u64>,
+    /// Events a subscriber may fall behind (`[runtime] subscriber_queue`).
+    pub subscriber_queue: Option<usize>,
     /// Group turns at once per runtime and per tenant (`[runtime]
     /// max_running_agents`, `max_running_agents_per_tenant`).
     pub max_running_agents: Option<(usize, usize)>,
@@ -77,6 +79,7 @@ impl Default for Options {
             database_url: None,
             agent_idle_timeout: None,
             group_runaway_limit: None,
+            subscriber_queue: None,
             max_running_agents: None,
             max_frame_bytes: None,
             llm_idle_timeout: None,
@@ -478,6 +481,9 @@ impl Cluster {
         if let Some(limit) = self.options.group_runaway_limit {
             config.runtime.group_runaway_limit = limit;
         }
+        if let Some(queue) = self.options.subscriber_queue {
+            config.runtime.subscriber_queue = queue;
+        }
         if let Some((replica, tenant)) = self.options.max_running_agents {
             config.runtime.max_running_agents = replica;
             config.runtime.max_running_agents_per_tenant = tenant;
@@ -578,6 +584,9 @@ impl Cluster {
         }
         if let Some(limit) = self.options.group_runaway_limit {
             env.push(("AVM_RUNTIME_GROUP_RUNAWAY_LIMIT".into(), limit.to_string()));
+        }
+        if let Some(queue) = self.options.subscriber_queue {
+            env.push(("AVM_RUNTIME_SUBSCRIBER_QUEUE".into(), queue.to_string()));
         }
         if let Some((replica, tenant)) = self.options.max_running_agents {
             env.push(("AVM_RUNTIME_MAX_RUNNING_AGENTS".into(), replica.to_string()));

@@ -311,11 +311,14 @@ both_modes!(agents_talking_to_each_other_stop_at_the_limit, runaway);
 
 async fn runaway(mode: Mode) -> anyhow::Result<()> {
     // The offline LLM echoes what it read, mentions included: two agents
-    // that mention each other answer each other until stopped.
+    // that mention each other answer each other until stopped. Each echo
+    // holds the one before, so the six stream thousands of deltas: room
+    // for them all, for a watcher slowed by the other tests.
     let cluster = Cluster::start(
         mode,
         Options {
             group_runaway_limit: Some(6),
+            subscriber_queue: Some(65_536),
             ..Options::default()
         },
     )
