@@ -665,10 +665,16 @@ pub async fn events(
             Err(status) => Some(Err(ApiError::from_status(&status))),
         })
     });
-    let Some(after_seq) = history else {
-        return Ok(once_each(live, 0));
-    };
     let group = get(peers, ctx, group_id.clone()).await?;
+    let order = InOrder {
+        peers: peers.clone(),
+        ctx: ctx.clone(),
+        container_id: group.container_id.clone(),
+        group_id: group_id.clone(),
+    };
+    let Some(after_seq) = history else {
+        return Ok(order.apply(live, None));
+    };
     let stored = messages(
         peers,
         ctx,
@@ -681,51 +687,92 @@ pub async fn events(
     .await?
     .messages;
     let shown = stored.last().map_or(after_seq, |message| message.seq);
-    let stored: Vec<Result<rt::Event, ApiError>> = stored
-        .into_iter()
-        .map(|message| {
-            Ok(rt::Event {
-                r#type: "group_message".to_owned(),
-                cursor: String::new(),
-                timestamp_ms: message.created_at,
-                context: Some(rt::EventContext {
-                    container_id: group.container_id.clone(),
-                    image_id: match message.sender.kind {
-                        MemberKind::Agent => message.sender.member_id.clone(),
-                        MemberKind::User => String::new(),
-                    },
-                    agent_id: String::new(),
-                    session_id: group.group_id.clone(),
-                }),
-                data_json: serde_json::to_string(&message).unwrap_or_default(),
-            })
-        })
-        .collect();
+    let stored: Vec<Result<rt::Event, ApiError>> = stored.into_iter().map(|message| Ok(order.event(message))).collect();
     Ok(Box::pin(futures::StreamExt::chain(
         futures::stream::iter(stored),
-        once_each(live, shown),
+        order.apply(live, Some(shown)),
     )))
 }
 
-/// Passes each group message once, in seq order, after `shown`: with
-/// replicas, a message may be published by the runtime that posted it and
-/// by another that published a later one first (filling its gap in order).
-fn once_each(
-    live: impl futures::Stream<Item = Result<rt::Event, ApiError>> + Send + 'static,
-    mut shown: u64,
-) -> EventStream {
-    Box::pin(futures::StreamExt::filter(live, move |item| {
-        let pass = match item {
-            Ok(event) if event.r#type == "group_message" => {
-                let seq = message_seq(event);
-                let new = seq > shown;
-                shown = shown.max(seq);
-                new
+/// Passes each group message once and in seq order. With replicas, each
+/// runtime publishes the messages it knows of in order, but two runtimes'
+/// publications may cross (one's seq 3 before the other's seq 2): a message
+/// past the next one expected is preceded by those it skipped, read from
+/// the group's history, and a message already passed is dropped.
+struct InOrder {
+    peers: Peers,
+    ctx: RequestContext,
+    container_id: String,
+    group_id: String,
+}
+
+impl InOrder {
+    /// Orders `live`'s messages after `shown` (after the first one seen when `None`).
+    fn apply(
+        self,
+        live: impl futures::Stream<Item = Result<rt::Event, ApiError>> + Send + 'static,
+        shown: Option<u64>,
+    ) -> EventStream {
+        let this = std::sync::Arc::new(self);
+        let shown = std::sync::Arc::new(std::sync::Mutex::new(shown));
+        let ordered = futures::StreamExt::then(live, move |item| {
+            let (this, shown) = (std::sync::Arc::clone(&this), std::sync::Arc::clone(&shown));
+            async move {
+                let event = match item {
+                    Ok(event) if event.r#type == "group_message" => event,
+                    other => return vec![other],
+                };
+                let seq = message_seq(&event);
+                let last = *shown.lock().unwrap_or_else(|poison| poison.into_inner());
+                let mut out = Vec::new();
+                match last {
+                    Some(last) if seq <= last => return out,
+                    Some(last) if seq > last + 1 => out.extend(this.skipped(last, seq).await),
+                    _ => {}
+                }
+                *shown.lock().unwrap_or_else(|poison| poison.into_inner()) = Some(seq);
+                out.push(Ok(event));
+                out
             }
-            _ => true,
+        });
+        Box::pin(futures::StreamExt::flat_map(ordered, futures::stream::iter))
+    }
+
+    /// The messages after `last` and before `seq`, from the group's history.
+    async fn skipped(&self, last: u64, seq: u64) -> Vec<Result<rt::Event, ApiError>> {
+        let query = MessageQuery {
+            after: Some(last),
+            limit: Some(u32::try_from(seq - last - 1).unwrap_or(u32::MAX).min(1000)),
         };
-        futures::future::ready(pass)
-    }))
+        match messages(&self.peers, &self.ctx, self.group_id.clone(), query).await {
+            Ok(list) => list
+                .messages
+                .into_iter()
+                .filter(|message| message.seq < seq)
+                .map(|message| Ok(self.event(message)))
+                .collect(),
+            Err(err) => vec![Err(err)],
+        }
+    }
+
+    /// A stored message as a `group_message` event (without a cursor).
+    fn event(&self, message: GroupMessage) -> rt::Event {
+        rt::Event {
+            r#type: "group_message".to_owned(),
+            cursor: String::new(),
+            timestamp_ms: message.created_at,
+            context: Some(rt::EventContext {
+                container_id: self.container_id.clone(),
+                image_id: match message.sender.kind {
+                    MemberKind::Agent => message.sender.member_id.clone(),
+                    MemberKind::User => String::new(),
+                },
+                agent_id: String::new(),
+                session_id: self.group_id.clone(),
+            }),
+            data_json: serde_json::to_string(&message).unwrap_or_default(),
+        }
+    }
 }
 
 /// The seq of a `group_message` event's message.

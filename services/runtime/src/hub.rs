@@ -59,6 +59,11 @@ struct Subscriber {
 struct HubState {
     /// The cursor of the latest event (published here or taken from another replica).
     next_cursor: u64,
+    /// The cursor of the latest event taken from each other replica. A
+    /// group's hub has several writers (each runtime running one of its
+    /// agents), whose cursors interleave: an event is new when it is past
+    /// the last one of its own replica, not past every event seen.
+    taken: HashMap<String, u64>,
     recent: VecDeque<Arc<SessionEvent>>,
     subscribers: Vec<Subscriber>,
 }
@@ -89,6 +94,7 @@ impl SessionHub {
                 // With replicas, a new hub takes the cursors of the events
                 // other replicas published (all above what it starts with).
                 next_cursor: if fanout.is_some() { 0 } else { floor },
+                taken: HashMap::new(),
                 recent: VecDeque::new(),
                 subscribers: Vec::new(),
             }),
@@ -137,25 +143,35 @@ impl SessionHub {
         event
     }
 
-    /// Takes an event another replica published, unless this hub has it.
-    pub fn inject(&self, event: Arc<SessionEvent>) {
+    /// Takes an event the replica `origin` published, unless this hub has it.
+    pub fn inject(&self, origin: &str, event: Arc<SessionEvent>) {
         let mut state = self.lock();
-        if event.cursor <= state.next_cursor {
-            return;
+        match state.taken.get_mut(origin) {
+            Some(last) if event.cursor <= *last => return,
+            Some(last) => *last = event.cursor,
+            None => {
+                state.taken.insert(origin.to_owned(), event.cursor);
+            }
         }
-        state.next_cursor = event.cursor;
+        // What this hub publishes next comes after everything it has seen.
+        state.next_cursor = state.next_cursor.max(event.cursor);
         self.deliver(&mut state, &event);
     }
 
-    /// Adds retained events (from the fan-out, oldest first) to the window,
-    /// in cursor order, without offering them to subscribers.
-    pub fn seed(&self, events: Vec<SessionEvent>) {
+    /// Adds retained events (from the fan-out, oldest first, each with the
+    /// replica that published it) to the window, in cursor order, without
+    /// offering them to subscribers.
+    pub fn seed(&self, events: Vec<(String, SessionEvent)>) {
         if events.is_empty() {
             return;
         }
         let mut state = self.lock();
+        for (origin, event) in &events {
+            let last = state.taken.entry(origin.clone()).or_default();
+            *last = (*last).max(event.cursor);
+        }
         let mut merged: Vec<Arc<SessionEvent>> = state.recent.drain(..).collect();
-        merged.extend(events.into_iter().map(Arc::new));
+        merged.extend(events.into_iter().map(|(_, event)| Arc::new(event)));
         merged.sort_by_key(|event| event.cursor);
         merged.dedup_by_key(|event| event.cursor);
         let skip = merged.len().saturating_sub(self.retention);
@@ -377,6 +393,40 @@ mod tests {
         let sub = hub.subscribe(Some(first.cursor));
         assert_eq!(sub.replay.len(), 1);
         assert_eq!(sub.replay[0].data_json, r#"{"text":"b"}"#);
+    }
+
+    fn event(cursor: u64, text: &str) -> SessionEvent {
+        SessionEvent {
+            kind: "text_delta",
+            cursor,
+            timestamp_ms: 0,
+            context: context(),
+            data_json: json!({"text": text}).to_string(),
+        }
+    }
+
+    #[test]
+    fn events_of_two_writers_interleave_and_each_arrives_once() {
+        // A group's hub: two runtimes publish into it, their cursors crossing.
+        let hub = SessionHub::new(16, 16, None);
+        hub.seed(vec![("rt_a".to_owned(), event(10, "seeded"))]);
+        let mut sub = hub.subscribe(None);
+        hub.inject("rt_a", Arc::new(event(10, "seeded again")));
+        hub.inject("rt_a", Arc::new(event(12, "a1")));
+        hub.inject("rt_b", Arc::new(event(11, "b1")));
+        hub.inject("rt_b", Arc::new(event(11, "b1 again")));
+        hub.inject("rt_a", Arc::new(event(13, "a2")));
+        let mut seen = Vec::new();
+        while let Ok(event) = sub.live.try_recv() {
+            seen.push(event.data_json.clone());
+        }
+        let texts: Vec<String> = ["a1", "b1", "a2"]
+            .iter()
+            .map(|t| json!({"text": t}).to_string())
+            .collect();
+        assert_eq!(seen, texts);
+        // What it publishes itself comes after all it has seen.
+        assert!(hub.publish("text_delta", &context(), &json!({})).cursor > 13);
     }
 
     #[test]

@@ -15,11 +15,12 @@ use crate::replicas::{Replicas, WakeEntry};
 const PRUNE_EVERY: u64 = 60;
 
 impl AgentPool {
-    /// Takes wakes from the bus until `shutdown`.
+    /// Takes wakes from the bus until `shutdown` or until it drains.
     pub(super) async fn take_wakes(self, replicas: Replicas, shutdown: CancellationToken) {
         let mut conn = None;
         loop {
-            if shutdown.is_cancelled() {
+            // Draining, it takes no new agents: the others take its wakes.
+            if shutdown.is_cancelled() || replicas.draining() {
                 return;
             }
             let reader = match conn.as_mut() {

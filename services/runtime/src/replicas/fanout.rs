@@ -141,7 +141,7 @@ impl Fanout {
     }
 
     /// Returns the retained events of a session, oldest first.
-    pub(crate) async fn history(&self, session_id: &str) -> Vec<SessionEvent> {
+    pub(crate) async fn history(&self, session_id: &str) -> Vec<(String, SessionEvent)> {
         let mut conn = self.inner.conn.clone();
         let entries: redis::RedisResult<Vec<(String, Vec<String>)>> = redis::cmd("XRANGE")
             .arg(self.stream(session_id))
@@ -153,7 +153,7 @@ impl Fanout {
             Ok(entries) => entries
                 .iter()
                 .filter_map(|(_, fields)| fields.get(1))
-                .filter_map(|payload| decode(payload).map(|(_, event)| event))
+                .filter_map(|payload| decode(payload))
                 .collect(),
             Err(err) => {
                 tracing::warn!(session_id, error = %err, "cannot read a session's retained events from redis");
@@ -292,7 +292,7 @@ impl Fanout {
                             continue;
                         }
                         if let Some(hub) = hubs.get(&event.context.session_id) {
-                            hub.inject(Arc::new(event));
+                            hub.inject(&origin, Arc::new(event));
                         }
                     }
                 }

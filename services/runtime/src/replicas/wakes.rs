@@ -153,7 +153,7 @@ impl Replicas {
     /// delivered too often are dropped instead.
     pub async fn reclaim_wakes(&self) -> Result<Vec<WakeEntry>, ApiError> {
         let mut conn = self.inner.conn.clone();
-        let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+        let reply: Result<StreamAutoClaimReply, _> = redis::cmd("XAUTOCLAIM")
             .arg(self.wakes_key())
             .arg(GROUP)
             .arg(&self.inner.id)
@@ -162,8 +162,13 @@ impl Replicas {
             .arg("COUNT")
             .arg(BATCH)
             .query_async(&mut conn)
-            .await
-            .map_err(|err| redis_error("cannot claim pending wakes", &err))?;
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            // No consumer group yet (the reader makes it), or Redis lost it: nothing pending.
+            Err(err) if err.code() == Some("NOGROUP") => return Ok(Vec::new()),
+            Err(err) => return Err(redis_error("cannot claim pending wakes", &err)),
+        };
         let mut claimed = Vec::with_capacity(reply.claimed.len());
         for entry in reply.claimed {
             if self.deliveries(&entry.id).await > MAX_DELIVERIES {
