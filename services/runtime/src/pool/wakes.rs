@@ -11,6 +11,9 @@ use tokio_util::sync::CancellationToken;
 use super::AgentPool;
 use crate::replicas::{Replicas, WakeEntry};
 
+/// Heartbeats between two looks for wakes left idle: a wake is taken over
+/// 5 to 8 s after it was left, and an idle runtime asks Redis seldom.
+const RECLAIM_EVERY: u64 = 3;
 /// Heartbeats between two prunings of gone replicas' consumers.
 const PRUNE_EVERY: u64 = 60;
 
@@ -51,11 +54,14 @@ impl AgentPool {
         }
     }
 
-    /// Keeps this replica's wakes its own, and takes over the wakes left
-    /// idle by a replica that died or a delivery that failed (every
-    /// heartbeat; `beat` counts them).
+    /// Keeps this replica's wakes its own (every heartbeat; `beat` counts
+    /// them), and takes over the wakes left idle by a replica that died or a
+    /// delivery that failed (every [`RECLAIM_EVERY`]).
     pub(super) async fn reclaim_wakes(&self, replicas: &Replicas, beat: u64) {
         replicas.keep_wakes().await;
+        if !beat.is_multiple_of(RECLAIM_EVERY) {
+            return;
+        }
         if let Ok(entries) = replicas.reclaim_wakes().await {
             for entry in entries {
                 tracing::info!(image_id = %entry.image_id, group_id = %entry.group_id, seq = entry.seq, "a group message's wake taken over");

@@ -6,9 +6,9 @@
 //!   its messages; it acknowledges (`XACK`, then `XDEL`) once the agent read
 //!   them, so the entry stays pending while the reply is being written.
 //! - Every heartbeat a replica marks the entries it still works on as fresh
-//!   (`XCLAIM … JUSTID` to itself), and claims entries idle for longer than
-//!   [`RECLAIM_AFTER`] (`XAUTOCLAIM`): those of a replica that died, or whose
-//!   delivery failed. Reading again is harmless: a read cursor that passed
+//!   (`XCLAIM … JUSTID` to itself); every few it claims entries idle for
+//!   longer than [`RECLAIM_AFTER`] (`XAUTOCLAIM`): those of a replica that
+//!   died, or whose delivery failed. Reading again is harmless: a read cursor that passed
 //!   the message makes it a no-op, and a reply is named after what it answers.
 //! - An entry delivered more than [`MAX_DELIVERIES`] times is dropped with
 //!   an error in the log: its messages stay unread for the agent's next wake.
@@ -24,8 +24,8 @@ use super::{Replicas, redis_error};
 /// How long an entry stays unacknowledged and untouched before another
 /// replica takes it over: longer than a heartbeat lapse.
 pub const RECLAIM_AFTER: Duration = Duration::from_secs(5);
-/// How long one read waits for entries.
-pub const READ_BLOCK: Duration = Duration::from_secs(2);
+/// How long one read waits for entries: an idle runtime reads this seldom.
+pub const READ_BLOCK: Duration = Duration::from_secs(10);
 /// Deliveries of one entry before it is dropped.
 pub const MAX_DELIVERIES: u64 = 10;
 /// Entries one read or claim takes.
