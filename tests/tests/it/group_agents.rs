@@ -100,6 +100,28 @@ fn last_user_text(request: &RecordedRequest) -> String {
     }
 }
 
+/// A member's read cursor, as the group's member list shows it.
+async fn read_seq(cluster: &Cluster, group_id: &str, member_id: &str) -> anyhow::Result<Option<Value>> {
+    let (_, members) = call(cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
+    Ok(members["members"]
+        .as_array()
+        .and_then(|all| all.iter().find(|m| m["memberId"] == member_id))
+        .map(|m| m["readSeq"].clone()))
+}
+
+/// Sends an image a direct message and checks it is refused with 409 `code`.
+async fn refused_directly(cluster: &Cluster, image_id: &str, code: &str) -> anyhow::Result<()> {
+    let (status, refusal) = call(
+        cluster,
+        "POST",
+        &format!("/v1/images/{image_id}/messages"),
+        Some(json!({"content": "psst"})),
+    )
+    .await?;
+    assert_eq!((status, &refusal["error"]["code"]), (409, &json!(code)), "{refusal}");
+    Ok(())
+}
+
 both_modes!(three_agents_answer_a_user_once_each, three_agents);
 
 async fn three_agents(mode: Mode) -> anyhow::Result<()> {
@@ -213,15 +235,8 @@ async fn mention(mode: Mode) -> anyhow::Result<()> {
     let (_, history) = call(&cluster, "GET", &format!("/v1/images/{alice}/messages"), None).await?;
     assert_eq!(history["messages"].as_array().map(Vec::len), Some(0), "{history}");
     // Alice keeps the message unread, for when she is mentioned.
-    let (_, members) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
-    let read = |id: &str| {
-        members["members"]
-            .as_array()
-            .and_then(|all| all.iter().find(|m| m["memberId"] == id))
-            .map(|m| m["readSeq"].clone())
-    };
-    assert_eq!(read(&alice), Some(json!(0)));
-    assert_eq!(read(&bob), Some(json!(2)));
+    assert_eq!(read_seq(&cluster, &group_id, &alice).await?, Some(json!(0)));
+    assert_eq!(read_seq(&cluster, &group_id, &bob).await?, Some(json!(2)));
     Ok(())
 }
 
@@ -257,12 +272,7 @@ async fn busy_group(mode: Mode) -> anyhow::Result<()> {
     assert_eq!(requests.len(), 1, "one turn");
     let read = last_user_text(&requests[0]);
     assert!(read.contains("] Alice, your turn."), "{read}");
-    let (_, members) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
-    let cursor = members["members"]
-        .as_array()
-        .and_then(|all| all.iter().find(|m| m["memberId"] == alice.as_str()))
-        .map(|m| m["readSeq"].clone());
-    assert_eq!(cursor, Some(json!(CHATTER + 2)));
+    assert_eq!(read_seq(&cluster, &group_id, &alice).await?, Some(json!(CHATTER + 2)));
     Ok(())
 }
 
@@ -373,26 +383,12 @@ async fn pause_and_resume(mode: Mode) -> anyhow::Result<()> {
     // A paused agent is not woken (the post answers after the wake) and
     // takes no direct message either.
     assert!(mock.requests().is_empty());
-    let (status, refused) = call(
-        &cluster,
-        "POST",
-        &format!("/v1/images/{alice}/messages"),
-        Some(json!({"content": "psst"})),
-    )
-    .await?;
+    refused_directly(&cluster, &alice, "AGENT_PAUSED").await?;
     assert_eq!(
-        (status, &refused["error"]["code"]),
-        (409, &json!("AGENT_PAUSED")),
-        "{refused}"
+        read_seq(&cluster, &group_id, &alice).await?,
+        Some(json!(0)),
+        "kept unread"
     );
-    let (_, members) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
-    let cursor = |members: &Value| {
-        members["members"]
-            .as_array()
-            .and_then(|all| all.iter().find(|m| m["memberId"] == alice.as_str()))
-            .map(|m| m["readSeq"].clone())
-    };
-    assert_eq!(cursor(&members), Some(json!(0)), "kept unread");
 
     // Resumed, it reads both in one turn and answers.
     let (status, resumed) = call(&cluster, "POST", &format!("/v1/agents/{alice}/resume"), None).await?;
@@ -408,8 +404,7 @@ async fn pause_and_resume(mode: Mode) -> anyhow::Result<()> {
     assert_eq!(requests.len(), 1);
     let read = last_user_text(&requests[0]);
     assert!(read.contains("are you there?") && read.contains("hello?"), "{read}");
-    let (_, members) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
-    assert_eq!(cursor(&members), Some(json!(3)));
+    assert_eq!(read_seq(&cluster, &group_id, &alice).await?, Some(json!(3)));
 
     // Terminated, it never runs again.
     let (status, terminated) = call(&cluster, "POST", &format!("/v1/agents/{alice}/terminate"), None).await?;
@@ -473,26 +468,12 @@ async fn failing_agent(mode: Mode) -> anyhow::Result<()> {
     assert_eq!(record["agentState"], "error", "{record}");
     assert_eq!(record["agentError"], failure["error"]);
     // What it read stays unread, and it takes no direct message.
-    let (_, members) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
-    let cursor = |members: &Value| {
-        members["members"]
-            .as_array()
-            .and_then(|all| all.iter().find(|m| m["memberId"] == alice.as_str()))
-            .map(|m| m["readSeq"].clone())
-    };
-    assert_eq!(cursor(&members), Some(json!(0)), "kept unread");
-    let (status, refusal) = call(
-        &cluster,
-        "POST",
-        &format!("/v1/images/{alice}/messages"),
-        Some(json!({"content": "psst"})),
-    )
-    .await?;
     assert_eq!(
-        (status, &refusal["error"]["code"]),
-        (409, &json!("AGENT_ERROR")),
-        "{refusal}"
+        read_seq(&cluster, &group_id, &alice).await?,
+        Some(json!(0)),
+        "kept unread"
     );
+    refused_directly(&cluster, &alice, "AGENT_ERROR").await?;
 
     // Resumed, it reads all that waited in one turn (which fails again here).
     post(&cluster, &group_id, json!({"content": "second question"})).await?;
