@@ -182,6 +182,20 @@ mod fuzz {
         })
     }
 
+    #[test]
+    fn text_figment_cannot_unescape_is_kept_as_written() {
+        for value in ["\"\u{10a0c}\u{1f5f}a\\A\"", "[\"\u{e9}\\n\"]"] {
+            let mut loaded = None;
+            let jailed = figment::Jail::try_with(|jail| {
+                jail.set_env("AVM_SERVER_HOST", value);
+                loaded = Some(load::<AvmConfig>(&Sources::default()).map(|config| config.server.host));
+                Ok(())
+            });
+            assert!(jailed.is_ok(), "{jailed:?}");
+            assert_eq!(loaded.and_then(Result::ok).as_deref(), Some(value));
+        }
+    }
+
     proptest! {
         #[test]
         fn any_environment_value_loads_or_names_its_key(key in prop::sample::select(keys()), value in env_value()) {

@@ -96,14 +96,22 @@ impl figment::Provider for EnvLayer {
         use figment::value::Value;
         let mut values = figment::value::Dict::new();
         for (key, text) in self.0.iter() {
-            let value = match text.parse::<Value>() {
-                Ok(value @ (Value::Dict(..) | Value::Array(..))) => value,
+            let value = match spells_collection(&text).then(|| text.parse::<Value>()) {
+                Some(Ok(value @ (Value::Dict(..) | Value::Array(..)))) => value,
                 _ => Value::from(text),
             };
             insert_at(&mut values, key.as_str(), value);
         }
         Ok(figment::Profile::Default.collect(values))
     }
+}
+
+/// Whether `text` is given to figment's parser as an array or table.
+/// figment 0.10 panics unescaping a quoted string in which a backslash follows
+/// a non-ASCII character (it slices bytes at a character index), so such text
+/// stays text: a key that wants an array then refuses it by name.
+fn spells_collection(text: &str) -> bool {
+    text.trim_start().starts_with(['[', '{']) && (text.is_ascii() || !text.contains('\\'))
 }
 
 /// Puts `value` at the dotted `path` of `dict`, making the tables on the way.
