@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::{self, History};
 use crate::error::RuntimeError;
-use crate::hub::{EventContext, SessionHub};
+use crate::hub::{EventContext, OpenHub};
 use crate::llm::{LlmContent, LlmRole};
 use crate::peers::ImageInfo;
 use crate::plan::AgentPlan;
@@ -37,7 +37,8 @@ pub(crate) struct Agent {
     pub(crate) tools: Option<Arc<Toolbox>>,
     pub(crate) started_at_ms: i64,
     pub(crate) context: Arc<EventContext>,
-    pub(crate) hub: Arc<SessionHub>,
+    /// Its session's hub, kept among the runtime's hubs while the agent lives.
+    pub(crate) hub: OpenHub,
     state: Mutex<AgentState>,
     /// Woken when a turn ends.
     stopped: tokio::sync::Notify,
@@ -67,7 +68,7 @@ impl Agent {
         image: ImageInfo,
         plan: AgentPlan,
         tools: Option<Arc<Toolbox>>,
-        hub: Arc<SessionHub>,
+        hub: OpenHub,
         history: History,
     ) -> Self {
         let context = Arc::new(EventContext {

@@ -5,7 +5,7 @@
 //! (`replicas::fanout`).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
@@ -84,6 +84,9 @@ pub struct SessionHub {
     ready: OnceCell<()>,
     /// The fan-out's confirmation that it follows the session.
     following: Mutex<Option<oneshot::Receiver<()>>>,
+    /// How many [`OpenHub`]s hold it: an agent's hub is kept while the
+    /// agent lives, and one being opened for a subscriber until it subscribed.
+    holders: AtomicUsize,
 }
 
 impl SessionHub {
@@ -104,6 +107,7 @@ impl SessionHub {
             fanout,
             ready: OnceCell::new(),
             following: Mutex::new(None),
+            holders: AtomicUsize::new(0),
         }
     }
 
@@ -258,6 +262,23 @@ impl SessionHub {
     }
 }
 
+/// A hub its runtime keeps while this is held (see [`Hubs::open`]).
+pub struct OpenHub(Arc<SessionHub>);
+
+impl std::ops::Deref for OpenHub {
+    type Target = SessionHub;
+
+    fn deref(&self) -> &SessionHub {
+        &self.0
+    }
+}
+
+impl Drop for OpenHub {
+    fn drop(&mut self) {
+        self.0.holders.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// All hubs of this runtime, by session id.
 pub struct Hubs {
     hubs: Mutex<HashMap<String, Arc<SessionHub>>>,
@@ -285,8 +306,15 @@ impl Hubs {
 
     /// Returns the hub of a session, creating it when needed; with a fan-out,
     /// once it follows the session there and holds the events retained there.
-    pub async fn open(&self, session_id: &str) -> Arc<SessionHub> {
-        let hub = self.get_or_create(session_id);
+    /// The hub stays among this runtime's hubs while the answer is held.
+    pub async fn open(&self, session_id: &str) -> OpenHub {
+        let hub = {
+            let mut hubs = self.lock();
+            let hub = self.entry(&mut hubs, session_id);
+            // Counted under the lock `prune` takes: it sees the holder.
+            hub.holders.fetch_add(1, Ordering::AcqRel);
+            OpenHub(hub)
+        };
         if let Some(fanout) = &self.fanout {
             hub.ready
                 .get_or_init(|| async {
@@ -307,7 +335,11 @@ impl Hubs {
 
     /// Returns the hub of a session, creating it when needed.
     pub fn get_or_create(&self, session_id: &str) -> Arc<SessionHub> {
-        let mut hubs = self.lock();
+        self.entry(&mut self.lock(), session_id)
+    }
+
+    /// Returns the hub of a session from the locked map, creating it when needed.
+    fn entry(&self, hubs: &mut HashMap<String, Arc<SessionHub>>, session_id: &str) -> Arc<SessionHub> {
         if let Some(hub) = hubs.get(session_id) {
             return Arc::clone(hub);
         }
@@ -324,10 +356,11 @@ impl Hubs {
         hub
     }
 
-    /// Drops the hubs nobody listens to, except those of `active` sessions.
-    pub fn prune(&self, active: &dyn Fn(&str) -> bool) {
+    /// Drops the hubs nobody listens to or holds (an agent holds its
+    /// session's hub).
+    pub fn prune(&self) {
         self.lock().retain(|session_id, hub| {
-            let keep = active(session_id) || hub.has_subscribers();
+            let keep = hub.holders.load(Ordering::Acquire) > 0 || hub.has_subscribers();
             if !keep && let Some(fanout) = &self.fanout {
                 fanout.unfollow(session_id);
             }
@@ -462,6 +495,24 @@ mod tests {
         assert_eq!(hub.lock().subscribers.len(), 1, "its queue went with it");
         drop(kept);
         assert!(!hub.has_subscribers());
+    }
+
+    #[tokio::test]
+    async fn a_hub_is_kept_while_held_and_then_while_subscribed() {
+        let hubs = Hubs::new(8, 8, None);
+        // Opened for a subscriber; the reaper passes before it subscribes.
+        let opened = hubs.open("sess_1").await;
+        hubs.prune();
+        let mut sub = opened.subscribe(None);
+        drop(opened);
+        hubs.prune();
+        // An agent of the session publishes into the hub the subscriber took.
+        hubs.get_or_create("sess_1")
+            .publish("text_delta", &context(), &json!({}));
+        assert!(sub.live.try_recv().is_ok(), "the subscriber got the agent's event");
+        drop(sub);
+        hubs.prune();
+        assert!(hubs.is_empty(), "neither held nor subscribed: dropped");
     }
 
     #[tokio::test]

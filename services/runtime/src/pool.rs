@@ -828,24 +828,22 @@ impl AgentPool {
             .into_iter()
             .filter(|agent| agent.idle_for(timeout))
             .collect();
-        for agent in &idle {
-            self.retire(agent, "idle");
+        let retired = idle.len();
+        for agent in idle {
+            self.retire(&agent, "idle");
         }
         let period = i64::try_from(self.inner.config.event_retention_period.as_millis()).unwrap_or(i64::MAX);
         self.inner.hubs.trim(avm_common::now_ms().saturating_sub(period));
-        let active: HashSet<String> = self
-            .live_agents()
-            .iter()
-            .map(|agent| agent.image.session_id.clone())
-            .collect();
-        self.inner.hubs.prune(&|session_id| active.contains(session_id));
+        // The retired agents let go of their hubs above (unless a turn of
+        // theirs is still ending).
+        self.inner.hubs.prune();
         let hubs = &self.inner.hubs;
         self.inner
             .group_feeds
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
             .retain(|group_id, _| hubs.get(group_id).is_some());
-        idle.len()
+        retired
     }
 
     /// Follows the LLM settings, sends usage, stops the agents of deleted
