@@ -415,39 +415,43 @@ pub async fn subscribe(
     session_id: String,
     after_cursor: Option<String>,
 ) -> Result<EventStream, ApiError> {
-    let first = follow(peers, ctx, &session_id, after_cursor.clone()).await?;
-    Ok(resumable(
-        peers.clone(),
-        ctx.clone(),
-        session_id,
-        first,
-        after_cursor,
-        false,
-    ))
+    let (first, start) = follow(peers, ctx, &session_id, after_cursor.clone()).await?;
+    // Followed again after a cut, a stream that showed nothing yet resumes
+    // where it began.
+    let cursor = after_cursor.or(start);
+    Ok(resumable(peers.clone(), ctx.clone(), session_id, first, cursor, false))
 }
 
 /// A session's events as a runtime streams them.
 type RawEvents = Pin<Box<dyn Stream<Item = Result<rt::Event, tonic::Status>> + Send>>;
 
-/// Subscribes to a session's events through any runtime.
+/// Subscribes to a session's events through any runtime; returns them and
+/// the cursor of the session's latest event when they began.
 async fn follow(
     peers: &Peers,
     ctx: &RequestContext,
     session_id: &str,
     after_cursor: Option<String>,
-) -> Result<RawEvents, ApiError> {
+) -> Result<(RawEvents, Option<String>), ApiError> {
     let request = ctx.request(rt::SubscribeEventsRequest {
         session_id: session_id.to_owned(),
         after_cursor,
     });
-    let stream = peers.runtime.subscribe_events(request).await?.into_inner();
-    Ok(Box::pin(futures::StreamExt::filter_map(stream, |item| async move {
+    let response = peers.runtime.subscribe_events(request).await?;
+    let start = response
+        .metadata()
+        .get(avm_common::context::START_CURSOR_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    let stream = response.into_inner();
+    let events = Box::pin(futures::StreamExt::filter_map(stream, |item| async move {
         match item {
             Ok(rt::SubscribeEventsResponse { event: Some(event) }) => Some(Ok(event)),
             Ok(_) => None,
             Err(status) => Some(Err(status)),
         }
-    })))
+    }));
+    Ok((events, start))
 }
 
 /// Times in a row a broken event stream is followed again before its error
@@ -535,7 +539,8 @@ fn resumable(
             tokio::time::sleep(std::time::Duration::from_millis(100) * state.resumes).await;
             state.stream = follow(&state.peers, &state.ctx, &state.session_id, state.cursor.clone())
                 .await
-                .ok();
+                .ok()
+                .map(|(events, _)| events);
         }
     }))
 }

@@ -12,6 +12,10 @@ use crate::trace::{TRACEPARENT, TraceParent};
 /// Metadata key carrying the caller's request id across hops.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
+/// Response metadata key of the runtime's `SubscribeEvents`: the cursor of
+/// the session's latest event when the stream began.
+pub const START_CURSOR_HEADER: &str = "avm-start-cursor";
+
 /// Who is asking, under which request id, with which credential.
 #[derive(Clone, Debug)]
 pub struct RequestContext {

@@ -214,6 +214,7 @@ fn event_stream(
         replay,
         live,
         overflowed,
+        ..
     } = subscription;
     futures::stream::unfold(
         (replay.into_iter(), live, false),
@@ -678,12 +679,17 @@ impl RuntimeService for RuntimeGrpc {
             .pool
             .subscribe(&ctx, &message.session_id, message.after_cursor.as_deref())
             .await?;
+        let start = subscription.start;
         let stream = futures::StreamExt::map(event_stream(subscription, false), |event| {
             event.map(|event| pb::SubscribeEventsResponse {
                 event: Some(event_pb(&event)),
             })
         });
-        Ok(Response::new(Box::pin(stream)))
+        let mut response = Response::new(Box::pin(stream) as Self::SubscribeEventsStream);
+        response
+            .metadata_mut()
+            .insert(avm_common::context::START_CURSOR_HEADER, start.into());
+        Ok(response)
     }
 }
 

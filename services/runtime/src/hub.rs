@@ -49,6 +49,9 @@ pub struct Subscription {
     pub live: mpsc::Receiver<Arc<SessionEvent>>,
     /// Set when the hub dropped this subscriber for falling too far behind.
     pub overflowed: Arc<AtomicBool>,
+    /// The cursor of the latest event when it subscribed: where a follower
+    /// that saw nothing yet resumes.
+    pub start: u64,
 }
 
 struct Subscriber {
@@ -225,6 +228,7 @@ impl SessionHub {
             replay,
             live,
             overflowed,
+            start: state.next_cursor,
         }
     }
 

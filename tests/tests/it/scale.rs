@@ -14,7 +14,7 @@ use avm_tests::ws_client::WsClient;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::support::{call, conversation, send_and_finish, streamed_text};
+use crate::support::{assert_text_turn, call, conversation, send_and_finish, streamed_text};
 
 /// Returns whether Postgres and Redis are configured, saying loudly when they
 /// are not; with `AVM_TEST_REQUIRE_EXTERNAL=1` a missing one is a failure.
@@ -265,6 +265,50 @@ async fn a_lost_runtime_ends_its_turns_and_the_conversations_go_on() -> anyhow::
             "answered again in {:?}",
             started.elapsed()
         );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_saw_nothing_yet_misses_nothing_when_its_runtime_goes() -> anyhow::Result<()> {
+    if !external_configured()? {
+        return Ok(());
+    }
+    let mock = MockLlm::start(MockBehavior::default()).await?;
+    let (mut cluster, second) = mesh(&mock).await?;
+    // Each conversation is followed live (no cursor) by its sender and by a
+    // watcher on the other gateway, through either runtime, before it has
+    // any event.
+    let mut chats = Vec::new();
+    for index in 0..6 {
+        let mut sender = WsClient::connect(&cluster.ws_url()).await?;
+        let chat = conversation(&mut sender, &format!("fresh-{index}"), json!({})).await?;
+        let mut watcher = WsClient::connect(&second).await?;
+        watcher.subscribe(&chat.session_id, None).await?;
+        chats.push((sender, watcher, chat));
+    }
+    // The turns start while the gateways follow again the streams the
+    // killed runtime carried.
+    cluster.kill_runtime(0).await?;
+    for (sender, _, chat) in &mut chats {
+        sender
+            .send_request("message_send", json!({"imageId": chat.image_id, "content": "hello"}))
+            .await?;
+    }
+    for (sender, watcher, _) in &mut chats {
+        let mine = sender.turn().await?;
+        let text = assert_text_turn(&mine);
+        let theirs = watcher.turn().await?;
+        let kinds = |frames: &[Value]| -> Vec<String> {
+            let kinds = crate::support::types(frames);
+            let start = kinds
+                .iter()
+                .position(|kind| kind == "message_start")
+                .unwrap_or(kinds.len());
+            kinds[start..].to_vec()
+        };
+        assert_eq!(kinds(&theirs), kinds(&mine), "the watcher sees the whole turn");
+        assert_eq!(streamed_text(&theirs), text);
     }
     Ok(())
 }
