@@ -68,6 +68,71 @@ async fn watch_turn(url: &str, session_id: &str) -> anyhow::Result<Vec<Value>> {
     watcher.turn().await
 }
 
+/// Makes a container with one agent per name, started on the first runtime
+/// (the one a test kills), and a group of them, and posts `question` into
+/// it; returns the group's id and the agents' image ids.
+async fn ask_group_on_first_runtime(
+    cluster: &Cluster,
+    container_id: &str,
+    names: &[&str],
+    question: &str,
+) -> anyhow::Result<(String, Vec<String>)> {
+    use avm_proto::runtime::v1 as rt;
+    use avm_proto::runtime::v1::runtime_service_client::RuntimeServiceClient;
+    call(
+        cluster,
+        "POST",
+        "/v1/containers",
+        Some(json!({"containerId": container_id})),
+    )
+    .await?;
+    let token = cluster.access_token(&cluster.admin_key).await?;
+    let channel = tonic::transport::Endpoint::from_shared(cluster.runtimes[0].clone())?
+        .connect()
+        .await?;
+    let mut first = RuntimeServiceClient::with_interceptor(channel, avm_tests::cluster::bearer(&token)?);
+    let mut agents = Vec::new();
+    for name in names {
+        let (status, image) = call(
+            cluster,
+            "POST",
+            &format!("/v1/containers/{container_id}/images"),
+            Some(json!({"name": name})),
+        )
+        .await?;
+        anyhow::ensure!(status == 201, "{image}");
+        let image_id = image["imageId"].as_str().unwrap_or_default().to_owned();
+        first
+            .run_image(rt::RunImageRequest {
+                image_id: image_id.clone(),
+            })
+            .await?;
+        agents.push(image_id);
+    }
+    let members: Vec<Value> = agents
+        .iter()
+        .map(|image_id| json!({"kind": "agent", "memberId": image_id}))
+        .collect();
+    let (status, group) = call(
+        cluster,
+        "POST",
+        &format!("/v1/containers/{container_id}/groups"),
+        Some(json!({"name": container_id, "members": members})),
+    )
+    .await?;
+    anyhow::ensure!(status == 201, "{group}");
+    let group_id = group["groupId"].as_str().unwrap_or_default().to_owned();
+    let (status, posted) = call(
+        cluster,
+        "POST",
+        &format!("/v1/groups/{group_id}/messages"),
+        Some(json!({"content": question})),
+    )
+    .await?;
+    anyhow::ensure!(status == 201, "{posted}");
+    Ok((group_id, agents))
+}
+
 fn text_deltas(frames: &[Value]) -> Vec<String> {
     frames
         .iter()
@@ -461,8 +526,6 @@ async fn agents_of_one_group_on_two_runtimes_answer_once_each() -> anyhow::Resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_message_whose_runtime_is_killed_is_answered_once_by_a_survivor() -> anyhow::Result<()> {
-    use avm_proto::runtime::v1 as rt;
-    use avm_proto::runtime::v1::runtime_service_client::RuntimeServiceClient;
     if !external_configured()? {
         return Ok(());
     }
@@ -474,42 +537,9 @@ async fn a_group_message_whose_runtime_is_killed_is_answered_once_by_a_survivor(
     })
     .await?;
     let (mut cluster, _) = mesh(&mock).await?;
-    call(&cluster, "POST", "/v1/containers", Some(json!({"containerId": "fail"}))).await?;
-    let (status, image) = call(
-        &cluster,
-        "POST",
-        "/v1/containers/fail/images",
-        Some(json!({"name": "alice"})),
-    )
-    .await?;
-    anyhow::ensure!(status == 201, "{image}");
-    let alice = image["imageId"].as_str().unwrap_or_default().to_owned();
     // Alice runs on the first runtime, the one to die.
-    let token = cluster.access_token(&cluster.admin_key).await?;
-    let channel = tonic::transport::Endpoint::from_shared(cluster.runtimes[0].clone())?
-        .connect()
-        .await?;
-    RuntimeServiceClient::with_interceptor(channel, avm_tests::cluster::bearer(&token)?)
-        .run_image(rt::RunImageRequest {
-            image_id: alice.clone(),
-        })
-        .await?;
-    let (_, group) = call(
-        &cluster,
-        "POST",
-        "/v1/containers/fail/groups",
-        Some(json!({"name": "fail", "members": [{"kind": "agent", "memberId": alice}]})),
-    )
-    .await?;
-    let group_id = group["groupId"].as_str().unwrap_or_default().to_owned();
-    let (status, posted) = call(
-        &cluster,
-        "POST",
-        &format!("/v1/groups/{group_id}/messages"),
-        Some(json!({"content": "Answer me once."})),
-    )
-    .await?;
-    assert_eq!(status, 201, "{posted}");
+    let (group_id, agents) = ask_group_on_first_runtime(&cluster, "fail", &["alice"], "Answer me once.").await?;
+    let alice = &agents[0];
     mock.wait_for_requests(1, Duration::from_secs(15)).await?;
     cluster.kill_runtime(0).await?;
     let killed = Instant::now();
@@ -543,8 +573,6 @@ async fn a_group_message_whose_runtime_is_killed_is_answered_once_by_a_survivor(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wake_waiting_on_a_killed_runtime_is_taken_over_by_a_survivor() -> anyhow::Result<()> {
-    use avm_proto::runtime::v1 as rt;
-    use avm_proto::runtime::v1::runtime_service_client::RuntimeServiceClient;
     if !external_configured()? {
         return Ok(());
     }
@@ -566,56 +594,9 @@ async fn a_wake_waiting_on_a_killed_runtime_is_taken_over_by_a_survivor() -> any
         })
     };
     let mut cluster = Cluster::start(Mode::PerComponent, options).await?;
-    call(
-        &cluster,
-        "POST",
-        "/v1/containers",
-        Some(json!({"containerId": "queue"})),
-    )
-    .await?;
-    let token = cluster.access_token(&cluster.admin_key).await?;
-    let channel = tonic::transport::Endpoint::from_shared(cluster.runtimes[0].clone())?
-        .connect()
-        .await?;
-    let mut first = RuntimeServiceClient::with_interceptor(channel, avm_tests::cluster::bearer(&token)?);
-    let mut agents = Vec::new();
-    for name in ["alice", "bob"] {
-        let (status, image) = call(
-            &cluster,
-            "POST",
-            "/v1/containers/queue/images",
-            Some(json!({"name": name})),
-        )
-        .await?;
-        anyhow::ensure!(status == 201, "{image}");
-        let image_id = image["imageId"].as_str().unwrap_or_default().to_owned();
-        // Both on the runtime to die.
-        first
-            .run_image(rt::RunImageRequest {
-                image_id: image_id.clone(),
-            })
-            .await?;
-        agents.push(image_id);
-    }
-    let (_, group) = call(
-        &cluster,
-        "POST",
-        "/v1/containers/queue/groups",
-        Some(json!({"name": "queue", "members": [
-            {"kind": "agent", "memberId": agents[0]},
-            {"kind": "agent", "memberId": agents[1]},
-        ]})),
-    )
-    .await?;
-    let group_id = group["groupId"].as_str().unwrap_or_default().to_owned();
-    let (status, posted) = call(
-        &cluster,
-        "POST",
-        &format!("/v1/groups/{group_id}/messages"),
-        Some(json!({"content": "Both of you, answer once."})),
-    )
-    .await?;
-    assert_eq!(status, 201, "{posted}");
+    // Both on the runtime to die.
+    let (group_id, agents) =
+        ask_group_on_first_runtime(&cluster, "queue", &["alice", "bob"], "Both of you, answer once.").await?;
     mock.wait_for_requests(1, Duration::from_secs(15)).await?;
     assert_eq!(mock.requests().len(), 1, "the other agent waits for its turn");
     cluster.kill_runtime(0).await?;

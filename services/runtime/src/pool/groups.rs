@@ -233,8 +233,8 @@ impl AgentPool {
     }
 
     /// Wakes an image's agent and answers once it read what woke it: `false`
-    /// when it is paused or terminated (what reached it stays unread), and
-    /// unavailable when it left this replica before it was done.
+    /// when it is paused, in error or terminated (what reached it stays
+    /// unread), and unavailable when it left this replica before it was done.
     #[tracing::instrument(name = "runtime.wake_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn wake_and_read(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
         let Some((agent, wake)) = self.start_reading(ctx, image_id).await? else {
@@ -254,7 +254,7 @@ impl AgentPool {
     ) -> Result<Option<(Arc<Agent>, crate::agent::Wake)>, RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         let agent = match self.ensure_agent(ctx, image_id).await {
-            // Paused or terminated: what reached it stays unread.
+            // Paused, in error or terminated: what reached it stays unread.
             Err(err) if super::lifecycle::not_runnable(&err) => return Ok(None),
             agent => agent?.0,
         };

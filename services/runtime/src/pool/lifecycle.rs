@@ -1,4 +1,4 @@
-//! An agent's lifecycle: paused (not woken; what reaches it waits unread),
+//! An agent's lifecycle: paused or in error (not woken; what reaches it waits unread),
 //! resumed (it reads what waited), terminated (never runs again, with every
 //! agent it started). The state lives with the image, so a sleeping agent
 //! keeps it without holding anything here.
