@@ -47,12 +47,16 @@ pub fn data_dir(config: &AvmConfig) -> anyhow::Result<PathBuf> {
             .with_context(|| format!("cannot read data dir {}", dir.display()))?
             .permissions()
             .mode();
+        // Each component of `avm serve` asks for the directory: said once.
+        static WARNED: std::sync::Once = std::sync::Once::new();
         if mode & 0o077 != 0 {
-            tracing::warn!(
-                data_dir = %dir.display(),
-                mode = format!("{:o}", mode & 0o777),
-                "the data dir is readable by others; it holds signing keys (chmod 700 it)"
-            );
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    data_dir = %dir.display(),
+                    mode = format!("{:o}", mode & 0o777),
+                    "the data dir is readable by others; it holds signing keys (chmod 700 it)"
+                );
+            });
         }
     }
     Ok(dir)
