@@ -11,7 +11,7 @@ use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
 use crate::both_modes;
-use crate::groups::{image, text};
+use crate::groups::{group, image, text};
 use crate::support::{SseStream, call, call_as};
 
 /// A cluster whose LLM answers each agent with its own system prompt.
@@ -31,23 +31,6 @@ async fn mocked(mode: Mode, behavior: MockBehavior) -> anyhow::Result<(MockLlm, 
     )
     .await?;
     Ok((mock, cluster))
-}
-
-/// Creates a group of `agents` (and the caller) in `container_id`.
-async fn group(cluster: &Cluster, container_id: &str, wake_mode: &str, agents: &[&str]) -> anyhow::Result<String> {
-    let members: Vec<Value> = agents
-        .iter()
-        .map(|id| json!({"kind": "agent", "memberId": id}))
-        .collect();
-    let (status, group) = call(
-        cluster,
-        "POST",
-        &format!("/v1/containers/{container_id}/groups"),
-        Some(json!({"name": "crew", "wakeMode": wake_mode, "members": members})),
-    )
-    .await?;
-    anyhow::ensure!(status == 201, "group: {status} {group}");
-    Ok(text(&group["groupId"]))
 }
 
 /// Follows a group over SSE, from its first message.

@@ -35,6 +35,28 @@ pub(crate) fn text(value: &Value) -> String {
     value.as_str().unwrap_or_default().to_owned()
 }
 
+/// Creates a group of `agents` (and the caller) in `container_id`.
+pub(crate) async fn group(
+    cluster: &Cluster,
+    container_id: &str,
+    wake_mode: &str,
+    agents: &[&str],
+) -> anyhow::Result<String> {
+    let members: Vec<Value> = agents
+        .iter()
+        .map(|id| json!({"kind": "agent", "memberId": id}))
+        .collect();
+    let (status, group) = call(
+        cluster,
+        "POST",
+        &format!("/v1/containers/{container_id}/groups"),
+        Some(json!({"name": "crew", "wakeMode": wake_mode, "members": members})),
+    )
+    .await?;
+    anyhow::ensure!(status == 201, "group: {status} {group}");
+    Ok(text(&group["groupId"]))
+}
+
 both_modes!(a_group_of_two_agents_and_its_user_talks_in_order, rest_groups);
 
 async fn rest_groups(mode: Mode) -> anyhow::Result<()> {

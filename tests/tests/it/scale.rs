@@ -14,6 +14,7 @@ use avm_tests::ws_client::WsClient;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
+use crate::groups::{group, image};
 use crate::support::{assert_text_turn, call, conversation, send_and_finish, streamed_text};
 
 /// Returns whether Postgres and Redis are configured, saying loudly when they
@@ -79,13 +80,6 @@ async fn ask_group_on_first_runtime(
 ) -> anyhow::Result<(String, Vec<String>)> {
     use avm_proto::runtime::v1 as rt;
     use avm_proto::runtime::v1::runtime_service_client::RuntimeServiceClient;
-    call(
-        cluster,
-        "POST",
-        "/v1/containers",
-        Some(json!({"containerId": container_id})),
-    )
-    .await?;
     let token = cluster.access_token(&cluster.admin_key).await?;
     let channel = tonic::transport::Endpoint::from_shared(cluster.runtimes[0].clone())?
         .connect()
@@ -93,15 +87,7 @@ async fn ask_group_on_first_runtime(
     let mut first = RuntimeServiceClient::with_interceptor(channel, avm_tests::cluster::bearer(&token)?);
     let mut agents = Vec::new();
     for name in names {
-        let (status, image) = call(
-            cluster,
-            "POST",
-            &format!("/v1/containers/{container_id}/images"),
-            Some(json!({"name": name})),
-        )
-        .await?;
-        anyhow::ensure!(status == 201, "{image}");
-        let image_id = image["imageId"].as_str().unwrap_or_default().to_owned();
+        let image_id = image(cluster, container_id, name).await?;
         first
             .run_image(rt::RunImageRequest {
                 image_id: image_id.clone(),
@@ -109,19 +95,8 @@ async fn ask_group_on_first_runtime(
             .await?;
         agents.push(image_id);
     }
-    let members: Vec<Value> = agents
-        .iter()
-        .map(|image_id| json!({"kind": "agent", "memberId": image_id}))
-        .collect();
-    let (status, group) = call(
-        cluster,
-        "POST",
-        &format!("/v1/containers/{container_id}/groups"),
-        Some(json!({"name": container_id, "members": members})),
-    )
-    .await?;
-    anyhow::ensure!(status == 201, "{group}");
-    let group_id = group["groupId"].as_str().unwrap_or_default().to_owned();
+    let ids: Vec<&str> = agents.iter().map(String::as_str).collect();
+    let group_id = group(cluster, container_id, "all", &ids).await?;
     let (status, posted) = call(
         cluster,
         "POST",
