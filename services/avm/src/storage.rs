@@ -70,18 +70,17 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-/// Writes a secret to a file readable only by its owner.
-pub fn write_private(path: &Path, secret: &str) -> anyhow::Result<()> {
+/// Writes a secret to a new file readable only by its owner; an existing
+/// file is never overwritten (`AlreadyExists`): a key shown once and lost
+/// cannot be shown again.
+pub fn write_private(path: &Path, secret: &str) -> std::io::Result<()> {
     use std::io::Write;
     let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
+    options.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options
-        .open(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    writeln!(file, "{secret}").with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    let mut file = options.open(path)?;
+    writeln!(file, "{secret}")
 }
 
 /// Returns 256 random bits as hex, for keys a deployment makes itself.
@@ -98,19 +97,55 @@ pub async fn open_auth(config: &AvmConfig, auth_config: AuthConfig) -> anyhow::R
     let store = avm_auth::open_store(&url, config.database.max_connections).await?;
     let auth = avm_auth::AuthService::new(store, auth_config).await?;
     if let Some(first) = auth.bootstrap().await? {
-        let path = data_dir(config)?.join(ADMIN_KEY_FILE);
-        write_private(&path, &first.secret)?;
+        let dir = data_dir(config)?;
+        let path = save_admin_key(&dir, &first)?;
+        let database = redact_url(&url);
         println!(
-            "created the operator tenant {} with an admin API key (shown only this once):",
+            "created the operator tenant {} in {database} with an admin API key (shown only this once):",
             first.tenant_id
         );
         println!();
         println!("    {}", first.secret);
         println!();
         println!("saved to {} (readable only by you)", path.display());
+        if path.file_name() != Some(std::ffi::OsStr::new(ADMIN_KEY_FILE)) {
+            let earlier = dir.join(ADMIN_KEY_FILE);
+            println!(
+                "{} was left as it is: it holds the admin key of another database's operator tenant \
+                 (point AVM_DATABASE_URL at that database to use it)",
+                earlier.display()
+            );
+            tracing::warn!(
+                tenant_id = %first.tenant_id,
+                file = %path.display(),
+                kept = %earlier.display(),
+                %database,
+                "an empty database got its own operator tenant; the data dir's admin.key belongs to another database"
+            );
+        }
         tracing::info!(tenant_id = %first.tenant_id, key_id = %first.key_id, file = %path.display(), "first run: admin key created");
     }
     Ok(auth)
+}
+
+/// Writes a new operator tenant's admin key into `dir` without touching an
+/// existing key file: `admin.key`, or, when that one exists (the operator
+/// of another database, on the same data dir), `admin-<tenantId>.key`.
+fn save_admin_key(dir: &Path, first: &avm_auth::Bootstrap) -> anyhow::Result<PathBuf> {
+    let beside = format!("admin-{}.key", first.tenant_id);
+    for name in [ADMIN_KEY_FILE, beside.as_str()] {
+        let path = dir.join(name);
+        match write_private(&path, &first.secret) {
+            Ok(()) => return Ok(path),
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(err) => return Err(err).with_context(|| format!("cannot write {}", path.display())),
+        }
+    }
+    bail!(
+        "cannot save the admin key of the operator tenant {}: {} exists already",
+        first.tenant_id,
+        dir.join(beside).display()
+    )
 }
 
 /// Opens the session service on its store.
@@ -160,7 +195,7 @@ fn config_secret_key(config: &AvmConfig, allow_data_dir: bool) -> anyhow::Result
         Ok(key) => Ok(key.trim().to_owned()),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             let key = random_key();
-            write_private(&path, &key)?;
+            write_private(&path, &key).with_context(|| format!("cannot write {}", path.display()))?;
             tracing::info!(file = %path.display(), "made the key that encrypts stored secrets");
             Ok(key)
         }
