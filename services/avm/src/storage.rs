@@ -1,7 +1,7 @@
 //! Where each service keeps its data, and opening each service on it: a
 //! SQLite file per service under the data dir, or its own schema of
 //! `AVM_DATABASE_URL`; the files `avm serve` keeps beside them (the admin
-//! key, the key sealing config secrets).
+//! key, the key sealing stored secrets and signing keys).
 
 use std::path::{Path, PathBuf};
 
@@ -89,13 +89,19 @@ pub fn random_key() -> String {
     bits.iter().map(|b| format!("{b:016x}")).collect()
 }
 
-/// Opens the auth service's store and, on a fresh one, creates the operator
-/// tenant and prints its admin key once (and writes it to a file only the
-/// user can read).
-pub async fn open_auth(config: &AvmConfig, auth_config: AuthConfig) -> anyhow::Result<avm_auth::AuthService> {
+/// Opens the auth service's store, its signing keys sealed with the
+/// deployment's secret key (or, `avm serve` only, the one kept in the data
+/// dir), and, on a fresh store, creates the operator tenant and prints its
+/// admin key once (and writes it to a file only the user can read).
+pub async fn open_auth(
+    config: &AvmConfig,
+    auth_config: AuthConfig,
+    allow_data_dir_key: bool,
+) -> anyhow::Result<avm_auth::AuthService> {
     let url = store_url(config, "auth")?;
     let store = avm_auth::open_store(&url, config.database.max_connections).await?;
-    let auth = avm_auth::AuthService::new(store, auth_config).await?;
+    let seal = avm_auth::KeySeal::new(&secret_key(config, allow_data_dir_key)?).map_err(avm_common::ApiError::from)?;
+    let auth = avm_auth::AuthService::new(store, auth_config, seal).await?;
     if let Some(first) = auth.bootstrap().await? {
         let dir = data_dir(config)?;
         let path = save_admin_key(&dir, &first)?;
@@ -164,7 +170,7 @@ pub async fn open_resources(config: &AvmConfig) -> anyhow::Result<avm_resource::
 /// secrets are sealed with the configured key, or (`avm serve` only) one
 /// kept in the data dir.
 pub async fn open_config(config: &AvmConfig, allow_data_dir_key: bool) -> anyhow::Result<avm_config::ConfigService> {
-    let key = config_secret_key(config, allow_data_dir_key)?;
+    let key = secret_key(config, allow_data_dir_key)?;
     let store = avm_config::open_store(&store_url(config, "config")?, config.database.max_connections).await?;
     Ok(avm_config::ConfigService::new(store, config.deployment(), &key)?)
 }
@@ -179,15 +185,18 @@ pub async fn open_observability(config: &AvmConfig) -> anyhow::Result<avm_observ
     ))
 }
 
-/// Returns the key material that seals the config service's stored secrets.
-fn config_secret_key(config: &AvmConfig, allow_data_dir: bool) -> anyhow::Result<String> {
+/// Returns the key material that seals stored secrets: the config
+/// service's (LLM keys, MCP credentials) and the auth service's token
+/// signing keys.
+fn secret_key(config: &AvmConfig, allow_data_dir: bool) -> anyhow::Result<String> {
     if let Some(key) = config.config.secret_key.expose() {
         return Ok(key.to_owned());
     }
     if !allow_data_dir {
         bail!(
             "AVM_CONFIG_SECRET_KEY is required: 32+ random characters (e.g. `openssl rand -hex 32`), \
-             the same on every config replica; it encrypts stored secrets such as llm.apiKey"
+             the same on every config and auth replica; it encrypts stored secrets such as llm.apiKey \
+             and the keys that sign access tokens"
         );
     }
     let path = data_dir(config)?.join(CONFIG_KEY_FILE);
