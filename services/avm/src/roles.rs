@@ -192,7 +192,7 @@ impl Credentials {
 
     /// Returns the gateway's authenticator.
     fn authenticator(&self, config: &AvmConfig) -> avm_gateway::Authenticator {
-        avm_gateway::Authenticator::new(self.verifier.clone(), self.auth.clone(), config.auth.oidc.is_some())
+        avm_gateway::Authenticator::new(self.verifier.clone(), self.identity.clone(), config.auth.oidc.is_some())
     }
 }
 
