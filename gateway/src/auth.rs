@@ -104,6 +104,21 @@ impl Authenticator {
         self.verifier.check_revoked(&caller.principal)
     }
 
+    /// Resolves, with the reason, once `principal`'s key is revoked or its
+    /// user or tenant deleted; until then it waits, waking only when such
+    /// an event arrives. A stream that outlives its request ends on it.
+    pub async fn revoked(&self, principal: &Principal) -> ApiError {
+        let mut revocations = self.verifier.revocations();
+        loop {
+            if let Err(err) = self.verifier.check_revoked(principal) {
+                return err;
+            }
+            if revocations.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
     /// Returns what keeps this gateway from authenticating soundly: the auth
     /// service refusing its service key, or the auth event stream (key
     /// revocations) not being live, each with a reason and why.

@@ -91,6 +91,9 @@ struct Inner {
     state: RwLock<AuthState>,
     /// Whether the event stream is live (its snapshot received).
     watching: AtomicBool,
+    /// Counts the revocations and deletions applied, so long-lived streams
+    /// re-check their caller when one arrives rather than at their next event.
+    revocations: tokio::sync::watch::Sender<u64>,
 }
 
 /// Verifies access tokens locally; cheap to clone.
@@ -126,6 +129,7 @@ impl TokenVerifier {
                 fetches: std::sync::atomic::AtomicU64::new(0),
                 state: RwLock::new(AuthState::default()),
                 watching: AtomicBool::new(false),
+                revocations: tokio::sync::watch::Sender::new(0),
             }),
         }
     }
@@ -245,6 +249,13 @@ impl TokenVerifier {
             .is_some_and(|at| *at >= since_ms)
     }
 
+    /// Returns a receiver that changes whenever a key is revoked or a user or
+    /// tenant deleted: the moment to re-check long-lived callers with
+    /// [`TokenVerifier::check_revoked`].
+    pub fn revocations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.revocations.subscribe()
+    }
+
     /// Returns whether the auth event stream is live; while it is not,
     /// revocations may be missed and callers should re-check credentials often.
     pub fn is_watching(&self) -> bool {
@@ -253,6 +264,19 @@ impl TokenVerifier {
 
     /// Records one auth event.
     pub fn apply(&self, event: &pb::AuthEvent) {
+        use pb::auth_event::Kind;
+        self.record(event);
+        if matches!(
+            event.kind,
+            Some(Kind::KeyRevoked(_) | Kind::UserDeleted(_) | Kind::TenantDeleted(_))
+        ) {
+            self.inner
+                .revocations
+                .send_modify(|count| *count = count.wrapping_add(1));
+        }
+    }
+
+    fn record(&self, event: &pb::AuthEvent) {
         use pb::auth_event::Kind;
         let at = event.at_ms;
         let mut state = self.state_mut();
