@@ -340,10 +340,20 @@ impl Cluster {
     /// Starts `component` again (after [`Cluster::kill_component`]) with its
     /// environment, on the address it had, so its peers find it again.
     pub async fn restart_component(&mut self, component: &str) -> anyhow::Result<()> {
-        let (env, url, slot) = {
+        self.restart_component_with(component, &[]).await
+    }
+
+    /// Starts `component` again as [`Cluster::restart_component`] does, with
+    /// `overrides` on top of its environment (say another service key).
+    pub async fn restart_component_with(&mut self, component: &str, overrides: &[(&str, &str)]) -> anyhow::Result<()> {
+        let (mut env, url, slot) = {
             let found = self.component(component)?;
             (found.env.clone(), found.url.clone(), found.slot)
         };
+        for (name, value) in overrides {
+            env.retain(|(key, _)| key != name);
+            env.push(((*name).to_owned(), (*value).to_owned()));
+        }
         let listen = url
             .strip_prefix("http://")
             .context("a component URL is http://")?
