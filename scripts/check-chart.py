@@ -204,8 +204,9 @@ def check_env(check: Check, where: str, component: str, container: dict, values:
         wanted.add("AVM_REDIS_KEY_PREFIX")
         if has_redis:
             wanted.add("AVM_REDIS_URL")
-    if component == "config":
+    if component in ("config", "auth"):
         wanted.add("AVM_CONFIG_SECRET_KEY")
+    if component == "config":
         if has_llm_key:
             wanted.add("LLM_API_KEY")
     if component == "runtime":
@@ -219,7 +220,9 @@ def check_env(check: Check, where: str, component: str, container: dict, values:
     for name in sorted(wanted - env.keys()):
         check.problems.append(f"{where}: no {name} in the environment")
     # Secrets only where they are needed.
-    for name in ("AVM_CONFIG_SECRET_KEY", "LLM_API_KEY", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL"):
+    check.expect(component in ("config", "auth") or "AVM_CONFIG_SECRET_KEY" not in env, where,
+                 f"AVM_CONFIG_SECRET_KEY given to {component}")
+    for name in ("LLM_API_KEY", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL"):
         check.expect(component == "config" or name not in env, where, f"{name} given to {component}")
     check.expect(component in STORAGE or "AVM_DATABASE_URL" not in env, where, "AVM_DATABASE_URL given")
     for name, peer in (("AVM_AUTH_ADDR", "auth"), ("AVM_RUNTIME_ADDR", "runtime")):

@@ -129,14 +129,15 @@ impl Deployment {
                     1
                 };
                 let mut peers = Vec::new();
+                // Seals stored secrets (config) and the token signing keys (auth).
+                let secret_key = format!("cfg-bench-{:032x}", rand_u128());
                 for component in COMPONENTS {
                     let mut own = env.clone();
                     own.extend(peers.iter().cloned());
+                    if component == "config" || component == "auth" {
+                        own.push(("AVM_CONFIG_SECRET_KEY".into(), secret_key.clone()));
+                    }
                     if component == "config" {
-                        own.push((
-                            "AVM_CONFIG_SECRET_KEY".into(),
-                            format!("cfg-bench-{:032x}", rand_u128()),
-                        ));
                         own.extend(llm.iter().cloned());
                     }
                     let (process, urls) =

@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use avm_common::auth::{API_KEY_PREFIX, Limits, MAX_TOKEN_BYTES, Principal, Role, Scopes, TokenVerifier};
+use avm_common::auth::{
+    API_KEY_PREFIX, Limits, MAX_TOKEN_BYTES, Principal, Role, Scopes, ServiceIdentity, TokenVerifier,
+};
 use avm_common::{ApiError, Code, RequestContext};
 use avm_proto::auth::v1 as pb;
 use avm_proto::auth::v1::AuthServiceHandle;
@@ -49,6 +51,8 @@ struct Cached {
 pub struct Authenticator {
     verifier: TokenVerifier,
     auth: AuthServiceHandle,
+    /// The gateway's own credential, which follows the auth events.
+    identity: ServiceIdentity,
     /// Exchanges by SHA-256 of the credential, so the map never holds one.
     cache: Arc<Mutex<HashMap<[u8; 32], Cached>>>,
     /// Whether external (OIDC) tokens may be exchanged.
@@ -58,11 +62,13 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
-    /// Returns an authenticator verifying with `verifier` and exchanging at `auth`.
-    pub fn new(verifier: TokenVerifier, auth: AuthServiceHandle, external: bool) -> Self {
+    /// Returns an authenticator verifying with `verifier` (which follows
+    /// the auth events as `identity`) and exchanging at `identity`'s auth service.
+    pub fn new(verifier: TokenVerifier, identity: ServiceIdentity, external: bool) -> Self {
         Self {
             verifier,
-            auth,
+            auth: identity.auth().clone(),
+            identity,
             cache: Arc::new(Mutex::new(HashMap::new())),
             external,
             anonymous: None,
@@ -96,6 +102,43 @@ impl Authenticator {
     /// fails once its credential is revoked or its token expired.
     pub fn still_valid(&self, caller: &Caller) -> Result<(), ApiError> {
         self.verifier.check_revoked(&caller.principal)
+    }
+
+    /// Resolves, with the reason, once `principal`'s key is revoked or its
+    /// user or tenant deleted; until then it waits, waking only when such
+    /// an event arrives. A stream that outlives its request ends on it.
+    pub async fn revoked(&self, principal: &Principal) -> ApiError {
+        let mut revocations = self.verifier.revocations();
+        loop {
+            if let Err(err) = self.verifier.check_revoked(principal) {
+                return err;
+            }
+            if revocations.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// Returns what keeps this gateway from authenticating soundly: the auth
+    /// service refusing its service key, or the auth event stream (key
+    /// revocations) not being live, each with a reason and why.
+    pub fn unready(&self) -> Vec<Unready> {
+        let mut unready = Vec::new();
+        if self.identity.is_refused() {
+            unready.push(Unready {
+                dependency: "auth.credentials",
+                reason: "SERVICE_KEY_REFUSED",
+                message: "the auth service refuses this gateway's service key (AVM_AUTH_SERVICE_KEY)",
+            });
+        }
+        if !self.verifier.is_watching() {
+            unready.push(Unready {
+                dependency: "auth.events",
+                reason: "AUTH_EVENTS_DOWN",
+                message: "the auth event stream is not live: revoked keys would not be refused",
+            });
+        }
+        unready
     }
 
     async fn authenticate_credential(&self, credential: &str) -> Result<Caller, ApiError> {
@@ -180,6 +223,16 @@ impl Authenticator {
     fn cache(&self) -> MutexGuard<'_, HashMap<[u8; 32], Cached>> {
         self.cache.lock().unwrap_or_else(|poison| poison.into_inner())
     }
+}
+
+/// A dependency the gateway cannot work soundly without, and why it fails.
+#[derive(Clone, Copy, Debug)]
+pub struct Unready {
+    /// What fails, as `/ready` names it.
+    pub dependency: &'static str,
+    /// A stable reason.
+    pub reason: &'static str,
+    pub message: &'static str,
 }
 
 #[derive(Clone, Copy)]

@@ -31,6 +31,14 @@ pub struct GatewayConfig {
     /// How long a WebSocket without a credential has to send its `auth` frame.
     #[serde(with = "humantime_serde")]
     pub auth_timeout: Duration,
+    /// Failed `POST /v1/auth/token` calls one client may make in a burst;
+    /// then one more every 60/N seconds, and 429 meanwhile (0: no limit).
+    pub failed_token_exchanges_per_minute: u32,
+    /// The header a proxy in front of the gateway names the client in
+    /// (`x-forwarded-for`: its last address; `x-real-ip`); unset, the
+    /// client is the connection's peer. Set it only behind such a proxy: a
+    /// client reaching the gateway directly could name anyone.
+    pub client_ip_header: Option<String>,
 }
 
 impl Default for GatewayConfig {
@@ -45,6 +53,8 @@ impl Default for GatewayConfig {
             max_connections: 10_000,
             max_unacked: 1024,
             auth_timeout: Duration::from_secs(10),
+            failed_token_exchanges_per_minute: 10,
+            client_ip_header: None,
         }
     }
 }

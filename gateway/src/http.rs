@@ -3,6 +3,7 @@
 //! the API's error document `{"error":{"code","message","requestId"}}`.
 
 use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use avm_common::auth::parse_bearer;
 use avm_common::trace::TraceParent;
 use avm_common::{ApiError, Code, RequestContext};
 use axum::body::Bytes;
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request};
 use axum::http::header::{AUTHORIZATION, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -81,6 +82,36 @@ pub fn bearer_credential(headers: &HeaderMap) -> Result<Option<&str>, ApiError> 
             .and_then(parse_bearer)
             .map(Some)
             .ok_or_else(avm_common::auth::invalid_token),
+    }
+}
+
+/// The client of an HTTP call: the connection's peer, or, behind a proxy
+/// the gateway was told to trust (`[gateway] client_ip_header`), the address
+/// that proxy names. `None` when neither is known.
+pub struct ClientAddr(pub Option<IpAddr>);
+
+impl FromRequestParts<Arc<GatewayState>> for ClientAddr {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<GatewayState>) -> Result<Self, Self::Rejection> {
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(addr)| addr.ip());
+        let Some(header) = state.config.client_ip_header.as_deref() else {
+            return Ok(ClientAddr(peer));
+        };
+        // The last address is the one the trusted proxy added; any before it
+        // came from the client and prove nothing.
+        let named = parts
+            .headers
+            .get_all(header)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .next_back()
+            .and_then(|last| last.trim().parse::<IpAddr>().ok());
+        Ok(ClientAddr(named.or(peer)))
     }
 }
 
@@ -295,7 +326,7 @@ pub fn rate_limit_error(wait: Duration) -> ApiError {
 }
 
 /// Renders a 429 with `Retry-After`.
-fn rate_limited(wait: Duration, request_id: &str) -> Response {
+pub fn rate_limited(wait: Duration, request_id: &str) -> Response {
     let mut response = error_response(&rate_limit_error(wait), request_id);
     response
         .headers_mut()

@@ -7,12 +7,17 @@
 //! in Redis (`AVM_REDIS_URL`) through one atomic script per request; should
 //! Redis fail, each replica falls back to its own counters rather than
 //! refusing every request.
+//!
+//! Failed token exchanges are counted per client address the same way (in
+//! Redis when configured): a client past its burst of failures is refused
+//! before its next credential is even looked at, so guessing costs time.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use avm_common::ApiError;
 use avm_common::auth::{Principal, Role};
@@ -49,11 +54,24 @@ end
 return 0
 ";
 
-/// Per-tenant and per-key request limits.
+/// The wait a GCRA bucket asks before its next cell, without charging it.
+/// KEYS[1]: the bucket; ARGV[1]: its tolerance (microseconds). Returns 0
+/// when a cell is free, else the wait in microseconds.
+const GCRA_PEEK_SCRIPT: &str = r"
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) * 1000000 + tonumber(now_parts[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+local allow_at = tat - tonumber(ARGV[1])
+if now < allow_at then return allow_at - now end
+return 0
+";
+
+/// Per-tenant and per-key request limits, and failed token exchanges per client.
 #[derive(Clone, Default)]
 pub struct RateLimiter {
     local: LocalLimiter,
     shared: Option<SharedLimiter>,
+    failures: LocalFailures,
 }
 
 impl RateLimiter {
@@ -83,8 +101,41 @@ impl RateLimiter {
                 connection,
                 prefix: format!("{prefix}rl:"),
                 script: Arc::new(redis::Script::new(GCRA_SCRIPT)),
+                peek: Arc::new(redis::Script::new(GCRA_PEEK_SCRIPT)),
             }),
+            failures: LocalFailures::default(),
         })
+    }
+
+    /// Returns how long `client` must wait before its next token exchange
+    /// when its failures used up the burst of `per_minute`; `Ok` otherwise
+    /// (and always when `per_minute` is 0).
+    pub async fn check_failures(&self, client: IpAddr, per_minute: u32) -> Result<(), Duration> {
+        let Some(bucket) = FailureBucket::new(client, per_minute) else {
+            return Ok(());
+        };
+        if let Some(shared) = &self.shared {
+            match shared.peek(&bucket).await {
+                Ok(result) => return result,
+                Err(err) => tracing::warn!(error = %err, "redis rate limiting failed; counting in this process"),
+            }
+        }
+        self.failures.peek(&bucket)
+    }
+
+    /// Counts one failed token exchange of `client`.
+    pub async fn record_failure(&self, client: IpAddr, per_minute: u32) {
+        let Some(bucket) = FailureBucket::new(client, per_minute) else {
+            return;
+        };
+        if let Some(shared) = &self.shared {
+            let charged = shared.check(&[(bucket.key.clone(), per_minute)]).await;
+            match charged {
+                Ok(_) => return,
+                Err(err) => tracing::warn!(error = %err, "redis rate limiting failed; counting in this process"),
+            }
+        }
+        self.failures.charge(&bucket);
     }
 
     /// Admits one request of `principal`, or returns how long to wait.
@@ -164,11 +215,72 @@ impl LocalLimiter {
     }
 }
 
+/// The failure bucket of one client: a burst of `per_minute` failures,
+/// then one more every 60/`per_minute` seconds.
+struct FailureBucket {
+    key: String,
+    interval: Duration,
+    tolerance: Duration,
+}
+
+impl FailureBucket {
+    fn new(client: IpAddr, per_minute: u32) -> Option<Self> {
+        let per_minute = NonZeroU32::new(per_minute)?;
+        let interval = Duration::from_secs(60) / per_minute.get();
+        Some(Self {
+            // An IPv6 client is counted by its /64, which one host usually holds whole.
+            key: match client {
+                IpAddr::V4(ip) => format!("fx:{ip}"),
+                IpAddr::V6(ip) => format!("fx:{:x}", u128::from(ip) >> 64),
+            },
+            interval,
+            tolerance: interval * (per_minute.get() - 1),
+        })
+    }
+}
+
+/// Failure buckets in this process: GCRA written out, since governor cannot
+/// tell whether a bucket has room without charging it.
+#[derive(Clone, Default)]
+struct LocalFailures {
+    /// Theoretical arrival time of each client's next failure.
+    tats: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+impl LocalFailures {
+    /// Most clients remembered; full buckets are forgotten first.
+    const MAX_CLIENTS: usize = 100_000;
+
+    fn peek(&self, bucket: &FailureBucket) -> Result<(), Duration> {
+        let now = Instant::now();
+        let tats = self.tats.lock().unwrap_or_else(|poison| poison.into_inner());
+        match tats.get(&bucket.key) {
+            Some(tat) if now + bucket.tolerance < *tat => Err(*tat - bucket.tolerance - now),
+            _ => Ok(()),
+        }
+    }
+
+    fn charge(&self, bucket: &FailureBucket) {
+        let now = Instant::now();
+        let mut tats = self.tats.lock().unwrap_or_else(|poison| poison.into_inner());
+        if tats.len() >= Self::MAX_CLIENTS {
+            tats.retain(|_, tat| *tat > now);
+        }
+        let tat = tats.get(&bucket.key).copied().filter(|tat| *tat > now).unwrap_or(now);
+        // Past the burst the bucket is not charged further: a client waits
+        // out its limit, not every attempt it made while refused.
+        if now + bucket.tolerance >= tat {
+            tats.insert(bucket.key.clone(), tat + bucket.interval);
+        }
+    }
+}
+
 #[derive(Clone)]
 struct SharedLimiter {
     connection: ConnectionManager,
     prefix: String,
     script: Arc<redis::Script>,
+    peek: Arc<redis::Script>,
 }
 
 impl SharedLimiter {
@@ -183,6 +295,21 @@ impl SharedLimiter {
                 .arg(tolerance);
         }
         let wait_us: u64 = invocation.invoke_async(&mut self.connection.clone()).await?;
+        Ok(if wait_us == 0 {
+            Ok(())
+        } else {
+            Err(Duration::from_micros(wait_us))
+        })
+    }
+
+    async fn peek(&self, bucket: &FailureBucket) -> redis::RedisResult<Result<(), Duration>> {
+        let tolerance = u64::try_from(bucket.tolerance.as_micros()).unwrap_or(u64::MAX);
+        let wait_us: u64 = self
+            .peek
+            .key(format!("{}{}", self.prefix, bucket.key))
+            .arg(tolerance)
+            .invoke_async(&mut self.connection.clone())
+            .await?;
         Ok(if wait_us == 0 {
             Ok(())
         } else {
@@ -245,6 +372,30 @@ mod tests {
         let limiter = RateLimiter::new();
         assert_eq!(admitted(&limiter, &principal(100, 3), 20).await, 3);
         assert_eq!(admitted(&limiter, &principal(0, 0), 1000).await, 1000);
+    }
+
+    /// Issue 26 item 15: failed token exchanges are limited per client: a
+    /// burst passes, the next attempt must wait, whatever its credential,
+    /// and another client is not held back.
+    #[tokio::test]
+    async fn failed_exchanges_of_a_client_are_limited_after_a_burst() {
+        let limiter = RateLimiter::new();
+        let client: IpAddr = [192, 0, 2, 1].into();
+        let other: IpAddr = [192, 0, 2, 2].into();
+        for _ in 0..10 {
+            assert!(limiter.check_failures(client, 10).await.is_ok());
+            limiter.record_failure(client, 10).await;
+        }
+        let wait = limiter.check_failures(client, 10).await.err().unwrap_or_default();
+        assert!(wait > Duration::ZERO && wait <= Duration::from_secs(6), "{wait:?}");
+        // Refused attempts are not counted on top: the wait does not grow.
+        for _ in 0..100 {
+            limiter.record_failure(client, 10).await;
+        }
+        let later = limiter.check_failures(client, 10).await.err().unwrap_or_default();
+        assert!(later <= wait, "{later:?} > {wait:?}");
+        assert!(limiter.check_failures(other, 10).await.is_ok());
+        assert!(limiter.check_failures(client, 0).await.is_ok(), "0 turns it off");
     }
 
     #[test]

@@ -44,7 +44,12 @@ pub async fn serve(
             tracing::debug!(error = %err, "cannot set TCP_NODELAY");
         }
     });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    // Each request knows its peer's address: failed token exchanges are
+    // limited per client.
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { shutdown.cancelled().await })
+    .await
 }

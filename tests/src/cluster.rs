@@ -340,10 +340,20 @@ impl Cluster {
     /// Starts `component` again (after [`Cluster::kill_component`]) with its
     /// environment, on the address it had, so its peers find it again.
     pub async fn restart_component(&mut self, component: &str) -> anyhow::Result<()> {
-        let (env, url, slot) = {
+        self.restart_component_with(component, &[]).await
+    }
+
+    /// Starts `component` again as [`Cluster::restart_component`] does, with
+    /// `overrides` on top of its environment (say another service key).
+    pub async fn restart_component_with(&mut self, component: &str, overrides: &[(&str, &str)]) -> anyhow::Result<()> {
+        let (mut env, url, slot) = {
             let found = self.component(component)?;
             (found.env.clone(), found.url.clone(), found.slot)
         };
+        for (name, value) in overrides {
+            env.retain(|(key, _)| key != name);
+            env.push(((*name).to_owned(), (*value).to_owned()));
+        }
         let listen = url
             .strip_prefix("http://")
             .context("a component URL is http://")?
@@ -385,24 +395,44 @@ impl Cluster {
         }
     }
 
+    /// Returns the auth service's current signing key as its database holds
+    /// it: its kid, and its private half as stored (sealed).
+    pub async fn stored_signing_key(&self) -> anyhow::Result<avm_auth::SigningKeyRecord> {
+        const CURRENT: &str = "SELECT kid, private_key, public_jwk, created_at_ms FROM signing_keys \
+                               WHERE retired_at_ms IS NULL ORDER BY created_at_ms DESC LIMIT 1";
+        let (kid, private_key, public_jwk, created_at_ms): (String, Vec<u8>, String, i64) =
+            match &self.options.database_url {
+                Some(url) => {
+                    let url = avm_store::db::service_url(url, "auth")?;
+                    let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await?;
+                    sqlx::query_as(CURRENT).fetch_one(&mut connection).await?
+                }
+                None => {
+                    let url = format!("sqlite://{}?mode=ro", self.data_dir.join("auth.db").display());
+                    let mut connection = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url).await?;
+                    sqlx::query_as(CURRENT).fetch_one(&mut connection).await?
+                }
+            };
+        Ok(avm_auth::SigningKeyRecord {
+            kid,
+            private_key,
+            public_jwk,
+            created_at_ms,
+            retired_at_ms: None,
+        })
+    }
+
     /// Returns the auth service's current signing key, read from its
-    /// database, for tests that forge tokens.
+    /// database and opened with the deployment's secret key, for tests that
+    /// forge tokens as someone holding both would.
     pub async fn signing_key(&self) -> anyhow::Result<avm_common::auth::SigningKey> {
-        const CURRENT: &str = "SELECT kid, private_key FROM signing_keys WHERE retired_at_ms IS NULL \
-                               ORDER BY created_at_ms DESC LIMIT 1";
-        let (kid, der): (String, Vec<u8>) = match &self.options.database_url {
-            Some(url) => {
-                let url = avm_store::db::service_url(url, "auth")?;
-                let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await?;
-                sqlx::query_as(CURRENT).fetch_one(&mut connection).await?
-            }
-            None => {
-                let url = format!("sqlite://{}?mode=ro", self.data_dir.join("auth.db").display());
-                let mut connection = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url).await?;
-                sqlx::query_as(CURRENT).fetch_one(&mut connection).await?
-            }
+        let material = match self.mode {
+            Mode::PerComponent => TEST_CONFIG_SECRET_KEY.to_owned(),
+            // `avm serve` keeps its own in the data dir.
+            Mode::OneProcess => std::fs::read_to_string(self.data_dir.join(avm::CONFIG_KEY_FILE))?,
         };
-        Ok(avm_common::auth::SigningKey::from_pkcs8(kid, der)?)
+        let seal = avm_auth::KeySeal::new(&material)?;
+        Ok(seal.open(&self.stored_signing_key().await?)?)
     }
 
     /// Exchanges an API key for an access token at the auth service's gRPC.
@@ -668,8 +698,11 @@ impl Cluster {
                 slot,
             });
         };
-        let (child, auth) = spawn_component("auth", &env, logs.clone()).await?;
-        remember("auth", &env, &auth, children.len());
+        // The auth service seals its signing keys with the deployment's secret key.
+        let mut auth_env = env.clone();
+        auth_env.push(("AVM_CONFIG_SECRET_KEY".into(), TEST_CONFIG_SECRET_KEY.into()));
+        let (child, auth) = spawn_component("auth", &auth_env, logs.clone()).await?;
+        remember("auth", &auth_env, &auth, children.len());
         children.push(child);
         self.auth_grpc = auth;
         env.push(("AVM_AUTH_ADDR".into(), self.auth_grpc.clone()));
@@ -933,8 +966,10 @@ impl Cluster {
             ("AVM_RUNTIME_ADDR", &self.runtime_grpc),
         ];
         env.extend(peers.map(|(name, url)| (name.to_owned(), url.clone())));
-        if component == "config" {
+        if component == "config" || component == "auth" {
             env.push(("AVM_CONFIG_SECRET_KEY".into(), TEST_CONFIG_SECRET_KEY.into()));
+        }
+        if component == "config" {
             env.extend(self.llm_env());
         }
         for (name, value) in overrides {

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use avm_common::Code;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -11,7 +12,10 @@ use crate::api::auth::{
     self, AccessToken, ApiKey, Caller, KeyCreated, KeyFilter, KeyList, NewKey, NewTenant, NewUser, Quota, QuotaQuery,
     Rotated, Tenant, TenantCreated, TenantDeleted, TenantList, TenantUpdate, TokenRequest, User, UserDeleted, UserList,
 };
-use crate::http::{Body, Ctx, Path, Query, RequestId, bearer_credential, error_response, ok, reply, with_request_id};
+use crate::http::{
+    Body, ClientAddr, Ctx, Path, Query, RequestId, bearer_credential, error_response, ok, rate_limited, reply,
+    with_request_id,
+};
 use crate::state::GatewayState;
 
 type St = State<Arc<GatewayState>>;
@@ -124,22 +128,42 @@ pub async fn revoke_api_key(State(state): St, Ctx(ctx): Ctx, Path(id): Path<Stri
 
 /// Exchanges an API key (body `apiKey`, or the `Authorization` header) or a
 /// token of the configured OIDC issuer (`subjectToken`) for an access token.
+/// A client whose exchanges failed `[gateway] failed_token_exchanges_per_minute`
+/// times in a burst gets 429 `RATE_LIMITED` with `Retry-After` until it slows down.
 #[utoipa::path(post, path = "/v1/auth/token", tag = "keys", request_body = TokenRequest, security(()),
     responses((status = 200, description = "A short-lived access token", body = AccessToken)))]
 pub async fn exchange_token(
     State(state): St,
     RequestId(request_id): RequestId,
+    ClientAddr(client): ClientAddr,
     headers: HeaderMap,
     Body(request): Body<TokenRequest>,
 ) -> Response {
+    // A client past its burst of failures is refused before its credential
+    // is looked at: a right guess would answer the same 429 as a wrong one.
+    let per_minute = state.config.failed_token_exchanges_per_minute;
+    if let Some(client) = client
+        && let Err(wait) = state.limiter.check_failures(client, per_minute).await
+    {
+        return rate_limited(wait, &request_id);
+    }
     let header_key = match bearer_credential(&headers) {
         Ok(key) => key,
         Err(err) if request.api_key.is_none() && request.subject_token.is_none() => {
+            if let Some(client) = client {
+                state.limiter.record_failure(client, per_minute).await;
+            }
             return error_response(&err, &request_id);
         }
         Err(_) => None,
     };
-    match auth::exchange_token(&state.peers, request, header_key).await {
+    let exchanged = auth::exchange_token(&state.peers, request, header_key).await;
+    if let (Err(err), Some(client)) = (&exchanged, client)
+        && err.code == Code::Unauthenticated
+    {
+        state.limiter.record_failure(client, per_minute).await;
+    }
+    match exchanged {
         Ok(token) => {
             let mut response = with_request_id((StatusCode::OK, axum::Json(token)).into_response(), &request_id);
             // A token is a credential: no cache may keep it.

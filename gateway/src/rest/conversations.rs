@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use futures::future::BoxFuture;
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -176,7 +177,11 @@ pub async fn send_message(
     match images::send(&state.peers, &ctx, id, message).await {
         Ok((accepted, events)) => {
             let first = accepted_event(&accepted);
-            sse(futures::stream::once(async { first }).chain(sse_events(events)), &ctx)
+            sse(
+                &state,
+                futures::stream::once(async { first }).chain(sse_events(events)),
+                &ctx,
+            )
         }
         Err(err) => error_response(&err, &ctx.request_id),
     }
@@ -221,7 +226,7 @@ pub async fn image_events(
 ) -> Response {
     let after = query.resume_after(&headers);
     match images::events(&state.peers, &ctx, id, after).await {
-        Ok(events) => sse(sse_events(events), &ctx),
+        Ok(events) => sse(&state, sse_events(events), &ctx),
         Err(err) => error_response(&err, &ctx.request_id),
     }
 }
@@ -250,7 +255,25 @@ fn sse_error(err: &ApiError) -> Event {
         .data(system_error_frame(err, None))
 }
 
-pub(crate) fn sse(events: impl Stream<Item = Event> + Send + 'static, ctx: &RequestContext) -> Response {
+/// Serves events as SSE until they end, or until the caller's key is
+/// revoked (or its user or tenant deleted): then a `system_error` event
+/// (`CREDENTIAL_REVOKED`) ends the stream.
+pub(crate) fn sse(
+    state: &GatewayState,
+    events: impl Stream<Item = Event> + Send + 'static,
+    ctx: &RequestContext,
+) -> Response {
+    let auth = state.auth.clone();
+    let principal = Arc::clone(&ctx.principal);
+    let revoked: BoxFuture<'static, ApiError> = Box::pin(async move { auth.revoked(&principal).await });
+    let events = futures::stream::unfold(Some((Box::pin(events), revoked)), |open| async move {
+        let (mut events, mut revoked) = open?;
+        tokio::select! {
+            biased;
+            err = &mut revoked => Some((sse_error(&err), None)),
+            event = events.next() => event.map(|event| (event, Some((events, revoked)))),
+        }
+    });
     let stream = events.map(Ok::<_, Infallible>);
     with_request_id(
         Sse::new(stream).keep_alive(KeepAlive::default()).into_response(),

@@ -128,7 +128,7 @@ pub async fn list_group_messages(
     }
     let history = Some(query.after.unwrap_or(0));
     match groups::events(&state.peers, &ctx, group_id, None, history).await {
-        Ok(events) => sse(sse_events(events), &ctx),
+        Ok(events) => sse(&state, sse_events(events), &ctx),
         Err(err) => error_response(&err, &ctx.request_id),
     }
 }
@@ -146,7 +146,7 @@ pub async fn group_events(
 ) -> Response {
     let after = query.resume_after(&headers);
     match groups::events(&state.peers, &ctx, group_id, after, None).await {
-        Ok(events) => sse(sse_events(events), &ctx),
+        Ok(events) => sse(&state, sse_events(events), &ctx),
         Err(err) => error_response(&err, &ctx.request_id),
     }
 }

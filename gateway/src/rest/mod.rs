@@ -36,9 +36,25 @@ pub struct Health {
 pub struct Readiness {
     /// `ready` or `not_ready`.
     pub status: String,
-    /// The services that do not answer their health check.
+    /// What fails: the services that do not answer their health check,
+    /// `auth.credentials` (the auth service refuses this gateway's service
+    /// key), `auth.events` (the stream of key revocations is not live),
+    /// `stopping`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failing: Vec<String>,
+    /// Why, for what is not a peer's health check.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<ReadinessProblem>,
+}
+
+/// One reason `/ready` says not ready.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReadinessProblem {
+    /// What fails, as in `failing`.
+    pub dependency: String,
+    /// A stable reason, e.g. `SERVICE_KEY_REFUSED`, `AUTH_EVENTS_DOWN`.
+    pub code: String,
+    pub message: String,
 }
 
 #[utoipa::path(get, path = "/health", tag = "system", security(()),
@@ -52,10 +68,13 @@ pub async fn health() -> Response {
 }
 
 #[utoipa::path(get, path = "/ready", tag = "system", security(()),
-    responses((status = 200, description = "Every service the gateway needs answers", body = Readiness),
-              (status = 503, description = "Some do not", body = Readiness)))]
+    responses((status = 200, description = "Every service the gateway needs answers, accepts its credentials, \
+        and the auth event stream is live", body = Readiness),
+              (status = 503, description = "Something fails: `failing` names it", body = Readiness)))]
 pub async fn ready(State(state): State<Arc<GatewayState>>) -> Response {
     let mut failing = state.peers.unhealthy().await;
+    let unready = state.auth.unready();
+    failing.extend(unready.iter().map(|problem| problem.dependency));
     if state.stopping.is_cancelled() {
         failing.push("stopping");
     }
@@ -67,6 +86,14 @@ pub async fn ready(State(state): State<Arc<GatewayState>>) -> Response {
     let body = Readiness {
         status: if failing.is_empty() { "ready" } else { "not_ready" }.to_owned(),
         failing: failing.into_iter().map(str::to_owned).collect(),
+        problems: unready
+            .into_iter()
+            .map(|problem| ReadinessProblem {
+                dependency: problem.dependency.to_owned(),
+                code: problem.reason.to_owned(),
+                message: problem.message.to_owned(),
+            })
+            .collect(),
     };
     (status, axum::Json(body)).into_response()
 }

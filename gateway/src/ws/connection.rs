@@ -113,12 +113,17 @@ pub(super) struct Connection {
     window_start: Instant,
     window_frames: u32,
     last_seen: Instant,
+    /// Changes when a key is revoked or a user or tenant deleted anywhere:
+    /// the connection then re-checks its caller and ends if it was theirs.
+    revocations: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Connection {
     pub(super) fn new(state: Arc<GatewayState>, ack: bool, credential: Option<String>, caller: Option<Caller>) -> Self {
         let id = avm_common::ids::new_id("conn");
+        let revocations = state.auth.verifier().revocations();
         Self {
+            revocations,
             credential: credential.map(Arc::from),
             caller,
             state,
@@ -181,6 +186,7 @@ impl Connection {
                         Ok(relay) => Box::pin(self.on_event(&session_id, relay, &mut socket)).await,
                         Err(exit) => Err(exit),
                     },
+                    Ok(()) = self.revocations.changed(), if self.caller.is_some() => Box::pin(self.on_revocation(&mut socket)).await,
                     _ = ping.tick() => Box::pin(self.on_ping(&mut socket)).await,
                     () = shutdown.cancelled() => Err(Exit::Close(close_code::AWAY, "server shutting down".into())),
                 };
@@ -231,6 +237,18 @@ impl Connection {
                 ))
             }
         }
+    }
+
+    /// Ends the connection, with an error frame and a 1008 close, when a
+    /// revocation just applied is its caller's: subscriptions made with a
+    /// revoked key stop within the time the event takes to arrive, idle or not.
+    async fn on_revocation(&mut self, socket: &mut WebSocket) -> Result<(), Exit> {
+        let Some(Err(err)) = self.caller.as_ref().map(|caller| self.state.auth.still_valid(caller)) else {
+            return Ok(());
+        };
+        tracing::debug!(conn_id = %self.id, reason = %err.reason, "credential revoked; closing");
+        let _ = self.send(socket, system_error_frame(&err, None)).await;
+        Err(auth_close(&err))
     }
 
     async fn on_ping(&mut self, socket: &mut WebSocket) -> Result<(), Exit> {
@@ -311,7 +329,7 @@ impl Connection {
             Err(err) => return self.send(socket, system_error_frame(&err, None)).await,
         };
         if kind == "auth" {
-            return self.authenticate_frame(&value).await;
+            return self.authenticate_frame(&value, socket, subscriptions).await;
         }
         if self.caller.is_none() {
             let err = ApiError::new(
@@ -410,8 +428,17 @@ impl Connection {
     }
 
     /// Handles an `auth` frame: `{"type":"auth","headers":{"Authorization":"Bearer …"}}`
-    /// (or `"token":"…"`). A refused credential closes the connection.
-    async fn authenticate_frame(&mut self, value: &Value) -> Result<(), Exit> {
+    /// (or `"token":"…"`). A refused credential closes the connection. One of
+    /// the same user (a refreshed token) keeps the subscriptions; one of
+    /// another user or tenant first ends every subscription made before, so
+    /// nothing of the previous identity arrives after it (requests already
+    /// sent are still answered).
+    async fn authenticate_frame(
+        &mut self,
+        value: &Value,
+        socket: &mut WebSocket,
+        subscriptions: &mut StreamMap<String, EventStream>,
+    ) -> Result<(), Exit> {
         let header = value
             .get("headers")
             .and_then(Value::as_object)
@@ -434,8 +461,26 @@ impl Connection {
             .authenticate(Some(credential))
             .await
             .map_err(|err| auth_close(&err))?;
+        let other = self.caller.as_ref().is_some_and(|before| {
+            (&before.principal.tenant_id, &before.principal.user_id)
+                != (&caller.principal.tenant_id, &caller.principal.user_id)
+        });
         self.credential = Some(Arc::from(credential));
         self.caller = Some(caller);
+        if other {
+            tracing::debug!(conn_id = %self.id, dropped = subscriptions.len(), "identity changed; subscriptions dropped");
+            subscriptions.clear();
+            self.seen.clear();
+            // Answers parked for a dropped stream go out now.
+            let parked: HashSet<String> = self
+                .pending
+                .values()
+                .filter_map(|pending| pending.parked.as_ref().map(|(session, _, _)| session.clone()))
+                .collect();
+            for session_id in parked {
+                self.release_parked(socket, &session_id, u64::MAX).await?;
+            }
+        }
         Ok(())
     }
 

@@ -7,6 +7,7 @@
 //! service.rs  who may do what, key and token minting, usage, logs
 //! api_key.rs  the API key format, its hash and constant-time check
 //! signing.rs  Ed25519 signing keys: current key, rotation, JWKS
+//! seal.rs     the signing keys' private halves sealed at rest
 //! events.rs   auth events and their feed (broadcast; NOTIFY/LISTEN on Postgres)
 //! oidc.rs     tokens of an external OpenID Connect issuer
 //! store.rs    the AuthStore trait; store/{sqlite,postgres}.rs behind it
@@ -19,6 +20,7 @@ mod events;
 mod grpc;
 mod oidc;
 mod record;
+mod seal;
 mod service;
 mod signing;
 mod store;
@@ -31,5 +33,6 @@ pub use record::{
     QuotaState, Reach, SigningKeyRecord, TenantRecord, TenantUpdate, Tombstone, TombstoneKind, UsageOutcome,
     UsageRecord, UsageReport, UserRecord,
 };
+pub use seal::{KeySeal, MIN_SEAL_KEY_CHARS};
 pub use service::{AuthEventStream, AuthService, Bootstrap, MAX_ID_BYTES, MAX_NAME_CHARS, SERVICE_TENANT};
 pub use store::{AuthStore, PostgresAuthStore, SqliteAuthStore, open_store};

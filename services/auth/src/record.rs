@@ -85,8 +85,10 @@ impl std::fmt::Debug for KeyCredential {
 pub struct SigningKeyRecord {
     /// `sk_<16 hex>`, the `kid` of the tokens it signs.
     pub kid: String,
-    /// PKCS#8 DER of the Ed25519 private key.
-    pub private_key_der: Vec<u8>,
+    /// The Ed25519 private key as stored: sealed (see [`crate::KeySeal`]);
+    /// plain PKCS#8 DER only in rows written before keys were sealed, which
+    /// the service seals when it starts.
+    pub private_key: Vec<u8>,
     /// The public key as a JWK (JSON).
     pub public_jwk: String,
     pub created_at_ms: i64,

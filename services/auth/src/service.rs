@@ -23,6 +23,7 @@ use crate::record::{
     AccessToken, ApiKeyRecord, ApiKeySpec, CreatedApiKey, CreatedTenant, NewApiKey, QuotaState, Reach, TenantRecord,
     TenantUpdate, TombstoneKind, UsageRecord, UsageReport, UserRecord,
 };
+use crate::seal::KeySeal;
 use crate::signing::{CURRENT_KEY_REFRESH, SigningKeys, StoreKeySource};
 use crate::store::AuthStore;
 use avm_store::events::{EventBus, FeedError};
@@ -99,8 +100,11 @@ pub struct AuthService {
 
 impl AuthService {
     /// Returns a service over `store`, checking `config` and making sure a
-    /// current signing key exists.
-    pub async fn new(store: Arc<dyn AuthStore>, config: AuthConfig) -> Result<Self, ApiError> {
+    /// current signing key exists, its private half sealed with `seal`.
+    ///
+    /// Keys stored plain by an earlier version are sealed now, and a current
+    /// one among them is replaced (it lay in the database in the clear).
+    pub async fn new(store: Arc<dyn AuthStore>, config: AuthConfig, seal: KeySeal) -> Result<Self, ApiError> {
         let service_key_hash = if config.service_key.is_set() {
             Some(sha256(config.require_service_key()?))
         } else {
@@ -112,7 +116,11 @@ impl AuthService {
             .map(|oidc| ExternalIssuer::new(oidc, config.leeway_secs()))
             .transpose()?;
         let events = Arc::new(EventBus::new("auth", store.event_transport()));
-        let signing = Arc::new(SigningKeys::new(Arc::clone(&store), Arc::clone(&events), &config));
+        let signing = Arc::new(SigningKeys::new(Arc::clone(&store), seal, Arc::clone(&events), &config));
+        if signing.seal_plain_keys().await? {
+            let kid = signing.rotate().await?;
+            tracing::info!(kid = %kid, "signing key rotated: the previous one was stored unsealed");
+        }
         let kid = signing.current_kid().await?;
         let verifier = TokenVerifier::new(
             &config,
@@ -769,9 +777,10 @@ impl AuthService {
         Ok(events)
     }
 
-    /// Fails unless the caller's key, user and tenant still exist and the key
-    /// is unrevoked: auth RPCs are rare, and this keeps several replicas exact
-    /// without waiting for events.
+    /// Fails unless the caller's key, user and tenant still exist, the key
+    /// is unrevoked and an operator's token is an operator's: auth RPCs are
+    /// rare, and this keeps several replicas exact without waiting for
+    /// events (and a token claiming more than its user holds does nothing here).
     async fn authorize(&self, ctx: &RequestContext) -> Result<(), AuthError> {
         let principal = &ctx.principal;
         if principal.role == Role::Service {
@@ -780,7 +789,12 @@ impl AuthService {
         let alive = self
             .inner
             .store
-            .credential_alive(&principal.tenant_id, &principal.user_id, principal.key_id.as_deref())
+            .credential_alive(
+                &principal.tenant_id,
+                &principal.user_id,
+                principal.key_id.as_deref(),
+                principal.operator,
+            )
             .await?;
         if !alive {
             tracing::debug!(user_id = %principal.user_id, key_id = ?principal.key_id, "caller's credential is gone");

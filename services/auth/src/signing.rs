@@ -1,5 +1,6 @@
-//! The keys that sign access tokens: Ed25519, kept in the store so every
-//! replica signs with the same current key and publishes the same JWKS.
+//! The keys that sign access tokens: Ed25519, kept in the store (sealed, see
+//! `seal.rs`) so every replica signs with the same current key and publishes
+//! the same JWKS.
 //!
 //! Each replica keeps the current key in memory. A rotation (by an operator,
 //! or because the key is due) is announced on the auth feed, which reaches
@@ -22,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::AuthError;
 use crate::events::{AuthEvent, AuthEventKind};
 use crate::record::SigningKeyRecord;
+use crate::seal::{KeySeal, is_sealed};
 use crate::store::AuthStore;
 
 /// How long the current key is trusted from memory while rotations reach
@@ -47,6 +49,8 @@ struct ActiveKey {
 /// publishes the keys that still verify live tokens.
 pub(crate) struct SigningKeys {
     store: Arc<dyn AuthStore>,
+    /// Seals the private halves the store keeps.
+    seal: KeySeal,
     /// Where rotations are announced to every replica (this one included).
     events: Arc<EventBus<AuthEvent>>,
     rotation_ms: i64,
@@ -65,12 +69,18 @@ pub(crate) struct SigningKeys {
 
 impl SigningKeys {
     /// Returns the signing keys of `store`.
-    pub(crate) fn new(store: Arc<dyn AuthStore>, events: Arc<EventBus<AuthEvent>>, config: &AuthConfig) -> Self {
+    pub(crate) fn new(
+        store: Arc<dyn AuthStore>,
+        seal: KeySeal,
+        events: Arc<EventBus<AuthEvent>>,
+        config: &AuthConfig,
+    ) -> Self {
         let window = config.token_ttl + Duration::from_secs(config.leeway_secs()) + CURRENT_KEY_REFRESH;
         // In process (SQLite) this replica is the only one: it always follows.
         let following = !store.event_transport().shares_events();
         Self {
             store,
+            seal,
             events,
             rotation_ms: millis(config.key_rotation),
             retired_window_ms: millis(window),
@@ -126,7 +136,7 @@ impl SigningKeys {
         }
         let epoch = self.epoch.load(Ordering::SeqCst);
         let key = match self.store.current_signing_key().await? {
-            Some(stored) if !self.is_due(stored.created_at_ms) => Arc::new(active(&stored)?),
+            Some(stored) if !self.is_due(stored.created_at_ms) => Arc::new(self.active(&stored)?),
             stored => {
                 let key = self.insert_new().await?;
                 tracing::info!(
@@ -212,6 +222,42 @@ impl SigningKeys {
         }
     }
 
+    /// Seals every key stored plain (before keys were sealed) and returns
+    /// whether the current one was among them: a key that lay in the
+    /// database in the clear may have been copied, so the caller replaces it.
+    pub(crate) async fn seal_plain_keys(&self) -> Result<bool, AuthError> {
+        let keys = self.store.signing_keys().await?;
+        let mut current_was_plain = false;
+        for record in keys.iter().filter(|record| !is_sealed(&record.private_key)) {
+            let sealed = self.seal.seal(&record.kid, &record.private_key)?;
+            if self
+                .store
+                .replace_private_key(&record.kid, &record.private_key, &sealed)
+                .await?
+            {
+                tracing::info!(kid = %record.kid, "signing key sealed at rest");
+            }
+            current_was_plain |= record.retired_at_ms.is_none();
+        }
+        Ok(current_was_plain)
+    }
+
+    /// Returns the key a stored record holds, ready to sign.
+    fn active(&self, record: &SigningKeyRecord) -> Result<ActiveKey, AuthError> {
+        // A plain key is one an older replica wrote during a rolling upgrade;
+        // the next start of this version seals it.
+        let key = if is_sealed(&record.private_key) {
+            self.seal.open(record)?
+        } else {
+            SigningKey::from_pkcs8(record.kid.clone(), record.private_key.clone())?
+        };
+        Ok(ActiveKey {
+            key,
+            created_at_ms: record.created_at_ms,
+            read_at: Instant::now(),
+        })
+    }
+
     fn is_due(&self, created_at_ms: i64) -> bool {
         now_ms().saturating_sub(created_at_ms) >= self.rotation_ms
     }
@@ -219,7 +265,7 @@ impl SigningKeys {
     /// Stores a new key, retiring the others, and announces it to every replica.
     async fn insert_new(&self) -> Result<Arc<ActiveKey>, AuthError> {
         let now = now_ms();
-        let record = generate(now)?;
+        let (key, record) = generate(now, &self.seal)?;
         self.store.insert_signing_key(&record, now).await?;
         self.events
             .emit(AuthEvent {
@@ -227,7 +273,11 @@ impl SigningKeys {
                 kind: AuthEventKind::SigningKeyRotated(record.kid.clone()),
             })
             .await;
-        Ok(Arc::new(active(&record)?))
+        Ok(Arc::new(ActiveKey {
+            key,
+            created_at_ms: record.created_at_ms,
+            read_at: Instant::now(),
+        }))
     }
 }
 
@@ -244,26 +294,19 @@ impl KeySource for StoreKeySource {
     }
 }
 
-/// Returns a new Ed25519 key made at `now_ms`.
-pub(crate) fn generate(now_ms: i64) -> Result<SigningKeyRecord, AuthError> {
+/// Returns a new Ed25519 key made at `now_ms`, and its record to store (sealed).
+pub(crate) fn generate(now_ms: i64, seal: &KeySeal) -> Result<(SigningKey, SigningKeyRecord), AuthError> {
     let key = SigningKey::generate()?;
     let public_jwk =
         serde_json::to_string(key.public_jwk()).map_err(|err| AuthError::corrupt(format!("jwk: {err}")))?;
-    Ok(SigningKeyRecord {
+    let record = SigningKeyRecord {
         kid: key.kid().to_owned(),
-        private_key_der: key.pkcs8_der().to_vec(),
+        private_key: seal.seal(key.kid(), key.pkcs8_der())?,
         public_jwk,
         created_at_ms: now_ms,
         retired_at_ms: None,
-    })
-}
-
-fn active(record: &SigningKeyRecord) -> Result<ActiveKey, AuthError> {
-    Ok(ActiveKey {
-        key: SigningKey::from_pkcs8(record.kid.clone(), record.private_key_der.clone())?,
-        created_at_ms: record.created_at_ms,
-        read_at: Instant::now(),
-    })
+    };
+    Ok((key, record))
 }
 
 fn millis(duration: Duration) -> i64 {
@@ -276,9 +319,11 @@ mod tests {
 
     #[test]
     fn generated_keys_sign_and_publish_their_public_half() {
-        let record = generate(1).unwrap();
+        let seal = KeySeal::new("0123456789abcdef0123456789abcdef").unwrap();
+        let (key, record) = generate(1, &seal).unwrap();
         assert!(record.kid.starts_with("sk_") && record.kid.len() == 3 + 16);
-        assert_eq!(record.private_key_der.len(), 48);
+        assert!(is_sealed(&record.private_key), "stored sealed");
+        assert_eq!(key.pkcs8_der().len(), 48);
         let jwk: Jwk = serde_json::from_str(&record.public_jwk).unwrap();
         assert_eq!(jwk.common.key_id.as_deref(), Some(record.kid.as_str()));
         assert!(
@@ -289,7 +334,7 @@ mod tests {
         let token = jsonwebtoken::encode(
             &header,
             &serde_json::json!({"a": 1}),
-            &jsonwebtoken::EncodingKey::from_ed_der(&record.private_key_der),
+            &jsonwebtoken::EncodingKey::from_ed_der(seal.open(&record).unwrap().pkcs8_der()),
         )
         .unwrap();
         let key = jsonwebtoken::DecodingKey::from_jwk(&jwk).unwrap();

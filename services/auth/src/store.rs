@@ -91,9 +91,16 @@ pub trait AuthStore: Send + Sync + 'static {
     /// Returns a key with its secret's hash, its user and its tenant.
     async fn key_credential(&self, key_id: &str) -> Result<Option<KeyCredential>, AuthError>;
 
-    /// Returns whether the user still exists in the tenant and, when given,
-    /// the key is theirs and unrevoked.
-    async fn credential_alive(&self, tenant_id: &str, user_id: &str, key_id: Option<&str>) -> Result<bool, AuthError>;
+    /// Returns whether the user still exists in the tenant, when given the
+    /// key is theirs and unrevoked, and, when `operator`, the user is an
+    /// admin of the operator tenant.
+    async fn credential_alive(
+        &self,
+        tenant_id: &str,
+        user_id: &str,
+        key_id: Option<&str>,
+        operator: bool,
+    ) -> Result<bool, AuthError>;
 
     /// Counts a report once per `report_id`, in `month`; `TenantNotFound` when
     /// the tenant is missing.
@@ -119,6 +126,13 @@ pub trait AuthStore: Send + Sync + 'static {
 
     /// Inserts a signing key and retires every other unretired one.
     async fn insert_signing_key(&self, key: &SigningKeyRecord, now_ms: i64) -> Result<(), AuthError>;
+
+    /// Returns every signing key, retired ones too, oldest first.
+    async fn signing_keys(&self) -> Result<Vec<SigningKeyRecord>, AuthError>;
+
+    /// Replaces a signing key's stored private half, if it is still
+    /// `expected`; returns whether it did.
+    async fn replace_private_key(&self, kid: &str, expected: &[u8], private_key: &[u8]) -> Result<bool, AuthError>;
 
     /// Returns the public JWKs of unretired keys and of keys retired at or after `since_ms`.
     async fn public_keys(&self, retired_since_ms: i64) -> Result<Vec<String>, AuthError>;

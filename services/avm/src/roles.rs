@@ -192,7 +192,7 @@ impl Credentials {
 
     /// Returns the gateway's authenticator.
     fn authenticator(&self, config: &AvmConfig) -> avm_gateway::Authenticator {
-        avm_gateway::Authenticator::new(self.verifier.clone(), self.auth.clone(), config.auth.oidc.is_some())
+        avm_gateway::Authenticator::new(self.verifier.clone(), self.identity.clone(), config.auth.oidc.is_some())
     }
 }
 
@@ -333,7 +333,7 @@ async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Resu
         auth_config.service_key = Secret::new(random_key());
     }
     let key = auth_config.require_service_key()?.to_owned();
-    let auth = open_auth(&config, auth_config).await?;
+    let auth = open_auth(&config, auth_config, true).await?;
     let settings = open_config(&config, true).await?;
     let resources = open_resources(&config).await?;
     let observability = open_observability(&config).await?;
@@ -429,7 +429,7 @@ async fn auth_app(config: AvmConfig) -> anyhow::Result<App> {
     let listener = bind_component(&config, config.server.grpc_port).await?;
     let key = service_key(&config)?;
     let mut app = App::new("auth", config.grpc.drain_timeout);
-    let auth = open_auth(&config, config.auth.clone()).await?;
+    let auth = open_auth(&config, config.auth.clone(), false).await?;
     app.background(auth.spawn_background(app.background_stop()));
     let own = AuthServiceLocal::new(avm_auth::AuthGrpc::new(auth.clone()), LocalCalls).handle();
     let identity = ServiceIdentity::new(&key, own);

@@ -139,11 +139,14 @@ pub(super) const REVOKE_KEY: &str = "\
 pub(super) const REVOKE_KEYS_NAMED: &str = "\
     UPDATE api_keys SET revoked_at_ms = $3 \
     WHERE user_id = $1 AND name = $2 AND revoked_at_ms IS NULL RETURNING key_id";
+/// A credential claiming to be an operator's is alive only while its user
+/// is an admin of the operator tenant.
 pub(super) const CREDENTIAL_ALIVE: &str = "\
     SELECT 1 FROM users u JOIN tenants t ON t.tenant_id = u.tenant_id \
     WHERE u.user_id = $1 AND u.tenant_id = $2 \
       AND ($3 IS NULL OR EXISTS (SELECT 1 FROM api_keys k \
-                                 WHERE k.key_id = $3 AND k.user_id = u.user_id AND k.revoked_at_ms IS NULL))";
+                                 WHERE k.key_id = $3 AND k.user_id = u.user_id AND k.revoked_at_ms IS NULL)) \
+      AND ($4 = FALSE OR (t.operator AND u.role = 'admin'))";
 
 /// Fails on the foreign key when the tenant is missing, which is how the caller learns it is.
 pub(super) const INSERT_REPORT: &str = "\
@@ -179,6 +182,13 @@ pub(super) const INSERT_SIGNING_KEY: &str = "\
     VALUES ($1, $2, $3, $4, $5)";
 pub(super) const RETIRE_OTHER_SIGNING_KEYS: &str = "\
     UPDATE signing_keys SET retired_at_ms = $2 WHERE retired_at_ms IS NULL AND kid <> $1";
+pub(super) const ALL_SIGNING_KEYS: &str = "\
+    SELECT kid, private_key, public_jwk, created_at_ms, retired_at_ms FROM signing_keys \
+    ORDER BY created_at_ms, kid";
+/// Changes a key's stored private half only from what the caller read, so
+/// replicas sealing the same plain key at once write it once.
+pub(super) const REPLACE_PRIVATE_KEY: &str = "\
+    UPDATE signing_keys SET private_key = $3 WHERE kid = $1 AND private_key = $2";
 pub(super) const PUBLIC_KEYS: &str = "\
     SELECT public_jwk FROM signing_keys WHERE retired_at_ms IS NULL OR retired_at_ms >= $1 \
     ORDER BY created_at_ms DESC, kid DESC";
@@ -286,7 +296,7 @@ where
 {
     Ok(SigningKeyRecord {
         kid: row.try_get("kid")?,
-        private_key_der: row.try_get("private_key")?,
+        private_key: row.try_get("private_key")?,
         public_jwk: row.try_get("public_jwk")?,
         created_at_ms: row.try_get("created_at_ms")?,
         retired_at_ms: row.try_get("retired_at_ms")?,
@@ -813,12 +823,14 @@ macro_rules! impl_auth_store {
                 tenant_id: &str,
                 user_id: &str,
                 key_id: Option<&str>,
+                operator: bool,
             ) -> Result<bool, $crate::error::AuthError> {
                 use $crate::store::sql;
                 let found = sqlx::query(sql::CREDENTIAL_ALIVE)
                     .bind(user_id)
                     .bind(tenant_id)
                     .bind(key_id)
+                    .bind(operator)
                     .fetch_optional(&self.pool)
                     .await?;
                 Ok(found.is_some())
@@ -973,7 +985,7 @@ macro_rules! impl_auth_store {
                 let mut tx = self.pool.begin().await?;
                 sqlx::query(sql::INSERT_SIGNING_KEY)
                     .bind(&key.kid)
-                    .bind(&key.private_key_der)
+                    .bind(&key.private_key)
                     .bind(&key.public_jwk)
                     .bind(key.created_at_ms)
                     .bind(key.retired_at_ms)
@@ -986,6 +998,28 @@ macro_rules! impl_auth_store {
                     .await?;
                 tx.commit().await?;
                 Ok(())
+            }
+
+            async fn signing_keys(&self) -> Result<Vec<$crate::record::SigningKeyRecord>, $crate::error::AuthError> {
+                use $crate::store::sql;
+                let rows = sqlx::query(sql::ALL_SIGNING_KEYS).fetch_all(&self.pool).await?;
+                rows.iter().map(|row| sql::signing_key_from_row(row)).collect()
+            }
+
+            async fn replace_private_key(
+                &self,
+                kid: &str,
+                expected: &[u8],
+                private_key: &[u8],
+            ) -> Result<bool, $crate::error::AuthError> {
+                use $crate::store::sql;
+                let done = sqlx::query(sql::REPLACE_PRIVATE_KEY)
+                    .bind(kid)
+                    .bind(expected)
+                    .bind(private_key)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(done.rows_affected() == 1)
             }
 
             async fn public_keys(&self, retired_since_ms: i64) -> Result<Vec<String>, $crate::error::AuthError> {

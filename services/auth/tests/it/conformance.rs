@@ -399,27 +399,49 @@ async fn credentials_stay_alive_until_revoked_or_deleted(store: Arc<dyn AuthStor
     seed(&store, "ten_b", 1).await;
     assert!(
         store
-            .credential_alive("ten_a", "ten_a-admin", Some("ten_a-key"))
+            .credential_alive("ten_a", "ten_a-admin", Some("ten_a-key"), false)
             .await
             .unwrap()
     );
-    assert!(store.credential_alive("ten_a", "ten_a-admin", None).await.unwrap());
-    assert!(!store.credential_alive("ten_b", "ten_a-admin", None).await.unwrap());
+    assert!(
+        store
+            .credential_alive("ten_a", "ten_a-admin", None, false)
+            .await
+            .unwrap()
+    );
     assert!(
         !store
-            .credential_alive("ten_a", "ten_a-admin", Some("ten_b-key"))
+            .credential_alive("ten_b", "ten_a-admin", None, false)
+            .await
+            .unwrap()
+    );
+    // An operator's credential only for an admin of the operator tenant.
+    assert!(
+        !store
+            .credential_alive("ten_a", "ten_a-admin", None, true)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .credential_alive("ten_a", "ten_a-admin", Some("ten_b-key"), false)
             .await
             .unwrap()
     );
     store.revoke_api_key(&Reach::all(), "ten_a-key", 5).await.unwrap();
     assert!(
         !store
-            .credential_alive("ten_a", "ten_a-admin", Some("ten_a-key"))
+            .credential_alive("ten_a", "ten_a-admin", Some("ten_a-key"), false)
             .await
             .unwrap()
     );
     store.delete_tenant("ten_b", 6).await.unwrap();
-    assert!(!store.credential_alive("ten_b", "ten_b-admin", None).await.unwrap());
+    assert!(
+        !store
+            .credential_alive("ten_b", "ten_b-admin", None, false)
+            .await
+            .unwrap()
+    );
 }
 
 async fn usage_counts_each_report_once(store: Arc<dyn AuthStore>) {
@@ -487,7 +509,7 @@ async fn usage_counts_each_report_once(store: Arc<dyn AuthStore>) {
 fn signing_key(kid: &str, created_at_ms: i64) -> SigningKeyRecord {
     SigningKeyRecord {
         kid: kid.to_owned(),
-        private_key_der: vec![1, 2, 3, kid.len() as u8],
+        private_key: vec![1, 2, 3, kid.len() as u8],
         public_jwk: format!("{{\"kid\":\"{kid}\"}}"),
         created_at_ms,
         retired_at_ms: None,
@@ -512,6 +534,25 @@ async fn signing_keys_rotate_and_stay_published(store: Arc<dyn AuthStore>) {
         store.public_keys(251).await.unwrap(),
         std::slice::from_ref(&second.public_jwk)
     );
+    // Every key, retired ones too, oldest first; a private half changes only
+    // from what was read.
+    let mut retired = first.clone();
+    retired.retired_at_ms = Some(250);
+    assert_eq!(store.signing_keys().await.unwrap(), [retired.clone(), second.clone()]);
+    assert!(!store.replace_private_key("sk_1", &[9], &[7, 7]).await.unwrap());
+    assert!(
+        store
+            .replace_private_key("sk_1", &first.private_key, &[7, 7])
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .replace_private_key("sk_1", &first.private_key, &[8, 8])
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.signing_keys().await.unwrap()[0].private_key, [7, 7]);
 }
 
 async fn external_users_are_provisioned_once(store: Arc<dyn AuthStore>) {

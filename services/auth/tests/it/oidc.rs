@@ -225,7 +225,7 @@ async fn oidc_needs_configuration_and_safe_algorithms() {
         let mut settings = config();
         settings.oidc = Some(oidc_config("http://127.0.0.1:9/jwks.json", algorithms));
         let db = TestDb::sqlite().await;
-        let refused: ApiError = match AuthService::new(db.store.clone(), settings).await {
+        let refused: ApiError = match AuthService::new(db.store.clone(), settings, crate::support::seal()).await {
             Ok(_) => panic!("{algorithms:?} accepted"),
             Err(err) => err,
         };
@@ -234,7 +234,10 @@ async fn oidc_needs_configuration_and_safe_algorithms() {
     let mut weak = config();
     weak.service_key = avm_common::config::Secret::new("short");
     let db = TestDb::sqlite().await;
-    let refused = AuthService::new(db.store.clone(), weak).await.err().map(|e| e.reason);
+    let refused = AuthService::new(db.store.clone(), weak, crate::support::seal())
+        .await
+        .err()
+        .map(|e| e.reason);
     assert_eq!(refused.as_deref(), Some("WEAK_SERVICE_KEY"));
     assert_eq!(reason(h.service.exchange_api_key("").await), "INVALID_API_KEY");
 }

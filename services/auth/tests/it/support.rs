@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use avm_auth::{AuthError, AuthService, AuthStore, Bootstrap, grpc_server, open_store};
+use avm_auth::{AuthError, AuthService, AuthStore, Bootstrap, KeySeal, grpc_server, open_store};
 use avm_common::auth::AuthConfig;
 use avm_common::config::{GrpcConfig, Secret};
 use avm_common::{ApiError, RequestContext};
@@ -18,6 +18,14 @@ use tonic::transport::{Channel, Server};
 
 /// The deployment's service key in every test.
 pub const SERVICE_KEY: &str = "test-service-key-0123456789abcdef0123456789abcdef";
+
+/// The key material sealing the signing keys in every test.
+pub const SEAL_KEY: &str = "test-seal-key-0123456789abcdef0123456789abcdef";
+
+/// Returns the seal of the signing keys in every test.
+pub fn seal() -> KeySeal {
+    KeySeal::new(SEAL_KEY).expect("a long enough seal key")
+}
 
 /// A store under test and the database it lives in (dropped with it).
 pub struct TestDb {
@@ -78,7 +86,7 @@ impl Harness {
 
     /// Returns a harness over `db` with `config`.
     pub async fn start(db: TestDb, config: AuthConfig) -> Harness {
-        let service = AuthService::new(db.store.clone(), config.clone())
+        let service = AuthService::new(db.store.clone(), config.clone(), seal())
             .await
             .expect("start auth service");
         let shutdown = CancellationToken::new();

@@ -55,7 +55,7 @@ async fn forged_tokens_are_refused() {
     let kid = kid_of(&real.token);
     let stored = h.db.store.current_signing_key().await.unwrap().unwrap();
     assert_eq!(stored.kid, kid);
-    let real_key = EncodingKey::from_ed_der(&stored.private_key_der);
+    let real_key = EncodingKey::from_ed_der(crate::support::seal().open(&stored).unwrap().pkcs8_der());
     let now = avm_common::now_ms() as u64 / 1000;
     let claims = serde_json::to_value(Claims::new(&real.principal, "agentvm", now, Duration::from_secs(600))).unwrap();
     let with = |field: &str, value: Value| {
@@ -180,4 +180,109 @@ async fn an_old_signing_key_is_replaced_at_the_next_mint() {
     );
     assert!(h.service.verifier().verify(&first.token).await.is_ok());
     assert!(h.service.verifier().verify(&second.token).await.is_ok());
+}
+
+/// Issue 26 item 15: the Ed25519 signing keys lie in the database sealed, never
+/// as plain PKCS#8 a database reader could sign with; a key an earlier version
+/// stored plain is sealed when the service starts, and the current one among
+/// them is replaced, its tokens still verifying until they expire.
+#[tokio::test]
+async fn signing_keys_are_sealed_at_rest_and_plain_ones_are_sealed_at_start() {
+    let db = crate::support::TestDb::sqlite().await;
+    // As an earlier version stored it: the private half in the clear.
+    let plain = avm_common::auth::SigningKey::generate().unwrap();
+    let record = avm_auth::SigningKeyRecord {
+        kid: plain.kid().to_owned(),
+        private_key: plain.pkcs8_der().to_vec(),
+        public_jwk: serde_json::to_string(plain.public_jwk()).unwrap(),
+        created_at_ms: avm_common::now_ms(),
+        retired_at_ms: None,
+    };
+    db.store
+        .insert_signing_key(&record, record.created_at_ms)
+        .await
+        .unwrap();
+    let principal = avm_common::auth::Principal {
+        tenant_id: "ten_1".into(),
+        user_id: "usr_1".into(),
+        role: Role::Admin,
+        operator: false,
+        key_id: None,
+        scopes: avm_common::auth::Scopes::ALL,
+        tenant_limits: avm_common::auth::Limits::default(),
+        key_limits: avm_common::auth::Limits::default(),
+    };
+    let now = avm_common::now_ms() as u64 / 1000;
+    let earlier = plain
+        .sign(&Claims::new(&principal, "agentvm", now, Duration::from_secs(600)))
+        .unwrap();
+
+    let h = Harness::start(db, config()).await;
+    let stored = h.db.store.signing_keys().await.unwrap();
+    assert_eq!(stored.len(), 2, "the plain key and its replacement: {stored:?}");
+    let seal = crate::support::seal();
+    for key in &stored {
+        assert_ne!(
+            key.private_key.first(),
+            Some(&0x30),
+            "{} is stored as plain PKCS#8 (a DER sequence)",
+            key.kid
+        );
+        assert!(
+            !key.private_key.windows(32).any(|w| plain.pkcs8_der().ends_with(w)),
+            "the old key's seed is not in the row"
+        );
+        assert!(seal.open(key).is_ok(), "{} opens under the deployment's key", key.kid);
+    }
+    let current = h.db.store.current_signing_key().await.unwrap().unwrap();
+    assert_ne!(current.kid, plain.kid(), "the key that lay in the clear signs no more");
+    let minted = h.service.exchange_api_key(&h.admin.secret).await.unwrap();
+    assert_eq!(kid_of(&minted.token), current.kid);
+    assert!(h.service.verifier().verify(&minted.token).await.is_ok());
+    assert!(
+        h.service.verifier().verify(&earlier).await.is_ok(),
+        "tokens of the replaced key verify until they expire"
+    );
+    // Another deployment key cannot open them: the service refuses to start.
+    let wrong = avm_auth::KeySeal::new("another-seal-key-0123456789abcdef0123456789").unwrap();
+    let refused = avm_auth::AuthService::new(h.db.store.clone(), config(), wrong)
+        .await
+        .err();
+    assert_eq!(refused.map(|err| err.reason).as_deref(), Some("SIGNING_KEY_UNREADABLE"));
+}
+
+/// Issue 26 item 15: a token claiming `op` for the admin of an ordinary tenant
+/// is refused by the auth service even when the real key signed it: every
+/// auth RPC checks the claim against the tenant, so a token never reaches
+/// further than the user it names.
+#[tokio::test]
+async fn an_operator_claim_the_tenant_does_not_back_is_refused() {
+    let h = Harness::sqlite().await;
+    let op = h.operator().await;
+    let tenant = h.service.create_tenant(&op, "ordinary", None, "").await.unwrap();
+    let honest = h.service.exchange_api_key(&tenant.api_key.secret).await.unwrap();
+    assert!(!honest.principal.operator);
+    let stored = h.db.store.current_signing_key().await.unwrap().unwrap();
+    let key = crate::support::seal().open(&stored).unwrap();
+    let now = avm_common::now_ms() as u64 / 1000;
+    let mut claims = Claims::new(&honest.principal, "agentvm", now, Duration::from_secs(600));
+    claims.op = true;
+    let claimed = key.sign(&claims).unwrap();
+    let principal = h.service.verifier().verify(&claimed).await.unwrap();
+    assert!(principal.operator, "the signature is the real key's");
+    let ctx = avm_common::RequestContext::new(
+        principal,
+        Some(std::sync::Arc::from(claimed.as_str())),
+        "req_op".to_owned(),
+    );
+    assert_eq!(
+        crate::support::reason(h.service.list_tenants(&ctx).await),
+        "CREDENTIAL_REVOKED"
+    );
+    assert_eq!(
+        crate::support::reason(h.service.create_tenant(&ctx, "mine", None, "").await),
+        "CREDENTIAL_REVOKED"
+    );
+    // The operator's own token passes the same check.
+    assert!(h.service.list_tenants(&op).await.unwrap().len() >= 2);
 }

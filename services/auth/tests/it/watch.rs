@@ -225,7 +225,9 @@ async fn postgres_replicas_each_see_every_event_once() {
     let url = db.url.clone();
     let a = Harness::start(db, config()).await;
     let store_b = open_store(&url, Some(4)).await.unwrap();
-    let b = AuthService::new(store_b, config()).await.unwrap();
+    let b = AuthService::new(store_b, config(), crate::support::seal())
+        .await
+        .unwrap();
     let stop = CancellationToken::new();
     let listening = b.spawn_background(stop.clone());
 
@@ -266,9 +268,13 @@ async fn a_key_rotated_on_one_postgres_replica_signs_on_the_other_within_a_secon
     let Some(db) = TestDb::postgres().await else { return };
     let url = db.url.clone();
     let a = Harness::start(db, config()).await;
-    let b = AuthService::new(open_store(&url, Some(4)).await.unwrap(), config())
-        .await
-        .unwrap();
+    let b = AuthService::new(
+        open_store(&url, Some(4)).await.unwrap(),
+        config(),
+        crate::support::seal(),
+    )
+    .await
+    .unwrap();
     let stop = CancellationToken::new();
     let background = b.spawn_background(stop.clone());
     let kid_of = |token: &str| jsonwebtoken::decode_header(token).unwrap().kid.unwrap();

@@ -4,14 +4,15 @@
 //! renewed before they expire.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use avm_proto::auth::v1 as pb;
 use avm_proto::auth::v1::AuthServiceHandle;
 
 use super::{Limits, Principal, Role, SERVICE_USER, Scopes};
-use crate::ApiError;
 use crate::context::RequestContext;
+use crate::{ApiError, Code};
 
 struct Cached {
     token: Arc<str>,
@@ -23,6 +24,8 @@ struct Inner {
     key: String,
     auth: AuthServiceHandle,
     cached: tokio::sync::Mutex<Option<Cached>>,
+    /// Whether the auth service refused the key at the last exchange.
+    refused: AtomicBool,
 }
 
 /// A component's own credential; cheap to clone.
@@ -39,6 +42,7 @@ impl ServiceIdentity {
                 key: service_key.to_owned(),
                 auth,
                 cached: tokio::sync::Mutex::new(None),
+                refused: AtomicBool::new(false),
             }),
         }
     }
@@ -46,6 +50,13 @@ impl ServiceIdentity {
     /// Returns the auth service.
     pub fn auth(&self) -> &AuthServiceHandle {
         &self.inner.auth
+    }
+
+    /// Returns whether the auth service refused the service key the last
+    /// time it was presented (a wrong `AVM_AUTH_SERVICE_KEY`): nothing this
+    /// process does on its own account works until it accepts it.
+    pub fn is_refused(&self) -> bool {
+        self.inner.refused.load(Ordering::Acquire)
     }
 
     /// Returns a context acting as the service itself.
@@ -89,10 +100,16 @@ impl ServiceIdentity {
             .await
             .map_err(|status| {
                 let err = ApiError::from_status(&status);
-                tracing::warn!(reason = %err.reason, "the service key was refused by the auth service");
+                if matches!(err.code, Code::Unauthenticated | Code::PermissionDenied) {
+                    self.inner.refused.store(true, Ordering::Release);
+                    tracing::warn!(reason = %err.reason, "the service key was refused by the auth service");
+                } else {
+                    tracing::warn!(reason = %err.reason, "the service key could not be exchanged");
+                }
                 err
             })?
             .into_inner();
+        self.inner.refused.store(false, Ordering::Release);
         let life_ms = u64::try_from(response.expires_at_ms.saturating_sub(crate::now_ms())).unwrap_or(0);
         let renew_at = Instant::now() + Duration::from_millis(life_ms * 2 / 3);
         let caller = response.caller.unwrap_or_default();

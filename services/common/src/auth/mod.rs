@@ -291,6 +291,11 @@ impl Claims {
         if self.tid.is_empty() || self.sub.is_empty() {
             return Err(invalid_token());
         }
+        // The auth service makes operators only of admins: any other role
+        // claiming it is a token it never made.
+        if self.op && self.role != Role::Admin {
+            return Err(invalid_token());
+        }
         Ok(Principal {
             tenant_id: self.tid.clone(),
             user_id: self.sub.clone(),

@@ -1,8 +1,9 @@
 //! Local verification of access tokens: signature against the auth service's
 //! published keys (cached, refetched on an unknown `kid` at most once a
 //! second, or at once after a rotation the auth service announced), claims
-//! per RFC 8725, and the revocations and exhausted quotas the auth service
-//! pushes over `WatchAuthEvents`.
+//! per RFC 8725 with a bounded lifetime (`exp - iat` at most the configured
+//! token lifetime, `iat` not in the future), and the revocations and
+//! exhausted quotas the auth service pushes over `WatchAuthEvents`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -77,6 +78,11 @@ struct Inner {
     validation: Validation,
     /// How long a revocation matters: after this, every token it could refuse has expired.
     retention_ms: i64,
+    /// The longest `exp - iat` accepted: the auth service's token lifetime
+    /// (the same `[auth] token_ttl` on every component) and the leeway.
+    max_lifetime_secs: u64,
+    /// The clock skew tolerated on `iat`.
+    leeway_secs: u64,
     source: Arc<dyn KeySource>,
     keys: RwLock<KeyCache>,
     refresh: tokio::sync::Mutex<()>,
@@ -85,6 +91,9 @@ struct Inner {
     state: RwLock<AuthState>,
     /// Whether the event stream is live (its snapshot received).
     watching: AtomicBool,
+    /// Counts the revocations and deletions applied, so long-lived streams
+    /// re-check their caller when one arrives rather than at their next event.
+    revocations: tokio::sync::watch::Sender<u64>,
 }
 
 /// Verifies access tokens locally; cheap to clone.
@@ -112,12 +121,15 @@ impl TokenVerifier {
                 issuer: config.issuer.clone(),
                 validation,
                 retention_ms: i64::try_from(retention.as_millis()).unwrap_or(i64::MAX),
+                max_lifetime_secs: config.token_ttl.as_secs().saturating_add(config.leeway_secs()),
+                leeway_secs: config.leeway_secs(),
                 source,
                 keys: RwLock::new(KeyCache::default()),
                 refresh: tokio::sync::Mutex::new(()),
                 fetches: std::sync::atomic::AtomicU64::new(0),
                 state: RwLock::new(AuthState::default()),
                 watching: AtomicBool::new(false),
+                revocations: tokio::sync::watch::Sender::new(0),
             }),
         }
     }
@@ -150,9 +162,29 @@ impl TokenVerifier {
                 rejected("invalid", &err)
             }
         })?;
+        self.check_lifetime(&data.claims)?;
         let principal = data.claims.principal()?;
         self.check_revoked(&principal)?;
         Ok(principal)
+    }
+
+    /// Refuses a token issued in the future or living longer than the auth
+    /// service ever makes them: only a key that leaked could have signed it.
+    fn check_lifetime(&self, claims: &Claims) -> Result<(), ApiError> {
+        let now = u64::try_from(crate::now_ms() / 1000).unwrap_or(0);
+        if claims.iat > now.saturating_add(self.inner.leeway_secs) {
+            tracing::debug!(iat = claims.iat, "token refused: issued in the future");
+            return Err(invalid_token());
+        }
+        if claims.exp.saturating_sub(claims.iat) > self.inner.max_lifetime_secs {
+            tracing::debug!(
+                lifetime_secs = claims.exp.saturating_sub(claims.iat),
+                max_secs = self.inner.max_lifetime_secs,
+                "token refused: lives longer than any token the auth service makes"
+            );
+            return Err(invalid_token());
+        }
+        Ok(())
     }
 
     /// Reads the caller of a gRPC call from its `authorization` header
@@ -217,6 +249,13 @@ impl TokenVerifier {
             .is_some_and(|at| *at >= since_ms)
     }
 
+    /// Returns a receiver that changes whenever a key is revoked or a user or
+    /// tenant deleted: the moment to re-check long-lived callers with
+    /// [`TokenVerifier::check_revoked`].
+    pub fn revocations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.revocations.subscribe()
+    }
+
     /// Returns whether the auth event stream is live; while it is not,
     /// revocations may be missed and callers should re-check credentials often.
     pub fn is_watching(&self) -> bool {
@@ -225,6 +264,19 @@ impl TokenVerifier {
 
     /// Records one auth event.
     pub fn apply(&self, event: &pb::AuthEvent) {
+        use pb::auth_event::Kind;
+        self.record(event);
+        if matches!(
+            event.kind,
+            Some(Kind::KeyRevoked(_) | Kind::UserDeleted(_) | Kind::TenantDeleted(_))
+        ) {
+            self.inner
+                .revocations
+                .send_modify(|count| *count = count.wrapping_add(1));
+        }
+    }
+
+    fn record(&self, event: &pb::AuthEvent) {
         use pb::auth_event::Kind;
         let at = event.at_ms;
         let mut state = self.state_mut();
@@ -438,7 +490,11 @@ mod tests {
         let Ok(key) = SigningKey::generate() else {
             panic!("a signing key must generate")
         };
-        let config = AuthConfig::default();
+        // Long-lived, so a slow run does not see it expire.
+        let config = AuthConfig {
+            token_ttl: Duration::from_secs(24 * 3600),
+            ..AuthConfig::default()
+        };
         let jwks = JwkSet {
             keys: vec![key.public_jwk().clone()],
         };
@@ -454,8 +510,7 @@ mod tests {
             key_limits: Limits::default(),
         };
         let now = u64::try_from(crate::now_ms() / 1000).unwrap_or_default();
-        // Long-lived, so a slow run does not see it expire.
-        let claims = Claims::new(&principal, &config.issuer, now, Duration::from_secs(24 * 3600));
+        let claims = Claims::new(&principal, &config.issuer, now, config.token_ttl);
         let Ok(token) = key.sign(&claims) else {
             panic!("a token must sign")
         };
@@ -542,6 +597,102 @@ mod tests {
                 forged.replace_range(at..=at, with.encode_utf8(&mut [0; 4]));
                 assert!(verify(&forged).is_err(), "{forged} was accepted");
             }
+        }
+    }
+
+    /// Issue 26 item 15: a token signed with the real key is refused when it
+    /// lives longer than the auth service makes tokens (a 10-year `exp`), was
+    /// issued in the future, has no `iat`, or claims `op` for a role other
+    /// than admin; the same claims within the rules are accepted.
+    #[tokio::test]
+    async fn a_correctly_signed_token_beyond_the_maximum_lifetime_is_refused() {
+        let Ok(key) = SigningKey::generate() else {
+            panic!("a signing key must generate")
+        };
+        let config = AuthConfig::default();
+        let jwks = JwkSet {
+            keys: vec![key.public_jwk().clone()],
+        };
+        let verifier = TokenVerifier::new(&config, Arc::new(crate::auth::StaticKeySource(jwks)));
+        let principal = Principal {
+            tenant_id: "ten_1".into(),
+            user_id: "usr_1".into(),
+            role: Role::Admin,
+            operator: false,
+            key_id: Some("key_1".into()),
+            scopes: Scopes::ALL,
+            tenant_limits: Limits::default(),
+            key_limits: Limits::default(),
+        };
+        let now = u64::try_from(crate::now_ms() / 1000).unwrap_or_default();
+        let honest = Claims::new(&principal, &config.issuer, now, config.token_ttl);
+        let sign = |claims: &serde_json::Value| {
+            let mut header = jsonwebtoken::Header::new(ALGORITHM);
+            header.kid = Some(key.kid().to_owned());
+            let encoding = jsonwebtoken::EncodingKey::from_ed_der(key.pkcs8_der());
+            jsonwebtoken::encode(&header, claims, &encoding).unwrap_or_default()
+        };
+        let with = |changes: serde_json::Value| {
+            let mut claims = serde_json::to_value(&honest).unwrap_or_default();
+            if let (Some(claims), Some(changes)) = (claims.as_object_mut(), changes.as_object()) {
+                claims.extend(changes.clone());
+            }
+            claims
+        };
+        let ten_years = 10 * 365 * 24 * 3600;
+        let at_the_limit = config.token_ttl.as_secs() + config.leeway_secs();
+        assert_eq!(
+            verifier.verify(&sign(&with(serde_json::json!({})))).await.ok(),
+            Some(principal.clone())
+        );
+        assert!(
+            verifier
+                .verify(&sign(&with(serde_json::json!({"exp": now + at_the_limit}))))
+                .await
+                .is_ok(),
+            "a lifetime up to the limit is accepted"
+        );
+        let mut without_iat = with(serde_json::json!({}));
+        if let Some(claims) = without_iat.as_object_mut() {
+            claims.remove("iat");
+        }
+        let mut operator_member = principal.clone();
+        operator_member.role = Role::Member;
+        let operator_member =
+            serde_json::to_value(Claims::new(&operator_member, &config.issuer, now, config.token_ttl))
+                .unwrap_or_default();
+        let forged = [
+            ("a 10-year exp", with(serde_json::json!({"exp": now + ten_years}))),
+            (
+                "a 10-year exp, op",
+                with(serde_json::json!({"exp": now + ten_years, "op": true})),
+            ),
+            (
+                "one second over the limit",
+                with(serde_json::json!({"exp": now + at_the_limit + 1})),
+            ),
+            (
+                "issued in the future",
+                with(serde_json::json!({"iat": now + 3600, "nbf": now, "exp": now + 3900})),
+            ),
+            ("no iat", without_iat),
+            (
+                "op for a member",
+                with(serde_json::json!({"op": true, "role": "member"})),
+            ),
+            ("op for a member, as minted", {
+                let mut claims = operator_member;
+                claims["op"] = serde_json::json!(true);
+                claims
+            }),
+        ];
+        for (what, claims) in forged {
+            let refused = verifier.verify(&sign(&claims)).await;
+            assert_eq!(
+                refused.map_err(|err| err.reason.into_owned()),
+                Err("INVALID_TOKEN".to_owned()),
+                "{what}"
+            );
         }
     }
 
