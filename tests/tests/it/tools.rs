@@ -499,9 +499,14 @@ pub(crate) async fn counting_listener() -> anyhow::Result<(u16, std::sync::Arc<s
 }
 
 /// Returns the live processes (their `/proc` directories) running `program`
-/// with `dir` as their working directory.
+/// with `dir` as their working directory (the same directory: a command sees
+/// its workspace at another path, in a root of its own).
 pub(crate) fn processes_in(dir: &Path, program: &str) -> Vec<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let Ok(wanted) = std::fs::metadata(dir).map(|meta| (meta.dev(), meta.ino())) else {
         return Vec::new();
     };
     entries
@@ -514,7 +519,8 @@ pub(crate) fn processes_in(dir: &Path, program: &str) -> Vec<std::path::PathBuf>
                     .next()
                     .is_some_and(|first| first.ends_with(program.as_bytes()))
             });
-            runs && std::fs::read_link(proc_dir.join("cwd")).is_ok_and(|cwd| cwd == dir) && is_running(proc_dir)
+            runs && std::fs::metadata(proc_dir.join("cwd")).is_ok_and(|cwd| (cwd.dev(), cwd.ino()) == wanted)
+                && is_running(proc_dir)
         })
         .collect()
 }
