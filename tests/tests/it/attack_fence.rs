@@ -1,6 +1,11 @@
 //! The command fence, attacked as an outside tester did it (issue 26, items
-//! 1 and 3): a command that tries to undo its fence, and the server's own
-//! secrets outside its data directory.
+//! 1 to 3): a command that tries to undo its fence, a client racing a
+//! command that swaps a directory for a link, and the server's own secrets
+//! outside its data directory.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use avm_tests::cluster::{Cluster, Mode, Options, TEST_API_KEY, TEST_CONFIG_SECRET_KEY, TEST_SERVICE_KEY};
@@ -8,7 +13,7 @@ use avm_tests::mock_llm::MockApi;
 use serde_json::json;
 
 use crate::both_modes;
-use crate::support::send_and_finish;
+use crate::support::{conversation, send_and_finish};
 use crate::tools::{open_chat, start_with};
 
 /// Runs `command` through the model's `run_command` in a new conversation;
@@ -127,4 +132,94 @@ async fn a_command_reads_neither_the_config_file_nor_the_servers_home() -> anyho
         assert!(!result.contains(seen), "{seen} was read: {result}");
     }
     Ok(())
+}
+
+both_modes!(a_swap_to_a_link_never_leads_a_client_outside_the_workspace, race);
+
+/// Issue 26 item 2: a command swapped a directory and a link to the data
+/// directory (`renameat2(RENAME_EXCHANGE)`) while a client looped `GET
+/// …/files/d/admin.key` and `PUT …/files/w/x`: the GET returned the admin
+/// key and the PUT wrote into the data directory.
+async fn race(mode: Mode) -> anyhow::Result<()> {
+    let cluster = Cluster::start(mode, Options::default()).await?;
+    let mut client = avm_tests::ws_client::WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "default", json!({"name": "racer"})).await?;
+    let http = cluster.http()?;
+    let file_url = |path: &str| cluster.url(&format!("/v1/images/{}/workspace/files/{path}", chat.image_id));
+    for (path, content) in [("d/admin.key", "decoy"), ("w/kept", "")] {
+        let put = http.put(file_url(path)).body(content).send().await?;
+        anyhow::ensure!(put.status().is_success(), "{path}: {}", put.status());
+    }
+    let workspace = workspace_of(&cluster, &chat.image_id).context("the workspace")?;
+    let data = cluster.data_dir().to_owned();
+    // As the command did: beside each directory, a link to the data directory.
+    std::os::unix::fs::symlink(&data, workspace.join("s"))?;
+    std::os::unix::fs::symlink(&data, workspace.join("t"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (workspace, stop) = (workspace.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || -> anyhow::Result<u64> {
+            use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+            let mut swaps = 0_u64;
+            while !stop.load(Ordering::Relaxed) {
+                for (a, b) in [("d", "s"), ("w", "t")] {
+                    renameat2(
+                        AT_FDCWD,
+                        &workspace.join(a),
+                        AT_FDCWD,
+                        &workspace.join(b),
+                        RenameFlags::RENAME_EXCHANGE,
+                    )?;
+                }
+                swaps += 1;
+                // Room for the server on a loaded machine; the swaps stay far
+                // more frequent than the requests.
+                std::thread::yield_now();
+            }
+            Ok(swaps)
+        })
+    };
+    let admin = admin_key(&cluster)?;
+    let (mut served, mut refused) = (0, 0);
+    let raced = async {
+        for round in 0..100 {
+            let (got, put) = tokio::join!(
+                http.get(file_url("d/admin.key")).send(),
+                http.put(file_url("w/x")).body("planted").send()
+            );
+            let (got, _) = (got?, put?);
+            let status = got.status().as_u16();
+            let body = got.text().await?;
+            anyhow::ensure!(!body.contains(&admin), "round {round}: the admin key was served");
+            match status {
+                200 => {
+                    anyhow::ensure!(body == "decoy", "round {round}: {body}");
+                    served += 1;
+                }
+                _ => refused += 1,
+            }
+            anyhow::ensure!(
+                !data.join("x").exists(),
+                "round {round}: a PUT wrote into the data directory"
+            );
+        }
+        Ok(())
+    }
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().map_err(|_| anyhow::anyhow!("the swapper panicked"))??;
+    raced?;
+    eprintln!("{served} reads served, {refused} refused, over {swaps} swaps");
+    assert!(served > 0, "the route still serves the directory's file");
+    assert!(!data.join("x").exists());
+    Ok(())
+}
+
+/// Returns an image's workspace directory, if it has one.
+fn workspace_of(cluster: &Cluster, image_id: &str) -> Option<std::path::PathBuf> {
+    let tenants = std::fs::read_dir(cluster.data_dir().join("workspaces")).ok()?;
+    tenants
+        .flatten()
+        .map(|tenant| tenant.path().join(image_id))
+        .find(|dir| Path::is_dir(dir))
 }
