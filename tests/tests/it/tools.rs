@@ -443,7 +443,13 @@ async fn interrupt_command(mode: Mode) -> anyhow::Result<()> {
     let pid_file = find_file_eventually(&cluster.data_dir().join("workspaces"), "sleeper.pid").await?;
     wait_for_content(&pid_file).await?;
     let workspace = pid_file.parent().context("the workspace")?;
-    let sleepers = processes_in(workspace, "sleep");
+    // Its pid is known as soon as it is forked; it runs `sleep` once it execs.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut sleepers = processes_in(workspace, "sleep");
+    while sleepers.is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        sleepers = processes_in(workspace, "sleep");
+    }
     assert_eq!(sleepers.len(), 1, "the command runs");
     let proc_dir = sleepers[0].clone();
 
