@@ -207,7 +207,7 @@ mod tests {
             })
         };
         let mut served = 0;
-        for round in 0..2000 {
+        for round in 0..4000 {
             if let Ok((_, content)) = read(&ws, "d/admin.key") {
                 assert_eq!(content, b"decoy", "round {round}: a read followed the link");
                 served += 1;
