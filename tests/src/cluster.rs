@@ -70,6 +70,14 @@ pub struct Options {
     /// Where workspaces persist between agents (`[runtime] workspace_store`,
     /// `AVM_RUNTIME_WORKSPACE_STORE`); its settings go in `env`.
     pub workspace_store: Option<String>,
+    /// More host paths commands' roots hold, read-only (`[runtime.sandbox] expose`).
+    pub expose: Vec<PathBuf>,
+    /// A configuration file a spawned `avm serve` reads (`--config`), as an
+    /// operator names it on the command line.
+    pub config_file: Option<PathBuf>,
+    /// Runs a spawned `avm serve` as this user and group (through
+    /// `setpriv`), who owns the data directory: an unprivileged server.
+    pub run_as: Option<u32>,
 }
 
 impl Default for Options {
@@ -93,6 +101,9 @@ impl Default for Options {
             mcp_commands: Vec::new(),
             runtimes: 1,
             workspace_store: None,
+            expose: Vec::new(),
+            config_file: None,
+            run_as: None,
         }
     }
 }
@@ -208,6 +219,9 @@ impl Cluster {
         // As `avm` makes its own data dir: readable only by the user.
         #[cfg(unix)]
         std::fs::set_permissions(&data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        if let Some(user) = options.run_as {
+            std::os::unix::fs::chown(&data_dir, Some(user), Some(user))?;
+        }
         let mut schemas = None;
         if mode == Mode::PerComponent {
             if options.database_url.is_none()
@@ -533,6 +547,7 @@ impl Cluster {
             config.redis.key_prefix.clone_from(prefix);
         }
         config.runtime.fetch.allow.clone_from(&self.options.network_allow);
+        config.runtime.sandbox.expose.clone_from(&self.options.expose);
         config.runtime.workspace_store.clone_from(&self.options.workspace_store);
         config
             .runtime
@@ -574,8 +589,12 @@ impl Cluster {
         let mut env = self.process_env();
         env.extend(self.llm_env());
         let logs = self.options.capture_logs.then(|| Arc::clone(&self.logs));
-        let args = ["serve", "--port", "0", "--grpc-port", "0"];
-        let (child, urls) = spawn_avm(&args, 2, &env, logs).await?;
+        let mut args = vec!["serve", "--port", "0", "--grpc-port", "0"];
+        let config_file = self.options.config_file.as_ref().map(|file| file.display().to_string());
+        if let Some(file) = &config_file {
+            args.extend(["--config", file]);
+        }
+        let (child, urls) = spawn_avm_as(self.options.run_as, &args, 2, &env, logs).await?;
         let [gateway, grpc] = <[String; 2]>::try_from(urls)
             .map_err(|urls| anyhow::anyhow!("avm serve listens on {urls:?}, not a gateway and a gRPC port"))?;
         self.gateway_url = gateway;
@@ -636,7 +655,10 @@ impl Cluster {
             env.push(("AVM_REDIS_KEY_PREFIX".into(), prefix.clone()));
         }
         // Nested sections have no variables: they go in a configuration file.
-        if !self.options.network_allow.is_empty() || !self.options.mcp_commands.is_empty() {
+        if !self.options.network_allow.is_empty()
+            || !self.options.mcp_commands.is_empty()
+            || !self.options.expose.is_empty()
+        {
             let mut file = toml::Table::new();
             let mut runtime = toml::Table::new();
             runtime.insert(
@@ -651,6 +673,13 @@ impl Cluster {
                 toml::Value::Table(toml::Table::from_iter([(
                     "allowed_commands".to_owned(),
                     toml::Value::try_from(&self.options.mcp_commands).unwrap_or(toml::Value::Array(Vec::new())),
+                )])),
+            );
+            runtime.insert(
+                "sandbox".into(),
+                toml::Value::Table(toml::Table::from_iter([(
+                    "expose".to_owned(),
+                    toml::Value::try_from(&self.options.expose).unwrap_or(toml::Value::Array(Vec::new())),
                 )])),
             );
             file.insert("runtime".into(), toml::Value::Table(runtime));
@@ -855,7 +884,22 @@ fn build_avm() -> anyhow::Result<PathBuf> {
 /// Returns a command running the `avm` binary with none of the developer's
 /// own `AVM_*` and `LLM_*` settings, so they cannot leak into a test.
 pub fn avm_command() -> anyhow::Result<Command> {
-    let mut command = Command::new(avm_binary()?);
+    avm_command_as(None)
+}
+
+/// Returns [`avm_command`], run as `user` (uid and gid) through `setpriv` when given.
+fn avm_command_as(user: Option<u32>) -> anyhow::Result<Command> {
+    let mut command = match user {
+        None => Command::new(avm_binary()?),
+        Some(user) => {
+            let mut setpriv = Command::new("setpriv");
+            setpriv
+                .args([format!("--reuid={user}"), format!("--regid={user}")])
+                .args(["--clear-groups", "--"])
+                .arg(avm_binary()?);
+            setpriv
+        }
+    };
     for (key, _) in std::env::vars() {
         if key.starts_with("AVM_") || key.starts_with("LLM_") {
             command.env_remove(key);
@@ -884,8 +928,19 @@ async fn spawn_avm(
     env: &[(String, String)],
     logs: Option<Arc<Mutex<String>>>,
 ) -> anyhow::Result<(Child, Vec<String>)> {
+    spawn_avm_as(None, args, listeners, env, logs).await
+}
+
+/// [`spawn_avm`], as `user` when given.
+async fn spawn_avm_as(
+    user: Option<u32>,
+    args: &[&str],
+    listeners: usize,
+    env: &[(String, String)],
+    logs: Option<Arc<Mutex<String>>>,
+) -> anyhow::Result<(Child, Vec<String>)> {
     let component = args.first().copied().unwrap_or_default();
-    let mut command = tokio::task::spawn_blocking(avm_command).await??;
+    let mut command = tokio::task::spawn_blocking(move || avm_command_as(user)).await??;
     command.args(args);
     command.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     command.stdout(Stdio::piped());

@@ -279,13 +279,6 @@ impl RuntimePeers {
             Some(root) => std::path::absolute(root)?,
             None => data_dir.join("workspaces"),
         };
-        // Commands never see the server's data (its keys, databases, other
-        // images' workspaces) nor its configuration file.
-        let sandbox = &mut runtime.sandbox;
-        sandbox.hide.extend([data_dir, workspace_root.clone()]);
-        if let Some(file) = std::env::var_os("AVM_CONFIG") {
-            sandbox.hide.push(std::path::absolute(file)?);
-        }
         runtime.workspace_root = Some(workspace_root);
         avm_runtime::AgentPool::new(
             runtime,

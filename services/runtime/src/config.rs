@@ -153,13 +153,40 @@ pub struct SandboxLimits {
     /// Whether commands and `fetch_url` reach the network; without, commands
     /// run in a network namespace of their own (nothing but a down loopback).
     pub network: bool,
-    /// Whether commands (and stdio MCP servers) run in user, mount and PID
-    /// namespaces of their own, where `hide` is covered and no other process
-    /// is seen; where the server cannot make them, commands are refused.
+    /// Whether commands (and stdio MCP servers) run behind the fence of
+    /// `tools/isolation.rs`: user, mount and PID namespaces of their own and
+    /// a fresh root holding only the system directories, the workspace and
+    /// `expose`, without any capability; where the server cannot make it,
+    /// commands are refused.
     pub isolate: bool,
-    /// Paths commands must not see (besides the data directory, the
-    /// workspace root and the server's home, which are always added).
-    pub hide: Vec<std::path::PathBuf>,
+    /// More host paths (absolute) a command's root holds, read-only, at the
+    /// same place: tools an operator installed outside `/usr`, say.
+    pub expose: Vec<std::path::PathBuf>,
+    /// Removed: a command's root holds nothing of the host's but what it is
+    /// given, so there is nothing to hide. An empty list is accepted (older
+    /// example files have one); any path is refused with what replaced it.
+    #[serde(skip_serializing)]
+    pub hide: Removed,
+}
+
+/// A removed setting: absent or empty, it reads as nothing; with anything
+/// in it, the configuration is refused with what replaced the setting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Removed;
+
+/// Why `[runtime.sandbox] hide` is refused.
+pub const HIDE_REMOVED: &str = "[runtime.sandbox] hide was removed: a command's root now holds only the system \
+    directories, the workspace and what [runtime.sandbox] expose lists, so nothing needs hiding; remove hide";
+
+impl<'de> Deserialize<'de> for Removed {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let paths = Vec::<std::path::PathBuf>::deserialize(deserializer)?;
+        if paths.is_empty() {
+            Ok(Removed)
+        } else {
+            Err(serde::de::Error::custom(HIDE_REMOVED))
+        }
+    }
 }
 
 impl Default for SandboxLimits {
@@ -174,7 +201,8 @@ impl Default for SandboxLimits {
             disk_mb: 1024,
             network: true,
             isolate: true,
-            hide: Vec::new(),
+            expose: Vec::new(),
+            hide: Removed,
         }
     }
 }
@@ -495,6 +523,16 @@ impl RuntimeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hide_list_is_refused_with_what_replaced_it() {
+        let read = |sandbox: Value| serde_json::from_value::<SandboxLimits>(sandbox);
+        let err = read(serde_json::json!({"hide": ["/srv/secrets"]})).unwrap_err();
+        assert!(err.to_string().contains("expose"), "{err}");
+        let empty = read(serde_json::json!({"hide": [], "expose": ["/opt/tools"]})).unwrap();
+        assert_eq!(empty.expose, [std::path::PathBuf::from("/opt/tools")]);
+        assert!(!serde_json::to_string(&empty).unwrap().contains("hide"));
+    }
 
     #[test]
     fn llm_settings_survive_the_configuration_tree() {

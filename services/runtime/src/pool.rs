@@ -103,6 +103,7 @@ impl AgentPool {
         identity: ServiceIdentity,
         replicas: Option<Replicas>,
     ) -> Result<Self, RuntimeError> {
+        crate::tools::check_sandbox_config(&config.sandbox)?;
         let tools = ToolContext {
             limits: config.sandbox.clone(),
             fetcher: Fetcher::new(&config.fetch)?,

@@ -443,7 +443,13 @@ async fn interrupt_command(mode: Mode) -> anyhow::Result<()> {
     let pid_file = find_file_eventually(&cluster.data_dir().join("workspaces"), "sleeper.pid").await?;
     wait_for_content(&pid_file).await?;
     let workspace = pid_file.parent().context("the workspace")?;
-    let sleepers = processes_in(workspace, "sleep");
+    // Its pid is known as soon as it is forked; it runs `sleep` once it execs.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut sleepers = processes_in(workspace, "sleep");
+    while sleepers.is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        sleepers = processes_in(workspace, "sleep");
+    }
     assert_eq!(sleepers.len(), 1, "the command runs");
     let proc_dir = sleepers[0].clone();
 
@@ -499,9 +505,14 @@ pub(crate) async fn counting_listener() -> anyhow::Result<(u16, std::sync::Arc<s
 }
 
 /// Returns the live processes (their `/proc` directories) running `program`
-/// with `dir` as their working directory.
+/// with `dir` as their working directory (the same directory: a command sees
+/// its workspace at another path, in a root of its own).
 pub(crate) fn processes_in(dir: &Path, program: &str) -> Vec<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let Ok(wanted) = std::fs::metadata(dir).map(|meta| (meta.dev(), meta.ino())) else {
         return Vec::new();
     };
     entries
@@ -514,7 +525,8 @@ pub(crate) fn processes_in(dir: &Path, program: &str) -> Vec<std::path::PathBuf>
                     .next()
                     .is_some_and(|first| first.ends_with(program.as_bytes()))
             });
-            runs && std::fs::read_link(proc_dir.join("cwd")).is_ok_and(|cwd| cwd == dir) && is_running(proc_dir)
+            runs && std::fs::metadata(proc_dir.join("cwd")).is_ok_and(|cwd| (cwd.dev(), cwd.ino()) == wanted)
+                && is_running(proc_dir)
         })
         .collect()
 }

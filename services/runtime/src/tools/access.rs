@@ -1,12 +1,11 @@
 //! Clients' access to an image's workspace (list, read, write): the same
 //! confinement as the tools'. Reading never creates the workspace.
 
-use std::fs;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::time::UNIX_EPOCH;
+use std::io::Read;
 
-use super::workspace::Workspace;
+use nix::sys::stat::{FileStat, SFlag};
+
+use super::workspace::{Workspace, WorkspaceError, checked_path, entries, kind};
 
 /// Largest file a client reads or writes through the workspace routes.
 pub const MAX_TRANSFER_BYTES: u64 = 1024 * 1024;
@@ -31,40 +30,61 @@ pub enum AccessError {
     Failed(String),
 }
 
-fn entry(workspace: &Workspace, path: &std::path::Path, meta: &fs::Metadata) -> Entry {
-    let modified_at_ms = meta
-        .modified()
-        .ok()
-        .and_then(|time| time.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |since| i64::try_from(since.as_millis()).unwrap_or(i64::MAX));
+fn entry(path: String, stat: &FileStat) -> Entry {
+    let directory = kind(stat) == SFlag::S_IFDIR;
+    let modified_at_ms = stat
+        .st_mtime
+        .saturating_mul(1000)
+        .saturating_add(stat.st_mtime_nsec / 1_000_000);
     Entry {
-        path: workspace.relative(path),
-        directory: meta.is_dir(),
-        size: if meta.is_dir() { 0 } else { meta.len() },
+        path,
+        directory,
+        size: if directory {
+            0
+        } else {
+            u64::try_from(stat.st_size).unwrap_or(0)
+        },
         modified_at_ms,
     }
 }
 
-fn missing(path: &str) -> AccessError {
-    AccessError::NotFound(format!("{path:?} is not in the workspace"))
+/// Returns the access error a workspace refusal is.
+fn refused(path: &str, refusal: WorkspaceError) -> AccessError {
+    let message = refusal.describe(path);
+    match refusal {
+        WorkspaceError::NotFound => AccessError::NotFound(format!("{path:?} is not in the workspace")),
+        WorkspaceError::OverQuota(_) => AccessError::TooLarge(message),
+        WorkspaceError::Unsupported | WorkspaceError::Io(_) => AccessError::Failed(message),
+        _ => AccessError::Refused(message),
+    }
+}
+
+/// Returns `path` checked as written.
+fn checked(path: &str) -> Result<String, AccessError> {
+    checked_path(path).map_err(|refusal| refused(path, refusal))
 }
 
 /// Lists a directory; an image whose workspace was never made has an empty one.
 pub fn list(workspace: &Workspace, path: &str) -> Result<Vec<Entry>, AccessError> {
-    let resolved = workspace.resolve(path).map_err(AccessError::Refused)?;
-    if !workspace.dir().exists() && resolved == workspace.dir() {
-        return Ok(Vec::new());
-    }
-    let meta = fs::symlink_metadata(&resolved).map_err(|_| missing(path))?;
-    if !meta.is_dir() {
-        return Err(AccessError::Refused(format!("{path:?} is not a directory")));
-    }
-    let mut entries: Vec<Entry> = fs::read_dir(&resolved)
-        .map_err(|err| AccessError::Failed(err.to_string()))?
-        .filter_map(Result::ok)
-        .filter_map(|item| {
-            let meta = item.metadata().ok()?;
-            (meta.is_dir() || meta.is_file()).then(|| entry(workspace, &item.path(), &meta))
+    let relative = checked(path)?;
+    let Some(root) = workspace.open().map_err(|refusal| refused(path, refusal))? else {
+        return match relative.is_empty() {
+            true => Ok(Vec::new()),
+            false => Err(refused(path, WorkspaceError::NotFound)),
+        };
+    };
+    let dir = root.open_dir(&relative).map_err(|refusal| refused(path, refusal))?;
+    let mut entries: Vec<Entry> = entries(&dir)
+        .map_err(|refusal| refused(path, refusal))?
+        .into_iter()
+        .filter(|(_, stat)| matches!(kind(stat), SFlag::S_IFDIR | SFlag::S_IFREG))
+        .map(|(name, stat)| {
+            let path = if relative.is_empty() {
+                name
+            } else {
+                format!("{relative}/{name}")
+            };
+            entry(path, &stat)
         })
         .collect();
     entries.sort_by(|a, b| a.path.cmp(&b.path));
@@ -73,19 +93,28 @@ pub fn list(workspace: &Workspace, path: &str) -> Result<Vec<Entry>, AccessError
 
 /// Reads a file.
 pub fn read(workspace: &Workspace, path: &str) -> Result<(Entry, Vec<u8>), AccessError> {
-    let resolved = workspace.resolve(path).map_err(AccessError::Refused)?;
-    let meta = fs::symlink_metadata(&resolved).map_err(|_| missing(path))?;
-    if !meta.is_file() {
-        return Err(AccessError::Refused(format!("{path:?} is not a file")));
-    }
-    if meta.len() > MAX_TRANSFER_BYTES {
+    let relative = checked(path)?;
+    let root = workspace
+        .open()
+        .map_err(|refusal| refused(path, refusal))?
+        .ok_or_else(|| refused(path, WorkspaceError::NotFound))?;
+    let (file, stat) = root.open_file(&relative).map_err(|refusal| refused(path, refusal))?;
+    let size = u64::try_from(stat.st_size).unwrap_or(0);
+    if size > MAX_TRANSFER_BYTES {
         return Err(AccessError::TooLarge(format!(
-            "{path:?} has {} bytes; files of up to {MAX_TRANSFER_BYTES} bytes are served",
-            meta.len()
+            "{path:?} has {size} bytes; files of up to {MAX_TRANSFER_BYTES} bytes are served"
         )));
     }
-    let content = fs::read(&resolved).map_err(|err| AccessError::Failed(err.to_string()))?;
-    Ok((entry(workspace, &resolved, &meta), content))
+    let mut content = Vec::new();
+    file.take(MAX_TRANSFER_BYTES + 1)
+        .read_to_end(&mut content)
+        .map_err(|err| AccessError::Failed(err.to_string()))?;
+    if content.len() as u64 > MAX_TRANSFER_BYTES {
+        return Err(AccessError::TooLarge(format!(
+            "{path:?} grew past the {MAX_TRANSFER_BYTES} bytes served while it was read"
+        )));
+    }
+    Ok((entry(relative, &stat), content))
 }
 
 /// Writes a file, creating the workspace and the file's directories.
@@ -96,29 +125,19 @@ pub fn write(workspace: &Workspace, path: &str, content: &[u8]) -> Result<Entry,
             content.len()
         )));
     }
-    let resolved = workspace.resolve(path).map_err(AccessError::Refused)?;
-    if resolved == workspace.dir() {
+    let relative = checked(path)?;
+    if relative.is_empty() {
         return Err(AccessError::Refused("a file path is required".to_owned()));
     }
     workspace.ensure().map_err(AccessError::Failed)?;
-    workspace
-        .check_room(&resolved, content.len() as u64)
-        .map_err(AccessError::TooLarge)?;
-    if let Some(parent) = resolved.parent() {
-        fs::create_dir_all(parent).map_err(|err| AccessError::Failed(err.to_string()))?;
-    }
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&resolved)
-        .map_err(|err| AccessError::Refused(format!("{path:?}: {err}")))?;
-    file.write_all(content)
-        .map_err(|err| AccessError::Failed(err.to_string()))?;
-    let meta = file.metadata().map_err(|err| AccessError::Failed(err.to_string()))?;
-    Ok(entry(workspace, &resolved, &meta))
+    let root = workspace
+        .open()
+        .map_err(|refusal| refused(path, refusal))?
+        .ok_or_else(|| refused(path, WorkspaceError::NotFound))?;
+    let stat = workspace
+        .write_file(&root, &relative, content)
+        .map_err(|refusal| refused(path, refusal))?;
+    Ok(entry(relative, &stat))
 }
 
 #[cfg(test)]
@@ -144,5 +163,84 @@ mod tests {
         assert!(matches!(read(&ws, "../ws/docs/a.txt"), Err(AccessError::Refused(_))));
         assert!(matches!(write(&ws, "/etc/x", b""), Err(AccessError::Refused(_))));
         assert!(matches!(list(&ws, "docs/a.txt"), Err(AccessError::Refused(_))));
+    }
+
+    /// Issue 26 item 2: a command swapped a directory and a link to the data
+    /// directory (`renameat2(RENAME_EXCHANGE)`) while a client read
+    /// `d/admin.key` and wrote `w/x`: the path was checked, then opened, and
+    /// the open followed the link. Every file operation, the clients' and the
+    /// tools', opens beneath the workspace through no link at all.
+    #[test]
+    fn a_directory_swapped_for_a_link_never_redirects_a_file_operation() {
+        use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+        use serde_json::json;
+
+        use crate::tools::{Builtin, files};
+
+        let temp = tempfile::tempdir().unwrap();
+        let data = temp.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("admin.key"), "the-admin-key").unwrap();
+        let ws = Workspace::new(data.join("workspaces/t/i"));
+        write(&ws, "d/admin.key", b"decoy").unwrap();
+        write(&ws, "w/kept", b"").unwrap();
+        std::os::unix::fs::symlink(&data, ws.dir().join("s")).unwrap();
+        std::os::unix::fs::symlink(&data, ws.dir().join("t")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (dir, stop) = (ws.dir().to_owned(), std::sync::Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let exchange = |a: &str, b: &str| {
+                    renameat2(
+                        AT_FDCWD,
+                        &dir.join(a),
+                        AT_FDCWD,
+                        &dir.join(b),
+                        RenameFlags::RENAME_EXCHANGE,
+                    )
+                    .unwrap();
+                };
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    exchange("d", "s");
+                    exchange("w", "t");
+                }
+            })
+        };
+        let mut served = 0;
+        for round in 0..4000 {
+            if let Ok((_, content)) = read(&ws, "d/admin.key") {
+                assert_eq!(content, b"decoy", "round {round}: a read followed the link");
+                served += 1;
+            }
+            let _ = write(&ws, "w/x", b"planted");
+            let tool = |tool, input| files::run(tool, &ws, &input).unwrap_or_else(|failure| failure);
+            let read_by_tool = tool(Builtin::ReadFile, json!({"path": "d/admin.key"}));
+            assert!(!read_by_tool.contains("the-admin-key"), "round {round}: {read_by_tool}");
+            let _ = tool(Builtin::WriteFile, json!({"path": "w/y", "content": "planted"}));
+            let _ = tool(
+                Builtin::EditFile,
+                json!({"path": "d/admin.key", "old": "the", "new": "a"}),
+            );
+            let searched = tool(Builtin::SearchFiles, json!({"text": "admin"}));
+            assert!(!searched.contains("the-admin-key"), "round {round}: {searched}");
+            let listed = tool(Builtin::ListFiles, json!({"path": "d"}));
+            assert!(
+                !listed.contains("workspaces"),
+                "round {round}: a listing followed the link: {listed}"
+            );
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().unwrap();
+        assert!(served > 0, "the reads were all refused");
+        for planted in ["x", "y"] {
+            assert!(
+                !data.join(planted).exists(),
+                "a write followed the link into the data directory"
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(data.join("admin.key")).unwrap(),
+            "the-admin-key"
+        );
     }
 }

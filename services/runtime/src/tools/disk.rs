@@ -25,37 +25,36 @@
 //! close to that save for its times to tell is read again.
 //!
 //! As the tools do, a save keeps directories and regular files with a single
-//! link only, and reads them relative to the workspace without following a
-//! symbolic link anywhere (`openat` with `O_NOFOLLOW`, component by
-//! component): the server's user reads them, so a command that swaps a
-//! directory for a link while a save runs must not get a file from outside
-//! into the store.
+//! link only, and reads them beneath the workspace's descriptor without
+//! following a symbolic link anywhere (`openat2`, see `workspace.rs`): the
+//! server's user reads them, so a command that swaps a directory for a link
+//! while a save runs must not get a file from outside into the store. A
+//! restore makes its directories and files the same way beneath the fresh
+//! directory it fills, each file new (`O_EXCL`).
 //!
 //! The work is blocking file access, so each restore and save runs on a
 //! blocking thread, which drives the store's requests with the runtime's
 //! handle (and a few at once).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::fs;
 use std::io::{Read, Seek, Write};
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path as LocalPath, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{StreamExt, TryStreamExt};
-use nix::fcntl::OFlag;
-use nix::sys::stat::{FileStat, Mode, SFlag};
+use nix::sys::stat::{FileStat, SFlag};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::runtime::Handle;
 
-use super::workspace::{Keeper, MAX_COUNTED_ENTRIES, Workspace};
+use super::workspace::{Keeper, MAX_COUNTED_ENTRIES, Workspace, WorkspaceDir, WorkspaceError};
 use crate::config::RuntimeConfig;
 use crate::error::RuntimeError;
 
@@ -119,6 +118,12 @@ pub enum DiskError {
     Changed,
     #[error("the transfer stopped: {0}")]
     Stopped(String),
+}
+
+impl From<WorkspaceError> for DiskError {
+    fn from(refusal: WorkspaceError) -> Self {
+        DiskError::Io(refusal.into())
+    }
 }
 
 impl From<nix::Error> for DiskError {
@@ -563,14 +568,14 @@ struct Scan {
     entries: BTreeMap<String, Option<Stamp>>,
     bytes: u64,
     /// `None` when the workspace was never made.
-    root: Option<OwnedFd>,
+    root: Option<WorkspaceDir>,
 }
 
 impl Scan {
-    /// Opens one of the scanned files.
+    /// Opens one of the scanned files (a regular file with a single link).
     fn open(&self, path: &str) -> std::io::Result<fs::File> {
         match &self.root {
-            Some(root) => open_beneath(root, path),
+            Some(root) => Ok(root.open_file(path)?.0),
             None => Err(std::io::Error::from_raw_os_error(libc::ENOENT)),
         }
     }
@@ -640,7 +645,10 @@ impl Disk {
         }
         let fresh = parent.join(avm_common::ids::new_id(&leftover));
         fs::DirBuilder::new().mode(0o700).create(&fresh)?;
-        let written = self.download(handle, &entries, &fresh);
+        let written = match WorkspaceDir::open(&fresh)? {
+            Some(root) => self.download(handle, &entries, &root),
+            None => Err(DiskError::Io(std::io::Error::from_raw_os_error(libc::ENOENT))),
+        };
         if let Err(err) = written {
             let _ = fs::remove_dir_all(&fresh);
             return Err(err);
@@ -675,42 +683,35 @@ impl Disk {
         Ok(Some(saved))
     }
 
-    /// Writes every file of `entries` into `fresh`, checking each blob.
+    /// Writes every file of `entries` beneath `fresh`, checking each blob.
     fn download(
         &self,
         handle: &Handle,
         entries: &BTreeMap<String, ManifestEntry>,
-        fresh: &LocalPath,
+        fresh: &WorkspaceDir,
     ) -> Result<(), DiskError> {
         for (path, entry) in entries {
-            let target = fresh.join(path);
-            let dir = match entry {
-                ManifestEntry::Dir { .. } => target.as_path(),
-                ManifestEntry::File { .. } => target.parent().unwrap_or(fresh),
-            };
-            fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+            if let ManifestEntry::Dir { .. } = entry {
+                fresh.make_dirs(path)?;
+            }
         }
         let files = entries.iter().filter_map(|(path, entry)| match entry {
-            ManifestEntry::File { file, .. } => Some((fresh.join(path), file)),
+            ManifestEntry::File { file, .. } => Some((path.as_str(), file)),
             ManifestEntry::Dir { .. } => None,
         });
         // Polled on this blocking thread: the file writes inside block it, not the runtime.
         handle.block_on(
             futures::stream::iter(files)
-                .map(|(target, file)| self.download_file(target, file))
+                .map(|(path, file)| self.download_file(fresh, path, file))
                 .buffer_unordered(TRANSFERS)
                 .try_collect::<Vec<()>>(),
         )?;
         Ok(())
     }
 
-    async fn download_file(&self, target: PathBuf, file: &FileEntry) -> Result<(), DiskError> {
-        let mut local = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(if file.executable { 0o700 } else { 0o600 })
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&target)?;
+    async fn download_file(&self, fresh: &WorkspaceDir, path: &str, file: &FileEntry) -> Result<(), DiskError> {
+        let mode = if file.executable { 0o700 } else { 0o600 };
+        let (mut local, _) = fresh.create_file(path, mode, true)?;
         let mut chunks = self.objects.get(&self.blob_path(&file.sha256)).await?.into_stream();
         let mut hasher = Sha256::new();
         let mut written = 0_u64;
@@ -726,10 +727,7 @@ impl Disk {
         if written != file.size || hex(&hasher.finalize()) != file.sha256 {
             return Err(DiskError::Damaged(format!(
                 "the content of {} is not the one its manifest names",
-                target
-                    .file_name()
-                    .map(|name| name.to_string_lossy())
-                    .unwrap_or_default()
+                path.rsplit('/').next().unwrap_or(path)
             )));
         }
         let modified = if file.modified_ns >= 0 {
@@ -1014,60 +1012,20 @@ fn checked(manifest: Manifest, max_bytes: u64) -> Result<BTreeMap<String, Manife
     Ok(entries)
 }
 
-/// Opens the workspace directory itself; `None` when it was never made.
-fn open_root(dir: &LocalPath) -> Result<Option<OwnedFd>, DiskError> {
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    match nix::fcntl::open(dir, flags, Mode::empty()) {
-        Ok(fd) => Ok(Some(fd)),
-        Err(nix::Error::ENOENT) => Ok(None),
-        Err(err) => Err(err.into()),
-    }
-}
-
-/// Opens `path` (relative, `/`-separated) below `root` without following a
-/// symbolic link anywhere: each directory is opened from the one before
-/// with `O_NOFOLLOW`. The file must be a regular file with a single link.
-fn open_beneath(root: &OwnedFd, path: &str) -> std::io::Result<fs::File> {
-    let mut parts = path.split('/').peekable();
-    let mut dir: Option<OwnedFd> = None;
-    while let Some(part) = parts.next() {
-        let at = dir.as_ref().unwrap_or(root);
-        let name = CString::new(part).map_err(std::io::Error::other)?;
-        if parts.peek().is_some() {
-            let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-            dir = Some(nix::fcntl::openat(at, name.as_c_str(), flags, Mode::empty())?);
-            continue;
-        }
-        // Non-blocking: a file swapped for a pipe does not hang the open.
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
-        let file = fs::File::from(nix::fcntl::openat(at, name.as_c_str(), flags, Mode::empty())?);
-        let meta = file.metadata()?;
-        if !meta.is_file() || std::os::unix::fs::MetadataExt::nlink(&meta) != 1 {
-            return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
-        }
-        return Ok(file);
-    }
-    Err(std::io::Error::from_raw_os_error(libc::ENOENT))
-}
-
 /// Lists a workspace's directories (`None`) and regular files with a single
 /// link (their stamp), below `dir`, never through a symbolic link.
 fn scan(dir: &LocalPath) -> Result<Scan, DiskError> {
     let mut scan = Scan::default();
-    let Some(root) = open_root(dir)? else {
+    let Some(root) = WorkspaceDir::open(dir)? else {
         return Ok(scan);
     };
-    let root: &OwnedFd = scan.root.insert(root);
+    let root: &WorkspaceDir = scan.root.insert(root);
     let mut pending = vec![String::new()];
     while let Some(relative) = pending.pop() {
-        let fd = if relative.is_empty() {
-            root.try_clone()?
-        } else {
-            match open_dir_beneath(root, &relative) {
-                Ok(fd) => fd,
-                // Replaced since it was listed: what it holds now is not the workspace's.
-                Err(_) => continue,
-            }
+        let fd = match root.open_dir(&relative) {
+            Ok(fd) => fd,
+            // Replaced since it was listed: what it holds now is not the workspace's.
+            Err(_) => continue,
         };
         let mut listing = nix::dir::Dir::from_fd(fd)?;
         let names: Vec<CString> = listing
@@ -1107,22 +1065,6 @@ fn scan(dir: &LocalPath) -> Result<Scan, DiskError> {
         }
     }
     Ok(scan)
-}
-
-/// Opens the directory `path` below `root`, never through a symbolic link.
-fn open_dir_beneath(root: &OwnedFd, path: &str) -> Result<OwnedFd, DiskError> {
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let mut dir: Option<OwnedFd> = None;
-    for part in path.split('/') {
-        let name: &CStr = &CString::new(part).map_err(std::io::Error::other)?;
-        dir = Some(nix::fcntl::openat(
-            dir.as_ref().unwrap_or(root),
-            name,
-            flags,
-            Mode::empty(),
-        )?);
-    }
-    dir.ok_or(DiskError::Io(std::io::Error::from_raw_os_error(libc::ENOENT)))
 }
 
 /// Returns the SHA-256 (hex) and length of what `reader` gives.

@@ -1,12 +1,12 @@
 //! The file tools: read, write, edit and list inside a workspace.
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::io::Read;
 
+use nix::sys::stat::SFlag;
 use serde_json::Value;
 
-use super::workspace::{ToolFailure, Workspace};
+use super::workspace::{ToolFailure, Workspace, WorkspaceDir, WorkspaceError, checked_path, entries, joined, kind};
 use super::{Builtin, text_field};
 
 /// Largest file `read_file` and `edit_file` read, and `write_file` writes.
@@ -57,24 +57,37 @@ pub fn run(tool: Builtin, workspace: &Workspace, input: &Value) -> Result<String
     }
 }
 
-fn read_file(workspace: &Workspace, path: &str) -> Result<String, ToolFailure> {
-    let resolved = workspace.resolve(path)?;
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(o_nofollow())
-        .open(&resolved)
+/// Opens the workspace; a tool runs after it was made.
+fn opened(workspace: &Workspace, path: &str) -> Result<WorkspaceDir, ToolFailure> {
+    workspace
+        .open()
+        .map_err(|refusal| refusal.describe(path))?
+        .ok_or_else(|| "the workspace is not there".to_owned())
+}
+
+/// Reads what `file` holds, up to `limit` bytes (more is refused).
+fn read_capped(file: fs::File, limit: u64, path: &str) -> Result<Vec<u8>, ToolFailure> {
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
         .map_err(|err| format!("{path}: {err}"))?;
-    let meta = file.metadata().map_err(|err| format!("{path}: {err}"))?;
-    if !meta.is_file() {
-        return Err(format!("{path}: not a file"));
+    if bytes.len() as u64 > limit {
+        return Err(format!("{path}: more than the {limit} bytes read_file reads"));
     }
-    if meta.len() > MAX_FILE_BYTES {
+    Ok(bytes)
+}
+
+fn read_file(workspace: &Workspace, path: &str) -> Result<String, ToolFailure> {
+    let relative = checked_path(path).map_err(|refusal| refusal.describe(path))?;
+    let root = opened(workspace, path)?;
+    let (file, stat) = root.open_file(&relative).map_err(|refusal| refusal.describe(path))?;
+    let size = u64::try_from(stat.st_size).unwrap_or(0);
+    if size > MAX_FILE_BYTES {
         return Err(format!(
-            "{path}: {} bytes is more than the {MAX_FILE_BYTES} bytes read_file reads",
-            meta.len()
+            "{path}: {size} bytes is more than the {MAX_FILE_BYTES} bytes read_file reads"
         ));
     }
-    let bytes = fs::read(&resolved).map_err(|err| format!("{path}: {err}"))?;
+    let bytes = read_capped(file, MAX_FILE_BYTES, path)?;
     String::from_utf8(bytes).map_err(|_| format!("{path}: not UTF-8 text"))
 }
 
@@ -85,45 +98,45 @@ fn write_file(workspace: &Workspace, path: &str, content: &str) -> Result<(), To
             content.len()
         ));
     }
-    let resolved = workspace.resolve(path)?;
-    if resolved == workspace.dir() {
+    let relative = checked_path(path).map_err(|refusal| refusal.describe(path))?;
+    if relative.is_empty() {
         return Err("a file path is required".to_owned());
     }
-    workspace.check_room(&resolved, content.len() as u64)?;
-    if let Some(parent) = resolved.parent() {
-        fs::create_dir_all(parent).map_err(|err| format!("{path}: {err}"))?;
-    }
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(o_nofollow())
-        .open(&resolved)
-        .map_err(|err| format!("{path}: {err}"))?;
-    file.write_all(content.as_bytes())
-        .map_err(|err| format!("{path}: {err}"))
+    let root = opened(workspace, path)?;
+    workspace
+        .write_file(&root, &relative, content.as_bytes())
+        .map_err(|refusal| refusal.describe(path))?;
+    Ok(())
 }
 
 fn list_files(workspace: &Workspace, path: &str) -> Result<String, ToolFailure> {
-    let resolved = workspace.resolve(path)?;
-    let mut entries: Vec<String> = fs::read_dir(&resolved)
-        .map_err(|err| format!("{}: {err}", if path.is_empty() { "." } else { path }))?
-        .filter_map(Result::ok)
-        .map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            match entry.file_type() {
-                Ok(kind) if kind.is_dir() => format!("{name}/"),
-                _ => name,
+    let relative = checked_path(path).map_err(|refusal| refusal.describe(path))?;
+    let root = opened(workspace, path)?;
+    let shown = if relative.is_empty() { "." } else { relative.as_str() };
+    let dir = root.open_dir(&relative).map_err(|refusal| refusal.describe(shown))?;
+    let mut entries: Vec<String> = entries(&dir)
+        .map_err(|refusal| refusal.describe(shown))?
+        .into_iter()
+        .map(|(name, stat)| {
+            if kind(&stat) == SFlag::S_IFDIR {
+                format!("{name}/")
+            } else {
+                name
             }
         })
         .collect();
     entries.sort();
     let total = entries.len();
     entries.truncate(MAX_ENTRIES);
-    let shown = workspace.relative(&resolved);
     let mut text = if entries.is_empty() {
-        format!("{} is empty", if shown.is_empty() { "the workspace" } else { &shown })
+        format!(
+            "{} is empty",
+            if relative.is_empty() {
+                "the workspace"
+            } else {
+                &relative
+            }
+        )
     } else {
         entries.join("\n")
     };
@@ -140,62 +153,89 @@ const MAX_VISITED: usize = 10_000;
 
 /// Finds the lines containing `needle` in the text files below `path`.
 ///
-/// Symbolic links, files with several hard links, files over
+/// Every directory and file is opened beneath the workspace's descriptor;
+/// symbolic links, files with several hard links, files over
 /// [`MAX_FILE_BYTES`] and files that are not UTF-8 are passed over.
 fn search_files(workspace: &Workspace, path: &str, needle: &str) -> Result<String, ToolFailure> {
     if needle.is_empty() {
         return Err("`text` must not be empty".to_owned());
     }
-    let root = workspace.resolve(path)?;
-    let mut pending = vec![root];
+    let relative = checked_path(path).map_err(|refusal| refusal.describe(path))?;
+    let root = opened(workspace, path)?;
     let (mut matches, mut visited, mut more) = (Vec::new(), 0_usize, false);
-    while let Some(at) = pending.pop() {
+    let search = |shown: &str, file: fs::File, matches: &mut Vec<String>| {
+        let Ok(bytes) = read_capped(file, MAX_FILE_BYTES, shown) else {
+            return false;
+        };
+        let Ok(text) = String::from_utf8(bytes) else {
+            return false;
+        };
+        for (number, line) in text.lines().enumerate() {
+            if line.contains(needle) {
+                if matches.len() == MAX_MATCHES {
+                    return true;
+                }
+                matches.push(format!("{shown}:{}: {line}", number + 1));
+            }
+        }
+        false
+    };
+    // The path itself may be a file.
+    match root.open_dir(&relative) {
+        Ok(_) => {}
+        Err(WorkspaceError::NotADirectory) => {
+            let (file, stat) = root.open_file(&relative).map_err(|refusal| refusal.describe(path))?;
+            if u64::try_from(stat.st_size).unwrap_or(0) <= MAX_FILE_BYTES {
+                more = search(&relative, file, &mut matches);
+            }
+            return Ok(answer(&matches, needle, more));
+        }
+        Err(refusal) => return Err(refusal.describe(path)),
+    };
+    // Each directory and file is opened from the workspace by its path when
+    // its turn comes: one open at a time.
+    let mut pending: Vec<(String, bool)> = vec![(relative, true)];
+    while let Some((shown, directory)) = pending.pop() {
         visited += 1;
         if visited > MAX_VISITED || matches.len() >= MAX_MATCHES {
             more = true;
             break;
         }
-        let Ok(meta) = fs::symlink_metadata(&at) else { continue };
-        if meta.is_dir() {
-            let mut children: Vec<_> = fs::read_dir(&at)
-                .map_err(|err| format!("{path}: {err}"))?
-                .filter_map(Result::ok)
-                .map(|entry| entry.path())
-                .collect();
+        if directory {
+            let Ok(dir) = root.open_dir(&shown) else { continue };
+            let mut children = entries(&dir).unwrap_or_default();
             // Popped from the end: sorted backwards, files come out in order.
-            children.sort_by(|a, b| b.cmp(a));
-            pending.extend(children);
-            continue;
-        }
-        if !meta.is_file() || meta.nlink() > 1 || meta.len() > MAX_FILE_BYTES {
-            continue;
-        }
-        let Ok(text) = fs::read_to_string(&at) else { continue };
-        let shown = workspace.relative(&at);
-        for (number, line) in text.lines().enumerate() {
-            if line.contains(needle) {
-                if matches.len() == MAX_MATCHES {
-                    more = true;
-                    break;
-                }
-                matches.push(format!("{shown}:{}: {line}", number + 1));
+            children.sort_by(|a, b| b.0.cmp(&a.0));
+            for (name, stat) in children {
+                pending.push((joined(&shown, &name), kind(&stat) == SFlag::S_IFDIR));
             }
+            continue;
+        }
+        // What was opened, not what was listed, must be a plain file.
+        let Ok((file, stat)) = root.open_file(&shown) else {
+            continue;
+        };
+        if u64::try_from(stat.st_size).unwrap_or(0) > MAX_FILE_BYTES {
+            continue;
+        }
+        if search(&shown, file, &mut matches) {
+            more = true;
+            break;
         }
     }
+    Ok(answer(&matches, needle, more))
+}
+
+/// Returns `search_files`' answer.
+fn answer(matches: &[String], needle: &str, more: bool) -> String {
     if matches.is_empty() {
-        return Ok(format!("no line contains {needle:?}"));
+        return format!("no line contains {needle:?}");
     }
     let mut answer = matches.join("\n");
     if more {
         answer.push_str("\n[… search stopped: more matches or files than are shown]");
     }
-    Ok(answer)
-}
-
-/// `O_NOFOLLOW`: the last component is opened only if it is not a symbolic
-/// link, closing the window between resolving a path and opening it.
-fn o_nofollow() -> i32 {
-    libc::O_NOFOLLOW
+    answer
 }
 
 #[cfg(test)]

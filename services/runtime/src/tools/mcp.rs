@@ -397,7 +397,9 @@ impl McpServer {
             McpTransport::Stdio { command, args, env } => {
                 reach.workspace.load().await.map_err(|why| (why, false))?;
                 reach.workspace.ensure().map_err(|why| (why, false))?;
-                isolation::check(reach.limits).await.map_err(|why| (why, false))?;
+                isolation::check(reach.limits, reach.workspace.dir())
+                    .await
+                    .map_err(|why| (why, false))?;
                 let file_bytes = reach.limits.file_mb.saturating_mul(1024 * 1024);
                 let (mut process, cgroup) = sandboxed(reach.workspace.dir(), reach.limits, file_bytes, command, args);
                 process

@@ -26,6 +26,7 @@ mod workspace;
 pub use crate::config::{McpConfig, SandboxLimits, SandboxRequest};
 pub use disk::WorkspaceStore;
 pub use fetch::{AddressGuard, Fetcher};
+pub(crate) use isolation::check_config as check_sandbox_config;
 use mcp::McpServer;
 pub use mcp::{Caller, CredentialSource, McpServerSpec, McpTransport, ServerState};
 pub use workspace::Workspace;

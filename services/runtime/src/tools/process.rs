@@ -3,9 +3,9 @@
 //! The command runs as `/bin/sh -c` under `prlimit` (CPU time, address
 //! space, file size, processes, no core files), in its own process group,
 //! with the workspace as its working directory and a clean environment
-//! (`PATH`, `HOME` and `TMPDIR` at the workspace, `LANG`: none of the
-//! server's variables, so no key), in the namespaces of `isolation.rs` and
-//! the control group of `cgroup.rs` where the server can make them. Whatever
+//! (`PATH`, `HOME` at the workspace, `TMPDIR`, `LANG`: none of the server's
+//! variables, so no key), behind the fence of `isolation.rs` and in the
+//! control group of `cgroup.rs` where the server can make them. Whatever
 //! it started is killed when the command ends, times out or its turn is
 //! interrupted, so nothing outlives the call. Its output is cut at a limit,
 //! with a marker.
@@ -41,7 +41,7 @@ impl GroupGuard {
 /// Returns the command that runs `program` in `dir` under `limits`' rlimits
 /// (through `prlimit`; files up to `file_bytes`), in a control group of its
 /// own where the server can make one (returned: keep it while the command
-/// runs), in the namespaces `limits` ask for (check [`isolation::check`]
+/// runs), behind the fence `limits` ask for (check [`isolation::check`]
 /// first), with a clean environment, in a process group of its own, killed
 /// when dropped; the caller sets its standard streams.
 pub(super) fn sandboxed(
@@ -81,12 +81,19 @@ pub(super) fn sandboxed(
             direct
         }
     };
+    // Behind the fence the workspace is `/workspace`, with a private `/tmp`;
+    // without it, the workspace is where the command stands and keeps its files.
+    let (home, tmp) = if limits.isolate {
+        (Path::new(isolation::WORKSPACE), Path::new(isolation::TMP))
+    } else {
+        (dir, dir)
+    };
     command
         .current_dir(dir)
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("HOME", dir)
-        .env("TMPDIR", dir)
+        .env("HOME", home)
+        .env("TMPDIR", tmp)
         .env("LANG", "C.UTF-8")
         .process_group(0)
         .kill_on_drop(true);
@@ -127,7 +134,7 @@ pub async fn run_command(
     if command.trim().is_empty() {
         return Err("`command` must not be empty".to_owned());
     }
-    isolation::check(limits).await?;
+    isolation::check(limits, workspace.dir()).await?;
     // A command may fill what is left of the workspace's quota, no more.
     let file_bytes = limits.file_mb.saturating_mul(1024 * 1024);
     let file_bytes = match workspace.quota() {
@@ -230,8 +237,11 @@ mod tests {
             .await
             .unwrap();
         assert!(!failed, "{text}");
-        assert!(text.starts_with("exit code 0\nstdout:\nhello\n"), "{text}");
-        assert!(text.contains(&ws.dir().display().to_string()), "{text}");
+        assert!(text.starts_with("exit code 0\nstdout:\nhello\n/workspace\n"), "{text}");
+        assert!(
+            text.contains("\nHOME=/workspace\n") && text.contains("\nTMPDIR=/tmp\n"),
+            "{text}"
+        );
         assert!(!text.contains("CARGO"), "the server's environment leaked: {text}");
     }
 
@@ -260,7 +270,7 @@ mod tests {
             ..SandboxLimits::default()
         };
         let script = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '";
-        if let Err(refused) = isolation::check(&isolated).await {
+        if let Err(refused) = isolation::check(&isolated, ws.dir()).await {
             assert_eq!(run_command(&ws, script, &isolated).await.unwrap_err(), refused);
             return;
         }
@@ -279,18 +289,15 @@ mod tests {
         std::fs::create_dir_all(data.join("workspaces/ten_b/img_2")).unwrap();
         std::fs::write(data.join("workspaces/ten_b/img_2/theirs.txt"), "theirs").unwrap();
         std::fs::write(ws.dir().join("mine.txt"), "mine").unwrap();
-        let limits = SandboxLimits {
-            hide: vec![data.clone()],
-            ..SandboxLimits::default()
-        };
-        if let Err(refused) = isolation::check(&limits).await {
+        let limits = SandboxLimits::default();
+        if let Err(refused) = isolation::check(&limits, ws.dir()).await {
             assert_eq!(run_command(&ws, "true", &limits).await.unwrap_err(), refused);
             return;
         }
         let server = std::process::id();
         let script = format!(
             "cat mine.txt; echo; cat {admin} 2>&1; ls {others} 2>&1; cat /proc/{server}/environ 2>&1 | head -c 40; echo; \
-             echo new > new.txt; touch {outside} 2>&1; pwd",
+             echo new > new.txt; touch {outside} /planted /usr/planted /etc/planted 2>&1; pwd",
             outside = temp.path().join("planted").display(),
             admin = data.join("admin.key").display(),
             others = data.join("workspaces/ten_b").display(),
@@ -302,21 +309,98 @@ mod tests {
             !text.contains("CARGO"),
             "the server's environment is out of sight: {text}"
         );
-        assert!(text.contains(&ws.dir().display().to_string()), "{text}");
+        assert!(text.ends_with("\n/workspace\n"), "{text}");
         assert_eq!(std::fs::read_to_string(ws.dir().join("new.txt")).unwrap(), "new\n");
-        assert!(
-            text.contains("Read-only file system"),
+        assert_eq!(
+            text.matches("Read-only file system").count(),
+            3,
             "nothing outside is writable: {text}"
         );
-        assert!(!temp.path().join("planted").exists());
-        // Nor its control groups: a command cannot leave its own.
-        let (text, _) = run_command(&ws, "ls -A /sys/fs/cgroup | wc -l", &limits).await.unwrap();
+        assert!(!temp.path().join("planted").exists() && !Path::new("/usr/planted").exists());
+        // Its root holds its own mounts only, all read-only but its workspace,
+        // its /tmp and the devices.
+        let (text, _) = run_command(&ws, "cat /proc/self/mountinfo", &limits).await.unwrap();
+        let writable = ["/workspace", "/tmp", "/dev/shm", "/dev/null", "/dev/zero", "/dev/full"];
+        let devices = ["/dev/random", "/dev/urandom", "/dev/tty"];
+        let mut points = Vec::new();
+        for line in text.lines().skip(2).filter(|line| !line.is_empty()) {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let (point, options) = (fields[4], fields[5]);
+            points.push(point);
+            assert!(!point.starts_with("/sys") && !point.contains("data"), "{line}");
+            if !writable.contains(&point) && !devices.contains(&point) {
+                assert!(options.starts_with("ro,"), "{line}");
+            }
+            if point == "/workspace" {
+                assert!(options.contains("nosuid") && options.contains("nodev"), "{line}");
+            }
+        }
+        for expected in ["/", "/usr", "/workspace", "/tmp", "/proc", "/dev/null", "/etc/passwd"] {
+            assert!(points.contains(&expected), "{expected} in {points:?}");
+        }
+        // Nor its control groups (no /sys at all): a command cannot leave its own.
+        let (text, _) = run_command(&ws, "ls -A /sys 2>/dev/null | wc -l", &limits)
+            .await
+            .unwrap();
         assert_eq!(text, "exit code 0\nstdout:\n0\n");
         assert_eq!(
             std::fs::read_to_string(data.join("admin.key")).unwrap(),
             "the-admin-key",
             "nothing outside changed"
         );
+    }
+
+    /// Issue 26 item 1: a command undid its own fence — `umount -l` of the
+    /// data directory's cover showed the admin key, `mount -o
+    /// remount,bind,rw /` let it write to the host, `umount -l
+    /// /sys/fs/cgroup` showed the control groups.
+    #[tokio::test]
+    async fn a_command_cannot_undo_its_fence() {
+        let temp = tempfile::tempdir().unwrap();
+        let data = temp.path().join("data");
+        let ws = Workspace::new(data.join("workspaces/ten_a/img_1"));
+        ws.ensure().unwrap();
+        std::fs::write(data.join("admin.key"), "the-admin-key").unwrap();
+        let limits = SandboxLimits::default();
+        let planted = temp.path().join("planted");
+        let script = format!(
+            "umount -l {data}; cat {data}/admin.key; mount -o remount,bind,rw / && touch {planted}; \
+             umount -l /sys/fs/cgroup; echo cgroups=$(ls -A /sys/fs/cgroup 2>/dev/null | wc -l); \
+             umount -l /proc; mount -t tmpfs avm-x /tmp && echo mounted; grep CapEff /proc/self/status",
+            data = data.display(),
+            planted = planted.display(),
+        );
+        let (text, _) = run_command(&ws, &script, &limits).await.unwrap();
+        assert!(!text.contains("the-admin-key"), "{text}");
+        assert!(!planted.exists(), "the command wrote outside its workspace: {text}");
+        assert!(text.contains("cgroups=0\n"), "{text}");
+        assert!(!text.contains("mounted"), "{text}");
+        assert!(text.contains("CapEff:\t0000000000000000"), "no capability: {text}");
+    }
+
+    /// Issue 26 item 3: the configuration file `avm serve --config` named
+    /// (the LLM key in it) and the server's home were readable by commands.
+    #[tokio::test]
+    async fn a_command_reads_neither_the_config_file_nor_the_servers_home() {
+        let temp = tempfile::tempdir().unwrap();
+        let home = temp.path().join("home");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::write(home.join(".netrc"), "password home-secret").unwrap();
+        let config = temp.path().join("avm.toml");
+        std::fs::write(&config, "[llm]\napi_key = \"sk-config-secret\"\n").unwrap();
+        let ws = Workspace::new(temp.path().join("data/workspaces/t/i"));
+        ws.ensure().unwrap();
+        let limits = SandboxLimits::default();
+        let script = format!(
+            "cat {config}; ls -A {home}; cat {home}/.netrc; echo done",
+            config = config.display(),
+            home = home.display()
+        );
+        let (text, _) = run_command(&ws, &script, &limits).await.unwrap();
+        assert!(text.contains("done"), "{text}");
+        for secret in ["sk-config-secret", "home-secret", ".netrc\n"] {
+            assert!(!text.contains(secret), "{secret} was read: {text}");
+        }
     }
 
     #[tokio::test]
@@ -391,7 +475,7 @@ mod tests {
         std::fs::write(ws.dir().join("more"), vec![0_u8; 600 * 1024]).unwrap();
         let (text, failed) = run_command(&ws, "true", &SandboxLimits::default()).await.unwrap();
         assert!(failed && text.contains("over its quota of 1048576 bytes"), "{text}");
-        assert!(ws.check_room(&ws.dir().join("x"), 1).is_err());
+        assert!(ws.check_room(0, 1).is_err());
     }
 
     #[test]
