@@ -76,15 +76,10 @@ const ETC: [&str; 22] = [
     "/etc/os-release",
 ];
 
-/// The devices a command's root holds (no disk, no console, no `/dev/kmsg`).
-const DEVICES: [&str; 6] = [
-    "/dev/null",
-    "/dev/zero",
-    "/dev/full",
-    "/dev/random",
-    "/dev/urandom",
-    "/dev/tty",
-];
+/// The devices a command's root holds (no disk, no console, no `/dev/kmsg`,
+/// and no `/dev/tty`: the command shares the server's session, so that node
+/// would open the operator's terminal, where `TIOCSTI` types into its shell).
+const DEVICES: [&str; 5] = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"];
 
 /// The links of `/dev` into the command's own `/proc`, copied as they are.
 const DEVICE_LINKS: [&str; 4] = ["/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr"];
