@@ -338,7 +338,10 @@ mod tests {
         for expected in ["/", "/usr", "/workspace", "/tmp", "/proc", "/dev/null", "/etc/passwd"] {
             assert!(points.contains(&expected), "{expected} in {points:?}");
         }
-        assert!(!points.contains(&"/dev/tty"), "the server's terminal is out of reach: {points:?}");
+        assert!(
+            !points.contains(&"/dev/tty"),
+            "the server's terminal is out of reach: {points:?}"
+        );
         // Nor its control groups (no /sys at all): a command cannot leave its own.
         let (text, _) = run_command(&ws, "ls -A /sys 2>/dev/null | wc -l", &limits)
             .await
