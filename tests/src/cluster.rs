@@ -42,6 +42,9 @@ pub struct Options {
     pub group_runaway_limit: Option<u64>,
     /// Events a subscriber may fall behind (`[runtime] subscriber_queue`).
     pub subscriber_queue: Option<usize>,
+    /// How long a subscriber that fell behind may read nothing before it is
+    /// cut off (`[runtime] subscriber_stall_timeout`).
+    pub subscriber_stall_timeout: Option<Duration>,
     /// Group turns at once per runtime and per tenant (`[runtime]
     /// max_running_agents`, `max_running_agents_per_tenant`).
     pub max_running_agents: Option<(usize, usize)>,
@@ -88,6 +91,7 @@ impl Default for Options {
             agent_idle_timeout: None,
             group_runaway_limit: None,
             subscriber_queue: None,
+            subscriber_stall_timeout: None,
             max_running_agents: None,
             max_frame_bytes: None,
             llm_idle_timeout: None,
@@ -528,6 +532,9 @@ impl Cluster {
         if let Some(queue) = self.options.subscriber_queue {
             config.runtime.subscriber_queue = queue;
         }
+        if let Some(timeout) = self.options.subscriber_stall_timeout {
+            config.runtime.subscriber_stall_timeout = timeout;
+        }
         if let Some((replica, tenant)) = self.options.max_running_agents {
             config.runtime.max_running_agents = replica;
             config.runtime.max_running_agents_per_tenant = tenant;
@@ -636,6 +643,12 @@ impl Cluster {
         }
         if let Some(queue) = self.options.subscriber_queue {
             env.push(("AVM_RUNTIME_SUBSCRIBER_QUEUE".into(), queue.to_string()));
+        }
+        if let Some(timeout) = self.options.subscriber_stall_timeout {
+            env.push((
+                "AVM_RUNTIME_SUBSCRIBER_STALL_TIMEOUT".into(),
+                format!("{}ms", timeout.as_millis()),
+            ));
         }
         if let Some((replica, tenant)) = self.options.max_running_agents {
             env.push(("AVM_RUNTIME_MAX_RUNNING_AGENTS".into(), replica.to_string()));

@@ -20,6 +20,7 @@ pub const RUNTIME_AGENT_IDLE_TIMEOUT: &str = "runtime.agentIdleTimeout";
 pub const RUNTIME_EVENT_RETENTION: &str = "runtime.eventRetention";
 pub const RUNTIME_EVENT_RETENTION_PERIOD: &str = "runtime.eventRetentionPeriod";
 pub const RUNTIME_SUBSCRIBER_QUEUE: &str = "runtime.subscriberQueue";
+pub const RUNTIME_SUBSCRIBER_STALL_TIMEOUT: &str = "runtime.subscriberStallTimeout";
 pub const BILLING_MARKUP: &str = "billing.markup";
 pub const BILLING_PRICES: &str = "billing.prices";
 

@@ -170,7 +170,14 @@ pub const KEYS: &[KeySpec] = &[
         ValueKind::Count(1, 1_000_000),
         false,
         false,
-        "events a subscriber may fall behind before it is cut off",
+        "events a subscriber may fall behind before its text deltas merge",
+    ),
+    key(
+        RUNTIME_SUBSCRIBER_STALL_TIMEOUT,
+        ValueKind::Duration(1, 24 * HOUR),
+        false,
+        false,
+        "how long a subscriber that fell behind may read nothing before it is cut off",
     ),
 ];
 

@@ -22,9 +22,15 @@ pub struct RuntimeConfig {
     /// (a client resuming later reloads the history instead).
     #[serde(with = "humantime_serde")]
     pub event_retention_period: Duration,
-    /// Capacity of each subscriber's queue; a subscriber that falls this far
-    /// behind is cut off with a typed error.
+    /// Events a subscriber may fall behind before its text deltas merge
+    /// (consecutive deltas of a message become one, every other event kept
+    /// in order), so a client reading at its own pace is never cut off.
+    /// Twice as many events that cannot merge cut it off.
     pub subscriber_queue: usize,
+    /// How long a subscriber whose queue is full may take no event before
+    /// it is cut off with `SUBSCRIBER_TOO_SLOW` (its turn goes on and is stored).
+    #[serde(with = "humantime_serde")]
+    pub subscriber_stall_timeout: Duration,
     /// Where images' workspaces live (`<root>/<tenant>/<image>`); the
     /// server's data directory's `workspaces` when unset.
     pub workspace_root: Option<std::path::PathBuf>,
@@ -65,6 +71,7 @@ impl Default for RuntimeConfig {
             event_retention: 1024,
             event_retention_period: Duration::from_secs(120),
             subscriber_queue: 1024,
+            subscriber_stall_timeout: Duration::from_secs(30),
             workspace_root: None,
             workspace_store: None,
             max_tool_steps: 25,
@@ -515,6 +522,10 @@ impl RuntimeConfig {
         tree.insert(
             settings::RUNTIME_SUBSCRIBER_QUEUE.into(),
             Value::from(self.subscriber_queue),
+        );
+        tree.insert(
+            settings::RUNTIME_SUBSCRIBER_STALL_TIMEOUT.into(),
+            settings::duration_value(self.subscriber_stall_timeout),
         );
         tree
     }

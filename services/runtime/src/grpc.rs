@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -210,34 +209,26 @@ fn event_stream(
     subscription: Subscription,
     until_turn_end: bool,
 ) -> impl Stream<Item = Result<Arc<SessionEvent>, Status>> + Send {
-    let Subscription {
-        replay,
-        live,
-        overflowed,
-        ..
-    } = subscription;
+    let Subscription { replay, live, .. } = subscription;
     futures::stream::unfold(
         (replay.into_iter(), live, false),
-        move |(mut replay, mut live, done)| {
-            let overflowed = Arc::clone(&overflowed);
-            async move {
-                if done {
-                    return None;
-                }
-                let event = match replay.next() {
-                    Some(event) => event,
-                    None => match live.recv().await {
-                        Some(event) => event,
-                        None if overflowed.load(Ordering::Acquire) => {
-                            let status = Status::from(RuntimeError::SubscriberTooSlow);
-                            return Some((Err(status), (replay, live, true)));
-                        }
-                        None => return None,
-                    },
-                };
-                let finished = until_turn_end && event.ends_turn();
-                Some((Ok(event), (replay, live, finished)))
+        move |(mut replay, mut live, done)| async move {
+            if done {
+                return None;
             }
+            let event = match replay.next() {
+                Some(event) => event,
+                None => match live.recv().await {
+                    Some(event) => event,
+                    None if live.was_cut() => {
+                        let status = Status::from(RuntimeError::SubscriberTooSlow);
+                        return Some((Err(status), (replay, live, true)));
+                    }
+                    None => return None,
+                },
+            };
+            let finished = until_turn_end && event.ends_turn();
+            Some((Ok(event), (replay, live, finished)))
         },
     )
 }

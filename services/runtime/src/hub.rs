@@ -4,13 +4,17 @@
 //! hubs also send their events to, and take the others' from, the fan-out
 //! (`replicas::fanout`).
 
+mod queue;
+
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
-use tokio::sync::{OnceCell, mpsc, oneshot};
+use tokio::sync::{OnceCell, oneshot};
 
+pub use self::queue::{LiveEvents, QueueLimits};
+use self::queue::{Offered, QueueSender};
 use crate::replicas::Fanout;
 
 /// Which conversation an event belongs to.
@@ -45,18 +49,16 @@ impl SessionEvent {
 pub struct Subscription {
     /// Retained events after the requested cursor, oldest first.
     pub replay: Vec<Arc<SessionEvent>>,
-    /// Live events after the replay.
-    pub live: mpsc::Receiver<Arc<SessionEvent>>,
-    /// Set when the hub dropped this subscriber for falling too far behind.
-    pub overflowed: Arc<AtomicBool>,
+    /// Live events after the replay; when the subscriber falls behind, its
+    /// text deltas merge (see [`QueueLimits`]).
+    pub live: LiveEvents,
     /// The cursor of the latest event when it subscribed: where a follower
     /// that saw nothing yet resumes.
     pub start: u64,
 }
 
 struct Subscriber {
-    queue: mpsc::Sender<Arc<SessionEvent>>,
-    overflowed: Arc<AtomicBool>,
+    queue: QueueSender,
 }
 
 struct HubState {
@@ -75,7 +77,7 @@ struct HubState {
 pub struct SessionHub {
     state: Mutex<HubState>,
     retention: usize,
-    queue_capacity: usize,
+    queue_limits: QueueLimits,
     /// The lowest cursor this hub publishes: the time it was made, in
     /// microseconds, so cursors keep rising across hub restarts (a hub is
     /// rebuilt after idling or a process restart).
@@ -93,7 +95,7 @@ pub struct SessionHub {
 }
 
 impl SessionHub {
-    fn new(retention: usize, queue_capacity: usize, fanout: Option<Fanout>) -> Self {
+    fn new(retention: usize, queue_limits: QueueLimits, fanout: Option<Fanout>) -> Self {
         let floor = u64::try_from(avm_common::now_ms()).unwrap_or(0).saturating_mul(1000);
         Self {
             state: Mutex::new(HubState {
@@ -105,7 +107,7 @@ impl SessionHub {
                 subscribers: Vec::new(),
             }),
             retention: retention.max(1),
-            queue_capacity: queue_capacity.max(1),
+            queue_limits,
             floor,
             fanout,
             ready: OnceCell::new(),
@@ -195,20 +197,22 @@ impl SessionHub {
         state.recent.push_back(Arc::clone(event));
         state
             .subscribers
-            .retain(|subscriber| match subscriber.queue.try_send(Arc::clone(event)) {
-                Ok(()) => true,
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    subscriber.overflowed.store(true, Ordering::Release);
+            .retain(|subscriber| match subscriber.queue.offer(event) {
+                Offered::Kept => true,
+                Offered::Cut => {
+                    tracing::warn!(
+                        session_id = %event.context.session_id,
+                        "subscriber stopped reading; cut off"
+                    );
                     false
                 }
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
+                Offered::Gone => false,
             });
     }
 
     /// Subscribes, replaying retained events after `after` (when given).
     pub fn subscribe(&self, after: Option<u64>) -> Subscription {
-        let (queue, live) = mpsc::channel(self.queue_capacity);
-        let overflowed = Arc::new(AtomicBool::new(false));
+        let (queue, live) = queue::queue(self.queue_limits);
         let mut state = self.lock();
         state.subscribers.retain(|subscriber| !subscriber.queue.is_closed());
         let replay = match after {
@@ -220,14 +224,10 @@ impl SessionHub {
                 .collect(),
             None => Vec::new(),
         };
-        state.subscribers.push(Subscriber {
-            queue,
-            overflowed: Arc::clone(&overflowed),
-        });
+        state.subscribers.push(Subscriber { queue });
         Subscription {
             replay,
             live,
-            overflowed,
             start: state.next_cursor,
         }
     }
@@ -287,18 +287,18 @@ impl Drop for OpenHub {
 pub struct Hubs {
     hubs: Mutex<HashMap<String, Arc<SessionHub>>>,
     retention: usize,
-    queue_capacity: usize,
+    queue_limits: QueueLimits,
     fanout: Option<Fanout>,
 }
 
 impl Hubs {
     /// Returns an empty set of hubs; with a fan-out, they share their
     /// sessions' events with other replicas.
-    pub fn new(retention: usize, queue_capacity: usize, fanout: Option<Fanout>) -> Self {
+    pub fn new(retention: usize, queue_limits: QueueLimits, fanout: Option<Fanout>) -> Self {
         Self {
             hubs: Mutex::new(HashMap::new()),
             retention,
-            queue_capacity,
+            queue_limits,
             fanout,
         }
     }
@@ -347,11 +347,7 @@ impl Hubs {
         if let Some(hub) = hubs.get(session_id) {
             return Arc::clone(hub);
         }
-        let hub = Arc::new(SessionHub::new(
-            self.retention,
-            self.queue_capacity,
-            self.fanout.clone(),
-        ));
+        let hub = Arc::new(SessionHub::new(self.retention, self.queue_limits, self.fanout.clone()));
         if let Some(fanout) = &self.fanout {
             // Sent under the lock: follows and unfollows stay in order.
             *hub.following.lock().unwrap_or_else(|p| p.into_inner()) = Some(fanout.follow(session_id));
@@ -413,6 +409,13 @@ mod tests {
 
     use super::*;
 
+    fn limits(capacity: usize) -> QueueLimits {
+        QueueLimits {
+            capacity,
+            stall_timeout: std::time::Duration::from_secs(60),
+        }
+    }
+
     fn context() -> Arc<EventContext> {
         Arc::new(EventContext {
             session_id: "sess_1".into(),
@@ -422,7 +425,7 @@ mod tests {
 
     #[test]
     fn cursors_rise_and_resume_replays_what_was_missed() {
-        let hub = SessionHub::new(8, 8, None);
+        let hub = SessionHub::new(8, limits(8), None);
         let ctx = context();
         let first = hub.publish("text_delta", &ctx, &json!({"text": "a"}));
         let second = hub.publish("text_delta", &ctx, &json!({"text": "b"}));
@@ -445,7 +448,7 @@ mod tests {
     #[test]
     fn events_of_two_writers_interleave_and_each_arrives_once() {
         // A group's hub: two runtimes publish into it, their cursors crossing.
-        let hub = SessionHub::new(16, 16, None);
+        let hub = SessionHub::new(16, limits(16), None);
         hub.seed(vec![("rt_a".to_owned(), event(10, "seeded"))]);
         let mut sub = hub.subscribe(None);
         hub.inject("rt_a", Arc::new(event(10, "seeded again")));
@@ -454,7 +457,7 @@ mod tests {
         hub.inject("rt_b", Arc::new(event(11, "b1 again")));
         hub.inject("rt_a", Arc::new(event(13, "a2")));
         let mut seen = Vec::new();
-        while let Ok(event) = sub.live.try_recv() {
+        while let Some(event) = sub.live.try_recv() {
             seen.push(event.data_json.clone());
         }
         let texts: Vec<String> = ["a1", "b1", "a2"]
@@ -468,7 +471,7 @@ mod tests {
 
     #[test]
     fn retention_is_bounded() {
-        let hub = SessionHub::new(3, 8, None);
+        let hub = SessionHub::new(3, limits(8), None);
         let ctx = context();
         for i in 0..10 {
             hub.publish("text_delta", &ctx, &json!({"i": i}));
@@ -479,7 +482,7 @@ mod tests {
 
     #[test]
     fn old_events_are_trimmed() {
-        let hub = SessionHub::new(8, 8, None);
+        let hub = SessionHub::new(8, limits(8), None);
         let ctx = context();
         let event = hub.publish("text_delta", &ctx, &json!({}));
         hub.trim(event.timestamp_ms);
@@ -492,7 +495,7 @@ mod tests {
 
     #[test]
     fn a_finished_subscriber_is_let_go_without_another_event() {
-        let hub = SessionHub::new(8, 8, None);
+        let hub = SessionHub::new(8, limits(8), None);
         let kept = hub.subscribe(None);
         drop(hub.subscribe(None));
         hub.trim(0);
@@ -503,7 +506,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_hub_is_kept_while_held_and_then_while_subscribed() {
-        let hubs = Hubs::new(8, 8, None);
+        let hubs = Hubs::new(8, limits(8), None);
         // Opened for a subscriber; the reaper passes before it subscribes.
         let opened = hubs.open("sess_1").await;
         hubs.prune();
@@ -513,23 +516,47 @@ mod tests {
         // An agent of the session publishes into the hub the subscriber took.
         hubs.get_or_create("sess_1")
             .publish("text_delta", &context(), &json!({}));
-        assert!(sub.live.try_recv().is_ok(), "the subscriber got the agent's event");
+        assert!(sub.live.try_recv().is_some(), "the subscriber got the agent's event");
         drop(sub);
         hubs.prune();
         assert!(hubs.is_empty(), "neither held nor subscribed: dropped");
     }
 
     #[tokio::test]
-    async fn a_subscriber_that_falls_behind_is_cut_off() {
-        let hub = SessionHub::new(8, 2, None);
+    async fn a_subscriber_behind_a_fast_reply_gets_it_whole_in_fewer_deltas() {
+        let hub = SessionHub::new(8, limits(4), None);
         let ctx = context();
         let mut sub = hub.subscribe(None);
-        for i in 0..3 {
-            hub.publish("text_delta", &ctx, &json!({"i": i}));
+        for i in 0..100 {
+            hub.publish("text_delta", &ctx, &json!({"text": format!("w{i} ")}));
+            hub.publish("conversation_responding", &ctx, &json!({}));
         }
-        assert!(sub.overflowed.load(Ordering::Acquire));
-        assert!(sub.live.recv().await.is_some());
-        assert!(sub.live.recv().await.is_some());
+        let end = hub.publish("conversation_end", &ctx, &json!({}));
+        drop(hub);
+        let mut text = String::new();
+        let mut last = None;
+        while let Some(event) = sub.live.recv().await {
+            if event.kind == "text_delta" {
+                let data: Value = serde_json::from_str(&event.data_json).unwrap();
+                text.push_str(data["text"].as_str().unwrap());
+            }
+            last = Some(event);
+        }
+        let expected: String = (0..100).map(|i| format!("w{i} ")).collect();
+        assert_eq!(text, expected);
+        assert_eq!(last.map(|event| event.cursor), Some(end.cursor));
+        assert!(!sub.live.was_cut());
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_far_behind_on_events_that_cannot_merge_is_cut_off() {
+        let hub = SessionHub::new(8, limits(2), None);
+        let ctx = context();
+        let mut sub = hub.subscribe(None);
+        for i in 0..5 {
+            hub.publish("tool_planned", &ctx, &json!({"i": i}));
+        }
+        assert!(sub.live.was_cut());
         assert!(sub.live.recv().await.is_none());
     }
 }

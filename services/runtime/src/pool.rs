@@ -113,7 +113,10 @@ impl AgentPool {
         };
         let hubs = Arc::new(Hubs::new(
             config.event_retention,
-            config.subscriber_queue,
+            crate::hub::QueueLimits {
+                capacity: config.subscriber_queue,
+                stall_timeout: config.subscriber_stall_timeout,
+            },
             replicas.as_ref().map(|replicas| replicas.fanout().clone()),
         ));
         let limits = TurnLimits {
