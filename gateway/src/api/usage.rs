@@ -31,7 +31,7 @@ pub struct UsageQuery {
     pub to: Option<i64>,
     /// A calendar month `YYYY-MM` (UTC), instead of `from`/`to`.
     pub month: Option<String>,
-    /// Comma-separated dimensions: tenant, key, model, day, month, status, user (default model).
+    /// Comma-separated dimensions: tenant, key, provider, model, day, month, status, user (default model).
     pub group_by: Option<String>,
     pub key_id: Option<String>,
     pub model: Option<String>,
@@ -51,9 +51,10 @@ impl UsageQuery {
     }
 }
 
-const DIMENSIONS: [(&str, pb::Dimension); 7] = [
+const DIMENSIONS: [(&str, pb::Dimension); 8] = [
     ("tenant", pb::Dimension::Tenant),
     ("key", pb::Dimension::Key),
+    ("provider", pb::Dimension::Provider),
     ("model", pb::Dimension::Model),
     ("day", pb::Dimension::Day),
     ("month", pb::Dimension::Month),
@@ -75,7 +76,7 @@ fn dimensions(group_by: Option<&str>) -> Result<Vec<(&'static str, pb::Dimension
                 .ok_or_else(|| {
                     ApiError::invalid(
                         "INVALID_GROUP_BY",
-                        "groupBy takes tenant, key, model, day, month, status and user",
+                        "groupBy takes tenant, key, provider, model, day, month, status and user",
                     )
                 })
         })

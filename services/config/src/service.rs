@@ -13,6 +13,7 @@ use crate::schema::{self, KeySpec};
 use avm_common::RequestContext;
 use avm_common::auth::{Role, Scopes};
 use avm_common::config::REDACTED;
+use avm_common::settings::{LLM_API_KEY, LLM_BASE_URL, LLM_MODEL, LLM_PROVIDER};
 use avm_store::events::EventBus;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt, future};
@@ -30,6 +31,9 @@ const FEED_READY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Most keys one update may change.
 pub const MAX_VALUES_PER_UPDATE: usize = 100;
+
+/// The provider (and model) that answers without a network.
+const OFFLINE_PROVIDER: &str = "offline";
 
 /// The deployment's layers as the binary loaded them: flat trees of dotted
 /// keys to JSON values, secrets in clear (they never leave this service
@@ -385,7 +389,11 @@ impl ConfigService {
         if let Some(tenant) = tenant {
             layers.push((tenant, Source::Tenant));
         }
+        let mut system_provider = None;
         for (scope, source) in layers {
+            if source == Source::Tenant {
+                system_provider = Some(answering_provider(&entries));
+            }
             for stored in store.overrides(scope).await? {
                 let Some(entry) = entries.iter_mut().find(|entry| entry.spec.key == stored.key) else {
                     // A key this version no longer knows stays stored, unused.
@@ -395,6 +403,7 @@ impl ConfigService {
                 entry.source = source;
             }
         }
+        resolve_llm(&mut entries, system_provider.as_deref());
         if !reveal {
             for entry in entries
                 .iter_mut()
@@ -417,6 +426,44 @@ impl ConfigService {
             (false, _) => stored.value.clone(),
         };
         serde_json::from_str(&json).map_err(|_| ConfigError::corrupt(format!("stored value of {}", stored.key)))
+    }
+}
+
+/// Returns the LLM provider that answers with `entries`: the one set, else
+/// `anthropic` when an API key is set and `offline` otherwise (the runtime's
+/// rule, `LlmConfig::provider_kind`).
+fn answering_provider(entries: &[EntryView]) -> String {
+    let value = |key: &str| {
+        entries
+            .iter()
+            .find(|entry| entry.spec.key == key)
+            .map(|entry| &entry.value)
+    };
+    match value(LLM_PROVIDER).and_then(Value::as_str) {
+        Some(provider) => provider.to_owned(),
+        None if value(LLM_API_KEY).is_some_and(|key| !key.is_null()) => "anthropic".to_owned(),
+        None => "offline".to_owned(),
+    }
+}
+
+/// Makes the LLM entries say what a turn runs with, so `GET /v1/config`
+/// shows the caller the values their own turns use: the provider that
+/// answers (an unset one resolved), no inherited API root for a tenant that
+/// chose another provider than the system's (the root belongs to that
+/// provider), and the offline provider's own model name.
+fn resolve_llm(entries: &mut [EntryView], system_provider: Option<&str>) {
+    let provider = answering_provider(entries);
+    for entry in entries.iter_mut() {
+        match entry.spec.key {
+            LLM_PROVIDER => entry.value = Value::String(provider.clone()),
+            LLM_BASE_URL
+                if entry.source != Source::Tenant && system_provider.is_some_and(|system| system != provider) =>
+            {
+                entry.value = Value::Null;
+            }
+            LLM_MODEL if provider == OFFLINE_PROVIDER => entry.value = Value::String(OFFLINE_PROVIDER.to_owned()),
+            _ => {}
+        }
     }
 }
 

@@ -334,9 +334,10 @@ fn dimension_from_pb(value: i32) -> Result<Dimension, ApiError> {
         Ok(pb::Dimension::Month) => Ok(Dimension::Month),
         Ok(pb::Dimension::Status) => Ok(Dimension::Status),
         Ok(pb::Dimension::User) => Ok(Dimension::User),
+        Ok(pb::Dimension::Provider) => Ok(Dimension::Provider),
         Ok(pb::Dimension::Unspecified) | Err(_) => Err(ApiError::invalid(
             "INVALID_GROUP_BY",
-            "group_by takes tenant, key, model, day, month, status and user",
+            "group_by takes tenant, key, provider, model, day, month, status and user",
         )),
     }
 }

@@ -100,6 +100,8 @@ pub enum Dimension {
     /// `completed`, `interrupted` or `failed`.
     Status,
     User,
+    /// The provider that answered: `anthropic`, `openai` or `offline`.
+    Provider,
 }
 
 /// Sums over ledger records.

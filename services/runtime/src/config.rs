@@ -255,6 +255,11 @@ impl SandboxLimits {
     }
 }
 
+/// The model every offline reply and its ledger record name: the offline
+/// provider answers as itself, whatever model was configured, so usage by
+/// model never mixes its replies with real calls.
+pub const OFFLINE_MODEL: &str = "offline";
+
 /// Which LLM API to speak.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -304,6 +309,16 @@ impl Default for LlmConfig {
 
 impl LlmConfig {
     /// Returns the provider in effect, resolving an unset one from the key.
+    /// Returns the model that answers a call for which the agent chose
+    /// `chosen` (else the configured model): the offline provider answers as
+    /// itself, so nothing names a model that did not answer.
+    pub fn answering_model<'a>(&'a self, chosen: Option<&'a str>) -> &'a str {
+        match self.provider_kind() {
+            ProviderKind::Offline => OFFLINE_MODEL,
+            _ => chosen.unwrap_or(&self.model),
+        }
+    }
+
     pub fn provider_kind(&self) -> ProviderKind {
         match self.provider {
             Some(kind) => kind,

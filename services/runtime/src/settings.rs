@@ -120,7 +120,7 @@ impl LlmSettings {
                 .any(|entry| entry.key == key && entry.source == ConfigSource::Tenant)
         };
         let provider_is_tenants = tenants(LLM_PROVIDER);
-        if provider_is_tenants && tree.get(LLM_PROVIDER) != system.get(LLM_PROVIDER) {
+        if provider_is_tenants && !tenants(LLM_BASE_URL) && tree.get(LLM_PROVIDER) != system.get(LLM_PROVIDER) {
             tree.insert(LLM_BASE_URL.to_owned(), Value::Null);
         }
         let config = LlmConfig::from_settings(&tree);
@@ -205,8 +205,11 @@ impl LlmSettings {
                     snapshot,
                     tree,
                 } => {
-                    let model = tree.get(avm_common::settings::LLM_MODEL).cloned().unwrap_or_default();
-                    tracing::info!(revision, snapshot, %model, "llm settings loaded");
+                    // The provider that will answer, so an operator sees at start
+                    // and on every change whether replies come from a real LLM.
+                    let llm = LlmConfig::from_settings(&tree);
+                    let (provider, model) = (llm.provider_kind().as_str(), llm.answering_model(None));
+                    tracing::info!(revision, snapshot, provider, model, "llm settings loaded");
                     self.inner.system.send_replace(Some(Arc::new(tree)));
                     self.invalidate(None);
                     *backoff = Duration::from_millis(100);

@@ -67,10 +67,12 @@ pub(crate) struct TurnLimits {
 
 /// Returns the LLM request for the conversation so far: the tenant's
 /// settings, under what the agent's definition chose, and the agent's tools.
+/// The offline provider answers as itself, whatever model was chosen, so its
+/// replies and their ledger records never name a model that did not answer.
 pub(crate) fn request(config: &LlmConfig, agent: &Agent, messages: History) -> LlmRequest {
     let plan = &agent.plan;
     LlmRequest {
-        model: plan.model.clone().unwrap_or_else(|| config.model.clone()),
+        model: config.answering_model(plan.model.as_deref()).to_owned(),
         system: plan.system_prompt.clone(),
         messages,
         max_tokens: plan.max_tokens.unwrap_or(config.max_tokens),

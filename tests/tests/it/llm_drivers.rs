@@ -775,7 +775,7 @@ async fn offline_is_deterministic_and_echoes_the_user() {
     assert_eq!(
         events.first(),
         Some(&LlmEvent::Start {
-            model: "offline-model".to_owned(),
+            model: "offline".to_owned(),
             input_tokens: Some(7)
         })
     );

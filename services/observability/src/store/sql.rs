@@ -139,6 +139,7 @@ fn dimension_column(dimension: Dimension) -> &'static str {
         Dimension::Month => "month",
         Dimension::Status => "status",
         Dimension::User => "user_id",
+        Dimension::Provider => "provider",
     }
 }
 

@@ -99,6 +99,7 @@ async fn group_totals_equal_the_records(h: Harness) {
             key_id: ["", "key_1", "key_2"][index % 3].into(),
             user_id: ["usr_1", "usr_2"][index % 2].into(),
             model: ["model-a", "model-b"][(index / 2) % 2].into(),
+            provider: ["anthropic", "openai", "offline"][(index / 3) % 3].into(),
             status: statuses[(index / 4) % 3],
             input_tokens: 100 + 7 * i as u64,
             output_tokens: 10 * i as u64,
@@ -124,6 +125,7 @@ async fn group_totals_equal_the_records(h: Harness) {
             Dimension::Month => avm_common::calendar::month_of(record.started_at_ms),
             Dimension::Status => record.status.as_str().to_owned(),
             Dimension::User => record.user_id.clone(),
+            Dimension::Provider => record.provider.clone(),
         }
     };
     let all = UsageQuery {
@@ -142,6 +144,7 @@ async fn group_totals_equal_the_records(h: Harness) {
         &[Dimension::Tenant, Dimension::Model],
         &[Dimension::Month, Dimension::Key, Dimension::Status],
         &[Dimension::Day, Dimension::User, Dimension::Model],
+        &[Dimension::Provider, Dimension::Model],
         &[
             Dimension::User,
             Dimension::Status,

@@ -5,23 +5,20 @@
 use futures::StreamExt;
 
 use super::{LlmContent, LlmError, LlmEvent, LlmProvider, LlmRequest, LlmRole, LlmStream, StopReason};
-use crate::config::LlmConfig;
+use crate::config::{LlmConfig, OFFLINE_MODEL};
 
 /// What every offline reply starts with.
 const PREAMBLE: &str =
     "AgentVM is running offline: no LLM provider is configured (set LLM_PROVIDER and LLM_API_KEY). You said:";
 
 /// Answers without a network, deterministically.
-pub struct OfflineProvider {
-    model: String,
-}
+pub struct OfflineProvider;
 
 impl OfflineProvider {
-    /// Returns the offline provider; it reports `config.model` as its model.
-    pub fn new(config: &LlmConfig) -> Self {
-        Self {
-            model: config.model.clone(),
-        }
+    /// Returns the offline provider; it reports [`OFFLINE_MODEL`] as its model,
+    /// whatever `config.model` says.
+    pub fn new(_config: &LlmConfig) -> Self {
+        Self
     }
 
     /// Returns the events of the reply to `request`, all of them at once.
@@ -50,7 +47,7 @@ impl OfflineProvider {
         let output_tokens = deltas.len() as u64;
         let mut events = Vec::with_capacity(deltas.len() + 3);
         events.push(LlmEvent::Start {
-            model: self.model.clone(),
+            model: OFFLINE_MODEL.to_owned(),
             input_tokens: Some(input_words as u64),
         });
         events.extend(deltas.into_iter().map(|delta| LlmEvent::TextDelta(delta.to_owned())));
