@@ -200,7 +200,8 @@ pub fn json_object(bytes: &[u8]) -> Result<Value, ApiError> {
     }
 }
 
-/// A query string decoded into its typed form (`INVALID_QUERY` otherwise).
+/// A query string decoded into its typed form (`INVALID_QUERY` otherwise),
+/// each parameter first bounded as [`crate::bounds`] says.
 pub struct Query<T>(pub T);
 
 impl<T, S> FromRequestParts<S> for Query<T>
@@ -211,6 +212,16 @@ where
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        // Every parameter is bounded before it is read as anything (issue 26 item 5).
+        if let Ok(axum::extract::Query(pairs)) =
+            axum::extract::Query::<Vec<(String, String)>>::from_request_parts(parts, state).await
+            && let Err(err) = pairs
+                .iter()
+                .try_for_each(|(name, value)| crate::bounds::check_query_param(name, value))
+        {
+            let RequestId(request_id) = request_id_of(parts);
+            return Err(error_response(&err, &request_id));
+        }
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(query)) => Ok(Query(query)),
             Err(err) => {
@@ -222,7 +233,8 @@ where
     }
 }
 
-/// Path parameters decoded into their typed form; a segment that is not
+/// Path parameters decoded into their typed form, each first bounded (an id
+/// to 256 bytes, a workspace path to 4096, no NUL); a segment that is not
 /// UTF-8 once percent-decoded (`%ff`) is `INVALID_PATH` in the error
 /// document, not axum's plain-text rejection.
 pub struct Path<T>(pub T);
@@ -235,6 +247,16 @@ where
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        // Every parameter is bounded before it is read as anything (issue 26
+        // item 5); one that is not UTF-8 is refused below, by name.
+        if let Ok(params) = axum::extract::RawPathParams::from_request_parts(parts, state).await
+            && let Err(err) = params
+                .iter()
+                .try_for_each(|(name, value)| crate::bounds::check_path_param(name, value))
+        {
+            let RequestId(request_id) = request_id_of(parts);
+            return Err(error_response(&err, &request_id));
+        }
         match axum::extract::Path::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Path(params)) => Ok(Path(params)),
             Err(rejection) => {

@@ -16,6 +16,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod bounds;
 pub mod config;
 pub mod frames;
 pub mod http;

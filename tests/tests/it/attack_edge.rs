@@ -1,0 +1,173 @@
+//! Issue 26, the edge: what an outside tester found with normal credentials,
+//! several tenants and the per-component mesh, each reproduced as they did it.
+//!
+//! - item 5: one tenant's oversized ids, cursors and paths are refused at
+//!   the edge with a typed 400 and cut no other tenant's stream.
+
+use anyhow::{Context, ensure};
+use avm_tests::accounts::create_tenant;
+use avm_tests::cluster::{Cluster, Llm, Mode, Options, http_client};
+use avm_tests::mock_llm::{MockBehavior, MockLlm};
+use avm_tests::ws_client::WsClient;
+use serde_json::{Value, json};
+
+use crate::both_modes;
+use crate::support::conversation;
+
+/// Returns a cluster whose model streams as slowly as a message asks.
+async fn cluster_with_mock(mode: Mode) -> anyhow::Result<(MockLlm, Cluster)> {
+    let mock = MockLlm::start(MockBehavior::default()).await?;
+    let options = Options::with_llm(Llm::Anthropic {
+        base_url: mock.anthropic_base_url(),
+    });
+    let cluster = Cluster::start(mode, options).await?;
+    Ok((mock, cluster))
+}
+
+/// Returns at most 300 characters of `text`, so a failure does not print 17 kB ids.
+fn short(text: impl std::fmt::Display) -> String {
+    text.to_string().chars().take(300).collect()
+}
+
+/// Returns whether a REST answer is the error document with a 400 and a reason.
+fn typed_400(status: u16, body: &str) -> anyhow::Result<String> {
+    let body: Value =
+        serde_json::from_str(body).with_context(|| format!("{status} is not the error document: {}", short(body)))?;
+    let code = body["error"]["code"].as_str().unwrap_or_default().to_owned();
+    ensure!(
+        status == 400 && !code.is_empty() && body["error"]["requestId"].is_string(),
+        "answered {status} {}",
+        short(&body)
+    );
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    ensure!(
+        message.len() < 1024,
+        "the error echoes the input: {} bytes",
+        message.len()
+    );
+    Ok(code)
+}
+
+both_modes!(
+    oversized_ids_get_a_typed_400_and_cut_no_other_tenants_stream,
+    oversized_ids
+);
+
+/// Issue 26 item 5: as the tester did it: while tenant A's turn streams,
+/// tenant B sends 17 kB ids on every route that takes one (agent and image
+/// ids, a workspace path, the `after` cursor and `Last-Event-ID`, a group
+/// id, the WebSocket's `afterCursor`, `sessionId`, `groupId` and a request's
+/// id field). Each is a typed 400 (or the frame's typed error); A's turn
+/// goes on streaming and ends with `conversation_end`.
+async fn oversized_ids(mode: Mode) -> anyhow::Result<()> {
+    let (_mock, cluster) = cluster_with_mock(mode).await?;
+    let a = create_tenant(&cluster, "victim", None).await?;
+    let b = create_tenant(&cluster, "attacker", None).await?;
+
+    let mut victim = WsClient::connect(&cluster.ws_url_as(&a.admin.key)).await?;
+    let chat = conversation(&mut victim, "victim", json!({})).await?;
+    let mut attacker = WsClient::connect(&cluster.ws_url_as(&b.admin.key)).await?;
+    let own = conversation(&mut attacker, "attacker", json!({})).await?;
+
+    victim
+        .send_request(
+            "message_send",
+            json!({"imageId": chat.image_id, "content": "a long answer [mock tokens=400 interval_ms=20]"}),
+        )
+        .await?;
+    victim.frames_until("text_delta").await?;
+
+    let long = "x".repeat(17 * 1024);
+    let http = http_client(&b.admin.key)?;
+    let routes = [
+        ("GET", format!("/v1/agents/{long}"), None),
+        ("POST", format!("/v1/agents/{long}/pause"), None),
+        ("GET", format!("/v1/images/{long}"), None),
+        ("GET", format!("/v1/images/{long}/messages"), None),
+        (
+            "POST",
+            format!("/v1/images/{long}/messages"),
+            Some(json!({"content": "hi"})),
+        ),
+        (
+            "GET",
+            format!("/v1/images/{}/workspace/files/{long}", own.image_id),
+            None,
+        ),
+        (
+            "GET",
+            format!("/v1/images/{}/workspace?path={long}", own.image_id),
+            None,
+        ),
+        ("GET", format!("/v1/images/{}/events?after={long}", own.image_id), None),
+        ("GET", format!("/v1/containers/{long}"), None),
+        ("GET", format!("/v1/groups/{long}"), None),
+        ("GET", format!("/v1/groups/{long}/events"), None),
+        ("POST", "/v1/containers".to_owned(), Some(json!({"containerId": long}))),
+        (
+            "POST",
+            format!("/v1/containers/{long}/groups"),
+            Some(json!({"name": "g"})),
+        ),
+        (
+            "POST",
+            "/v1/containers/attacker/groups".to_owned(),
+            Some(json!({"name": long})),
+        ),
+    ];
+    for (method, path, body) in &routes {
+        let mut request = http.request(method.parse()?, cluster.url(path));
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await?;
+        let status = response.status().as_u16();
+        let text = response.text().await?;
+        typed_400(status, &text).with_context(|| format!("{method} {:.60}…", path))?;
+    }
+    let response = http
+        .get(cluster.url(&format!("/v1/images/{}/events", own.image_id)))
+        .header("last-event-id", &long)
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    typed_400(status, &response.text().await?).context("Last-Event-ID")?;
+
+    // Over the WebSocket: subscriptions and requests.
+    for frame in [
+        json!({"type": "subscribe", "sessionId": own.session_id, "afterCursor": long}),
+        json!({"type": "subscribe", "sessionId": long}),
+        json!({"type": "subscribe", "groupId": long}),
+    ] {
+        attacker.send_json(&frame).await?;
+        let error = loop {
+            let next = attacker.next_frame().await?;
+            if next["type"] == "system_error" {
+                break next;
+            }
+        };
+        let code = error["data"]["code"].as_str().unwrap_or_default();
+        ensure!(
+            !code.is_empty() && code != "INTERNAL" && code != "UNAVAILABLE",
+            "{}",
+            short(&error)
+        );
+    }
+    let answer = attacker.request("image_get", json!({"imageId": long})).await?;
+    let code = answer["code"].as_str().unwrap_or_default();
+    ensure!(!code.is_empty() && code != "INTERNAL", "image_get: {}", short(&answer));
+
+    // A's turn was still streaming and ends as it should.
+    let rest = victim.turn().await?;
+    ensure!(
+        rest.iter().any(|f| f["type"] == "text_delta"),
+        "A's turn had ended before B's requests: nothing was tested"
+    );
+    ensure!(
+        rest.last().is_some_and(|f| f["type"] == "conversation_end")
+            && !rest.iter().any(|f| f["type"] == "system_error"),
+        "A's stream was cut: {:?}",
+        rest.iter().rev().take(3).collect::<Vec<_>>()
+    );
+    Ok(())
+}
