@@ -18,6 +18,7 @@ pub mod api;
 pub mod auth;
 pub mod bounds;
 pub mod config;
+pub mod dev;
 pub mod frames;
 pub mod http;
 pub mod limits;

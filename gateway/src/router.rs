@@ -113,12 +113,21 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// Returns the gateway's router over `state`.
 pub fn router(state: Arc<GatewayState>) -> Router {
     let body_limit = state.config.max_frame_bytes;
+    let dev = state.auth.anonymous();
     let (routes, _) = routes();
-    routes
+    let routes = routes
         .fallback(rest::not_found)
         .method_not_allowed_fallback(rest::method_not_allowed)
         // Bodies beyond the frame limit are refused before they are buffered.
-        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(DefaultBodyLimit::max(body_limit));
+    // Anonymous access (`--dev`) is for this machine's own pages and tools:
+    // refuse other sites and rebound names before anything runs.
+    let routes = if dev {
+        routes.layer(axum::middleware::from_fn(crate::dev::guard))
+    } else {
+        routes
+    };
+    routes
         // Outermost: every request, refused ones too, gets its request id
         // once, is counted, and runs in a span of its trace (the caller's
         // `traceparent`, or a new one).

@@ -2,7 +2,9 @@
 //! several tenants and the per-component mesh, each reproduced as they did it.
 //!
 //! - item 5: one tenant's oversized ids, cursors and paths are refused at
-//!   the edge with a typed 400 and cut no other tenant's stream.
+//!   the edge with a typed 400 and cut no other tenant's stream;
+//! - item 12: `avm serve --dev` answers this machine's own pages and tools
+//!   only: no cross-site request, foreign `Host` or foreign-origin WebSocket.
 
 use anyhow::{Context, ensure};
 use avm_tests::accounts::create_tenant;
@@ -12,7 +14,7 @@ use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
 use crate::both_modes;
-use crate::support::conversation;
+use crate::support::{conversation, serve, stop};
 
 /// Returns a cluster whose model streams as slowly as a message asks.
 async fn cluster_with_mock(mode: Mode) -> anyhow::Result<(MockLlm, Cluster)> {
@@ -170,4 +172,123 @@ async fn oversized_ids(mode: Mode) -> anyhow::Result<()> {
         rest.iter().rev().take(3).collect::<Vec<_>>()
     );
     Ok(())
+}
+
+/// Sends a request to a `--dev` server with the given headers and body and
+/// returns its status and body.
+async fn dev_request(
+    url: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
+    let mut request = reqwest::Client::new().request(method.parse()?, format!("{url}{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    if let Some(body) = body {
+        request = request.body(body.to_owned());
+    }
+    let response = request.send().await?;
+    Ok((response.status().as_u16(), response.text().await?))
+}
+
+/// Issue 26 item 12: as the tester did it, against `avm serve --dev`: a
+/// cross-site POST (`Origin: https://evil.example`, `text/plain`), a simple
+/// `text/plain` POST without `Origin`, `Sec-Fetch-Site: cross-site`, a
+/// foreign `Host` (DNS rebinding) and a foreign-origin WebSocket are each
+/// refused with the error document, and create nothing; the server's own
+/// origin, `localhost` and tools sending no `Origin` still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_mode_refuses_cross_site_requests_and_foreign_hosts() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (child, _, url) = serve(dir.path(), &["--dev"], &[]).await?;
+    let port = url.rsplit(':').next().unwrap_or_default().to_owned();
+    let evil_post = r#"{"containerId":"evil"}"#;
+    let refused: [(&str, Vec<(&str, String)>); 5] = [
+        (
+            "cross-site text/plain POST",
+            vec![
+                ("origin", "https://evil.example".into()),
+                ("content-type", "text/plain".into()),
+            ],
+        ),
+        (
+            "a simple POST without Origin",
+            vec![("content-type", "text/plain".into())],
+        ),
+        (
+            "a form POST",
+            vec![("content-type", "application/x-www-form-urlencoded".into())],
+        ),
+        (
+            "Sec-Fetch-Site: cross-site",
+            vec![
+                ("sec-fetch-site", "cross-site".into()),
+                ("content-type", "application/json".into()),
+            ],
+        ),
+        (
+            "a rebound Host",
+            vec![
+                ("host", format!("evil.example:{port}")),
+                ("content-type", "application/json".into()),
+            ],
+        ),
+    ];
+    for (what, headers) in &refused {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let (status, body) = dev_request(&url, "POST", "/v1/containers", &headers, Some(evil_post)).await?;
+        let doc: Value = serde_json::from_str(&body).with_context(|| format!("{what}: {status} {body}"))?;
+        ensure!(
+            (status == 403 || status == 400) && doc["error"]["code"].is_string(),
+            "{what}: {status} {body}"
+        );
+    }
+    let (status, body) = dev_request(&url, "GET", "/v1/containers", &[("host", "attacker.example")], None).await?;
+    ensure!(status == 403, "a rebound GET: {status} {body}");
+    let (status, _) = dev_request(&url, "GET", "/v1/containers", &[("origin", "null")], None).await?;
+    ensure!(status == 403, "Origin: null: {status}");
+
+    // A foreign page's WebSocket is refused at the upgrade.
+    let ws_url = format!("{}/ws", url.replacen("http", "ws", 1));
+    let mut upgrade = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(ws_url.as_str())?;
+    upgrade.headers_mut().insert("origin", "https://evil.example".parse()?);
+    match tokio_tungstenite::connect_async(upgrade).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            ensure!(
+                response.status().as_u16() == 403,
+                "a foreign-origin WebSocket: {}",
+                response.status()
+            );
+        }
+        Err(err) => anyhow::bail!("a foreign-origin WebSocket: {err}"),
+        Ok(_) => anyhow::bail!("a foreign-origin WebSocket was accepted"),
+    }
+
+    // Nothing was created; the server's own origin and plain tools work.
+    let (status, body) = dev_request(&url, "GET", "/v1/containers", &[], None).await?;
+    ensure!(status == 200 && !body.contains("evil"), "{status} {body}");
+    let own = format!("http://127.0.0.1:{port}");
+    let (status, body) = dev_request(
+        &url,
+        "POST",
+        "/v1/containers",
+        &[
+            ("origin", own.as_str()),
+            ("sec-fetch-site", "same-origin"),
+            ("content-type", "application/json"),
+        ],
+        Some(r#"{"containerId":"mine"}"#),
+    )
+    .await?;
+    ensure!(status == 201, "same origin: {status} {body}");
+    let localhost = format!("localhost:{port}");
+    let (status, _) = dev_request(&url, "GET", "/v1/containers", &[("host", localhost.as_str())], None).await?;
+    ensure!(status == 200, "Host: localhost: {status}");
+    let mut socket = WsClient::connect(&ws_url).await?;
+    let listed = socket.request("container_list", json!({})).await?;
+    ensure!(listed["containerIds"] == json!(["mine"]), "{listed}");
+    stop(child).await
 }
