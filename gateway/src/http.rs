@@ -157,15 +157,13 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
             .map_or_else(|| request_id_from_headers(request.headers()), |id| id.0.clone());
         match Bytes::from_request(request, state).await {
             Ok(bytes) => Ok(RawBody(bytes, RequestId(request_id))),
-            Err(rejection) => {
-                let err = match rejection.status() {
-                    StatusCode::PAYLOAD_TOO_LARGE => {
-                        ApiError::invalid("REQUEST_TOO_LARGE", "request body is too large")
-                    }
-                    _ => ApiError::invalid("INVALID_BODY", "cannot read request body"),
-                };
-                Err(error_response(&err, &request_id))
-            }
+            Err(rejection) => match rejection.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => Err(too_large_response(&request_id)),
+                _ => {
+                    let err = ApiError::invalid("INVALID_BODY", "cannot read request body");
+                    Err(error_response(&err, &request_id))
+                }
+            },
         }
     }
 }
@@ -292,6 +290,25 @@ fn path_error(rejection: &axum::extract::rejection::PathRejection) -> ApiError {
         },
         _ => ApiError::internal(format!("path parameters unavailable: {rejection}")),
     }
+}
+
+/// Renders a 413 (`REQUEST_TOO_LARGE`) for a body beyond `limit` bytes.
+pub fn too_large(limit: usize, request_id: &str) -> Response {
+    let err = ApiError::invalid(
+        "REQUEST_TOO_LARGE",
+        format!("request body is larger than {limit} bytes"),
+    );
+    let mut response = error_response(&err, request_id);
+    *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+    response
+}
+
+/// Renders a 413 (`REQUEST_TOO_LARGE`) for a body found too large while read.
+fn too_large_response(request_id: &str) -> Response {
+    let err = ApiError::invalid("REQUEST_TOO_LARGE", "request body is too large");
+    let mut response = error_response(&err, request_id);
+    *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+    response
 }
 
 /// Renders an operation's result: `status` with the JSON body, or the error document.
