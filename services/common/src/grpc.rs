@@ -149,7 +149,7 @@ async fn observe_call(request: axum::extract::Request, next: axum::middleware::N
 /// percent-encoded, and largest `grpc-status-details-bin` (base64).
 const MAX_STATUS_HEADER_BYTES: usize = 4 * crate::error::MAX_STATUS_MESSAGE_BYTES;
 
-/// Bounds the status of every response, in its headers (trailers-only
+/// Bounds (and classifies, see [`bound_status_headers`]) the status of every response, in its headers (trailers-only
 /// answers) and in its trailers, whoever made it: a peer's HTTP/2 client
 /// refuses a header block over its limit (16 KiB in hyper) by ending the
 /// whole connection, and with it every other call multiplexed on it (issue
@@ -170,22 +170,40 @@ async fn bound_statuses(request: axum::extract::Request, next: axum::middleware:
     axum::response::Response::from_parts(parts, axum::body::Body::new(body))
 }
 
+/// What prost says of a request it cannot decode; tonic answers it as
+/// `INTERNAL`, but the fault is the caller's.
+const UNDECODABLE: &str = "failed to decode Protobuf message";
+
 /// Rewrites an oversized status in `headers` with its message cut and its
-/// reason kept; leaves any other headers alone.
+/// reason kept, and tonic's `INTERNAL` for an undecodable request as
+/// `INVALID_ARGUMENT` (`INVALID_PROTOBUF`, issue 26 item 16); leaves any
+/// other headers alone.
 fn bound_status_headers(headers: &mut http::HeaderMap) {
     let oversized = ["grpc-message", "grpc-status-details-bin"].iter().any(|name| {
         headers
             .get(*name)
             .is_some_and(|value| value.len() > MAX_STATUS_HEADER_BYTES)
     });
-    if !oversized {
+    let internal = headers
+        .get("grpc-status")
+        .is_some_and(|value| value.as_bytes() == b"13");
+    if !oversized && !internal {
         return;
     }
     let Some(status) = tonic::Status::from_header_map(headers) else {
         return;
     };
-    let reason = tonic_types::StatusExt::get_details_error_info(&status).map(|info| info.reason);
-    let bounded = crate::error::bounded_status(status.code(), status.message(), reason.as_deref());
+    let undecodable = status.code() == tonic::Code::Internal && status.message().starts_with(UNDECODABLE);
+    if !oversized && !undecodable {
+        return;
+    }
+    let (code, reason) = if undecodable {
+        (tonic::Code::InvalidArgument, Some("INVALID_PROTOBUF".to_owned()))
+    } else {
+        let reason = tonic_types::StatusExt::get_details_error_info(&status).map(|info| info.reason);
+        (status.code(), reason)
+    };
+    let bounded = crate::error::bounded_status(code, status.message(), reason.as_deref());
     headers.remove("grpc-message");
     headers.remove("grpc-status-details-bin");
     if bounded.add_header(headers).is_err() {
@@ -512,6 +530,30 @@ mod tests {
         assert!(back.message().starts_with("agent xxx"), "{}", back.message());
         assert_eq!(crate::ApiError::from_status(&back).reason, "AGENT_NOT_FOUND");
         assert_eq!(headers.get("x-other").map(|v| v.as_bytes()), Some(&b"kept"[..]));
+    }
+
+    /// Issue 26 item 16: a request prost cannot decode is the caller's
+    /// fault: `INVALID_ARGUMENT`, not tonic's `INTERNAL`; other internal
+    /// errors stay as they are.
+    #[test]
+    fn undecodable_requests_are_invalid_arguments() {
+        let mut headers = http::HeaderMap::new();
+        let status = tonic::Status::internal("failed to decode Protobuf message: invalid varint");
+        assert!(status.add_header(&mut headers).is_ok());
+        super::bound_status_headers(&mut headers);
+        let back = tonic::Status::from_header_map(&headers).unwrap_or_else(|| tonic::Status::unknown("none"));
+        assert_eq!(back.code(), tonic::Code::InvalidArgument);
+        assert_eq!(crate::ApiError::from_status(&back).reason, "INVALID_PROTOBUF");
+
+        let mut headers = http::HeaderMap::new();
+        assert!(
+            tonic::Status::internal("internal error")
+                .add_header(&mut headers)
+                .is_ok()
+        );
+        super::bound_status_headers(&mut headers);
+        let back = tonic::Status::from_header_map(&headers).unwrap_or_else(|| tonic::Status::unknown("none"));
+        assert_eq!(back.code(), tonic::Code::Internal);
     }
 
     #[test]
