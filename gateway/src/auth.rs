@@ -81,6 +81,11 @@ impl Authenticator {
         self
     }
 
+    /// Whether requests without credentials are let in (`--dev`).
+    pub fn anonymous(&self) -> bool {
+        self.anonymous.is_some()
+    }
+
     /// Returns the verifier (revocations and quotas).
     pub fn verifier(&self) -> &TokenVerifier {
         &self.verifier

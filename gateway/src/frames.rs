@@ -11,9 +11,16 @@ use serde_json::{Value, json};
 pub const MESSAGE_ACCEPTED: &str = "message_accepted";
 
 /// Parses a client's text frame: a JSON object, or `INVALID_JSON`.
+///
+/// The frame's own fields (`sessionId`, `groupId`, `afterCursor`, …) are
+/// bounded here; a request's `data` is bounded where it is decoded, so the
+/// refusal still answers that request.
 pub fn parse_frame(text: &str) -> Result<Value, ApiError> {
     match serde_json::from_str(text) {
-        Ok(value @ Value::Object(_)) => Ok(value),
+        Ok(Value::Object(fields)) => {
+            crate::bounds::check_fields(fields.iter().filter(|(name, _)| *name != "data"))?;
+            Ok(Value::Object(fields))
+        }
         _ => Err(ApiError::invalid("INVALID_JSON", "frame is not a JSON object")),
     }
 }

@@ -157,15 +157,13 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
             .map_or_else(|| request_id_from_headers(request.headers()), |id| id.0.clone());
         match Bytes::from_request(request, state).await {
             Ok(bytes) => Ok(RawBody(bytes, RequestId(request_id))),
-            Err(rejection) => {
-                let err = match rejection.status() {
-                    StatusCode::PAYLOAD_TOO_LARGE => {
-                        ApiError::invalid("REQUEST_TOO_LARGE", "request body is too large")
-                    }
-                    _ => ApiError::invalid("INVALID_BODY", "cannot read request body"),
-                };
-                Err(error_response(&err, &request_id))
-            }
+            Err(rejection) => match rejection.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => Err(too_large_response(&request_id)),
+                _ => {
+                    let err = ApiError::invalid("INVALID_BODY", "cannot read request body");
+                    Err(error_response(&err, &request_id))
+                }
+            },
         }
     }
 }
@@ -200,7 +198,8 @@ pub fn json_object(bytes: &[u8]) -> Result<Value, ApiError> {
     }
 }
 
-/// A query string decoded into its typed form (`INVALID_QUERY` otherwise).
+/// A query string decoded into its typed form (`INVALID_QUERY` otherwise),
+/// each parameter first bounded as [`crate::bounds`] says.
 pub struct Query<T>(pub T);
 
 impl<T, S> FromRequestParts<S> for Query<T>
@@ -211,6 +210,16 @@ where
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        // Every parameter is bounded before it is read as anything (issue 26 item 5).
+        if let Ok(axum::extract::Query(pairs)) =
+            axum::extract::Query::<Vec<(String, String)>>::from_request_parts(parts, state).await
+            && let Err(err) = pairs
+                .iter()
+                .try_for_each(|(name, value)| crate::bounds::check_query_param(name, value))
+        {
+            let RequestId(request_id) = request_id_of(parts);
+            return Err(error_response(&err, &request_id));
+        }
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(query)) => Ok(Query(query)),
             Err(err) => {
@@ -222,7 +231,8 @@ where
     }
 }
 
-/// Path parameters decoded into their typed form; a segment that is not
+/// Path parameters decoded into their typed form, each first bounded (an id
+/// to 256 bytes, a workspace path to 4096, no NUL); a segment that is not
 /// UTF-8 once percent-decoded (`%ff`) is `INVALID_PATH` in the error
 /// document, not axum's plain-text rejection.
 pub struct Path<T>(pub T);
@@ -235,6 +245,16 @@ where
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        // Every parameter is bounded before it is read as anything (issue 26
+        // item 5); one that is not UTF-8 is refused below, by name.
+        if let Ok(params) = axum::extract::RawPathParams::from_request_parts(parts, state).await
+            && let Err(err) = params
+                .iter()
+                .try_for_each(|(name, value)| crate::bounds::check_path_param(name, value))
+        {
+            let RequestId(request_id) = request_id_of(parts);
+            return Err(error_response(&err, &request_id));
+        }
         match axum::extract::Path::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Path(params)) => Ok(Path(params)),
             Err(rejection) => {
@@ -270,6 +290,25 @@ fn path_error(rejection: &axum::extract::rejection::PathRejection) -> ApiError {
         },
         _ => ApiError::internal(format!("path parameters unavailable: {rejection}")),
     }
+}
+
+/// Renders a 413 (`REQUEST_TOO_LARGE`) for a body beyond `limit` bytes.
+pub fn too_large(limit: usize, request_id: &str) -> Response {
+    let err = ApiError::invalid(
+        "REQUEST_TOO_LARGE",
+        format!("request body is larger than {limit} bytes"),
+    );
+    let mut response = error_response(&err, request_id);
+    *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+    response
+}
+
+/// Renders a 413 (`REQUEST_TOO_LARGE`) for a body found too large while read.
+fn too_large_response(request_id: &str) -> Response {
+    let err = ApiError::invalid("REQUEST_TOO_LARGE", "request body is too large");
+    let mut response = error_response(&err, request_id);
+    *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+    response
 }
 
 /// Renders an operation's result: `status` with the JSON body, or the error document.

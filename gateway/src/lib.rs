@@ -16,7 +16,9 @@
 
 pub mod api;
 pub mod auth;
+pub mod bounds;
 pub mod config;
+pub mod dev;
 pub mod frames;
 pub mod http;
 pub mod limits;

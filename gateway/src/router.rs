@@ -113,17 +113,54 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// Returns the gateway's router over `state`.
 pub fn router(state: Arc<GatewayState>) -> Router {
     let body_limit = state.config.max_frame_bytes;
+    let dev = state.auth.anonymous();
     let (routes, _) = routes();
-    routes
+    let routes = routes
         .fallback(rest::not_found)
         .method_not_allowed_fallback(rest::method_not_allowed)
-        // Bodies beyond the frame limit are refused before they are buffered.
+        // Bodies beyond the frame limit are refused before they are buffered,
+        // and one announced beyond it before it is even asked for.
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn(move |request, next| {
+            refuse_announced_excess(request, next, body_limit)
+        }));
+    // Anonymous access (`--dev`) is for this machine's own pages and tools:
+    // refuse other sites and rebound names before anything runs.
+    let routes = if dev {
+        routes.layer(axum::middleware::from_fn(crate::dev::guard))
+    } else {
+        routes
+    };
+    routes
         // Outermost: every request, refused ones too, gets its request id
         // once, is counted, and runs in a span of its trace (the caller's
         // `traceparent`, or a new one).
         .layer(axum::middleware::from_fn(observe_request))
         .with_state(state)
+}
+
+/// Answers 413 with the error document, before the body is read, a request
+/// whose `Content-Length` is beyond `limit`: hyper sends `100 Continue` only
+/// once the body is read, so a client that asked (`Expect: 100-continue`)
+/// is told not to send it (issue 26 item 16).
+async fn refuse_announced_excess(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+    limit: usize,
+) -> Response {
+    let announced = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if announced.is_some_and(|length| length > limit as u64) {
+        let request_id = request
+            .extensions()
+            .get::<RequestId>()
+            .map_or_else(|| request_id_from_headers(request.headers()), |id| id.0.clone());
+        return crate::http::too_large(limit, &request_id);
+    }
+    next.run(request).await
 }
 
 /// Renders the OpenAPI document once, for serving.

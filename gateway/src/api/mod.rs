@@ -26,8 +26,11 @@ pub mod settings;
 pub mod usage;
 pub mod workspace;
 
-/// Decodes a request object into its typed form, naming the field at fault.
+/// Decodes a request object into its typed form, naming the field at fault;
+/// its ids, names and paths are bounded first (`crate::bounds`), so both
+/// surfaces refuse an oversized one before any call.
 pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
+    crate::bounds::check_json(&value)?;
     serde_path_to_error::deserialize(value).map_err(|err| {
         let path = err.path().to_string();
         field_error(&path, &err.inner().to_string())

@@ -202,14 +202,17 @@ pub struct EventsQuery {
 }
 
 impl EventsQuery {
-    /// Where to resume: `after`, else the `Last-Event-ID` header.
-    pub(crate) fn resume_after(self, headers: &HeaderMap) -> Option<String> {
-        self.after.or_else(|| {
-            headers
-                .get("last-event-id")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        })
+    /// Where to resume: `after`, else the `Last-Event-ID` header, bounded
+    /// like any cursor (`after` already is, as a query parameter).
+    pub(crate) fn resume_after(self, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+        if self.after.is_some() {
+            return Ok(self.after);
+        }
+        let Some(header) = headers.get("last-event-id").and_then(|v| v.to_str().ok()) else {
+            return Ok(None);
+        };
+        crate::bounds::check("Last-Event-ID", header, Some(crate::bounds::MAX_ID_BYTES))?;
+        Ok(Some(header.to_owned()))
     }
 }
 
@@ -224,7 +227,10 @@ pub async fn image_events(
     Query(query): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let after = query.resume_after(&headers);
+    let after = match query.resume_after(&headers) {
+        Ok(after) => after,
+        Err(err) => return error_response(&err, &ctx.request_id),
+    };
     match images::events(&state.peers, &ctx, id, after).await {
         Ok(events) => sse(&state, sse_events(events), &ctx),
         Err(err) => error_response(&err, &ctx.request_id),

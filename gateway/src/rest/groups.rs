@@ -144,7 +144,10 @@ pub async fn group_events(
     Query(query): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let after = query.resume_after(&headers);
+    let after = match query.resume_after(&headers) {
+        Ok(after) => after,
+        Err(err) => return error_response(&err, &ctx.request_id),
+    };
     match groups::events(&state.peers, &ctx, group_id, after, None).await {
         Ok(events) => sse(&state, sse_events(events), &ctx),
         Err(err) => error_response(&err, &ctx.request_id),

@@ -745,6 +745,8 @@ mod tests {
                 "data": {"requestId": request_id, target: image_id, "content": content},
             })
             .to_string();
+            // Text holding NUL is refused at the edge (issue 26 item 16): not a valid frame.
+            prop_assume!(!frame.contains("\\u0000"));
             let parsed = parse_frame(&frame).map_err(|e| TestCaseError::fail(e.message))?;
             prop_assert_eq!(frame_type(&parsed).ok(), Some("message_send_request"));
             let (id, data) = request_data(&parsed);

@@ -8,6 +8,43 @@ use tonic_types::{ErrorDetails, StatusExt};
 /// The domain placed in gRPC `ErrorInfo` details.
 const ERROR_DOMAIN: &str = "agentvm";
 
+/// Longest status message, in bytes. The message travels twice, in
+/// `grpc-message` and inside `grpc-status-details-bin` (base64), and an
+/// HTTP/2 peer refusing so large a header block may end the whole
+/// connection, every other caller's streams with it (issue 26 item 5).
+pub const MAX_STATUS_MESSAGE_BYTES: usize = 1024;
+
+/// Longest reason carried in a status's details, in bytes.
+const MAX_REASON_BYTES: usize = 128;
+
+/// Returns `message` cut to [`MAX_STATUS_MESSAGE_BYTES`] on a character
+/// boundary, marked with `…` when cut.
+pub fn bounded_message(message: &str) -> Cow<'_, str> {
+    if message.len() <= MAX_STATUS_MESSAGE_BYTES {
+        return Cow::Borrowed(message);
+    }
+    let mut end = MAX_STATUS_MESSAGE_BYTES - '…'.len_utf8();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}…", &message[..end]))
+}
+
+/// Returns a status whose message and details are bounded: the one place an
+/// error becomes a status, so no input echoed into a message (an id, a path)
+/// can grow a status past what every peer accepts.
+pub fn bounded_status(code: tonic::Code, message: &str, reason: Option<&str>) -> tonic::Status {
+    let message = bounded_message(message).into_owned();
+    match reason.filter(|reason| reason.len() <= MAX_REASON_BYTES) {
+        Some(reason) => {
+            let details =
+                ErrorDetails::with_error_info(reason.to_owned(), ERROR_DOMAIN, std::collections::HashMap::new());
+            tonic::Status::with_error_details(code, message, details)
+        }
+        None => tonic::Status::new(code, message),
+    }
+}
+
 /// Classifies every error AgentVM returns to a caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Code {
@@ -134,11 +171,10 @@ impl ApiError {
         Self::new(Code::Internal, "INTERNAL", "internal error")
     }
 
-    /// Returns the gRPC status carrying the reason as `ErrorInfo` details.
+    /// Returns the gRPC status carrying the reason as `ErrorInfo` details,
+    /// its message cut to [`MAX_STATUS_MESSAGE_BYTES`].
     pub fn to_status(&self) -> tonic::Status {
-        let details =
-            ErrorDetails::with_error_info(self.reason.to_string(), ERROR_DOMAIN, std::collections::HashMap::new());
-        tonic::Status::with_error_details(self.code.grpc(), self.message.clone(), details)
+        bounded_status(self.code.grpc(), &self.message, Some(&self.reason))
     }
 
     /// Rebuilds the error from a gRPC status, keeping its reason when present.
@@ -181,6 +217,30 @@ mod tests {
         let back = ApiError::from_status(&err.to_status());
         assert_eq!(back, err);
         assert_eq!(back.code.http_status(), http::StatusCode::NOT_FOUND);
+    }
+
+    /// Issue 26 item 5: an error echoing a 17 kB id makes a status that
+    /// fits any peer's header limit, its reason kept.
+    #[test]
+    fn statuses_are_bounded_whatever_they_echo() {
+        let id = "é".repeat(17 * 1024);
+        let err = ApiError::not_found("IMAGE_NOT_FOUND", format!("image {id} not found"));
+        let status = err.to_status();
+        assert!(
+            status.message().len() <= MAX_STATUS_MESSAGE_BYTES,
+            "{}",
+            status.message().len()
+        );
+        assert!(status.message().ends_with('…'));
+        assert!(status.details().len() <= 2 * MAX_STATUS_MESSAGE_BYTES);
+        let mut headers = http::HeaderMap::new();
+        assert!(status.add_header(&mut headers).is_ok());
+        let size: usize = headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len())
+            .sum();
+        assert!(size < 8 * 1024, "{size} bytes of headers");
+        assert_eq!(ApiError::from_status(&status).reason, "IMAGE_NOT_FOUND");
     }
 
     #[test]

@@ -82,7 +82,8 @@ impl GrpcServer {
             .routes()
             .into_axum_router()
             .route("/metrics", axum::routing::get(crate::telemetry::metrics_endpoint))
-            .layer(axum::middleware::from_fn(observe_call));
+            .layer(axum::middleware::from_fn(observe_call))
+            .layer(axum::middleware::from_fn(bound_statuses));
 
         let config = self.config;
         let incoming = TcpIncoming::from(listener)
@@ -142,6 +143,74 @@ async fn observe_call(request: axum::extract::Request, next: axum::middleware::N
         .map_or(tonic::Code::Ok, tonic::Code::from);
     call.finish(code);
     response
+}
+
+/// Largest `grpc-message` header a response carries, in bytes once
+/// percent-encoded, and largest `grpc-status-details-bin` (base64).
+const MAX_STATUS_HEADER_BYTES: usize = 4 * crate::error::MAX_STATUS_MESSAGE_BYTES;
+
+/// Bounds (and classifies, see [`bound_status_headers`]) the status of every response, in its headers (trailers-only
+/// answers) and in its trailers, whoever made it: a peer's HTTP/2 client
+/// refuses a header block over its limit (16 KiB in hyper) by ending the
+/// whole connection, and with it every other call multiplexed on it (issue
+/// 26 item 5). [`crate::ApiError::to_status`] already bounds what this
+/// crate makes; this is the guarantee for everything else.
+async fn bound_statuses(request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use http_body_util::BodyExt;
+    let response = next.run(request).await;
+    let (mut parts, body) = response.into_parts();
+    bound_status_headers(&mut parts.headers);
+    let body = body.map_frame(|frame| match frame.into_trailers() {
+        Ok(mut trailers) => {
+            bound_status_headers(&mut trailers);
+            http_body::Frame::trailers(trailers)
+        }
+        Err(frame) => frame,
+    });
+    axum::response::Response::from_parts(parts, axum::body::Body::new(body))
+}
+
+/// What prost says of a request it cannot decode; tonic answers it as
+/// `INTERNAL`, but the fault is the caller's.
+const UNDECODABLE: &str = "failed to decode Protobuf message";
+
+/// Rewrites an oversized status in `headers` with its message cut and its
+/// reason kept, and tonic's `INTERNAL` for an undecodable request as
+/// `INVALID_ARGUMENT` (`INVALID_PROTOBUF`, issue 26 item 16); leaves any
+/// other headers alone.
+fn bound_status_headers(headers: &mut http::HeaderMap) {
+    let oversized = ["grpc-message", "grpc-status-details-bin"].iter().any(|name| {
+        headers
+            .get(*name)
+            .is_some_and(|value| value.len() > MAX_STATUS_HEADER_BYTES)
+    });
+    let internal = headers
+        .get("grpc-status")
+        .is_some_and(|value| value.as_bytes() == b"13");
+    if !oversized && !internal {
+        return;
+    }
+    let Some(status) = tonic::Status::from_header_map(headers) else {
+        return;
+    };
+    let undecodable = status.code() == tonic::Code::Internal && status.message().starts_with(UNDECODABLE);
+    if !oversized && !undecodable {
+        return;
+    }
+    let (code, reason) = if undecodable {
+        (tonic::Code::InvalidArgument, Some("INVALID_PROTOBUF".to_owned()))
+    } else {
+        let reason = tonic_types::StatusExt::get_details_error_info(&status).map(|info| info.reason);
+        (status.code(), reason)
+    };
+    let bounded = crate::error::bounded_status(code, status.message(), reason.as_deref());
+    headers.remove("grpc-message");
+    headers.remove("grpc-status-details-bin");
+    if bounded.add_header(headers).is_err() {
+        // Cannot happen for a bounded status; an unreadable status is still better than a dead connection.
+        headers.remove("grpc-message");
+        headers.remove("grpc-status-details-bin");
+    }
 }
 
 /// The span and metrics of one call, served over gRPC or made in process.
@@ -434,6 +503,58 @@ impl tower::Service<http::Request<Body>> for Failover {
 #[cfg(test)]
 mod tests {
     use super::avm_method;
+
+    /// Issue 26 item 5: a status made anywhere, echoing a 17 kB id, leaves
+    /// a server small enough for any peer, its code and reason kept.
+    #[test]
+    fn oversized_statuses_are_cut_before_they_leave() {
+        let id = "x".repeat(17 * 1024);
+        let details =
+            tonic_types::ErrorDetails::with_error_info("AGENT_NOT_FOUND", "agentvm", std::collections::HashMap::new());
+        let status = <tonic::Status as tonic_types::StatusExt>::with_error_details(
+            tonic::Code::NotFound,
+            format!("agent {id} not found"),
+            details,
+        );
+        let mut headers = http::HeaderMap::new();
+        assert!(status.add_header(&mut headers).is_ok());
+        headers.insert("x-other", http::HeaderValue::from_static("kept"));
+        super::bound_status_headers(&mut headers);
+        let size: usize = headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len())
+            .sum();
+        assert!(size < 4 * 1024, "{size} bytes of headers");
+        let back = tonic::Status::from_header_map(&headers).unwrap_or_else(|| tonic::Status::unknown("none"));
+        assert_eq!(back.code(), tonic::Code::NotFound);
+        assert!(back.message().starts_with("agent xxx"), "{}", back.message());
+        assert_eq!(crate::ApiError::from_status(&back).reason, "AGENT_NOT_FOUND");
+        assert_eq!(headers.get("x-other").map(|v| v.as_bytes()), Some(&b"kept"[..]));
+    }
+
+    /// Issue 26 item 16: a request prost cannot decode is the caller's
+    /// fault: `INVALID_ARGUMENT`, not tonic's `INTERNAL`; other internal
+    /// errors stay as they are.
+    #[test]
+    fn undecodable_requests_are_invalid_arguments() {
+        let mut headers = http::HeaderMap::new();
+        let status = tonic::Status::internal("failed to decode Protobuf message: invalid varint");
+        assert!(status.add_header(&mut headers).is_ok());
+        super::bound_status_headers(&mut headers);
+        let back = tonic::Status::from_header_map(&headers).unwrap_or_else(|| tonic::Status::unknown("none"));
+        assert_eq!(back.code(), tonic::Code::InvalidArgument);
+        assert_eq!(crate::ApiError::from_status(&back).reason, "INVALID_PROTOBUF");
+
+        let mut headers = http::HeaderMap::new();
+        assert!(
+            tonic::Status::internal("internal error")
+                .add_header(&mut headers)
+                .is_ok()
+        );
+        super::bound_status_headers(&mut headers);
+        let back = tonic::Status::from_header_map(&headers).unwrap_or_else(|| tonic::Status::unknown("none"));
+        assert_eq!(back.code(), tonic::Code::Internal);
+    }
 
     #[test]
     fn only_agentvm_components_name_metrics() {

@@ -1,6 +1,7 @@
 //! End-to-end suites of AgentVM: each scenario runs against the one-process
 //! cluster and against one `avm` process per component.
 
+mod attack_edge;
 mod attack_fence;
 mod attack_keys;
 mod attack_ledger;
