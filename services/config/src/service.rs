@@ -162,8 +162,14 @@ impl ConfigService {
             "" => None,
             key => Some(known(key)?),
         };
+        if let Some(spec) = only
+            && !shows(ctx, spec)
+        {
+            return Err(operator_setting(spec));
+        }
         let tenant = (!system_only).then_some(tenant.as_str());
         let mut snapshot = self.snapshot(tenant, reveals(ctx)).await?;
+        snapshot.entries.retain(|entry| shows(ctx, entry.spec));
         if let Some(spec) = only {
             snapshot.entries.retain(|entry| entry.spec.key == spec.key);
         }
@@ -232,6 +238,7 @@ impl ConfigService {
             revision
         };
         let mut snapshot = self.snapshot(tenant.as_deref(), reveals(ctx)).await?;
+        snapshot.entries.retain(|entry| shows(ctx, entry.spec));
         snapshot.revision = snapshot.revision.max(revision);
         Ok(snapshot)
     }
@@ -454,6 +461,23 @@ fn target_tenant(ctx: &RequestContext, tenant_id: &str) -> Result<String, Config
 }
 
 /// Returns whether the caller sees secrets: AgentVM's own components only.
+/// Returns whether the caller is shown `spec`: the settings a tenant may
+/// override are its own business; the others (where the LLM is reached,
+/// the data directory, billing, the runtime's limits) are the operator's,
+/// shown to operators and components only (issue 26 item 13).
+fn shows(ctx: &RequestContext, spec: &KeySpec) -> bool {
+    spec.tenant_overridable || ctx.principal.role == Role::Service || ctx.principal.require_operator().is_ok()
+}
+
+/// Returns the refusal of a tenant asking for an operator's setting.
+fn operator_setting(spec: &KeySpec) -> ConfigError {
+    ConfigError::Api(avm_common::ApiError::new(
+        avm_common::Code::PermissionDenied,
+        "OPERATOR_REQUIRED",
+        format!("{} is a setting of the deployment's operator", spec.key),
+    ))
+}
+
 fn reveals(ctx: &RequestContext) -> bool {
     ctx.principal.role == Role::Service
 }

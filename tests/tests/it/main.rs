@@ -3,6 +3,7 @@
 
 mod attack_fence;
 mod attack_keys;
+mod attack_tenancy;
 mod auth;
 mod bad_input;
 mod binary;
