@@ -1,6 +1,7 @@
 //! Credentials for remote MCP servers: the headers a user's (or, set by its
 //! admins, the tenant's) requests send to one server. Write-only: they are
-//! listed by header name, never shown.
+//! listed by header name, never shown. Each is bound to the origin of the
+//! server's URL when it is stored, and never sent elsewhere (issue 26 item 4).
 
 use std::collections::BTreeMap;
 
@@ -23,6 +24,10 @@ pub struct CredentialInput {
     pub bearer_token: Option<String>,
     /// Headers sent with every request to the server.
     pub headers: Option<BTreeMap<String, String>>,
+    /// The server's URL; the credential is sent to its origin
+    /// (`scheme://host:port`) only. Default: the URL of the caller's tool
+    /// resource named `server`, as it is now.
+    pub url: Option<String>,
 }
 
 /// Which credential a request names.
@@ -43,6 +48,9 @@ pub struct Credential {
     /// `user` or `tenant`.
     pub scope: String,
     pub header_names: Vec<String>,
+    /// The only origin (`scheme://host:port`) it is sent to; empty for one
+    /// stored before credentials were bound, which is never sent until stored again.
+    pub origin: String,
 }
 
 /// The credentials the caller's requests use: its own, then its tenant's.
@@ -78,7 +86,39 @@ fn credential(credential: pb::Credential) -> Credential {
         server: credential.server,
         scope: scope.to_owned(),
         header_names: credential.header_names,
+        origin: credential.origin,
     }
+}
+
+/// Returns the URL of the server of the tool resource `server` the caller
+/// sees now: what a credential set without a URL is bound to.
+async fn server_url(peers: &Peers, ctx: &RequestContext, server: &str) -> Result<String, ApiError> {
+    let required = || {
+        ApiError::invalid(
+            "CREDENTIAL_URL_REQUIRED",
+            format!(
+                "no tool resource {server:?} with an http or sse mcpServer is visible: say which server URL \
+                 the credential is for (`url`)"
+            ),
+        )
+    };
+    let call = avm_proto::resource::v1::ResolveResourceRequest {
+        uri: format!("resource://tools/{server}"),
+        variables_json: String::new(),
+    };
+    let resolved = match peers.resource.resolve_resource(ctx.request(call)).await {
+        Ok(resolved) => resolved.into_inner(),
+        Err(status) if status.code() == tonic::Code::NotFound || status.code() == tonic::Code::InvalidArgument => {
+            return Err(required());
+        }
+        Err(status) => return Err(status.into()),
+    };
+    let content = resolved.root.map(|root| root.content_json).unwrap_or_default();
+    let content: serde_json::Value = serde_json::from_str(&content).map_err(|_| required())?;
+    content["mcpServer"]["url"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(required)
 }
 
 /// Stores a credential for `server`.
@@ -89,6 +129,10 @@ pub async fn set(
     input: CredentialInput,
 ) -> Result<Credential, ApiError> {
     let scope = scope_pb(input.scope.as_deref())?;
+    let url = match input.url {
+        Some(url) => url,
+        None => server_url(peers, ctx, &server).await?,
+    };
     let mut headers = input.headers.unwrap_or_default();
     if let Some(token) = input.bearer_token {
         headers.insert("Authorization".to_owned(), format!("Bearer {token}"));
@@ -97,6 +141,7 @@ pub async fn set(
         server,
         scope: scope as i32,
         headers: headers.into_iter().collect(),
+        url,
     });
     let stored = peers.config.set_credential(request).await?.into_inner().credential;
     stored.map(credential).ok_or_else(|| missing("credential"))

@@ -97,6 +97,7 @@ struct CredentialSet {
     scope: Option<String>,
     bearer_token: Option<String>,
     headers: Option<std::collections::BTreeMap<String, String>>,
+    url: Option<String>,
 }
 
 /// `credential_delete_request` data.
@@ -430,11 +431,13 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, name: &str, data: Val
                 scope,
                 bearer_token,
                 headers,
+                url,
             } = decode(data)?;
             let input = api::credentials::CredentialInput {
                 scope,
                 bearer_token,
                 headers,
+                url,
             };
             answer(api::credentials::set(peers, ctx, server, input).await?)
         }

@@ -694,7 +694,8 @@ impl AuthService {
         Ok(outcome.tenant.after)
     }
 
-    /// Returns a tenant's (the caller's when empty) token use this month and its quota.
+    /// Returns a tenant's (the caller's when empty) token use this month and
+    /// its quota; a member's own use and quota (their key's).
     #[instrument(name = "auth.get_usage", skip_all, fields(request_id = %ctx.request_id))]
     pub async fn usage(&self, ctx: &RequestContext, tenant_id: &str) -> Result<UsageRecord, AuthError> {
         self.authorize(ctx).await?;
@@ -708,6 +709,21 @@ impl AuthService {
         let store = &self.inner.store;
         let tenant = store.get_tenant(&tenant_reach(ctx), tenant_id).await?;
         let month = month_of(now_ms());
+        if ctx.principal.role == Role::Member {
+            // A member sees their own figures: what the key they call with
+            // used, against its quota (the tenant's when it has none of its
+            // own), never the tenant's spend (issue 26 item 13).
+            let tokens_used = match ctx.principal.key_id.as_deref() {
+                Some(key_id) => store.usage(tenant_id, Some(key_id), &month).await?,
+                None => 0,
+            };
+            let own = ctx.principal.key_limits.tokens_per_month;
+            return Ok(UsageRecord {
+                month,
+                tokens_used,
+                tokens_per_month: if own == 0 { tenant.limits.tokens_per_month } else { own },
+            });
+        }
         let tokens_used = store.usage(tenant_id, None, &month).await?;
         Ok(UsageRecord {
             month,

@@ -154,16 +154,26 @@ fn save_admin_key(dir: &Path, first: &avm_auth::Bootstrap) -> anyhow::Result<Pat
     )
 }
 
+/// Returns the runtime's rules for MCP servers, which the services storing
+/// their definitions (resources, images) apply at registration: every
+/// component of a deployment reads the same `[runtime]` section.
+fn mcp_rules(config: &AvmConfig) -> anyhow::Result<avm_common::mcp::McpServerRules> {
+    Ok(avm_common::mcp::McpServerRules::new(
+        config.runtime.mcp.allowed_commands.clone(),
+        &config.runtime.fetch.allow,
+    )?)
+}
+
 /// Opens the session service on its store.
 pub async fn open_session(config: &AvmConfig) -> anyhow::Result<avm_session::SessionService> {
     let store = avm_session::open_store(&store_url(config, "session")?, config.database.max_connections).await?;
-    Ok(avm_session::SessionService::new(store))
+    Ok(avm_session::SessionService::new(store).with_mcp_rules(mcp_rules(config)?))
 }
 
 /// Opens the resource service on its store.
 pub async fn open_resources(config: &AvmConfig) -> anyhow::Result<avm_resource::ResourceService> {
     let store = avm_resource::open_store(&store_url(config, "resource")?, config.database.max_connections).await?;
-    Ok(avm_resource::ResourceService::new(store))
+    Ok(avm_resource::ResourceService::new(store).with_mcp_rules(mcp_rules(config)?))
 }
 
 /// Opens the config service on its store, over the deployment's layers; its

@@ -3,6 +3,7 @@
 //! token check, request context, ids and the process lifecycle. Databases
 //! are `avm-store`'s, for the services that store.
 
+pub mod address;
 pub mod auth;
 pub mod calendar;
 pub mod config;
@@ -11,6 +12,7 @@ pub mod error;
 pub mod grpc;
 pub mod ids;
 pub mod lifecycle;
+pub mod mcp;
 pub mod money;
 pub mod settings;
 pub mod shutdown;

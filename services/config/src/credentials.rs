@@ -5,6 +5,12 @@
 //! values and never read back, except by AgentVM's components, which send
 //! them to that server alone.
 //!
+//! A credential is bound to the origin (`scheme://host:port`) of the server
+//! URL it was set for, and resolved only for a URL of that origin: a tool
+//! resource repointed at another address, by whoever publishes its versions,
+//! does not take the credential along. One stored before credentials were
+//! bound has no origin and is never resolved; storing it again binds it.
+//!
 //! They are stored beside the configuration's overrides, in scopes of their
 //! own (`credentials/<tenant>` and `credentials/<tenant>/<user>`), keyed by
 //! server; no change event is sent (the runtime reads them when it connects).
@@ -48,6 +54,35 @@ pub struct CredentialInfo {
     pub server: String,
     pub scope: CredentialScope,
     pub header_names: Vec<String>,
+    /// The origin it is sent to; `None` for one stored before credentials
+    /// were bound, which is never sent.
+    pub origin: Option<String>,
+}
+
+/// What a credential holds once opened: sealed as one JSON document.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Sealed {
+    origin: String,
+    headers: BTreeMap<String, String>,
+}
+
+/// Returns the origin (`scheme://host:port`, the port always written) of
+/// an `http` or `https` URL, which is what a credential is bound to.
+pub fn origin_of(url: &str) -> Result<String, ConfigError> {
+    let invalid = || {
+        ConfigError::invalid(
+            "INVALID_CREDENTIAL_URL",
+            "a credential names the http or https URL of the server it is for",
+        )
+    };
+    let parsed = url::Url::parse(url).map_err(|_| invalid())?;
+    let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) else {
+        return Err(invalid());
+    };
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(invalid());
+    }
+    Ok(format!("{}://{host}:{port}", parsed.scheme()))
 }
 
 fn tenant_scope(tenant_id: &str) -> String {
@@ -126,6 +161,7 @@ impl ConfigService {
         ctx: &RequestContext,
         server: &str,
         scope: CredentialScope,
+        url: &str,
         headers: BTreeMap<String, String>,
     ) -> Result<CredentialInfo, ConfigError> {
         ctx.require(Scopes::WRITE)?;
@@ -134,8 +170,10 @@ impl ConfigService {
         }
         check_server(server)?;
         check_headers(&headers)?;
+        let origin = origin_of(url)?;
         let store_scope = store_scope(ctx, scope);
-        let plain = serde_json::to_string(&headers).map_err(|err| ConfigError::corrupt(err.to_string()))?;
+        let credential = Sealed { origin, headers };
+        let plain = serde_json::to_string(&credential).map_err(|err| ConfigError::corrupt(err.to_string()))?;
         let sealed = self.seal(&store_scope, server, &plain)?;
         let change = Change {
             key: server.to_owned(),
@@ -148,11 +186,12 @@ impl ConfigService {
         self.store()
             .apply(&store_scope, &[change], &ctx.principal.user_id, avm_common::now_ms())
             .await?;
-        tracing::info!(server, ?scope, headers = headers.len(), "credential stored");
+        tracing::info!(server, ?scope, origin = %credential.origin, headers = credential.headers.len(), "credential stored");
         Ok(CredentialInfo {
             server: server.to_owned(),
             scope,
-            header_names: headers.into_keys().collect(),
+            header_names: credential.headers.into_keys().collect(),
+            origin: Some(credential.origin),
         })
     }
 
@@ -165,11 +204,12 @@ impl ConfigService {
         for scope in [CredentialScope::User, CredentialScope::Tenant] {
             let store_scope = store_scope(ctx, scope);
             for stored in self.store().overrides(&store_scope).await? {
-                let headers = self.open_headers(&store_scope, &stored)?;
+                let (origin, headers) = self.open_headers(&store_scope, &stored)?;
                 listed.push(CredentialInfo {
                     server: stored.key,
                     scope,
                     header_names: headers.into_keys().collect(),
+                    origin,
                 });
             }
         }
@@ -214,8 +254,9 @@ impl ConfigService {
         Ok(())
     }
 
-    /// Returns the headers `user_id`'s requests send to `server`: the user's
-    /// credential, else the tenant's (components only).
+    /// Returns the headers `user_id`'s requests send to `server` at `url`: the
+    /// user's credential, else the tenant's (components only). A credential
+    /// bound to another origin than `url`'s, or to none, is not returned.
     #[instrument(name = "config.resolve_credential", skip_all, fields(tenant_id = %tenant_id, request_id = %ctx.request_id))]
     pub async fn resolve_credential(
         &self,
@@ -223,20 +264,46 @@ impl ConfigService {
         tenant_id: &str,
         user_id: &str,
         server: &str,
+        url: &str,
     ) -> Result<Option<BTreeMap<String, String>>, ConfigError> {
         ctx.principal.require_service()?;
+        let wanted = origin_of(url)?;
+        let mut withheld = None;
         for store_scope in [user_scope(tenant_id, user_id), tenant_scope(tenant_id)] {
             let stored = self.store().overrides(&store_scope).await?;
             if let Some(found) = stored.iter().find(|stored| stored.key == server) {
-                return self.open_headers(&store_scope, found).map(Some);
+                let (origin, headers) = self.open_headers(&store_scope, found)?;
+                if origin.as_deref() == Some(wanted.as_str()) {
+                    return Ok(Some(headers));
+                }
+                withheld = Some(origin);
             }
+        }
+        if let Some(origin) = withheld {
+            tracing::warn!(
+                server,
+                bound_to = origin.as_deref().unwrap_or("nothing"),
+                asked_for = %wanted,
+                "credential withheld: the server's URL is not the one it was stored for"
+            );
         }
         Ok(None)
     }
 
-    fn open_headers(&self, store_scope: &str, stored: &StoredValue) -> Result<BTreeMap<String, String>, ConfigError> {
+    /// Opens a stored credential: its origin (`None` when stored before
+    /// credentials were bound) and its headers.
+    fn open_headers(
+        &self,
+        store_scope: &str,
+        stored: &StoredValue,
+    ) -> Result<(Option<String>, BTreeMap<String, String>), ConfigError> {
         let plain = self.open(store_scope, &stored.key, &stored.value)?;
-        serde_json::from_str(&plain).map_err(|_| ConfigError::corrupt(format!("the credential for {}", stored.key)))
+        let corrupt = || ConfigError::corrupt(format!("the credential for {}", stored.key));
+        if let Ok(sealed) = serde_json::from_str::<Sealed>(&plain) {
+            return Ok((Some(sealed.origin), sealed.headers));
+        }
+        let headers = serde_json::from_str(&plain).map_err(|_| corrupt())?;
+        Ok((None, headers))
     }
 }
 
@@ -262,5 +329,21 @@ mod tests {
             assert!(!err.contains("sk-secret"), "{err}");
         }
         assert!(check_headers(&BTreeMap::new()).is_err());
+    }
+
+    #[test]
+    fn a_credential_is_bound_to_an_origin_with_its_port() {
+        assert_eq!(
+            origin_of("https://mcp.example/v1/mcp?x=1").unwrap(),
+            "https://mcp.example:443"
+        );
+        assert_eq!(origin_of("http://127.0.0.1:8123/mcp").unwrap(), "http://127.0.0.1:8123");
+        assert_ne!(
+            origin_of("http://127.0.0.1:8123/mcp").unwrap(),
+            origin_of("http://127.0.0.1:8124/mcp").unwrap()
+        );
+        for bad in ["", "mcp.example", "file:///etc/passwd", "ftp://mcp.example/"] {
+            assert!(origin_of(bad).is_err(), "{bad:?}");
+        }
     }
 }

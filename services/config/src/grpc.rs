@@ -123,7 +123,7 @@ impl ConfigApi for ConfigGrpc {
         let headers = request.headers.into_iter().collect();
         let stored = self
             .service
-            .set_credential(&ctx, &request.server, scope, headers)
+            .set_credential(&ctx, &request.server, scope, &request.url, headers)
             .await?;
         Ok(Response::new(pb::SetCredentialResponse {
             credential: Some(credential_pb(stored)),
@@ -160,7 +160,13 @@ impl ConfigApi for ConfigGrpc {
         let request = request.get_ref();
         let headers = self
             .service
-            .resolve_credential(&ctx, &request.tenant_id, &request.user_id, &request.server)
+            .resolve_credential(
+                &ctx,
+                &request.tenant_id,
+                &request.user_id,
+                &request.server,
+                &request.url,
+            )
             .await?;
         Ok(Response::new(pb::ResolveCredentialResponse {
             found: headers.is_some(),
@@ -191,6 +197,7 @@ fn credential_pb(credential: CredentialInfo) -> pb::Credential {
         server: credential.server,
         scope: scope as i32,
         header_names: credential.header_names,
+        origin: credential.origin.unwrap_or_default(),
     }
 }
 

@@ -166,8 +166,13 @@ impl ConfigService {
             "" => None,
             key => Some(known(key)?),
         };
+        if let Some(spec) = only
+            && !shows(ctx, spec)
+        {
+            return Err(operator_setting(spec));
+        }
         let tenant = (!system_only).then_some(tenant.as_str());
-        let mut snapshot = self.snapshot(tenant, reveals(ctx)).await?;
+        let mut snapshot = self.snapshot(tenant, Audience::of(ctx)).await?;
         if let Some(spec) = only {
             snapshot.entries.retain(|entry| entry.spec.key == spec.key);
         }
@@ -235,7 +240,7 @@ impl ConfigService {
                 .await;
             revision
         };
-        let mut snapshot = self.snapshot(tenant.as_deref(), reveals(ctx)).await?;
+        let mut snapshot = self.snapshot(tenant.as_deref(), Audience::of(ctx)).await?;
         snapshot.revision = snapshot.revision.max(revision);
         Ok(snapshot)
     }
@@ -309,13 +314,13 @@ impl ConfigService {
         } else {
             Some(target_tenant(ctx, tenant_id)?)
         };
-        let reveal = reveals(ctx);
+        let audience = Audience::of(ctx);
         let events = &self.inner.events;
         events.wait_live(FEED_READY_TIMEOUT).await?;
         // Subscribe before reading the snapshot, so no change falls in
         // between; a change in both is skipped by its revision.
         let live = events.subscribe();
-        let first = self.snapshot(tenant.as_deref(), reveal).await?;
+        let first = self.snapshot(tenant.as_deref(), audience).await?;
         // Each change is announced after its commit by the replica that made
         // it, so announcements may arrive out of revision order (6 before 5).
         // A state re-read after a change covers every change up to the
@@ -353,7 +358,7 @@ impl ConfigService {
             let service = service.clone();
             let tenant = tenant.clone();
             async move {
-                Some(service.snapshot(tenant.as_deref(), reveal).await.map(|mut state| {
+                Some(service.snapshot(tenant.as_deref(), audience).await.map(|mut state| {
                     state.revision = state.revision.max(change.revision);
                     WatchUpdate::Entries { snapshot: false, state }
                 }))
@@ -369,7 +374,8 @@ impl ConfigService {
 
     /// Computes the effective entries of the system layers, and of `tenant`'s
     /// overrides when given.
-    async fn snapshot(&self, tenant: Option<&str>, reveal: bool) -> Result<Snapshot, ConfigError> {
+    async fn snapshot(&self, tenant: Option<&str>, audience: Audience) -> Result<Snapshot, ConfigError> {
+        let reveal = audience.reveal;
         let store = &self.inner.store;
         let revision = store.revision().await?;
         let deployment = &self.inner.deployment;
@@ -404,6 +410,7 @@ impl ConfigService {
             }
         }
         resolve_llm(&mut entries, system_provider.as_deref());
+        entries.retain(|entry| audience.operator_settings || entry.spec.tenant_overridable);
         if !reveal {
             for entry in entries
                 .iter_mut()
@@ -501,6 +508,41 @@ fn target_tenant(ctx: &RequestContext, tenant_id: &str) -> Result<String, Config
 }
 
 /// Returns whether the caller sees secrets: AgentVM's own components only.
+/// What a caller is shown of the configuration.
+#[derive(Clone, Copy, Debug)]
+struct Audience {
+    /// Secrets in clear (AgentVM's components only).
+    reveal: bool,
+    /// The keys a tenant may not override: where the LLM is reached, the
+    /// data directory, billing, the runtime's limits. They are the
+    /// operator's, shown to operators and components only (issue 26 item 13);
+    /// a tenant sees the settings it may change.
+    operator_settings: bool,
+}
+
+impl Audience {
+    fn of(ctx: &RequestContext) -> Self {
+        Self {
+            reveal: reveals(ctx),
+            operator_settings: ctx.principal.role == Role::Service || ctx.principal.require_operator().is_ok(),
+        }
+    }
+}
+
+/// Returns whether the caller is shown `spec`.
+fn shows(ctx: &RequestContext, spec: &KeySpec) -> bool {
+    spec.tenant_overridable || Audience::of(ctx).operator_settings
+}
+
+/// Returns the refusal of a tenant asking for an operator's setting.
+fn operator_setting(spec: &KeySpec) -> ConfigError {
+    ConfigError::Api(avm_common::ApiError::new(
+        avm_common::Code::PermissionDenied,
+        "OPERATOR_REQUIRED",
+        format!("{} is a setting of the deployment's operator", spec.key),
+    ))
+}
+
 fn reveals(ctx: &RequestContext) -> bool {
     ctx.principal.role == Role::Service
 }

@@ -390,8 +390,17 @@ impl ObservabilityService {
     pub async fn list_budgets(&self, ctx: &RequestContext, tenant_id: &str) -> Result<Vec<Budget>, ObservabilityError> {
         let tenant_id = target_tenant(ctx, tenant_id)?;
         ctx.require(Scopes::READ)?;
+        // A member sees their own figures: the budget of the key they call
+        // with, not the tenant's spend nor other users' (issue 26 item 13).
+        let own_key = match ctx.principal.role {
+            Role::Member => Some(ctx.principal.key_id.as_deref().unwrap_or_default()),
+            Role::Admin | Role::Service => None,
+        };
         let mut budgets = Vec::new();
         for stored in self.inner.store.budgets(Some(&tenant_id)).await? {
+            if own_key.is_some_and(|own| own.is_empty() || stored.key_id != own) {
+                continue;
+            }
             budgets.push(self.budget(stored).await?);
         }
         Ok(budgets)

@@ -44,6 +44,9 @@ pub enum ResourceError {
     /// The resource is public and the caller's tenant does not own it; holds its id.
     #[error("only the tenant that owns resource {0} may change it")]
     NotOwner(String),
+    /// A member publishes a version of a resource another user owns; holds its id.
+    #[error("only the user who registered resource {0} or an admin of its tenant may publish its versions")]
+    NotPublisher(String),
     /// The caller is not allowed this operation (scope or role).
     #[error("{0}")]
     Denied(ApiError),
@@ -80,6 +83,9 @@ impl From<ResourceError> for ApiError {
             ResourceError::DependencyCycle(_) => ApiError::precondition("DEPENDENCY_CYCLE", err.to_string()),
             ResourceError::InUse { .. } => ApiError::precondition("RESOURCE_IN_USE", err.to_string()),
             ResourceError::NotOwner(_) => ApiError::new(Code::PermissionDenied, "NOT_RESOURCE_OWNER", err.to_string()),
+            ResourceError::NotPublisher(_) => {
+                ApiError::new(Code::PermissionDenied, "NOT_RESOURCE_OWNER", err.to_string())
+            }
             ResourceError::Store(err) => err.into_api("resource"),
         }
     }

@@ -5,10 +5,13 @@
 //! - reading (get, list, resolve) needs the `read` scope and sees the caller's
 //!   own resources and public ones; another tenant's private resource answers
 //!   exactly like a missing one (`RESOURCE_NOT_FOUND`);
-//! - publishing (register, publish) needs `write`: admins and members publish
-//!   their tenant's private resources; registering a public one takes an
-//!   operator (or a service); publishing to a public one takes an admin of the
-//!   tenant that owns it;
+//! - publishing (register, publish) needs `write`: admins and members register
+//!   their tenant's private resources; a resource's later versions are
+//!   published by its owner (the user who published its first version still
+//!   kept) or an admin of its tenant, so a member cannot repoint a resource
+//!   others use (say, a tool's server, which the tenant's credential goes
+//!   to); registering a public one takes an operator (or a service);
+//!   publishing to a public one takes an admin of the tenant that owns it;
 //! - deleting takes an admin (or operator, or service) of the owning tenant.
 //!
 //! Another tenant's public resource answers `NOT_RESOURCE_OWNER` to writes.
@@ -18,6 +21,7 @@ use std::sync::Arc;
 
 use avm_common::auth::Scopes;
 use avm_common::ids::new_id;
+use avm_common::mcp::McpServerRules;
 use avm_common::{RequestContext, now_ms};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -59,6 +63,8 @@ const MAX_RESOURCE_ID_BYTES: usize = 128;
 #[derive(Clone)]
 pub struct ResourceService {
     store: Arc<dyn ResourceStore>,
+    /// What a tool's `mcpServer` may start or reach: the runtime's rules.
+    mcp_rules: Arc<McpServerRules>,
 }
 
 /// A version checked and ready to store, before it knows its resource.
@@ -69,9 +75,38 @@ struct Draft {
 }
 
 impl ResourceService {
-    /// Returns a service over `store`.
+    /// Returns a service over `store` whose tools' `mcpServer` may start no
+    /// command (but in public resources) and reach no internal address.
     pub fn new(store: Arc<dyn ResourceStore>) -> Self {
-        Self { store }
+        Self {
+            store,
+            mcp_rules: Arc::default(),
+        }
+    }
+
+    /// Returns the service checking tools' `mcpServer` against `rules` (the
+    /// operator's `[runtime.mcp]` and `[runtime.fetch]`) when they are
+    /// published, as the runtime does when it uses them (issue 26 item 18).
+    pub fn with_mcp_rules(self, rules: McpServerRules) -> Self {
+        Self {
+            mcp_rules: Arc::new(rules),
+            ..self
+        }
+    }
+
+    /// Refuses a tool version whose `mcpServer` the runtime would refuse.
+    fn check_mcp_server(&self, kind: Kind, draft: &Draft, visibility: Visibility) -> Result<(), ResourceError> {
+        if kind != Kind::Tool {
+            return Ok(());
+        }
+        let content: serde_json::Value = serde_json::from_str(&draft.content_json).unwrap_or_default();
+        let Some(server) = content.get("mcpServer") else {
+            return Ok(());
+        };
+        let name = content["name"].as_str().unwrap_or_default();
+        self.mcp_rules
+            .check(name, server, visibility == Visibility::Public)
+            .map_err(ResourceError::Denied)
     }
 
     /// Publishes a version of the caller's resource of `kind` and `name`,
@@ -115,6 +150,7 @@ impl ResourceService {
             } else {
                 Visibility::Private
             };
+            self.check_mcp_server(new.kind, &draft, visibility)?;
             self.check_dependencies(ctx, new.kind, &new.name, visibility, &draft)
                 .await?;
             let now = now_ms();
@@ -395,6 +431,31 @@ impl ResourceService {
         Ok(found.filter(|resource| resource.tenant_id == ctx.tenant_id))
     }
 
+    /// Fails with `NOT_RESOURCE_OWNER` unless the caller is an admin (or
+    /// operator, or service) or the resource's owner: the user who published
+    /// its oldest version still kept.
+    ///
+    /// Derived from the versions rather than stored beside the resource, so
+    /// resources registered before this rule have an owner too.
+    async fn ensure_publisher(&self, ctx: &RequestContext, resource: &ResourceRecord) -> Result<(), ResourceError> {
+        if ctx.principal.require_admin().is_ok() {
+            return Ok(());
+        }
+        let versions = self.store.list_versions(&ctx.tenant_id, &resource.resource_id).await?;
+        let owner = versions
+            .iter()
+            .min_by(|a, b| {
+                a.created_at_ms
+                    .cmp(&b.created_at_ms)
+                    .then_with(|| a.version.cmp(&b.version))
+            })
+            .map(|first| first.created_by.as_str());
+        if owner == Some(ctx.principal.user_id.as_str()) {
+            return Ok(());
+        }
+        Err(ResourceError::NotPublisher(resource.resource_id.clone()))
+    }
+
     /// Returns a resource the caller may read, or `RESOURCE_NOT_FOUND`.
     async fn readable(&self, ctx: &RequestContext, resource_id: &str) -> Result<ResourceRecord, ResourceError> {
         self.store
@@ -411,6 +472,8 @@ impl ResourceService {
         draft: Draft,
         update: ResourceUpdate,
     ) -> Result<Published, ResourceError> {
+        self.ensure_publisher(ctx, &resource).await?;
+        self.check_mcp_server(resource.kind, &draft, resource.visibility)?;
         self.check_dependencies(ctx, resource.kind, &resource.name, resource.visibility, &draft)
             .await?;
         let now = now_ms();

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use avm_common::auth::Scopes;
 use avm_common::ids::new_id;
+use avm_common::mcp::McpServerRules;
 use avm_common::{RequestContext, now_ms};
 use avm_store::events::EventBus;
 use futures::StreamExt;
@@ -61,6 +62,8 @@ pub struct SessionService {
     events: Arc<EventBus<SessionChange>>,
     /// Resolves `resource://` references at image creation; without it only their form is checked.
     references: Option<References>,
+    /// What an image's `mcpServers` may start or reach: the runtime's rules.
+    mcp_rules: Arc<McpServerRules>,
 }
 
 /// How long a watch waits for the change feed to be live.
@@ -74,6 +77,18 @@ impl SessionService {
             store,
             events,
             references: None,
+            mcp_rules: Arc::default(),
+        }
+    }
+
+    /// Returns the service checking images' `mcpServers` against `rules` (the
+    /// operator's `[runtime.mcp]` and `[runtime.fetch]`) when they are
+    /// created, as the runtime does before it starts or reaches a server
+    /// (issue 26 item 18); without, no command and no internal address pass.
+    pub fn with_mcp_rules(self, rules: McpServerRules) -> Self {
+        Self {
+            mcp_rules: Arc::new(rules),
+            ..self
         }
     }
 
@@ -205,6 +220,7 @@ impl SessionService {
         let description = non_empty(new.description).map(validate_description).transpose()?;
         let system_prompt = non_empty(new.system_prompt).map(validate_system_prompt).transpose()?;
         let mcp_servers_json = validate_mcp_servers(new.mcp_servers_json)?;
+        self.check_mcp_servers(ctx, &mcp_servers_json)?;
         let agent = non_empty(new.agent).map(validate_agent).transpose()?;
         let variables_json = validate_variables(new.variables_json)?;
         let tools = validate_tools(new.tools)?;
@@ -621,6 +637,22 @@ fn validate_system_prompt(system_prompt: String) -> Result<String, SessionError>
         ));
     }
     Ok(system_prompt)
+}
+
+impl SessionService {
+    /// Refuses an image whose `mcpServers` (a JSON object, validated) hold a
+    /// server the runtime would refuse; an operator's, like a public tool
+    /// resource, may start any command.
+    fn check_mcp_servers(&self, ctx: &RequestContext, json: &str) -> Result<(), SessionError> {
+        let servers: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json).unwrap_or_default();
+        let operator = ctx.principal.require_operator().is_ok();
+        for (name, definition) in &servers {
+            self.mcp_rules
+                .check(name, definition, operator)
+                .map_err(SessionError::Denied)?;
+        }
+        Ok(())
+    }
 }
 
 /// Returns the MCP server definitions to store: `"{}"` for none, else a JSON object.

@@ -1,6 +1,6 @@
 //! Tools from MCP servers: a stdio server an operator published, a
 //! streamable HTTP server, the list changing mid-turn, and what is refused
-//! (a tenant's own command, an internal address) before anything starts.
+//! (a tenant's own command, an internal address) when it is published.
 
 use anyhow::Context;
 use avm_tests::cluster::{Cluster, Mode, Options};
@@ -66,23 +66,18 @@ async fn remote_chat(
     Ok((mock, cluster, client, chat))
 }
 
-/// Opens a conversation with `tool` and sends it a message over REST, which
-/// must be refused (400) with `code`; returns the image's id.
-async fn refused_message(cluster: &Cluster, tool: &str, code: &str) -> anyhow::Result<String> {
-    let (_client, chat) = open_chat(cluster, json!({"tools": [tool]})).await?;
-    let (status, refused) = call(
-        cluster,
-        "POST",
-        &format!("/v1/images/{}/messages", chat.image_id),
-        Some(json!({"content": "hello"})),
-    )
-    .await?;
+/// Publishes a tool resource named `name` for `server`, which must be
+/// refused (400) with `code`.
+async fn refused_tool(cluster: &Cluster, name: &str, server: Value, public: bool, code: &str) -> anyhow::Result<()> {
+    let body = json!({"kind": "tool", "name": name, "version": "1.0.0", "public": public, "content": {
+        "name": name, "inputSchema": {"type": "object"}, "mcpServer": server}});
+    let (status, refused) = call(cluster, "POST", "/v1/resources", Some(body)).await?;
     assert_eq!(
         (status, refused["error"]["code"].clone()),
         (400, json!(code)),
         "{refused}"
     );
-    Ok(chat.image_id)
+    Ok(())
 }
 
 /// Returns the results of a turn's tool calls, in order, with their error flags.
@@ -198,10 +193,9 @@ async fn refused_command(mode: Mode) -> anyhow::Result<()> {
     let (_mock, cluster) = start_with(mode, MockApi::OpenAi, Options::default()).await?;
     let marker = cluster.data_dir().join("spawned");
     let server = json!({"command": "/bin/sh", "args": ["-c", format!("touch {}", marker.display())]});
-    let tool = mcp_tool(&cluster, "mine", server, false).await?;
-    let image_id = refused_message(&cluster, &tool, "MCP_COMMAND_NOT_APPROVED").await?;
+    // Refused when it is published (issue 26 item 18), by the rule the runtime applies at use.
+    refused_tool(&cluster, "mine", server, false, "MCP_COMMAND_NOT_APPROVED").await?;
     assert!(!marker.exists(), "the command ran");
-    assert!(workspace_of(&cluster, &image_id).is_none(), "no workspace was made");
     Ok(())
 }
 
@@ -271,32 +265,23 @@ both_modes!(an_internal_server_address_is_refused, internal_url);
 async fn internal_url(mode: Mode) -> anyhow::Result<()> {
     let (addr, _server) = avm_tests::mock_mcp::serve_http().await?;
     let (_mock, cluster) = start_with(mode, MockApi::Anthropic, Options::default()).await?;
-    // Addresses are refused before the agent starts.
+    // Addresses are refused when they are published, even by an operator.
+    let (port, accepted) = counting_listener().await?;
     for (name, url) in [
         ("loopback", format!("http://{addr}/mcp")),
         ("metadata", "http://169.254.169.254/mcp".to_owned()),
         ("private", "http://10.1.2.3/mcp".to_owned()),
+        ("named", format!("http://localhost:{port}/mcp")),
     ] {
-        let tool = mcp_tool(&cluster, name, json!({"type": "http", "url": url}), true).await?;
-        refused_message(&cluster, &tool, "MCP_SERVER_REFUSED").await?;
+        refused_tool(
+            &cluster,
+            name,
+            json!({"type": "http", "url": url}),
+            true,
+            "MCP_SERVER_REFUSED",
+        )
+        .await?;
     }
-    // A name is refused once resolved, with no connection made.
-    let (port, accepted) = counting_listener().await?;
-    let url = format!("http://localhost:{port}/mcp");
-    let tool = mcp_tool(&cluster, "named", json!({"type": "http", "url": url}), true).await?;
-    let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
-    let frames = send_and_finish(&mut client, &chat.image_id, json!("hello")).await?;
-    let state = frames
-        .iter()
-        .find(|f| f["type"] == "mcp_server_state")
-        .context("mcp_server_state")?;
-    assert_eq!(state["data"]["state"], "failed", "{state}");
-    assert!(
-        state["data"]["message"]
-            .as_str()
-            .is_some_and(|message| message.contains("refused: localhost is a loopback address")),
-        "{state}"
-    );
     assert_eq!(
         accepted.load(std::sync::atomic::Ordering::SeqCst),
         0,
@@ -341,7 +326,7 @@ async fn credentials(mode: Mode) -> anyhow::Result<()> {
     assert_eq!(status, 200, "{stored}");
     assert_eq!(
         stored,
-        json!({"server": "secure", "scope": "user", "headerNames": ["Authorization"]})
+        json!({"server": "secure", "scope": "user", "headerNames": ["Authorization"], "origin": format!("http://{addr}")})
     );
     let (status, listed) = call(&cluster, "GET", "/v1/credentials", None).await?;
     assert_eq!(status, 200);

@@ -53,21 +53,34 @@ conformance!(
     credentials_belong_to_a_user_or_the_tenant,
 );
 
+/// The server the credentials of these tests are for.
+const SEARCH_URL: &str = "https://search.example/mcp";
+
 async fn credentials_belong_to_a_user_or_the_tenant(h: Harness) {
     use avm_config::CredentialScope::{Tenant, User};
     let headers = |value: &str| std::collections::BTreeMap::from([("Authorization".to_owned(), value.to_owned())]);
     let (alice, bob) = (member_ctx(A, "usr_alice"), member_ctx(A, "usr_bob"));
     let stored = h
         .service
-        .set_credential(&alice, "search", User, headers(CANARY))
+        .set_credential(&alice, "search", User, SEARCH_URL, headers(CANARY))
         .await
         .unwrap();
     assert_eq!(stored.header_names, ["Authorization"]);
     // Members may not set the tenant's; admins may.
-    let err = api_err(h.service.set_credential(&bob, "search", Tenant, headers("x")).await);
+    let err = api_err(
+        h.service
+            .set_credential(&bob, "search", Tenant, SEARCH_URL, headers("x"))
+            .await,
+    );
     assert_eq!(err.code, Code::PermissionDenied);
     h.service
-        .set_credential(&admin_ctx(A), "search", Tenant, headers("Bearer tenant-wide"))
+        .set_credential(
+            &admin_ctx(A),
+            "search",
+            Tenant,
+            SEARCH_URL,
+            headers("Bearer tenant-wide"),
+        )
         .await
         .unwrap();
 
@@ -78,7 +91,7 @@ async fn credentials_belong_to_a_user_or_the_tenant(h: Harness) {
         let runtime = runtime.clone();
         async move {
             service
-                .resolve_credential(&runtime, tenant, user, "search")
+                .resolve_credential(&runtime, tenant, user, "search", SEARCH_URL)
                 .await
                 .unwrap()
         }
@@ -86,9 +99,39 @@ async fn credentials_belong_to_a_user_or_the_tenant(h: Harness) {
     assert_eq!(resolve("usr_alice", A).await, Some(headers(CANARY)));
     assert_eq!(resolve("usr_bob", A).await, Some(headers("Bearer tenant-wide")));
     assert_eq!(resolve("usr_alice", B).await, None);
+    // Bound to the origin it was stored for (issue 26 item 4): another host
+    // or port gets nothing, whatever the path.
+    for elsewhere in [
+        "https://search.example:8443/mcp",
+        "http://search.example/mcp",
+        "https://evil.example/mcp",
+    ] {
+        let found = h
+            .service
+            .resolve_credential(&runtime, A, "usr_alice", "search", elsewhere)
+            .await
+            .unwrap();
+        assert_eq!(found, None, "{elsewhere}");
+    }
+    let found = h
+        .service
+        .resolve_credential(&runtime, A, "usr_alice", "search", "https://search.example/other?x=1")
+        .await
+        .unwrap();
+    assert_eq!(found, Some(headers(CANARY)));
+    let err = api_err(
+        h.service
+            .set_credential(&alice, "search", User, "search.example", headers(CANARY))
+            .await,
+    );
+    assert_eq!(err.reason, "INVALID_CREDENTIAL_URL");
     // Nobody else reads them: not a user, not an admin, not an operator.
     for ctx in [alice.clone(), admin_ctx(A), operator_ctx(OPS)] {
-        let err = api_err(h.service.resolve_credential(&ctx, A, "usr_alice", "search").await);
+        let err = api_err(
+            h.service
+                .resolve_credential(&ctx, A, "usr_alice", "search", SEARCH_URL)
+                .await,
+        );
         assert_eq!(err.code, Code::PermissionDenied);
     }
 
@@ -124,7 +167,25 @@ async fn layers_stack_in_order(h: Harness) {
         (json!("claude-sonnet-4-20250514"), Source::Default)
     );
     assert_eq!(entry(&config, DEFAULTS_MAX_TOKENS), (json!(2048), Source::Deployment));
-    assert_eq!(entry(&config, LLM_BASE_URL), (json!(null), Source::Default));
+    // Where the LLM is reached and the data directory are the operator's:
+    // tenants are not shown them (issue 26 item 13), operators and components are.
+    for ctx in [admin_ctx(A), member_ctx(A, "usr_m")] {
+        let shown = h.service.get(&ctx, "", false, "").await.unwrap();
+        assert!(
+            shown.entries.iter().all(|e| e.spec.tenant_overridable),
+            "{:?}",
+            shown.entries.iter().map(|e| e.spec.key).collect::<Vec<_>>()
+        );
+        let err = api_err(h.service.get(&ctx, "", false, LLM_BASE_URL).await);
+        assert_eq!(
+            (err.code, err.reason.as_ref()),
+            (Code::PermissionDenied, "OPERATOR_REQUIRED")
+        );
+    }
+    for ctx in [operator_ctx(OPS), service_ctx(A)] {
+        let config = h.service.get(&ctx, "", false, "").await.unwrap();
+        assert_eq!(entry(&config, LLM_BASE_URL), (json!(null), Source::Default));
+    }
 
     let system = h
         .service

@@ -154,9 +154,14 @@ async fn budgets_stay_within_their_tenant(h: Harness) {
     assert_operator_required(api_err(h.service.list_budgets(&admin_ctx(B), A).await));
     assert_operator_required(api_err(h.service.set_budget(&admin_ctx(B), A, "", 1).await));
     assert_operator_required(api_err(h.service.set_budget(&admin_ctx(B), "ten_nobody", "", 1).await));
-    // Members read their tenant's budgets but do not set them.
+    // Members read their own key's budget only, not the tenant's spend
+    // (issue 26 item 13), and do not set them.
     let member = member_ctx(A, "usr_1");
-    assert_eq!(h.service.list_budgets(&member, "").await.unwrap().len(), 2);
+    assert!(h.service.list_budgets(&member, "").await.unwrap().is_empty());
+    let mut with_key = member_ctx(A, "usr_1");
+    std::sync::Arc::make_mut(&mut with_key.principal).key_id = Some("key_a".into());
+    let own = h.service.list_budgets(&with_key, "").await.unwrap();
+    assert_eq!(own.iter().map(|b| b.key_id.as_str()).collect::<Vec<_>>(), ["key_a"]);
     let refused = api_err(h.service.set_budget(&member, "", "", 5).await);
     assert_eq!(refused.code, Code::PermissionDenied);
     // Operators manage any tenant's.

@@ -192,7 +192,8 @@ async fn registration_round_trips_and_updates_the_resource(store: Arc<dyn Resour
 }
 
 async fn content_is_checked_against_its_kind(store: Arc<dyn ResourceStore>) {
-    let service = ResourceService::new(store);
+    let rules = avm_common::mcp::McpServerRules::new(vec!["mcp-fs".into()], &[]).unwrap();
+    let service = ResourceService::new(store).with_mcp_rules(rules);
     let ctx = admin_ctx(A);
     register(&service, &ctx, Kind::Prompt, "p", "1.0.0", &[]).await;
     register(&service, &ctx, Kind::Tool, "t", "1.0.0", &[]).await;
@@ -231,6 +232,55 @@ async fn content_is_checked_against_its_kind(store: Arc<dyn ResourceStore>) {
             .unwrap_or_else(|err| panic!("{json}: {err}"));
         assert_eq!(published.version.content_json, json);
     }
+
+    // What the runtime would refuse to start or reach is refused when it is
+    // published (issue 26 item 18), by the same rules.
+    for (server, reason) in [
+        (
+            r#"{"command":"/bin/sh","args":["-c","id"]}"#,
+            "MCP_COMMAND_NOT_APPROVED",
+        ),
+        (
+            r#"{"type":"http","url":"http://169.254.169.254/latest"}"#,
+            "MCP_SERVER_REFUSED",
+        ),
+        (
+            r#"{"type":"sse","url":"http://127.0.0.1:8080/sse"}"#,
+            "MCP_SERVER_REFUSED",
+        ),
+        (r#"{"type":"http","url":"http://localhost/mcp"}"#, "MCP_SERVER_REFUSED"),
+    ] {
+        let json = format!(r#"{{"name":"x","inputSchema":{{"type":"object"}},"mcpServer":{server}}}"#);
+        assert_err(
+            service
+                .register(&ctx, new_resource(Kind::Tool, "refused", "1.0.0", &json))
+                .await,
+            Code::InvalidArgument,
+            reason,
+            "",
+        );
+    }
+    // A later version is checked too.
+    let fs = service
+        .resolve(&ctx, "resource://tools/valid-1", "")
+        .await
+        .unwrap()
+        .root;
+    assert_err(
+        service
+            .publish(
+                &ctx,
+                new_version(
+                    &fs.resource_id,
+                    "2.0.0",
+                    r#"{"name":"fs","inputSchema":{"type":"object"},"mcpServer":{"command":"/bin/sh"}}"#,
+                ),
+            )
+            .await,
+        Code::InvalidArgument,
+        "MCP_COMMAND_NOT_APPROVED",
+        "/bin/sh",
+    );
 
     let invalid = [
         (Kind::Prompt, "not json", "content is not valid json"),
@@ -431,12 +481,48 @@ async fn writing_needs_the_write_scope(store: Arc<dyn ResourceStore>) {
     assert_eq!(service.get(&reader, &id, "").await.unwrap().version.version, "1.0.0");
     service.resolve(&reader, "resource://prompts/p", "").await.unwrap();
 
-    // Members publish their tenant's private resources but do not delete them.
+    // Members register their tenant's private resources and publish versions
+    // of their own, not of others' (issue 26 item 4), and do not delete them.
     let member = member_ctx(A, "usr_bo");
+    assert_err(
+        service
+            .publish(&member, new_version(&id, "1.1.0", content(Kind::Prompt)))
+            .await,
+        Code::PermissionDenied,
+        "NOT_RESOURCE_OWNER",
+        "admin",
+    );
+    assert_err(
+        service
+            .register(&member, new_resource(Kind::Prompt, "p", "1.2.0", content(Kind::Prompt)))
+            .await,
+        Code::PermissionDenied,
+        "NOT_RESOURCE_OWNER",
+        "admin",
+    );
+    let own = register(&service, &member, Kind::Prompt, "mine", "1.0.0", &[])
+        .await
+        .resource
+        .resource_id;
     service
-        .publish(&member, new_version(&id, "1.1.0", content(Kind::Prompt)))
+        .publish(&member, new_version(&own, "1.1.0", content(Kind::Prompt)))
         .await
         .unwrap();
+    service
+        .publish(&admin_ctx(A), new_version(&own, "1.2.0", content(Kind::Prompt)))
+        .await
+        .unwrap();
+    assert_err(
+        service
+            .publish(
+                &member_ctx(A, "usr_other"),
+                new_version(&own, "1.3.0", content(Kind::Prompt)),
+            )
+            .await,
+        Code::PermissionDenied,
+        "NOT_RESOURCE_OWNER",
+        "",
+    );
     assert_err(
         service.delete(&member, &id, "", false).await,
         Code::PermissionDenied,

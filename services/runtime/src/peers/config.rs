@@ -129,6 +129,7 @@ impl crate::tools::CredentialSource for StoredCredentials {
         tenant_id: &str,
         user_id: &str,
         server: &str,
+        url: &str,
     ) -> Result<Option<std::collections::BTreeMap<String, String>>, String> {
         let ctx = self
             .identity
@@ -139,6 +140,7 @@ impl crate::tools::CredentialSource for StoredCredentials {
             tenant_id: tenant_id.to_owned(),
             user_id: user_id.to_owned(),
             server: server.to_owned(),
+            url: url.to_owned(),
         });
         let response = self
             .configs

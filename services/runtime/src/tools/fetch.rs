@@ -1,6 +1,7 @@
 //! `fetch_url`: an HTTP GET of a public address, under time and size caps.
 //!
-//! The address guard refuses loopback, private, link-local (cloud metadata
+//! The address guard (`avm_common::address`, shared with the services that
+//! check MCP servers' addresses at registration) refuses loopback, private, link-local (cloud metadata
 //! included), shared, multicast and unspecified addresses before any
 //! connection is made: an address literal is checked as it is, a name after
 //! DNS resolution (the connection goes to the checked addresses, so a second
@@ -10,7 +11,7 @@
 //! anyway. No proxy is used: a proxy would resolve names out of the guard's
 //! sight.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,174 +19,12 @@ use futures::StreamExt;
 use reqwest::Url;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
+pub use avm_common::address::AddressGuard;
+use avm_common::address::refused;
+
 use super::workspace::ToolFailure;
 use crate::config::FetchConfig;
 use crate::error::RuntimeError;
-
-/// What the allow-list names: a host, or a network.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Allowed {
-    Host(String),
-    Network(IpAddr, u8),
-}
-
-/// The address guard: which addresses may be reached.
-#[derive(Clone, Debug, Default)]
-pub struct AddressGuard {
-    allow: Vec<Allowed>,
-}
-
-impl AddressGuard {
-    /// Returns the guard of an allow-list; an entry that is neither a host
-    /// name, an address nor a network is refused.
-    pub fn new(allow: &[String]) -> Result<Self, RuntimeError> {
-        let allow = allow
-            .iter()
-            .map(|entry| parse_allowed(entry))
-            .collect::<Result<_, _>>()?;
-        Ok(Self { allow })
-    }
-
-    fn host_allowed(&self, host: &str) -> bool {
-        self.allow
-            .iter()
-            .any(|entry| matches!(entry, Allowed::Host(name) if name.eq_ignore_ascii_case(host)))
-    }
-
-    /// Returns why this address may not be reached, `None` when it may.
-    pub fn refusal(&self, ip: IpAddr) -> Option<&'static str> {
-        let reason = internal(ip)?;
-        let allowed = self.allow.iter().any(|entry| match *entry {
-            Allowed::Network(network, prefix) => within(ip, network, prefix),
-            Allowed::Host(_) => false,
-        });
-        (!allowed).then_some(reason)
-    }
-
-    /// Checks a URL before it is requested: its scheme, and its host when
-    /// that is an address literal (a name is checked once resolved).
-    pub fn check_url(&self, url: &Url) -> Result<(), ToolFailure> {
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(format!("{url} is not an http:// or https:// URL"));
-        }
-        let host = url.host_str().ok_or_else(|| format!("{url} names no host"))?;
-        let literal = host.trim_start_matches('[').trim_end_matches(']');
-        if let Ok(ip) = literal.parse::<IpAddr>()
-            && let Some(reason) = self.refusal(ip)
-            && !self.host_allowed(host)
-        {
-            return Err(refused(host, ip, reason));
-        }
-        Ok(())
-    }
-}
-
-fn refused(host: &str, ip: IpAddr, reason: &str) -> String {
-    format!(
-        "refused: {host} is {reason} address ({ip}); fetch_url reaches public addresses only \
-         (an operator may allow it in [runtime.fetch] allow)"
-    )
-}
-
-fn parse_allowed(entry: &str) -> Result<Allowed, RuntimeError> {
-    let invalid = || {
-        RuntimeError::invalid(
-            "INVALID_CONFIG",
-            format!("runtime.fetch.allow: {entry:?} is not a host name, an address or a network (10.0.0.0/8)"),
-        )
-    };
-    let entry = entry.trim();
-    if let Some((address, prefix)) = entry.split_once('/') {
-        let ip: IpAddr = address.parse().map_err(|_| invalid())?;
-        let prefix: u8 = prefix.parse().map_err(|_| invalid())?;
-        let bits = if ip.is_ipv4() { 32 } else { 128 };
-        return if prefix <= bits {
-            Ok(Allowed::Network(ip, prefix))
-        } else {
-            Err(invalid())
-        };
-    }
-    if let Ok(ip) = entry.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
-        return Ok(Allowed::Network(ip, if ip.is_ipv4() { 32 } else { 128 }));
-    }
-    let name_like = !entry.is_empty() && entry.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
-    if name_like {
-        Ok(Allowed::Host(entry.to_ascii_lowercase()))
-    } else {
-        Err(invalid())
-    }
-}
-
-/// Returns whether `ip` lies in `network/prefix` (an IPv4 address in an
-/// IPv4 network, an IPv6 address in an IPv6 one).
-fn within(ip: IpAddr, network: IpAddr, prefix: u8) -> bool {
-    match (canonical(ip), network) {
-        (IpAddr::V4(ip), IpAddr::V4(net)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
-            u32::from(ip) & mask == u32::from(net) & mask
-        }
-        (IpAddr::V6(ip), IpAddr::V6(net)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
-            u128::from(ip) & mask == u128::from(net) & mask
-        }
-        _ => false,
-    }
-}
-
-/// An IPv4 address written as IPv6 (`::ffff:127.0.0.1`) is the IPv4 address.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
-}
-
-/// Returns what kind of internal address this is, `None` for a public one.
-fn internal(ip: IpAddr) -> Option<&'static str> {
-    match canonical(ip) {
-        IpAddr::V4(v4) => internal_v4(v4),
-        IpAddr::V6(v6) => internal_v6(v6),
-    }
-}
-
-fn internal_v4(ip: Ipv4Addr) -> Option<&'static str> {
-    let [a, b, ..] = ip.octets();
-    if ip.is_loopback() {
-        Some("a loopback")
-    } else if ip.is_private() {
-        Some("a private")
-    } else if ip.is_link_local() {
-        Some("a link-local (cloud metadata)")
-    } else if a == 100 && (64..128).contains(&b) {
-        Some("a shared (carrier-grade NAT)")
-    } else if ip.is_unspecified() || a == 0 {
-        Some("an unspecified")
-    } else if ip.is_multicast() || ip.is_broadcast() || a >= 240 {
-        Some("a multicast or reserved")
-    } else {
-        None
-    }
-}
-
-fn internal_v6(ip: Ipv6Addr) -> Option<&'static str> {
-    let first = ip.segments()[0];
-    if ip.is_loopback() {
-        Some("a loopback")
-    } else if ip.is_unspecified() {
-        Some("an unspecified")
-    } else if first & 0xfe00 == 0xfc00 {
-        Some("a private (unique local)")
-    } else if first & 0xffc0 == 0xfe80 {
-        Some("a link-local")
-    } else if ip.is_multicast() {
-        Some("a multicast")
-    } else if let Some(v4) = ip.to_ipv4() {
-        // IPv4-compatible (::a.b.c.d) and NAT64 forms name IPv4 hosts.
-        internal_v4(v4).filter(|_| first == 0)
-    } else {
-        None
-    }
-}
 
 /// Resolves names for the HTTP client, keeping only the addresses the guard
 /// lets through; a name with none left fails with the refusal.
@@ -532,34 +371,5 @@ mod tests {
             .await
             .unwrap();
         assert!(text.contains("HTTP 404"), "{text}");
-    }
-
-    #[test]
-    fn the_guard_knows_internal_addresses() {
-        let guard = AddressGuard::new(&["10.0.0.0/8".into(), "fd00::/8".into()]).unwrap();
-        for public in ["8.8.8.8", "1.1.1.1", "2606:4700::1111", "100.128.0.1", "172.32.0.1"] {
-            assert_eq!(guard.refusal(public.parse().unwrap()), None, "{public}");
-        }
-        for allowed in ["10.9.8.7", "fd12::1"] {
-            assert_eq!(guard.refusal(allowed.parse().unwrap()), None, "{allowed}");
-        }
-        for internal in [
-            "127.0.0.1",
-            "172.16.0.1",
-            "169.254.169.254",
-            "fe80::1",
-            "fc00::1",
-            "::1",
-            "::",
-            "224.0.0.1",
-            "255.255.255.255",
-            "::ffff:192.168.1.1",
-            "::127.0.0.1",
-        ] {
-            assert!(guard.refusal(internal.parse().unwrap()).is_some(), "{internal}");
-        }
-        for bad in ["10.0.0.0/33", "not a host!", "", "1.2.3.4/x"] {
-            assert!(AddressGuard::new(&[bad.into()]).is_err(), "{bad:?}");
-        }
     }
 }

@@ -12,7 +12,7 @@
 //! sandbox's limits, with a clean environment plus the resource's `env`.
 //! HTTP servers (streamable HTTP, or the legacy SSE transport, spoken by
 //! `mcp_sse.rs`) are reached through `fetch_url`'s address guard, with the
-//! caller's stored credential. A server that cannot be reached is left out
+//! caller's stored credential when it is bound to the server URL's origin. A server that cannot be reached is left out
 //! of the turn's tools (and tried again 30 s later); one that refuses its
 //! credentials is in the `needs_auth` state (tried again next turn).
 
@@ -114,33 +114,18 @@ impl McpServerSpec {
         })
     }
 
-    /// Refuses a server this runtime may not start or reach.
+    /// Refuses a server this runtime may not start or reach: the rules the
+    /// services storing definitions apply at registration (`avm_common::mcp`).
     pub fn check(&self, config: &McpConfig, fetcher: &Fetcher) -> Result<(), RuntimeError> {
         match &self.transport {
             McpTransport::Stdio { command, .. } => {
-                if self.public || config.allowed_commands.iter().any(|allowed| allowed == command) {
-                    Ok(())
-                } else {
-                    Err(RuntimeError::invalid(
-                        "MCP_COMMAND_NOT_APPROVED",
-                        format!(
-                            "the tool {:?} would start the command {command:?}: a tenant's tool resource may start \
-                             only commands the operator allows ([runtime.mcp] allowed_commands); public tool \
-                             resources are published by operators",
-                            self.name
-                        ),
-                    ))
-                }
+                avm_common::mcp::check_command(&config.allowed_commands, &self.name, command, self.public)?;
             }
             McpTransport::Http { url, .. } | McpTransport::Sse { url, .. } => {
-                let parsed = reqwest::Url::parse(url)
-                    .map_err(|err| RuntimeError::invalid("TOOL_UNAVAILABLE", format!("{url:?} is not a URL: {err}")))?;
-                fetcher
-                    .guard()
-                    .check_url(&parsed)
-                    .map_err(|refusal| RuntimeError::invalid("MCP_SERVER_REFUSED", refusal))
+                avm_common::mcp::check_url(fetcher.guard(), url)?;
             }
         }
+        Ok(())
     }
 }
 
@@ -236,13 +221,16 @@ impl std::fmt::Debug for McpServer {
 /// Where the credentials users stored for servers are read.
 #[async_trait::async_trait]
 pub trait CredentialSource: Send + Sync {
-    /// Returns the headers `user_id`'s requests send to `server`, if any
-    /// credential is stored for it. The error says why none could be read.
+    /// Returns the headers `user_id`'s requests send to `server` at `url`,
+    /// if a credential is stored for it and bound to `url`'s origin (issue 26
+    /// item 4: a credential never goes to an address it was not set for).
+    /// The error says why none could be read.
     async fn headers(
         &self,
         tenant_id: &str,
         user_id: &str,
         server: &str,
+        url: &str,
     ) -> Result<Option<BTreeMap<String, String>>, String>;
 }
 
@@ -253,7 +241,7 @@ pub struct NoCredentials;
 #[cfg(test)]
 #[async_trait::async_trait]
 impl CredentialSource for NoCredentials {
-    async fn headers(&self, _: &str, _: &str, _: &str) -> Result<Option<BTreeMap<String, String>>, String> {
+    async fn headers(&self, _: &str, _: &str, _: &str, _: &str) -> Result<Option<BTreeMap<String, String>>, String> {
         Ok(None)
     }
 }
@@ -446,7 +434,7 @@ impl McpServer {
             McpTransport::Http { url, headers } | McpTransport::Sse { url, headers } => {
                 let stored = reach
                     .credentials
-                    .headers(reach.caller.tenant_id, reach.caller.user_id, &self.spec.name)
+                    .headers(reach.caller.tenant_id, reach.caller.user_id, &self.spec.name, url)
                     .await
                     .map_err(|why| (format!("its credential could not be read: {why}"), false))?;
                 reach.fetcher.precheck(url).await.map_err(|why| (why, false))?;
@@ -617,9 +605,8 @@ mod tests {
             ..McpConfig::default()
         };
         let reason = |spec: &McpServerSpec| match spec.check(&config, &fetcher) {
-            Ok(()) => "ok",
-            Err(RuntimeError::Invalid { reason, .. }) => reason,
-            Err(other) => panic!("{other:?}"),
+            Ok(()) => "ok".to_owned(),
+            Err(err) => avm_common::ApiError::from(err).reason.into_owned(),
         };
         assert_eq!(reason(&spec), "MCP_COMMAND_NOT_APPROVED");
         assert_eq!(

@@ -246,7 +246,8 @@ async fn tenants_never_see_each_other(store: Arc<dyn SessionStore>) {
 }
 
 async fn images_have_defaults_and_round_trip(store: Arc<dyn SessionStore>) {
-    let service = SessionService::new(store);
+    let rules = avm_common::mcp::McpServerRules::new(vec!["mcp-fs".into()], &[]).unwrap();
+    let service = SessionService::new(store).with_mcp_rules(rules);
     service.create_container(&ctx(A), "default").await.unwrap();
 
     let plain = service.create_image(&ctx(A), image_in("default")).await.unwrap();
@@ -428,8 +429,21 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
         f(&mut image);
         image
     };
-    let cases: [(NewImage, &str); 13] = [
+    let cases: [(NewImage, &str); 16] = [
         (with(|i| i.name = Some("n".repeat(257))), "INVALID_IMAGE_NAME"),
+        // What the runtime would refuse to start or reach (issue 26 item 18).
+        (
+            with(|i| i.mcp_servers_json = r#"{"sh": {"command": "/bin/sh"}}"#.into()),
+            "MCP_COMMAND_NOT_APPROVED",
+        ),
+        (
+            with(|i| i.mcp_servers_json = r#"{"md": {"type": "http", "url": "http://169.254.169.254/"}}"#.into()),
+            "MCP_SERVER_REFUSED",
+        ),
+        (
+            with(|i| i.mcp_servers_json = r#"{"lo": {"type": "sse", "url": "http://[::1]:8080/sse"}}"#.into()),
+            "MCP_SERVER_REFUSED",
+        ),
         (
             with(|i| i.description = Some("d".repeat(4097))),
             "INVALID_IMAGE_DESCRIPTION",
