@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use avm_common::auth::Scopes;
+use avm_common::auth::{Role, Scopes};
 use avm_common::ids::new_id;
-use avm_common::{RequestContext, now_ms};
+use avm_common::{ApiError, Code, RequestContext, now_ms};
 use avm_store::events::EventBus;
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -333,6 +333,17 @@ impl SessionService {
         error: Option<&str>,
     ) -> Result<AgentStateChange, SessionError> {
         allow(ctx, Scopes::WRITE)?;
+        if state == AgentState::Error {
+            // The error state records what the runtime saw fail; a user
+            // setting it would put words in the agent's mouth.
+            ctx.principal.require_service().map_err(|_| {
+                SessionError::Denied(ApiError::new(
+                    Code::PermissionDenied,
+                    "RUNTIME_ONLY_STATE",
+                    "only the runtime puts an agent in the error state",
+                ))
+            })?;
+        }
         let error = match (state, error.map(str::trim)) {
             (AgentState::Error, Some(error)) if !error.is_empty() => {
                 Some(error.chars().take(MAX_AGENT_ERROR_CHARS).collect::<String>())
@@ -413,7 +424,9 @@ impl SessionService {
     /// Appends a message to a session of the caller's tenant and returns it as stored.
     ///
     /// Idempotent on the message id: appending an id the session already holds
-    /// returns the stored message unchanged.
+    /// returns the stored message unchanged. Only a service principal (the
+    /// runtime) writes model, tool and error messages and chooses their time;
+    /// a user appends user messages, stamped by this service.
     #[instrument(
         name = "session.append_message",
         skip_all,
@@ -427,6 +440,7 @@ impl SessionService {
     ) -> Result<MessageRecord, SessionError> {
         allow(ctx, Scopes::WRITE)?;
         validate_message(&message)?;
+        check_author(ctx, &message)?;
         let message = NewMessage {
             created_at_ms: if message.created_at_ms > 0 {
                 message.created_at_ms
@@ -710,6 +724,32 @@ fn validate_tools(tools: Vec<String>) -> Result<Vec<String>, SessionError> {
         }
     }
     Ok(kept)
+}
+
+/// Fails unless the caller may write `message`: a service principal (the
+/// runtime) writes any message at any time; anyone else only user messages,
+/// whose time this service stamps.
+fn check_author(ctx: &RequestContext, message: &NewMessage) -> Result<(), SessionError> {
+    if ctx.principal.role == Role::Service {
+        return Ok(());
+    }
+    if !matches!(message.body, MessageBody::User { .. }) {
+        return Err(SessionError::Denied(ApiError::new(
+            Code::PermissionDenied,
+            "RUNTIME_ONLY_MESSAGE",
+            format!(
+                "only the runtime writes {} messages; a user appends user messages",
+                message.body.kind()
+            ),
+        )));
+    }
+    if message.created_at_ms != 0 {
+        return Err(SessionError::invalid(
+            "CREATED_AT_NOT_ALLOWED",
+            "the service stamps a user's message with its own time; leave created_at_ms unset",
+        ));
+    }
+    Ok(())
 }
 
 fn validate_message(message: &NewMessage) -> Result<(), SessionError> {

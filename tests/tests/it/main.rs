@@ -2,6 +2,7 @@
 //! cluster and against one `avm` process per component.
 
 mod attack_fence;
+mod attack_history;
 mod attack_keys;
 mod auth;
 mod bad_input;

@@ -244,7 +244,8 @@ impl SessionService {
     ///
     /// Idempotent on the message id: posting an id the group already holds
     /// returns the stored message. The sender and every mention must be
-    /// members; a user may post only as themself (services as anyone).
+    /// members; a user may post only as themself, a service principal (the
+    /// runtime) as anyone, agents included.
     #[instrument(
         name = "session.post_group_message",
         skip_all,
@@ -270,14 +271,11 @@ impl SessionService {
             _ => new_id("gmsg"),
         };
         validate_member_id(&message.sender.member_id)?;
-        if message.sender.kind == MemberKind::User
-            && ctx.principal.role != Role::Service
-            && message.sender.member_id != ctx.principal.user_id
-        {
+        if !speaks_for(ctx, &message.sender) {
             return Err(SessionError::Denied(ApiError::new(
                 Code::PermissionDenied,
                 "SENDER_NOT_CALLER",
-                "a user may post only as themself",
+                "a user may post only as themself; only the runtime posts as an agent",
             )));
         }
         if message.content.trim().is_empty() {
@@ -376,7 +374,8 @@ impl SessionService {
     }
 
     /// Marks a member as having read up to `seq` (at most the newest
-    /// message); a cursor already past `seq` stays where it is.
+    /// message); a cursor already past `seq` stays where it is. A user moves
+    /// only their own cursor; a service principal (the runtime) any.
     #[instrument(
         name = "session.advance_read_cursor",
         skip_all,
@@ -391,6 +390,13 @@ impl SessionService {
     ) -> Result<GroupMemberRecord, SessionError> {
         allow(ctx, Scopes::WRITE)?;
         validate_member_id(&member.member_id)?;
+        if !speaks_for(ctx, &member) {
+            return Err(SessionError::Denied(ApiError::new(
+                Code::PermissionDenied,
+                "CURSOR_NOT_CALLER",
+                "a user may move only their own read cursor; only the runtime moves an agent's",
+            )));
+        }
         let advanced = self
             .store
             .advance_read_cursor(&scope(ctx), group_id, &member, seq)
@@ -423,6 +429,13 @@ impl SessionService {
         }
         Ok(())
     }
+}
+
+/// Returns whether the caller may act as `member`: a service principal (the
+/// runtime, for its agents) as anyone, a user only as themself.
+fn speaks_for(ctx: &RequestContext, member: &MemberRef) -> bool {
+    ctx.principal.role == Role::Service
+        || (member.kind == MemberKind::User && member.member_id == ctx.principal.user_id)
 }
 
 fn validate_group_name(name: String) -> Result<String, SessionError> {
