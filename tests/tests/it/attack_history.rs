@@ -4,7 +4,11 @@
 //! - item 7: over gRPC a user cannot forge history: no assistant, error or
 //!   tool message, no chosen `created_at`, no post as an agent member of a
 //!   group, no other member's read cursor, no agent error state; only the
-//!   runtime (a service principal) writes those.
+//!   runtime (a service principal) writes those;
+//! - item 17: a share has a role (read, use, manage; `use` by default): a
+//!   user a container is shared with terminates, edits and deletes the
+//!   owner's agents, images and groups only with `manage`, and sends
+//!   messages only with `use` or more.
 
 use anyhow::{Context, ensure};
 use avm_proto::session::v1 as ss;
@@ -18,13 +22,11 @@ use tonic::Code;
 use crate::both_modes;
 use crate::support::{call_as, cluster, conversation, send_and_finish};
 
-/// A session service client that presents `account`'s access token.
-type Session = SessionServiceClient<
-    tonic::service::interceptor::InterceptedService<
-        tonic::transport::Channel,
-        Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>,
-    >,
->;
+/// The interceptor adding a caller's bearer token.
+type Bearer = Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>;
+
+/// A session service client that presents one account's access token.
+type Session = SessionServiceClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>>;
 
 /// Returns a session service client acting as `account`.
 async fn session_as(cluster: &Cluster, account: &Account) -> anyhow::Result<Session> {
@@ -33,11 +35,10 @@ async fn session_as(cluster: &Cluster, account: &Account) -> anyhow::Result<Sess
         .connect()
         .await?;
     let value: tonic::metadata::MetadataValue<tonic::metadata::Ascii> = format!("Bearer {token}").parse()?;
-    let interceptor: Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send> =
-        Box::new(move |mut request: tonic::Request<()>| {
-            request.metadata_mut().insert("authorization", value.clone());
-            Ok(request)
-        });
+    let interceptor: Bearer = Box::new(move |mut request: tonic::Request<()>| {
+        request.metadata_mut().insert("authorization", value.clone());
+        Ok(request)
+    });
     Ok(SessionServiceClient::with_interceptor(channel, interceptor))
 }
 
@@ -395,4 +396,208 @@ fn refused<T: std::fmt::Debug>(problems: &mut Vec<String>, what: &str, answer: R
         Err(status) => problems.push(format!("{what}: {:?} {}", status.code(), status.message())),
         Ok(stored) => problems.push(format!("{what}: accepted, {stored:?}")),
     }
+}
+
+both_modes!(a_share_gives_only_its_role, share_roles);
+
+/// Sends `method path` with `body` as `key`; returns the status and the body
+/// (JSON, or the text of a stream).
+async fn rest(
+    cluster: &Cluster,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<(u16, Value)> {
+    let http = avm_tests::cluster::http_client(key)?;
+    let mut request = http.request(method.parse()?, cluster.url(path));
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await?;
+    let status = response.status().as_u16();
+    let text = response.text().await?;
+    Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+}
+
+/// Issue 26 item 17: as the tester did it: the owner (a member) shares a
+/// container with another member, who then tries to terminate its agent
+/// (irreversible), pause it, rename and delete its image and rename and
+/// delete its group. With the default role (`use`) every one is refused
+/// with 403 SHARE_ROLE_TOO_LOW and changes nothing, while talking works;
+/// `read` cannot even talk; `manage` may do it all. Shares list their role.
+async fn share_roles(mode: Mode) -> anyhow::Result<()> {
+    let cluster = cluster(mode).await?;
+    let tenant = create_tenant(&cluster, "shares", None).await?;
+    let owner = create_user(&cluster, &tenant, "olivia", "member").await?;
+    let guest = create_user(&cluster, &tenant, "sam", "member").await?;
+
+    let (status, body) = rest(
+        &cluster,
+        &owner.key,
+        "POST",
+        "/v1/containers",
+        Some(json!({"containerId": "box"})),
+    )
+    .await?;
+    ensure!(status == 201, "container: {status} {body}");
+    let (status, image) = rest(
+        &cluster,
+        &owner.key,
+        "POST",
+        "/v1/containers/box/images",
+        Some(json!({"name": "precious"})),
+    )
+    .await?;
+    ensure!(status == 201, "image: {status} {image}");
+    let image_id = image["imageId"].as_str().unwrap_or_default().to_owned();
+    let (status, group) = rest(
+        &cluster,
+        &owner.key,
+        "POST",
+        "/v1/containers/box/groups",
+        Some(json!({"name": "crew", "wakeMode": "mentions", "members": [{"kind": "agent", "memberId": image_id}]})),
+    )
+    .await?;
+    ensure!(status == 201, "group: {status} {group}");
+    let group_id = group["groupId"].as_str().unwrap_or_default().to_owned();
+
+    // Shared without a role: `use`.
+    let (status, shared) = rest(
+        &cluster,
+        &owner.key,
+        "POST",
+        "/v1/containers/box/shares",
+        Some(json!({"userId": guest.user_id})),
+    )
+    .await?;
+    ensure!(status == 200, "share: {status} {shared}");
+    let mut problems = Vec::new();
+    let (status, shares) = rest(&cluster, &owner.key, "GET", "/v1/containers/box/shares", None).await?;
+    if shared["role"] != "use" || shares["shares"][0]["role"] != "use" {
+        problems.push(format!(
+            "a share made without a role is not `use`: {shared} {status} {shares}"
+        ));
+    }
+
+    let destructive = |image_id: &str, group_id: &str| {
+        vec![
+            ("POST", format!("/v1/agents/{image_id}/pause"), None),
+            ("POST", format!("/v1/agents/{image_id}/terminate"), None),
+            (
+                "PATCH",
+                format!("/v1/images/{image_id}"),
+                Some(json!({"name": "mine now"})),
+            ),
+            ("DELETE", format!("/v1/images/{image_id}"), None),
+            (
+                "PATCH",
+                format!("/v1/groups/{group_id}"),
+                Some(json!({"name": "mine now"})),
+            ),
+            ("DELETE", format!("/v1/groups/{group_id}"), None),
+            (
+                "POST",
+                format!("/v1/groups/{group_id}/members"),
+                Some(json!({"kind": "user", "memberId": guest.user_id})),
+            ),
+        ]
+    };
+
+    let before = snapshot_rest(&cluster, &owner.key, &image_id, &group_id).await?;
+    for (method, path, body) in destructive(&image_id, &group_id) {
+        let (status, answer) = rest(&cluster, &guest.key, method, &path, body).await?;
+        if status != 403 || answer["error"]["code"] != "SHARE_ROLE_TOO_LOW" {
+            problems.push(format!("use: {method} {path}: {status} {answer}"));
+        }
+    }
+    let (status, answer) = rest(&cluster, &guest.key, "DELETE", "/v1/containers/box", None).await?;
+    if status != 403 {
+        problems.push(format!("use: DELETE /v1/containers/box: {status} {answer}"));
+    }
+    let after = snapshot_rest(&cluster, &owner.key, &image_id, &group_id).await?;
+    if after != before {
+        problems.push(format!(
+            "refused changes changed something:\nbefore {before}\nafter {after}"
+        ));
+    }
+    // `use` talks.
+    let talk = format!("/v1/images/{image_id}/messages");
+    let (status, answer) = rest(&cluster, &guest.key, "POST", &talk, Some(json!({"content": "hello"}))).await?;
+    if status != 200 {
+        problems.push(format!("use: POST {talk}: {status} {answer}"));
+    }
+
+    // `read` only looks.
+    let (status, shared) = rest(
+        &cluster,
+        &owner.key,
+        "POST",
+        "/v1/containers/box/shares",
+        Some(json!({"userId": guest.user_id, "role": "read"})),
+    )
+    .await?;
+    ensure!(
+        status == 200 && shared["role"] == "read",
+        "share as read: {status} {shared}"
+    );
+    let (status, answer) = rest(&cluster, &guest.key, "GET", &format!("/v1/images/{image_id}"), None).await?;
+    if status != 200 {
+        problems.push(format!("read: GET image: {status} {answer}"));
+    }
+    let (status, answer) = rest(&cluster, &guest.key, "POST", &talk, Some(json!({"content": "hello"}))).await?;
+    if status != 403 || answer["error"]["code"] != "SHARE_ROLE_TOO_LOW" {
+        problems.push(format!("read: POST {talk}: {status} {answer}"));
+    }
+    let (status, answer) = rest(
+        &cluster,
+        &guest.key,
+        "POST",
+        &format!("/v1/groups/{group_id}/messages"),
+        Some(json!({"content": "hi"})),
+    )
+    .await?;
+    if status != 403 || answer["error"]["code"] != "SHARE_ROLE_TOO_LOW" {
+        problems.push(format!("read: post into the group: {status} {answer}"));
+    }
+
+    // `manage` may change and destroy.
+    let (status, shared) = rest(
+        &cluster,
+        &owner.key,
+        "POST",
+        "/v1/containers/box/shares",
+        Some(json!({"userId": guest.user_id, "role": "manage"})),
+    )
+    .await?;
+    ensure!(
+        status == 200 && shared["role"] == "manage",
+        "share as manage: {status} {shared}"
+    );
+    for (method, path, body) in destructive(&image_id, &group_id) {
+        // Deleting the group first leaves nothing to add a member to.
+        if method == "POST" && path.ends_with("/members") {
+            continue;
+        }
+        let (status, answer) = rest(&cluster, &guest.key, method, &path, body).await?;
+        if status != 200 {
+            problems.push(format!("manage: {method} {path}: {status} {answer}"));
+        }
+    }
+
+    ensure!(
+        problems.is_empty(),
+        "{} share-role problems ({mode:?}):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+    Ok(())
+}
+
+/// Returns what the owner sees of the image and the group.
+async fn snapshot_rest(cluster: &Cluster, key: &str, image_id: &str, group_id: &str) -> anyhow::Result<Value> {
+    let (_, image) = rest(cluster, key, "GET", &format!("/v1/images/{image_id}"), None).await?;
+    let (_, group) = rest(cluster, key, "GET", &format!("/v1/groups/{group_id}"), None).await?;
+    let (_, members) = rest(cluster, key, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
+    Ok(json!({"image": image, "group": group, "members": members}))
 }

@@ -14,7 +14,7 @@ use super::{MAX_MESSAGE_BYTES, MAX_NAME_CHARS, allow, is_valid_client_id, scope,
 use crate::error::SessionError;
 use crate::record::{
     GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupPage, GroupRecord, GroupUpdate, MemberKind, MemberRef,
-    NewGroup, NewGroupMessage, UnreadGroup,
+    NewGroup, NewGroupMessage, ShareRole, UnreadGroup,
 };
 use crate::service::SessionService;
 
@@ -64,6 +64,7 @@ impl SessionService {
                     .await?;
             }
         }
+        self.require_role(ctx, &new.container_id, ShareRole::Use).await?;
         let now = now_ms();
         let group = GroupRecord {
             group_id: new_id("grp"),
@@ -152,6 +153,7 @@ impl SessionService {
             name: update.name.map(validate_group_name).transpose()?,
             wake_mode: update.wake_mode,
         };
+        self.require_group_role(ctx, group_id, ShareRole::Manage).await?;
         let group = self
             .store
             .update_group(&scope(ctx), group_id, &update, now_ms())
@@ -168,6 +170,7 @@ impl SessionService {
     )]
     pub async fn delete_group(&self, ctx: &RequestContext, group_id: &str) -> Result<(), SessionError> {
         allow(ctx, Scopes::WRITE)?;
+        self.require_group_role(ctx, group_id, ShareRole::Manage).await?;
         self.store.delete_group(&scope(ctx), group_id).await?;
         tracing::info!(group_id, "group deleted");
         Ok(())
@@ -188,6 +191,7 @@ impl SessionService {
     ) -> Result<GroupMemberRecord, SessionError> {
         allow(ctx, Scopes::WRITE)?;
         validate_member_id(&member.member_id)?;
+        self.require_group_role(ctx, group_id, ShareRole::Manage).await?;
         if member.kind == MemberKind::Agent {
             let group = self.store.get_group(&scope(ctx), group_id).await?;
             self.check_agent_container(ctx, &member.member_id, &group.container_id)
@@ -220,6 +224,7 @@ impl SessionService {
     ) -> Result<(), SessionError> {
         allow(ctx, Scopes::WRITE)?;
         validate_member_id(&member.member_id)?;
+        self.require_group_role(ctx, group_id, ShareRole::Manage).await?;
         self.store.remove_group_member(&scope(ctx), group_id, &member).await?;
         tracing::info!(group_id, member_id = %member.member_id, "group member removed");
         Ok(())
@@ -303,6 +308,7 @@ impl SessionService {
                 format!("a message may mention at most {MAX_MENTIONS} members"),
             ));
         }
+        self.require_group_role(ctx, group_id, ShareRole::Use).await?;
         let message = NewGroupMessage {
             message_id: Some(message_id.clone()),
             mentions,
@@ -408,6 +414,20 @@ impl SessionService {
             "read cursor advanced"
         );
         Ok(advanced)
+    }
+
+    /// Does what [`SessionService::require_role`] does for the container of a group.
+    async fn require_group_role(
+        &self,
+        ctx: &RequestContext,
+        group_id: &str,
+        need: ShareRole,
+    ) -> Result<(), SessionError> {
+        if ctx.owner_filter().is_none() {
+            return Ok(());
+        }
+        let group = self.store.get_group(&scope(ctx), group_id).await?;
+        self.require_role(ctx, &group.container_id, need).await
     }
 
     /// Fails unless `image_id` is an image the caller sees in `container_id`.

@@ -8,7 +8,7 @@ use avm_common::auth::{Role, Scopes};
 use avm_common::testing::bearer;
 use avm_proto::session::v1 as pb;
 use avm_proto::session::v1::session_service_client::SessionServiceClient;
-use avm_session::{AgentState, ImageRecord, NewImage, SessionService, SessionStore};
+use avm_session::{AgentState, ImageRecord, NewImage, SessionService, SessionStore, ShareRole};
 
 use crate::support::{api_err, ctx, member, principal_ctx};
 
@@ -455,7 +455,10 @@ async fn foreign_images_answer_like_missing_ones(store: Arc<dyn SessionStore>) {
     assert_eq!(state_of(&service, &child.image_id).await, AgentState::Active);
 
     // Once shared, the member may.
-    service.share_container(&ctx(A), "default", "usr_bob").await.unwrap();
+    service
+        .share_container(&ctx(A), "default", "usr_bob", ShareRole::Manage)
+        .await
+        .unwrap();
     let paused = service
         .set_agent_state(&bob, &child.image_id, AgentState::Paused, None)
         .await

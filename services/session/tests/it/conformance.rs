@@ -6,7 +6,7 @@ use std::sync::Arc;
 use avm_common::Code;
 use avm_session::{
     AgentState, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, Scope, SessionService,
-    SessionStore, Usage,
+    SessionStore, ShareRole, Usage,
 };
 
 use avm_common::auth::{Role, Scopes};
@@ -994,7 +994,10 @@ async fn members_see_their_own_and_shared_containers(store: Arc<dyn SessionStore
     );
 
     // Shared, Bob sees and uses Alice's container; unshared, it is gone again.
-    service.share_container(&alice, "alice-box", "usr_bob").await.unwrap();
+    service
+        .share_container(&alice, "alice-box", "usr_bob", ShareRole::Manage)
+        .await
+        .unwrap();
     assert_eq!(
         names(service.list_containers(&bob).await.unwrap()),
         ["alice-box", "bob-box"]
@@ -1048,14 +1051,21 @@ async fn only_owners_and_admins_delete_and_share(store: Arc<dyn SessionStore>) {
     let service = SessionService::new(store);
     let (alice, bob) = (member(A, "usr_alice"), member(A, "usr_bob"));
     service.create_container(&alice, "shared").await.unwrap();
-    service.share_container(&alice, "shared", "usr_bob").await.unwrap();
+    service
+        .share_container(&alice, "shared", "usr_bob", ShareRole::Manage)
+        .await
+        .unwrap();
     // Bob may use the container but not delete or re-share it.
     assert_eq!(
         reason(service.delete_container(&bob, "shared").await),
         "NOT_CONTAINER_OWNER"
     );
     assert_eq!(
-        reason(service.share_container(&bob, "shared", "usr_dave").await),
+        reason(
+            service
+                .share_container(&bob, "shared", "usr_dave", ShareRole::Manage)
+                .await
+        ),
         "NOT_CONTAINER_OWNER"
     );
     assert_eq!(
@@ -1063,7 +1073,10 @@ async fn only_owners_and_admins_delete_and_share(store: Arc<dyn SessionStore>) {
         "usr_alice"
     );
     // An admin may share and delete anything of the tenant.
-    service.share_container(&ctx(A), "shared", "usr_dave").await.unwrap();
+    service
+        .share_container(&ctx(A), "shared", "usr_dave", ShareRole::Manage)
+        .await
+        .unwrap();
     service.delete_container(&ctx(A), "shared").await.unwrap();
     assert_eq!(
         reason(service.get_container(&alice, "shared").await),

@@ -9,7 +9,7 @@ use avm_common::auth::{Role, Scopes};
 use avm_common::testing::service_ctx;
 use avm_session::{
     GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord, MAX_MESSAGE_BYTES, MemberKind, MemberRef, NewGroup,
-    NewGroupMessage, NewImage, SessionService, SessionStore, WakeMode,
+    NewGroupMessage, NewImage, SessionService, SessionStore, ShareRole, WakeMode,
 };
 
 use crate::support::{api_err, member, principal_ctx, reason};
@@ -383,7 +383,10 @@ async fn groups_follow_container_visibility(store: Arc<dyn SessionStore>) {
     assert_eq!(service.list_unread(&alice, agent.clone(), 0).await.unwrap().len(), 1);
 
     // Shared with Bob, the group is his to see and join; the admin sees everything.
-    service.share_container(&alice, "alice-box", "usr_bob").await.unwrap();
+    service
+        .share_container(&alice, "alice-box", "usr_bob", ShareRole::Manage)
+        .await
+        .unwrap();
     assert_eq!(service.get_group(&bob, id).await.unwrap().group_id, id);
     service
         .add_group_member(&bob, id, MemberRef::user("usr_bob"))
