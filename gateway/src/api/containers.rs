@@ -53,11 +53,47 @@ pub struct ContainerDeleted {
     pub deleted: bool,
 }
 
-/// Names the user to share a container with.
+/// Names the user to share a container with, and their role.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ShareRequest {
     pub user_id: String,
+    /// What they may do; `use` when absent. Sharing again changes it.
+    #[serde(default)]
+    pub role: Option<ShareRole>,
+}
+
+/// What a user a container is shared with may do in it; the owner and the
+/// tenant's admins may do everything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ShareRole {
+    /// See the container, its images, histories, groups and events.
+    Read,
+    /// Also talk: send messages, interrupt, create images and groups, post.
+    Use,
+    /// Also change and destroy: edit and delete images and groups, pause,
+    /// resume, terminate and stop agents.
+    Manage,
+}
+
+impl ShareRole {
+    fn pb(self) -> ss::ShareRole {
+        match self {
+            ShareRole::Read => ss::ShareRole::Read,
+            ShareRole::Use => ss::ShareRole::Use,
+            ShareRole::Manage => ss::ShareRole::Manage,
+        }
+    }
+
+    /// Returns the role a stored share has; unset (an older service) is `use`.
+    fn of(role: i32) -> ShareRole {
+        match ss::ShareRole::try_from(role) {
+            Ok(ss::ShareRole::Read) => ShareRole::Read,
+            Ok(ss::ShareRole::Manage) => ShareRole::Manage,
+            _ => ShareRole::Use,
+        }
+    }
 }
 
 /// Whether a container is shared with a user, after a change.
@@ -67,6 +103,9 @@ pub struct ShareState {
     pub container_id: String,
     pub user_id: String,
     pub shared: bool,
+    /// Their role, when shared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<ShareRole>,
 }
 
 /// A user a container is shared with.
@@ -76,6 +115,7 @@ pub struct Share {
     pub user_id: String,
     /// Unix milliseconds.
     pub created_at: i64,
+    pub role: ShareRole,
 }
 
 /// The users a container is shared with.
@@ -131,15 +171,18 @@ pub async fn share(
     container_id: String,
     request: ShareRequest,
 ) -> Result<ShareState, ApiError> {
+    let role = request.role.unwrap_or(ShareRole::Use);
     let call = ctx.request(ss::ShareContainerRequest {
         container_id: container_id.clone(),
         user_id: request.user_id.clone(),
+        role: role.pb().into(),
     });
     peers.session.share_container(call).await?;
     Ok(ShareState {
         container_id,
         user_id: request.user_id,
         shared: true,
+        role: Some(role),
     })
 }
 
@@ -159,6 +202,7 @@ pub async fn unshare(
         container_id,
         user_id,
         shared: false,
+        role: None,
     })
 }
 
@@ -175,6 +219,7 @@ pub async fn shares(peers: &Peers, ctx: &RequestContext, container_id: String) -
             .map(|share| Share {
                 user_id: share.user_id,
                 created_at: share.created_at_ms,
+                role: ShareRole::of(share.role),
             })
             .collect(),
     })

@@ -364,7 +364,9 @@ impl AgentPool {
         let message = Message {
             message_id: user_message_id.clone(),
             session_id: agent.image.session_id.clone(),
-            created_at_ms: avm_common::now_ms(),
+            // Stored with the caller's credential: the session service stamps
+            // a user's message itself and refuses a time chosen for it.
+            created_at_ms: 0,
             body: MessageBody::User(content),
         };
         let stored = match self.sessions().append(ctx, &message).await {

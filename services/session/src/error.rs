@@ -18,6 +18,13 @@ pub enum SessionError {
     /// Only the container's owner (or an admin) may do this.
     #[error("only the owner of container {0} or an admin may do this")]
     NotContainerOwner(String),
+    /// The container is shared with the caller with a role too weak for this.
+    #[error("container {container_id} is shared with you as {role}; this needs {need} or ownership")]
+    ShareRoleTooLow {
+        container_id: String,
+        role: &'static str,
+        need: &'static str,
+    },
     /// The image does not exist for the caller's tenant.
     #[error("image {0} not found")]
     ImageNotFound(String),
@@ -84,6 +91,9 @@ impl From<SessionError> for ApiError {
             }
             SessionError::NotContainerOwner(_) => {
                 ApiError::new(Code::PermissionDenied, "NOT_CONTAINER_OWNER", err.to_string())
+            }
+            SessionError::ShareRoleTooLow { .. } => {
+                ApiError::new(Code::PermissionDenied, "SHARE_ROLE_TOO_LOW", err.to_string())
             }
             SessionError::ImageNotFound(_) => ApiError::not_found("IMAGE_NOT_FOUND", err.to_string()),
             SessionError::AgentTerminated(_) => ApiError::precondition("AGENT_TERMINATED", err.to_string()),

@@ -10,7 +10,7 @@ use crate::error::SessionError;
 use crate::record::{
     AgentState, ContainerRecord, GroupMemberRecord, GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord,
     ImageUpdate, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup, NewGroupMessage, NewImage, NewMessage,
-    UnreadGroup, Usage, WakeMode, WatchItem,
+    ShareRole, UnreadGroup, Usage, WakeMode, WatchItem,
 };
 use crate::service::SessionService;
 
@@ -125,8 +125,9 @@ impl SessionApi for SessionGrpc {
     ) -> Result<Response<pb::ShareContainerResponse>, Status> {
         let ctx = caller(&request)?;
         let request = request.get_ref();
+        let role = share_role(request.role)?;
         self.service
-            .share_container(&ctx, &request.container_id, &request.user_id)
+            .share_container(&ctx, &request.container_id, &request.user_id, role)
             .await?;
         Ok(Response::new(pb::ShareContainerResponse {}))
     }
@@ -155,6 +156,7 @@ impl SessionApi for SessionGrpc {
                 .map(|share| pb::ContainerShare {
                     user_id: share.user_id,
                     created_at_ms: share.created_at_ms,
+                    role: share_role_pb(share.role).into(),
                 })
                 .collect(),
         }))
@@ -487,6 +489,27 @@ impl SessionApi for SessionGrpc {
         Ok(Response::new(pb::AdvanceReadCursorResponse {
             member: Some(group_member_pb(member)),
         }))
+    }
+}
+
+/// Returns the role a share request names; unset means `use`.
+fn share_role(value: i32) -> Result<ShareRole, SessionError> {
+    match pb::ShareRole::try_from(value) {
+        Ok(pb::ShareRole::Unspecified | pb::ShareRole::Use) => Ok(ShareRole::Use),
+        Ok(pb::ShareRole::Read) => Ok(ShareRole::Read),
+        Ok(pb::ShareRole::Manage) => Ok(ShareRole::Manage),
+        Err(_) => Err(SessionError::invalid(
+            "INVALID_SHARE_ROLE",
+            "share role must be SHARE_ROLE_READ, SHARE_ROLE_USE or SHARE_ROLE_MANAGE",
+        )),
+    }
+}
+
+fn share_role_pb(role: ShareRole) -> pb::ShareRole {
+    match role {
+        ShareRole::Read => pb::ShareRole::Read,
+        ShareRole::Use => pb::ShareRole::Use,
+        ShareRole::Manage => pb::ShareRole::Manage,
     }
 }
 

@@ -17,6 +17,63 @@ pub struct ContainerRecord {
 pub struct ShareRecord {
     pub user_id: String,
     pub created_at_ms: i64,
+    /// What the user may do in the container.
+    pub role: ShareRole,
+}
+
+/// What a user a container is shared with may do in it, weakest first: the
+/// container's owner and the tenant's admins may do everything.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ShareRole {
+    /// See the container and everything in it.
+    Read,
+    /// Also talk: send messages, interrupt, create images and groups, post.
+    /// The default: a share made without a role, or before roles existed.
+    #[default]
+    Use,
+    /// Also change and destroy: edit and delete images and groups, pause,
+    /// resume, terminate and stop agents.
+    Manage,
+}
+
+impl ShareRole {
+    /// Returns the stable name of this role, as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareRole::Read => "read",
+            ShareRole::Use => "use",
+            ShareRole::Manage => "manage",
+        }
+    }
+
+    /// Parses a role name.
+    pub fn parse(name: &str) -> Option<ShareRole> {
+        match name {
+            "read" => Some(ShareRole::Read),
+            "use" => Some(ShareRole::Use),
+            "manage" => Some(ShareRole::Manage),
+            _ => None,
+        }
+    }
+}
+
+/// What the caller may do in a container it sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContainerAccess {
+    /// Everything: the owner, an admin or a service.
+    Full,
+    /// What the share's role allows.
+    Shared(ShareRole),
+}
+
+impl ContainerAccess {
+    /// Returns whether this access allows what `need` allows.
+    pub fn allows(self, need: ShareRole) -> bool {
+        match self {
+            ContainerAccess::Full => true,
+            ContainerAccess::Shared(role) => role >= need,
+        }
+    }
 }
 
 /// A persisted conversation definition with exactly one session.

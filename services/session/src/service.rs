@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use avm_common::auth::Scopes;
+use avm_common::auth::{Role, Scopes};
 use avm_common::ids::new_id;
 use avm_common::mcp::McpServerRules;
-use avm_common::{RequestContext, now_ms};
+use avm_common::{ApiError, Code, RequestContext, now_ms};
 use avm_store::events::EventBus;
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -14,8 +14,8 @@ use tracing::instrument;
 
 use crate::error::SessionError;
 use crate::record::{
-    AgentState, AgentStateChange, ContainerRecord, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage,
-    NewMessage, SessionChange, ShareRecord, WatchItem,
+    AgentState, AgentStateChange, ContainerAccess, ContainerRecord, ImageRecord, ImageUpdate, MessageBody,
+    MessageRecord, NewImage, NewMessage, SessionChange, ShareRecord, ShareRole, WatchItem,
 };
 use crate::references::{RESOURCE_URI_PREFIX, References};
 use crate::store::{Scope, SessionStore};
@@ -224,6 +224,7 @@ impl SessionService {
         let agent = non_empty(new.agent).map(validate_agent).transpose()?;
         let variables_json = validate_variables(new.variables_json)?;
         let tools = validate_tools(new.tools)?;
+        self.require_role(ctx, &new.container_id, ShareRole::Use).await?;
         let parent = match non_empty(new.parent_image_id) {
             Some(parent_id) => Some(self.parent(ctx, &parent_id, &new.container_id).await?),
             None => None,
@@ -349,6 +350,17 @@ impl SessionService {
         error: Option<&str>,
     ) -> Result<AgentStateChange, SessionError> {
         allow(ctx, Scopes::WRITE)?;
+        if state == AgentState::Error {
+            // The error state records what the runtime saw fail; a user
+            // setting it would put words in the agent's mouth.
+            ctx.principal.require_service().map_err(|_| {
+                SessionError::Denied(ApiError::new(
+                    Code::PermissionDenied,
+                    "RUNTIME_ONLY_STATE",
+                    "only the runtime puts an agent in the error state",
+                ))
+            })?;
+        }
         let error = match (state, error.map(str::trim)) {
             (AgentState::Error, Some(error)) if !error.is_empty() => {
                 Some(error.chars().take(MAX_AGENT_ERROR_CHARS).collect::<String>())
@@ -361,6 +373,7 @@ impl SessionService {
             }
             _ => None,
         };
+        self.require_image_role(ctx, image_id, ShareRole::Manage).await?;
         let change = self
             .store
             .set_agent_state(&scope(ctx), image_id, state, error.as_deref(), now_ms())
@@ -394,6 +407,7 @@ impl SessionService {
             description: update.description.map(validate_description).transpose()?,
             tools: update.tools.map(validate_tools).transpose()?,
         };
+        self.require_image_role(ctx, image_id, ShareRole::Manage).await?;
         if let (Some(references), Some(tools)) = (&self.references, &update.tools) {
             for uri in tools.iter().filter(|tool| tool.starts_with(RESOURCE_URI_PREFIX)) {
                 references.check(ctx, uri, "").await.map_err(SessionError::Peer)?;
@@ -415,6 +429,7 @@ impl SessionService {
     )]
     pub async fn delete_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(), SessionError> {
         allow(ctx, Scopes::WRITE)?;
+        self.require_image_role(ctx, image_id, ShareRole::Manage).await?;
         let image_ids = self.store.delete_image(&scope(ctx), image_id).await?;
         tracing::info!(image_id, descendants = image_ids.len() - 1, "image deleted");
         self.events
@@ -429,7 +444,9 @@ impl SessionService {
     /// Appends a message to a session of the caller's tenant and returns it as stored.
     ///
     /// Idempotent on the message id: appending an id the session already holds
-    /// returns the stored message unchanged.
+    /// returns the stored message unchanged. Only a service principal (the
+    /// runtime) writes model, tool and error messages and chooses their time;
+    /// a user appends user messages, stamped by this service.
     #[instrument(
         name = "session.append_message",
         skip_all,
@@ -443,6 +460,11 @@ impl SessionService {
     ) -> Result<MessageRecord, SessionError> {
         allow(ctx, Scopes::WRITE)?;
         validate_message(&message)?;
+        check_author(ctx, &message)?;
+        if ctx.owner_filter().is_some() {
+            let image = self.store.get_session_image(&scope(ctx), session_id).await?;
+            self.require_role(ctx, &image.container_id, ShareRole::Use).await?;
+        }
         let message = NewMessage {
             created_at_ms: if message.created_at_ms > 0 {
                 message.created_at_ms
@@ -477,7 +499,8 @@ impl SessionService {
         self.store.list_messages(&scope(ctx), session_id).await
     }
 
-    /// Shares a container with another user of the tenant; its owner or an admin may.
+    /// Shares a container with another user of the tenant with `role`, or
+    /// changes their role; its owner or an admin may.
     #[instrument(
         name = "session.share_container",
         skip_all,
@@ -488,14 +511,15 @@ impl SessionService {
         ctx: &RequestContext,
         container_id: &str,
         user_id: &str,
+        role: ShareRole,
     ) -> Result<(), SessionError> {
         allow(ctx, Scopes::WRITE)?;
         validate_container_id(container_id)?;
         validate_user_id(user_id)?;
         self.store
-            .share_container(&scope(ctx), container_id, user_id, now_ms())
+            .share_container(&scope(ctx), container_id, user_id, role, now_ms())
             .await?;
-        tracing::info!(container_id, user_id, "container shared");
+        tracing::info!(container_id, user_id, role = role.as_str(), "container shared");
         Ok(())
     }
 
@@ -533,6 +557,43 @@ impl SessionService {
         allow(ctx, Scopes::READ)?;
         validate_container_id(container_id)?;
         self.store.list_shares(&scope(ctx), container_id).await
+    }
+
+    /// Fails unless the caller may do what `need` allows in `container_id`:
+    /// admins, services and the owner may do everything, a user it is shared
+    /// with what the share's role allows (`SHARE_ROLE_TOO_LOW`). A container
+    /// the caller does not see is `ContainerNotFound`, as everywhere.
+    pub(crate) async fn require_role(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+        need: ShareRole,
+    ) -> Result<(), SessionError> {
+        if ctx.owner_filter().is_none() {
+            return Ok(());
+        }
+        match self.store.container_access(&scope(ctx), container_id).await? {
+            ContainerAccess::Shared(role) if role < need => Err(SessionError::ShareRoleTooLow {
+                container_id: container_id.to_owned(),
+                role: role.as_str(),
+                need: need.as_str(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Does what [`Self::require_role`] does for the container of an image.
+    async fn require_image_role(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        need: ShareRole,
+    ) -> Result<(), SessionError> {
+        if ctx.owner_filter().is_none() {
+            return Ok(());
+        }
+        let image = self.store.get_image(&scope(ctx), image_id).await?;
+        self.require_role(ctx, &image.container_id, need).await
     }
 
     /// Returns the parent a new image of `container_id` names: visible to
@@ -742,6 +803,32 @@ fn validate_tools(tools: Vec<String>) -> Result<Vec<String>, SessionError> {
         }
     }
     Ok(kept)
+}
+
+/// Fails unless the caller may write `message`: a service principal (the
+/// runtime) writes any message at any time; anyone else only user messages,
+/// whose time this service stamps.
+fn check_author(ctx: &RequestContext, message: &NewMessage) -> Result<(), SessionError> {
+    if ctx.principal.role == Role::Service {
+        return Ok(());
+    }
+    if !matches!(message.body, MessageBody::User { .. }) {
+        return Err(SessionError::Denied(ApiError::new(
+            Code::PermissionDenied,
+            "RUNTIME_ONLY_MESSAGE",
+            format!(
+                "only the runtime writes {} messages; a user appends user messages",
+                message.body.kind()
+            ),
+        )));
+    }
+    if message.created_at_ms != 0 {
+        return Err(SessionError::invalid(
+            "CREATED_AT_NOT_ALLOWED",
+            "the service stamps a user's message with its own time; leave created_at_ms unset",
+        ));
+    }
+    Ok(())
 }
 
 fn validate_message(message: &NewMessage) -> Result<(), SessionError> {

@@ -15,9 +15,9 @@ use avm_store::events::EventTransport;
 
 use crate::error::SessionError;
 use crate::record::{
-    AgentState, AgentStateChange, ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupRecord,
-    GroupUpdate, ImageRecord, ImageUpdate, MemberRef, MessageRecord, NewGroupMessage, NewMessage, ShareRecord,
-    UnreadGroup,
+    AgentState, AgentStateChange, ContainerAccess, ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord,
+    GroupRecord, GroupUpdate, ImageRecord, ImageUpdate, MemberRef, MessageRecord, NewGroupMessage, NewMessage,
+    ShareRecord, ShareRole, UnreadGroup,
 };
 
 mod groups;
@@ -63,15 +63,21 @@ pub trait SessionStore: GroupStore + Send + Sync + 'static {
     /// does not own it.
     async fn delete_container(&self, scope: &Scope<'_>, container_id: &str) -> Result<Vec<String>, SessionError>;
 
-    /// Shares a container with a user of the tenant (idempotent); only its
-    /// owner or the whole-tenant scope may.
+    /// Shares a container with a user of the tenant with `role` (again: the
+    /// role changes); only its owner or the whole-tenant scope may.
     async fn share_container(
         &self,
         scope: &Scope<'_>,
         container_id: &str,
         user_id: &str,
+        role: ShareRole,
         now_ms: i64,
     ) -> Result<(), SessionError>;
+
+    /// Returns what the scope's user may do in a container it sees: `Full`
+    /// for the whole-tenant scope and the owner, else the share's role.
+    /// `ContainerNotFound` when the scope does not see it.
+    async fn container_access(&self, scope: &Scope<'_>, container_id: &str) -> Result<ContainerAccess, SessionError>;
 
     /// Stops sharing a container with a user (idempotent); only its owner or
     /// the whole-tenant scope may.

@@ -1192,7 +1192,7 @@ impl<'a> Attacker<'a> {
             unary "session.DeleteContainer" =>
                 session.delete_container(ss::DeleteContainerRequest { container_id: container() }),
             unary "session.ShareContainer" =>
-                session.share_container(ss::ShareContainerRequest { container_id: container(), user_id: me() }),
+                session.share_container(ss::ShareContainerRequest { container_id: container(), user_id: me(), role: 0 }),
             unary "session.UnshareContainer" =>
                 session.unshare_container(ss::UnshareContainerRequest { container_id: container(), user_id: me() }),
             unary "session.ListContainerShares" =>

@@ -14,7 +14,7 @@ use super::{MAX_MESSAGE_BYTES, MAX_NAME_CHARS, allow, is_valid_client_id, scope,
 use crate::error::SessionError;
 use crate::record::{
     GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupPage, GroupRecord, GroupUpdate, MemberKind, MemberRef,
-    NewGroup, NewGroupMessage, UnreadGroup,
+    NewGroup, NewGroupMessage, ShareRole, UnreadGroup,
 };
 use crate::service::SessionService;
 
@@ -64,6 +64,7 @@ impl SessionService {
                     .await?;
             }
         }
+        self.require_role(ctx, &new.container_id, ShareRole::Use).await?;
         let now = now_ms();
         let group = GroupRecord {
             group_id: new_id("grp"),
@@ -152,6 +153,7 @@ impl SessionService {
             name: update.name.map(validate_group_name).transpose()?,
             wake_mode: update.wake_mode,
         };
+        self.require_group_role(ctx, group_id, ShareRole::Manage).await?;
         let group = self
             .store
             .update_group(&scope(ctx), group_id, &update, now_ms())
@@ -168,6 +170,7 @@ impl SessionService {
     )]
     pub async fn delete_group(&self, ctx: &RequestContext, group_id: &str) -> Result<(), SessionError> {
         allow(ctx, Scopes::WRITE)?;
+        self.require_group_role(ctx, group_id, ShareRole::Manage).await?;
         self.store.delete_group(&scope(ctx), group_id).await?;
         tracing::info!(group_id, "group deleted");
         Ok(())
@@ -188,6 +191,7 @@ impl SessionService {
     ) -> Result<GroupMemberRecord, SessionError> {
         allow(ctx, Scopes::WRITE)?;
         validate_member_id(&member.member_id)?;
+        self.require_group_role(ctx, group_id, ShareRole::Manage).await?;
         if member.kind == MemberKind::Agent {
             let group = self.store.get_group(&scope(ctx), group_id).await?;
             self.check_agent_container(ctx, &member.member_id, &group.container_id)
@@ -220,6 +224,7 @@ impl SessionService {
     ) -> Result<(), SessionError> {
         allow(ctx, Scopes::WRITE)?;
         validate_member_id(&member.member_id)?;
+        self.require_group_role(ctx, group_id, ShareRole::Manage).await?;
         self.store.remove_group_member(&scope(ctx), group_id, &member).await?;
         tracing::info!(group_id, member_id = %member.member_id, "group member removed");
         Ok(())
@@ -244,7 +249,8 @@ impl SessionService {
     ///
     /// Idempotent on the message id: posting an id the group already holds
     /// returns the stored message. The sender and every mention must be
-    /// members; a user may post only as themself (services as anyone).
+    /// members; a user may post only as themself, a service principal (the
+    /// runtime) as anyone, agents included.
     #[instrument(
         name = "session.post_group_message",
         skip_all,
@@ -270,14 +276,11 @@ impl SessionService {
             _ => new_id("gmsg"),
         };
         validate_member_id(&message.sender.member_id)?;
-        if message.sender.kind == MemberKind::User
-            && ctx.principal.role != Role::Service
-            && message.sender.member_id != ctx.principal.user_id
-        {
+        if !speaks_for(ctx, &message.sender) {
             return Err(SessionError::Denied(ApiError::new(
                 Code::PermissionDenied,
                 "SENDER_NOT_CALLER",
-                "a user may post only as themself",
+                "a user may post only as themself; only the runtime posts as an agent",
             )));
         }
         if message.content.trim().is_empty() {
@@ -305,6 +308,7 @@ impl SessionService {
                 format!("a message may mention at most {MAX_MENTIONS} members"),
             ));
         }
+        self.require_group_role(ctx, group_id, ShareRole::Use).await?;
         let message = NewGroupMessage {
             message_id: Some(message_id.clone()),
             mentions,
@@ -376,7 +380,8 @@ impl SessionService {
     }
 
     /// Marks a member as having read up to `seq` (at most the newest
-    /// message); a cursor already past `seq` stays where it is.
+    /// message); a cursor already past `seq` stays where it is. A user moves
+    /// only their own cursor; a service principal (the runtime) any.
     #[instrument(
         name = "session.advance_read_cursor",
         skip_all,
@@ -391,6 +396,13 @@ impl SessionService {
     ) -> Result<GroupMemberRecord, SessionError> {
         allow(ctx, Scopes::WRITE)?;
         validate_member_id(&member.member_id)?;
+        if !speaks_for(ctx, &member) {
+            return Err(SessionError::Denied(ApiError::new(
+                Code::PermissionDenied,
+                "CURSOR_NOT_CALLER",
+                "a user may move only their own read cursor; only the runtime moves an agent's",
+            )));
+        }
         let advanced = self
             .store
             .advance_read_cursor(&scope(ctx), group_id, &member, seq)
@@ -402,6 +414,20 @@ impl SessionService {
             "read cursor advanced"
         );
         Ok(advanced)
+    }
+
+    /// Does what [`SessionService::require_role`] does for the container of a group.
+    async fn require_group_role(
+        &self,
+        ctx: &RequestContext,
+        group_id: &str,
+        need: ShareRole,
+    ) -> Result<(), SessionError> {
+        if ctx.owner_filter().is_none() {
+            return Ok(());
+        }
+        let group = self.store.get_group(&scope(ctx), group_id).await?;
+        self.require_role(ctx, &group.container_id, need).await
     }
 
     /// Fails unless `image_id` is an image the caller sees in `container_id`.
@@ -423,6 +449,13 @@ impl SessionService {
         }
         Ok(())
     }
+}
+
+/// Returns whether the caller may act as `member`: a service principal (the
+/// runtime, for its agents) as anyone, a user only as themself.
+fn speaks_for(ctx: &RequestContext, member: &MemberRef) -> bool {
+    ctx.principal.role == Role::Service
+        || (member.kind == MemberKind::User && member.member_id == ctx.principal.user_id)
 }
 
 fn validate_group_name(name: String) -> Result<String, SessionError> {

@@ -12,7 +12,7 @@
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::error::SessionError;
-use crate::record::{AgentState, ContainerRecord, ImageRecord, MessageBody, MessageRecord, ShareRecord};
+use crate::record::{AgentState, ContainerRecord, ImageRecord, MessageBody, MessageRecord, ShareRecord, ShareRole};
 
 /// The condition that container `c` is visible to user `$u`: always when `$u`
 /// is NULL (the whole tenant), else when the user owns it or it is shared
@@ -63,13 +63,17 @@ pub(super) const LOCK_CONTAINER_IMAGES: &str = "\
 pub(super) const DELETE_CONTAINER: &str = "\
     DELETE FROM containers WHERE tenant_id = $1 AND container_id = $2";
 
+/// Sharing again changes the role and keeps the first time.
 pub(super) const INSERT_SHARE: &str = "\
-    INSERT INTO container_shares (tenant_id, container_id, user_id, created_at_ms) VALUES ($1, $2, $3, $4) \
-    ON CONFLICT (tenant_id, container_id, user_id) DO NOTHING";
+    INSERT INTO container_shares (tenant_id, container_id, user_id, created_at_ms, role) VALUES ($1, $2, $3, $4, $5) \
+    ON CONFLICT (tenant_id, container_id, user_id) DO UPDATE SET role = excluded.role";
+/// The role of user `$3` on a container, when it is shared with them.
+pub(super) const SELECT_SHARE_ROLE: &str = "\
+    SELECT role FROM container_shares WHERE tenant_id = $1 AND container_id = $2 AND user_id = $3";
 pub(super) const DELETE_SHARE: &str = "\
     DELETE FROM container_shares WHERE tenant_id = $1 AND container_id = $2 AND user_id = $3";
 pub(super) const LIST_SHARES: &str = "\
-    SELECT user_id, created_at_ms FROM container_shares \
+    SELECT user_id, created_at_ms, role FROM container_shares \
     WHERE tenant_id = $1 AND container_id = $2 ORDER BY created_at_ms, user_id";
 
 /// Inserts nothing when the container is missing or not visible, which is how
@@ -240,9 +244,11 @@ where
     String: Decode<'r, R::Database> + Type<R::Database>,
     i64: Decode<'r, R::Database> + Type<R::Database>,
 {
+    let role: String = row.try_get("role")?;
     Ok(ShareRecord {
         user_id: row.try_get("user_id")?,
         created_at_ms: row.try_get("created_at_ms")?,
+        role: share_role_from(&role)?,
     })
 }
 
@@ -278,6 +284,11 @@ where
         parent_image_id: row.try_get("parent_image_id")?,
         depth: u32::try_from(depth).map_err(|_| SessionError::corrupt(format!("images.depth is {depth}")))?,
     })
+}
+
+/// Parses a stored share role.
+pub(super) fn share_role_from(name: &str) -> Result<ShareRole, SessionError> {
+    ShareRole::parse(name).ok_or_else(|| SessionError::corrupt(format!("share role {name:?}")))
 }
 
 /// Parses a stored agent state.
@@ -466,6 +477,7 @@ macro_rules! impl_session_store {
                 scope: &$crate::store::Scope<'_>,
                 container_id: &str,
                 user_id: &str,
+                role: $crate::record::ShareRole,
                 now_ms: i64,
             ) -> Result<(), $crate::error::SessionError> {
                 use $crate::store::sql;
@@ -481,10 +493,34 @@ macro_rules! impl_session_store {
                     .bind(container_id)
                     .bind(user_id)
                     .bind(now_ms)
+                    .bind(role.as_str())
                     .execute(&self.pool)
                     .await
                     .map_err(|err| sql::missing_container(err, container_id))?;
                 Ok(())
+            }
+
+            async fn container_access(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                container_id: &str,
+            ) -> Result<$crate::record::ContainerAccess, $crate::error::SessionError> {
+                use $crate::record::ContainerAccess;
+                use $crate::store::sql;
+                let container = self.get_container(scope, container_id).await?;
+                let Some(user) = scope.user_id.filter(|user| *user != container.owner_id) else {
+                    return Ok(ContainerAccess::Full);
+                };
+                let role: Option<String> = sqlx::query_scalar(sql::SELECT_SHARE_ROLE)
+                    .bind(scope.tenant_id)
+                    .bind(container_id)
+                    .bind(user)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                // Unshared between the two statements: as if never seen.
+                let role =
+                    role.ok_or_else(|| $crate::error::SessionError::ContainerNotFound(container_id.to_owned()))?;
+                Ok(ContainerAccess::Shared(sql::share_role_from(&role)?))
             }
 
             async fn unshare_container(

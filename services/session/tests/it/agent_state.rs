@@ -8,7 +8,7 @@ use avm_common::auth::{Role, Scopes};
 use avm_common::testing::bearer;
 use avm_proto::session::v1 as pb;
 use avm_proto::session::v1::session_service_client::SessionServiceClient;
-use avm_session::{AgentState, ImageRecord, NewImage, SessionService, SessionStore};
+use avm_session::{AgentState, ImageRecord, NewImage, SessionService, SessionStore, ShareRole};
 
 use crate::support::{api_err, ctx, member, principal_ctx};
 
@@ -113,15 +113,31 @@ async fn pause_and_resume_round_trip(store: Arc<dyn SessionStore>) {
 async fn an_error_is_kept_until_the_agent_is_made_active(store: Arc<dyn SessionStore>) {
     let service = SessionService::new(store);
     let agent = image(&service, A, "default", None).await;
+    // Only the runtime puts an agent in the error state.
+    let runtime = avm_common::testing::service_ctx(A);
+    let forged = api_err(
+        service
+            .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some("forged"))
+            .await,
+    );
+    assert_eq!(
+        (forged.code, forged.reason.as_ref()),
+        (Code::PermissionDenied, "RUNTIME_ONLY_STATE")
+    );
     let missing = api_err(
         service
-            .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some("  "))
+            .set_agent_state(&runtime, &agent.image_id, AgentState::Error, Some("  "))
             .await,
     );
     assert_eq!(missing.reason.as_ref(), "MISSING_AGENT_ERROR");
 
     let failed = service
-        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some("the key was refused"))
+        .set_agent_state(
+            &runtime,
+            &agent.image_id,
+            AgentState::Error,
+            Some("the key was refused"),
+        )
         .await
         .unwrap();
     assert_eq!(failed.image.agent_state, AgentState::Error);
@@ -130,7 +146,7 @@ async fn an_error_is_kept_until_the_agent_is_made_active(store: Arc<dyn SessionS
     // A later failure replaces it; a long one is cut.
     let long = "x".repeat(5000);
     let again = service
-        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some(&long))
+        .set_agent_state(&runtime, &agent.image_id, AgentState::Error, Some(&long))
         .await
         .unwrap();
     assert_eq!(again.image.agent_error.map(|error| error.len()), Some(2048));
@@ -146,12 +162,12 @@ async fn an_error_is_kept_until_the_agent_is_made_active(store: Arc<dyn SessionS
     );
     // A paused agent's failure (a turn cut by the pause) leaves it paused.
     let still = service
-        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some("cut"))
+        .set_agent_state(&runtime, &agent.image_id, AgentState::Error, Some("cut"))
         .await
         .unwrap();
     assert_eq!(still.image.agent_state, AgentState::Paused);
     service
-        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some("late"))
+        .set_agent_state(&runtime, &agent.image_id, AgentState::Error, Some("late"))
         .await
         .unwrap();
     let resumed = service
@@ -165,7 +181,7 @@ async fn an_error_is_kept_until_the_agent_is_made_active(store: Arc<dyn SessionS
 
     // An agent in error is terminated like any other, and stays so.
     service
-        .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some("refused"))
+        .set_agent_state(&runtime, &agent.image_id, AgentState::Error, Some("refused"))
         .await
         .unwrap();
     let terminated = service
@@ -178,7 +194,7 @@ async fn an_error_is_kept_until_the_agent_is_made_active(store: Arc<dyn SessionS
     );
     let refused = api_err(
         service
-            .set_agent_state(&ctx(A), &agent.image_id, AgentState::Error, Some("refused"))
+            .set_agent_state(&runtime, &agent.image_id, AgentState::Error, Some("refused"))
             .await,
     );
     assert_eq!(refused.code, Code::FailedPrecondition);
@@ -439,7 +455,10 @@ async fn foreign_images_answer_like_missing_ones(store: Arc<dyn SessionStore>) {
     assert_eq!(state_of(&service, &child.image_id).await, AgentState::Active);
 
     // Once shared, the member may.
-    service.share_container(&ctx(A), "default", "usr_bob").await.unwrap();
+    service
+        .share_container(&ctx(A), "default", "usr_bob", ShareRole::Manage)
+        .await
+        .unwrap();
     let paused = service
         .set_agent_state(&bob, &child.image_id, AgentState::Paused, None)
         .await

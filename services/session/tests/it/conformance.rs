@@ -6,7 +6,7 @@ use std::sync::Arc;
 use avm_common::Code;
 use avm_session::{
     AgentState, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, Scope, SessionService,
-    SessionStore, Usage,
+    SessionStore, ShareRole, Usage,
 };
 
 use avm_common::auth::{Role, Scopes};
@@ -34,6 +34,12 @@ conformance_suite!(
 );
 
 const A: &str = "tenant-a";
+
+/// The runtime acting for `tenant_id`: it alone writes model, tool and error
+/// messages and chooses their time.
+fn runtime(tenant_id: &str) -> avm_common::RequestContext {
+    avm_common::testing::service_ctx(tenant_id)
+}
 const B: &str = "tenant-b";
 
 /// The whole tenant, as admins and services see it.
@@ -677,9 +683,25 @@ async fn messages_append_in_order_and_idempotently(store: Arc<dyn SessionStore>)
         .append_message(&ctx(A), session, user("msg_1", "one"))
         .await
         .unwrap();
+    // A user writes no model message and chooses no time; the runtime does both.
+    let forged = api_err(
+        service
+            .append_message(&ctx(A), session, assistant("msg_x", "forged"))
+            .await,
+    );
+    assert_eq!(
+        (forged.code, forged.reason.as_ref()),
+        (Code::PermissionDenied, "RUNTIME_ONLY_MESSAGE")
+    );
+    let mut dated = user("msg_x", "long ago");
+    dated.created_at_ms = 1;
+    assert_eq!(
+        reason(service.append_message(&ctx(A), session, dated).await),
+        "CREATED_AT_NOT_ALLOWED"
+    );
     let mut stamped = assistant("msg_2", "two");
     stamped.created_at_ms = 1_234;
-    let second = service.append_message(&ctx(A), session, stamped).await.unwrap();
+    let second = service.append_message(&runtime(A), session, stamped).await.unwrap();
     let third = service
         .append_message(&ctx(A), session, user("msg_3", "three"))
         .await
@@ -692,7 +714,10 @@ async fn messages_append_in_order_and_idempotently(store: Arc<dyn SessionStore>)
     // A retry, even with another body, returns the stored message and adds nothing.
     let mut retry = user("msg_2", "a different body");
     retry.created_at_ms = 99;
-    assert_eq!(service.append_message(&ctx(A), session, retry).await.unwrap(), second);
+    assert_eq!(
+        service.append_message(&runtime(A), session, retry).await.unwrap(),
+        second
+    );
     let listed = service.list_messages(&ctx(A), session).await.unwrap();
     assert_eq!(listed, [first.clone(), second.clone(), third.clone()]);
 
@@ -789,7 +814,7 @@ async fn message_bodies_round_trip(store: Arc<dyn SessionStore>) {
             body: body.clone(),
         };
         let stored = service
-            .append_message(&ctx(A), &image.session_id, message)
+            .append_message(&runtime(A), &image.session_id, message)
             .await
             .unwrap();
         assert_eq!(&stored.body, body);
@@ -909,7 +934,7 @@ async fn ten_thousand_messages_append_and_load(store: Arc<dyn SessionStore>) {
         } else {
             assistant(&format!("msg_{n}"), "answer")
         };
-        let stored = service.append_message(&ctx(A), session, message).await.unwrap();
+        let stored = service.append_message(&runtime(A), session, message).await.unwrap();
         assert_eq!(stored.seq, n);
     }
     let listed = service.list_messages(&ctx(A), session).await.unwrap();
@@ -983,7 +1008,10 @@ async fn members_see_their_own_and_shared_containers(store: Arc<dyn SessionStore
     );
 
     // Shared, Bob sees and uses Alice's container; unshared, it is gone again.
-    service.share_container(&alice, "alice-box", "usr_bob").await.unwrap();
+    service
+        .share_container(&alice, "alice-box", "usr_bob", ShareRole::Manage)
+        .await
+        .unwrap();
     assert_eq!(
         names(service.list_containers(&bob).await.unwrap()),
         ["alice-box", "bob-box"]
@@ -1037,14 +1065,21 @@ async fn only_owners_and_admins_delete_and_share(store: Arc<dyn SessionStore>) {
     let service = SessionService::new(store);
     let (alice, bob) = (member(A, "usr_alice"), member(A, "usr_bob"));
     service.create_container(&alice, "shared").await.unwrap();
-    service.share_container(&alice, "shared", "usr_bob").await.unwrap();
+    service
+        .share_container(&alice, "shared", "usr_bob", ShareRole::Manage)
+        .await
+        .unwrap();
     // Bob may use the container but not delete or re-share it.
     assert_eq!(
         reason(service.delete_container(&bob, "shared").await),
         "NOT_CONTAINER_OWNER"
     );
     assert_eq!(
-        reason(service.share_container(&bob, "shared", "usr_dave").await),
+        reason(
+            service
+                .share_container(&bob, "shared", "usr_dave", ShareRole::Manage)
+                .await
+        ),
         "NOT_CONTAINER_OWNER"
     );
     assert_eq!(
@@ -1052,7 +1087,10 @@ async fn only_owners_and_admins_delete_and_share(store: Arc<dyn SessionStore>) {
         "usr_alice"
     );
     // An admin may share and delete anything of the tenant.
-    service.share_container(&ctx(A), "shared", "usr_dave").await.unwrap();
+    service
+        .share_container(&ctx(A), "shared", "usr_dave", ShareRole::Manage)
+        .await
+        .unwrap();
     service.delete_container(&ctx(A), "shared").await.unwrap();
     assert_eq!(
         reason(service.get_container(&alice, "shared").await),

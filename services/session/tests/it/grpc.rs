@@ -35,7 +35,8 @@ async fn grpc_round_trip_and_typed_errors() {
         .unwrap_err();
     assert_eq!(ApiError::from_status(&anonymous).code, Code::Unauthenticated);
 
-    let ctx = crate::support::ctx("tenant-grpc");
+    // The runtime's identity: it alone writes assistant messages.
+    let ctx = avm_common::testing::service_ctx("tenant-grpc");
     let mut client = SessionServiceClient::with_interceptor(channel, bearer(&keys.token(&ctx)));
 
     let created = client
@@ -189,7 +190,10 @@ async fn grpc_groups_round_trip_and_typed_errors() {
     let ctx = crate::support::ctx("tenant-grpc");
     let mut client = SessionServiceClient::with_interceptor(channel.clone(), bearer(&keys.token(&ctx)));
     let other_tenant = crate::support::ctx("tenant-other");
-    let mut outsider = SessionServiceClient::with_interceptor(channel, bearer(&keys.token(&other_tenant)));
+    let mut outsider = SessionServiceClient::with_interceptor(channel.clone(), bearer(&keys.token(&other_tenant)));
+    // Only the runtime posts as an agent and moves its cursor.
+    let runtime_ctx = avm_common::testing::service_ctx("tenant-grpc");
+    let mut runtime = SessionServiceClient::with_interceptor(channel, bearer(&keys.token(&runtime_ctx)));
 
     client
         .create_container(pb::CreateContainerRequest {
@@ -273,12 +277,14 @@ async fn grpc_groups_round_trip_and_typed_errors() {
         content: "I think so".into(),
         mentions: Vec::new(),
     };
-    let answer = client.post_group_message(reply.clone()).await.unwrap().into_inner();
+    let forged = client.post_group_message(reply.clone()).await.unwrap_err();
+    assert_eq!(forged.code(), tonic::Code::PermissionDenied);
+    let answer = runtime.post_group_message(reply.clone()).await.unwrap().into_inner();
     assert_eq!(
         answer.message.as_ref().map(|m| (m.seq, m.consecutive_agent_messages)),
         Some((2, 1))
     );
-    let replayed = client.post_group_message(reply).await.unwrap().into_inner();
+    let replayed = runtime.post_group_message(reply).await.unwrap().into_inner();
     assert_eq!((replayed.created, replayed.message), (false, answer.message.clone()));
 
     let unread = client
@@ -293,7 +299,7 @@ async fn grpc_groups_round_trip_and_typed_errors() {
     assert_eq!(unread.len(), 1);
     assert_eq!((unread[0].unread_count, unread[0].messages.len()), (2, 2));
     assert_eq!(unread[0].messages[0], question);
-    let advanced = client
+    let advanced = runtime
         .advance_read_cursor(pb::AdvanceReadCursorRequest {
             group_id: group.group_id.clone(),
             member: Some(agent.clone()),
