@@ -52,6 +52,9 @@ pub struct Options {
     pub llm_idle_timeout: Option<Duration>,
     /// Frames per second one WebSocket connection may send.
     pub messages_per_second: Option<u32>,
+    /// Failed `POST /v1/auth/token` calls one client may make in a burst
+    /// (`[gateway] failed_token_exchanges_per_minute`; 0: no limit).
+    pub failed_token_exchanges_per_minute: Option<u32>,
     /// Redis for shared rate limits (`AVM_REDIS_URL`), with the key prefix to use.
     pub redis: Option<(String, String)>,
     /// Log filter of the components (default `warn`).
@@ -96,6 +99,7 @@ impl Default for Options {
             max_frame_bytes: None,
             llm_idle_timeout: None,
             messages_per_second: None,
+            failed_token_exchanges_per_minute: None,
             redis: None,
             log_level: None,
             capture_logs: false,
@@ -545,6 +549,9 @@ impl Cluster {
         if let Some(rate) = self.options.messages_per_second {
             config.gateway.messages_per_second = rate;
         }
+        if let Some(burst) = self.options.failed_token_exchanges_per_minute {
+            config.gateway.failed_token_exchanges_per_minute = burst;
+        }
         if let Some(timeout) = self.options.llm_idle_timeout {
             config.llm.idle_timeout = timeout;
             config.llm.request_timeout = timeout;
@@ -659,6 +666,12 @@ impl Cluster {
         }
         if let Some(rate) = self.options.messages_per_second {
             env.push(("AVM_GATEWAY_MESSAGES_PER_SECOND".into(), rate.to_string()));
+        }
+        if let Some(burst) = self.options.failed_token_exchanges_per_minute {
+            env.push((
+                "AVM_GATEWAY_FAILED_TOKEN_EXCHANGES_PER_MINUTE".into(),
+                burst.to_string(),
+            ));
         }
         if let Some(url) = &self.options.database_url {
             env.push(("AVM_DATABASE_URL".into(), url.clone()));
