@@ -149,8 +149,15 @@ impl Metering {
     }
 
     /// Fails with BUDGET_EXCEEDED when the caller's tenant or key spent its
-    /// monthly budget; tenants without one are not asked about.
-    pub async fn check_budget(&self, ctx: &RequestContext) -> Result<(), RuntimeError> {
+    /// monthly budget, counting the calls in flight; else the call `call_id`
+    /// reserves `estimated_pico_usd` against it until its record arrives.
+    /// Tenants without a budget are not asked about.
+    pub async fn check_budget(
+        &self,
+        ctx: &RequestContext,
+        call_id: &str,
+        estimated_pico_usd: i64,
+    ) -> Result<(), RuntimeError> {
         let key_id = ctx.principal.key_id.as_deref().unwrap_or_default();
         let known = self.inner.budgets_known.load(Ordering::Acquire);
         if known && !self.capped(&ctx.tenant_id, key_id) {
@@ -160,7 +167,10 @@ impl Metering {
         self.wait_sent(&ctx.tenant_id, BUDGET_FLUSH).await;
         let answer = async {
             let own = self.inner.identity.context_for(ctx).await?;
-            self.inner.usages.check_budget(&own, &ctx.tenant_id, key_id).await
+            self.inner
+                .usages
+                .check_budget(&own, &ctx.tenant_id, key_id, call_id, estimated_pico_usd)
+                .await
         }
         .await;
         match answer {

@@ -4,6 +4,7 @@
 mod attack_fence;
 mod attack_keys;
 mod attack_ledger;
+mod attack_quota;
 mod attack_relay;
 mod auth;
 mod bad_input;

@@ -97,16 +97,22 @@ impl Usages {
         Ok(())
     }
 
-    /// Asks whether a tenant (and key) may make another call this month.
+    /// Asks whether a tenant (and key) may make the call `call_id` this
+    /// month; an allowed call's `estimated_pico_usd` stays reserved against
+    /// its budgets until its usage record arrives.
     pub async fn check_budget(
         &self,
         ctx: &RequestContext,
         tenant_id: &str,
         key_id: &str,
+        call_id: &str,
+        estimated_pico_usd: i64,
     ) -> Result<BudgetAnswer, RuntimeError> {
         let request = ctx.request(pb::CheckBudgetRequest {
             tenant_id: tenant_id.to_owned(),
             key_id: key_id.to_owned(),
+            call_id: call_id.to_owned(),
+            estimated_pico_usd,
         });
         let answer = self.service.check_budget(request).await?.into_inner();
         if answer.allowed {
