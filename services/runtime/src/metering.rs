@@ -178,21 +178,22 @@ impl Metering {
             Ok(BudgetAnswer::Exhausted {
                 key_id,
                 monthly_limit_pico_usd,
+                spent,
             }) => {
                 let whose = if key_id.is_empty() {
                     "the tenant's"
                 } else {
                     "this API key's"
                 };
-                Err(ApiError::new(
-                    Code::ResourceExhausted,
-                    "BUDGET_EXCEEDED",
+                let limit = avm_common::money::format_usd(monthly_limit_pico_usd);
+                let message = if spent {
+                    format!("{whose} monthly budget of {limit} USD is spent; no further LLM call is made this month")
+                } else {
                     format!(
-                        "{whose} monthly budget of {} USD is spent; no further LLM call is made this month",
-                        avm_common::money::format_usd(monthly_limit_pico_usd)
-                    ),
-                )
-                .into())
+                        "{whose} monthly budget of {limit} USD is taken by the LLM calls in flight; try again when they end"
+                    )
+                };
+                Err(ApiError::new(Code::ResourceExhausted, "BUDGET_EXCEEDED", message).into())
             }
             // Unknown budgets while the service is away: let the call go,
             // rather than stop every tenant for the sake of a few.

@@ -59,10 +59,12 @@ pub struct UsageRecord {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BudgetAnswer {
     Allowed,
-    /// The tenant's (or, with a key id, the key's) monthly budget is spent.
+    /// The tenant's (or, with a key id, the key's) monthly budget is spent,
+    /// or (`spent` false) taken by the reservations of calls in flight.
     Exhausted {
         key_id: String,
         monthly_limit_pico_usd: i64,
+        spent: bool,
     },
 }
 
@@ -122,6 +124,7 @@ impl Usages {
         Ok(BudgetAnswer::Exhausted {
             key_id: budget.key_id,
             monthly_limit_pico_usd: budget.monthly_limit_pico_usd,
+            spent: budget.exhausted,
         })
     }
 
