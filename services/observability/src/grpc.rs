@@ -184,7 +184,13 @@ impl ObservabilityApi for ObservabilityGrpc {
         let request = request.get_ref();
         let check = self
             .service
-            .check_budget(&ctx, &request.tenant_id, &request.key_id)
+            .reserve_budget(
+                &ctx,
+                &request.tenant_id,
+                &request.key_id,
+                &request.call_id,
+                request.estimated_pico_usd,
+            )
             .await?;
         Ok(Response::new(pb::CheckBudgetResponse {
             allowed: check.allowed,

@@ -11,7 +11,7 @@
 //!   another tenant otherwise is refused with `OPERATOR_REQUIRED`, the same
 //!   answer whether that tenant exists or not.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -81,11 +81,30 @@ const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
 /// How long a budget watcher waits for the cross-replica feed to go live.
 const FEED_READY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a call's budget reservation holds without its usage record: a
+/// runtime that died mid-call must not hold a budget forever; the runtime
+/// reports every call it made, so a live call's record comes well before.
+const RESERVATION_TTL: Duration = Duration::from_secs(600);
+
+/// A call's estimated price, held against its tenant's and key's budgets
+/// from its budget check until its usage record arrives.
+struct Reservation {
+    tenant_id: String,
+    key_id: String,
+    pico_usd: i64,
+    expires_at: std::time::Instant,
+}
+
 struct Inner {
     store: Arc<dyn ObservabilityStore>,
     settings: LedgerSettings,
     ledger: Arc<Ledger>,
     events: Arc<EventBus<ObservabilityEvent>>,
+    /// Calls allowed by a budget check and not yet in the ledger, by call id.
+    reservations: std::sync::Mutex<HashMap<String, Reservation>>,
+    /// Budget checks that reserve run one at a time, so two calls cannot
+    /// both take the room only one of them has.
+    reserve_gate: tokio::sync::Mutex<()>,
 }
 
 /// The observability service: the usage ledger, monthly spend budgets and
@@ -107,6 +126,8 @@ impl ObservabilityService {
                 settings,
                 ledger,
                 events,
+                reservations: std::sync::Mutex::new(HashMap::new()),
+                reserve_gate: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -198,7 +219,10 @@ impl ObservabilityService {
         for (index, record) in records.iter().enumerate() {
             validate_record(index, record)?;
         }
+        let calls: Vec<String> = records.iter().map(|record| record.call_id.clone()).collect();
         let accepted = self.inner.ledger.accept(records)?;
+        // The ledger's spend counts these calls now: their reservations end.
+        self.settle(&calls);
         if self.inner.ledger.writes_through() {
             self.inner.ledger.flush().await?;
         }
@@ -417,7 +441,40 @@ impl ObservabilityService {
         tenant_id: &str,
         key_id: &str,
     ) -> Result<BudgetCheck, ObservabilityError> {
+        self.reserve_budget(ctx, tenant_id, key_id, "", 0).await
+    }
+
+    /// As [`ObservabilityService::check_budget`], for the LLM call `call_id`
+    /// about to be made (components only): a budget whose spend plus the
+    /// reservations of calls in flight reaches its limit refuses; else the
+    /// call's `estimated_pico_usd` is reserved against its budgets until its
+    /// usage record arrives (or [`RESERVATION_TTL`] passes). Checks are
+    /// serialised, so the month's billing exceeds a limit by at most the
+    /// last call allowed under it (and what calls bill beyond their
+    /// estimates), whatever the concurrency. Reservations live in this
+    /// process: each replica of the service keeps its own.
+    #[instrument(name = "observability.reserve_budget", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn reserve_budget(
+        &self,
+        ctx: &RequestContext,
+        tenant_id: &str,
+        key_id: &str,
+        call_id: &str,
+        estimated_pico_usd: i64,
+    ) -> Result<BudgetCheck, ObservabilityError> {
         ctx.principal.require_service()?;
+        if call_id.len() > MAX_CALL_ID_BYTES {
+            return Err(ObservabilityError::invalid(
+                "INVALID_BUDGET_CHECK",
+                format!("call_id must be at most {MAX_CALL_ID_BYTES} bytes"),
+            ));
+        }
+        if estimated_pico_usd < 0 {
+            return Err(ObservabilityError::invalid(
+                "INVALID_BUDGET_CHECK",
+                "estimated_pico_usd must not be negative",
+            ));
+        }
         let tenant_id = match tenant_id {
             "" => ctx.tenant_id.as_str(),
             tenant_id => {
@@ -426,15 +483,30 @@ impl ObservabilityService {
             }
         };
         validate_key_id(key_id)?;
+        let _gate = self.inner.reserve_gate.lock().await;
+        let mut budgeted = false;
         // The tenant's own budget comes first (key '' sorts first).
         for stored in self.inner.store.budgets_for_call(tenant_id, key_id).await? {
+            budgeted = true;
             let budget = self.budget(stored).await?;
-            if budget.exhausted {
+            let reserved = self.reserved(&budget.tenant_id, &budget.key_id);
+            if budget.exhausted || budget.spent_pico_usd.saturating_add(reserved) >= budget.monthly_limit_pico_usd {
                 return Ok(BudgetCheck {
                     allowed: false,
                     exhausted: Some(budget),
                 });
             }
+        }
+        if budgeted && !call_id.is_empty() && estimated_pico_usd > 0 {
+            self.lock_reservations().insert(
+                call_id.to_owned(),
+                Reservation {
+                    tenant_id: tenant_id.to_owned(),
+                    key_id: key_id.to_owned(),
+                    pico_usd: estimated_pico_usd,
+                    expires_at: std::time::Instant::now() + RESERVATION_TTL,
+                },
+            );
         }
         Ok(BudgetCheck {
             allowed: true,
@@ -508,6 +580,38 @@ impl ObservabilityService {
     }
 
     /// Returns a stored budget with what it spent this calendar month (UTC).
+    fn lock_reservations(&self) -> std::sync::MutexGuard<'_, HashMap<String, Reservation>> {
+        self.inner
+            .reservations
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// What the calls in flight under a budget (`key_id` empty: the
+    /// tenant's, any key) reserved; expired reservations go first.
+    fn reserved(&self, tenant_id: &str, key_id: &str) -> i64 {
+        let mut reservations = self.lock_reservations();
+        let now = std::time::Instant::now();
+        reservations.retain(|_, reservation| reservation.expires_at > now);
+        reservations
+            .values()
+            .filter(|reservation| {
+                reservation.tenant_id == tenant_id && (key_id.is_empty() || reservation.key_id == key_id)
+            })
+            .fold(0_i64, |sum, reservation| sum.saturating_add(reservation.pico_usd))
+    }
+
+    /// Ends the reservations of calls the ledger now counts.
+    fn settle(&self, call_ids: &[String]) {
+        let mut reservations = self.lock_reservations();
+        if reservations.is_empty() {
+            return;
+        }
+        for call_id in call_ids {
+            reservations.remove(call_id);
+        }
+    }
+
     async fn budget(&self, stored: StoredBudget) -> Result<Budget, ObservabilityError> {
         let key = SpendKey {
             tenant_id: stored.tenant_id.clone(),

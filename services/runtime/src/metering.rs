@@ -149,8 +149,15 @@ impl Metering {
     }
 
     /// Fails with BUDGET_EXCEEDED when the caller's tenant or key spent its
-    /// monthly budget; tenants without one are not asked about.
-    pub async fn check_budget(&self, ctx: &RequestContext) -> Result<(), RuntimeError> {
+    /// monthly budget, counting the calls in flight; else the call `call_id`
+    /// reserves `estimated_pico_usd` against it until its record arrives.
+    /// Tenants without a budget are not asked about.
+    pub async fn check_budget(
+        &self,
+        ctx: &RequestContext,
+        call_id: &str,
+        estimated_pico_usd: i64,
+    ) -> Result<(), RuntimeError> {
         let key_id = ctx.principal.key_id.as_deref().unwrap_or_default();
         let known = self.inner.budgets_known.load(Ordering::Acquire);
         if known && !self.capped(&ctx.tenant_id, key_id) {
@@ -160,7 +167,10 @@ impl Metering {
         self.wait_sent(&ctx.tenant_id, BUDGET_FLUSH).await;
         let answer = async {
             let own = self.inner.identity.context_for(ctx).await?;
-            self.inner.usages.check_budget(&own, &ctx.tenant_id, key_id).await
+            self.inner
+                .usages
+                .check_budget(&own, &ctx.tenant_id, key_id, call_id, estimated_pico_usd)
+                .await
         }
         .await;
         match answer {
@@ -168,21 +178,22 @@ impl Metering {
             Ok(BudgetAnswer::Exhausted {
                 key_id,
                 monthly_limit_pico_usd,
+                spent,
             }) => {
                 let whose = if key_id.is_empty() {
                     "the tenant's"
                 } else {
                     "this API key's"
                 };
-                Err(ApiError::new(
-                    Code::ResourceExhausted,
-                    "BUDGET_EXCEEDED",
+                let limit = avm_common::money::format_usd(monthly_limit_pico_usd);
+                let message = if spent {
+                    format!("{whose} monthly budget of {limit} USD is spent; no further LLM call is made this month")
+                } else {
                     format!(
-                        "{whose} monthly budget of {} USD is spent; no further LLM call is made this month",
-                        avm_common::money::format_usd(monthly_limit_pico_usd)
-                    ),
-                )
-                .into())
+                        "{whose} monthly budget of {limit} USD is taken by the LLM calls in flight; try again when they end"
+                    )
+                };
+                Err(ApiError::new(Code::ResourceExhausted, "BUDGET_EXCEEDED", message).into())
             }
             // Unknown budgets while the service is away: let the call go,
             // rather than stop every tenant for the sake of a few.

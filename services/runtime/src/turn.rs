@@ -206,8 +206,11 @@ pub(crate) async fn run(
     loop {
         steps += 1;
         let mut reply = Reply::new(&request.model);
-        // Every LLM call is preceded by the budget check; a refused one is not made.
-        let outcome = match ports.metering.check_budget(&ctx).await {
+        // Every LLM call is preceded by the budget check, which reserves its
+        // estimated price until its record settles it; a refused one is not made.
+        let estimate = estimated_price(&llm, &request);
+        let checked = ports.metering.check_budget(&ctx, &reply.message_id, estimate).await;
+        let outcome = match checked {
             Err(refused) => Outcome::Failed(Failure::from(refused)),
             Ok(()) => {
                 let request_chars = request_chars(&request);
@@ -572,6 +575,26 @@ fn request_chars(request: &LlmRequest) -> usize {
 /// input of a call the provider accepted but never counted, the output of a
 /// reply it streamed without a final count. A call the provider refused
 /// outright counts nothing.
+/// The most a call of `request` is expected to bill, which its budget
+/// check reserves: its input at a token per 4 bytes plus `max_tokens` of
+/// output, at the model's price and markup.
+fn estimated_price(llm: &TenantLlm, request: &LlmRequest) -> i64 {
+    let tokens = Tokens {
+        input: estimate_tokens(request_chars(request)),
+        output: u64::from(request.max_tokens),
+        cache_read: 0,
+        cache_write: 0,
+    };
+    charge(
+        &llm.billing,
+        llm.config.provider_kind(),
+        &request.model,
+        tokens,
+        llm.own_key,
+    )
+    .billed_pico_usd
+}
+
 fn usage_record(
     agent: &Agent,
     ctx: &RequestContext,

@@ -6,6 +6,7 @@ mod attack_fence;
 mod attack_history;
 mod attack_keys;
 mod attack_ledger;
+mod attack_quota;
 mod attack_relay;
 mod attack_tenancy;
 mod auth;

@@ -371,6 +371,7 @@ async fn spend_recorded_on_one_observability_replica_counts_on_the_other_within_
     let check = ob::CheckBudgetRequest {
         tenant_id: tenant.tenant_id.clone(),
         key_id: String::new(),
+        ..ob::CheckBudgetRequest::default()
     };
     assert!(service_b.check_budget(check.clone()).await?.into_inner().allowed);
     let now = avm_common::now_ms();

@@ -15,6 +15,7 @@ conformance!(
     key_caps_apply_to_their_key,
     a_new_month_starts_at_zero,
     watchers_see_every_budget_then_each_change,
+    calls_in_flight_hold_their_estimates_until_their_records_come,
 );
 
 fn billed(call_id: &str, tenant_id: &str, key_id: &str, billed_pico_usd: i64) -> UsageRecord {
@@ -321,4 +322,77 @@ async fn announced_spends_count_on_other_replicas_before_their_cache_expires() {
     shutdown.cancel();
     background.await.unwrap();
     replica_background.await.unwrap();
+}
+
+/// Issue 26 item 9: concurrent checks each reserve their call's estimate,
+/// atomically, so only the calls the budget has room for go ahead; a call's
+/// record settles its reservation.
+async fn calls_in_flight_hold_their_estimates_until_their_records_come(h: Harness) {
+    let runtime = service_ctx(A);
+    h.service
+        .set_budget(&admin_ctx(A), "", "", 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    let checks = futures::future::join_all((0..20).map(|n| {
+        let service = h.service.clone();
+        let runtime = runtime.clone();
+        async move {
+            let call_id = format!("call_{n}");
+            let check = service
+                .reserve_budget(&runtime, A, "key_1", &call_id, 600)
+                .await
+                .unwrap();
+            (call_id, check.allowed)
+        }
+    }))
+    .await;
+    let allowed: Vec<&String> = checks
+        .iter()
+        .filter(|(_, allowed)| *allowed)
+        .map(|(id, _)| id)
+        .collect();
+    // The first goes (nothing spent), the second too (600 of 1,000 held),
+    // then the budget is taken: never more than one call past it.
+    assert_eq!(allowed.len(), 2, "{checks:?}");
+    // A plain check counts the reservation too, and so does the key's.
+    assert!(!h.service.check_budget(&runtime, A, "").await.unwrap().allowed);
+
+    // The calls billed less than their estimates: their records free the rest.
+    h.service
+        .record_usage(
+            &runtime,
+            vec![billed(allowed[0], A, "key_1", 300), billed(allowed[1], A, "key_1", 300)],
+        )
+        .await
+        .unwrap();
+    assert!(
+        h.service
+            .reserve_budget(&runtime, A, "", "call_a", 600)
+            .await
+            .unwrap()
+            .allowed
+    );
+    let refused = h.service.reserve_budget(&runtime, A, "", "call_b", 600).await.unwrap();
+    assert!(!refused.allowed);
+    assert_eq!(refused.exhausted.unwrap().spent_pico_usd, 600);
+    // Another tenant's reservations are its own.
+    h.service
+        .set_budget(&admin_ctx(B), "", "", 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        h.service
+            .reserve_budget(&service_ctx(B), B, "", "call_c", 600)
+            .await
+            .unwrap()
+            .allowed
+    );
+
+    let negative = api_err(h.service.reserve_budget(&runtime, A, "", "call_d", -1).await);
+    assert_eq!(
+        (negative.code, negative.reason.as_ref()),
+        (Code::InvalidArgument, "INVALID_BUDGET_CHECK")
+    );
 }

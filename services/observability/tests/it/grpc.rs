@@ -75,6 +75,7 @@ async fn grpc_round_trip_and_typed_errors() {
         .check_budget(pb::CheckBudgetRequest {
             tenant_id: A.to_owned(),
             key_id: "key_1".to_owned(),
+            ..pb::CheckBudgetRequest::default()
         })
         .await
         .unwrap()

@@ -59,10 +59,12 @@ pub struct UsageRecord {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BudgetAnswer {
     Allowed,
-    /// The tenant's (or, with a key id, the key's) monthly budget is spent.
+    /// The tenant's (or, with a key id, the key's) monthly budget is spent,
+    /// or (`spent` false) taken by the reservations of calls in flight.
     Exhausted {
         key_id: String,
         monthly_limit_pico_usd: i64,
+        spent: bool,
     },
 }
 
@@ -97,16 +99,22 @@ impl Usages {
         Ok(())
     }
 
-    /// Asks whether a tenant (and key) may make another call this month.
+    /// Asks whether a tenant (and key) may make the call `call_id` this
+    /// month; an allowed call's `estimated_pico_usd` stays reserved against
+    /// its budgets until its usage record arrives.
     pub async fn check_budget(
         &self,
         ctx: &RequestContext,
         tenant_id: &str,
         key_id: &str,
+        call_id: &str,
+        estimated_pico_usd: i64,
     ) -> Result<BudgetAnswer, RuntimeError> {
         let request = ctx.request(pb::CheckBudgetRequest {
             tenant_id: tenant_id.to_owned(),
             key_id: key_id.to_owned(),
+            call_id: call_id.to_owned(),
+            estimated_pico_usd,
         });
         let answer = self.service.check_budget(request).await?.into_inner();
         if answer.allowed {
@@ -116,6 +124,7 @@ impl Usages {
         Ok(BudgetAnswer::Exhausted {
             key_id: budget.key_id,
             monthly_limit_pico_usd: budget.monthly_limit_pico_usd,
+            spent: budget.exhausted,
         })
     }
 
