@@ -170,7 +170,7 @@ def seed(url: str, key: str) -> dict[str, list[str]]:
         url, key, "POST", "/v1/resources",
         {"kind": "prompt", "name": "fuzz", "version": "1.0.0", "content": {"template": "hello {{name}}", "variables": [{"name": "name", "default": "you"}]}},
     )["resource"]["resourceId"]
-    call(url, key, "PUT", "/v1/credentials/fuzz", {"bearerToken": "fuzz-token"})
+    call(url, key, "PUT", "/v1/credentials/fuzz", {"bearerToken": "fuzz-token", "url": "https://mcp.example.com/mcp"})
     return {
         "containers": ["fuzz"],
         "images": [image],
