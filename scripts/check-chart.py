@@ -72,7 +72,7 @@ EVERYTHING = {
     "extraEnv": [{"name": "TZ", "value": "UTC"}],
     "runtime": {"autoscaling": {"customMetric": {"enabled": True}},
                 "workspaceStore": {"url": "s3://bucket/prefix", "existingSecret": "aws"},
-                "sandbox": {"isolate": True, "network": False, "hide": ["/srv"]},
+                "sandbox": {"isolate": True, "network": False, "expose": ["/opt/tools"]},
                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                 "extraConfig": "[runtime.fetch]\nallow = [\"wiki.internal\"]\n"},
     "gateway": {"pdb": {"enabled": True, "minAvailable": 2}},
