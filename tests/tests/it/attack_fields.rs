@@ -4,11 +4,21 @@
 //! - item 22: a field the request does not know (`sytemPrompt` for
 //!   `systemPrompt`) is refused with `UNKNOWN_FIELD` naming it, over REST and
 //!   over the WebSocket, and nothing is created; the same body spelt right
-//!   still works.
+//!   still works;
+//! - item 16, the WebSocket part: a frame the transport refuses closes the
+//!   connection with the code RFC 6455 names for it (1002 a protocol error,
+//!   1007 text that is not UTF-8), not always 1009 "frame too large".
 
+use std::time::Duration;
+
+use anyhow::{Context, bail};
 use avm_tests::cluster::Mode;
 use avm_tests::ws_client::WsClient;
+use futures::StreamExt;
 use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, connect_async};
 
 use crate::both_modes;
 use crate::support::{call, cluster};
@@ -181,5 +191,52 @@ async fn unknown_fields(mode: Mode) -> anyhow::Result<()> {
     .await?;
     assert_eq!(status, 200, "{budget}");
     assert_eq!(image_count(&cluster).await?, before + 2);
+    Ok(())
+}
+
+both_modes!(refused_websocket_frames_close_with_their_own_code, close_codes);
+
+/// Writes `raw` (one hand-built frame) on an authenticated WebSocket and
+/// returns the code of the close the server answers with.
+async fn close_code_for(url: &str, raw: &[u8]) -> anyhow::Result<u16> {
+    let (mut socket, _) = connect_async(url).await.context("connect")?;
+    match socket.get_mut() {
+        MaybeTlsStream::Plain(tcp) => tcp.write_all(raw).await?,
+        _ => bail!("the test cluster speaks plain TCP"),
+    }
+    // The server's own deadline bounds this; the timeout only keeps a broken
+    // server from hanging the test.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(message) = socket.next().await {
+            match message {
+                Ok(Message::Close(Some(frame))) => return Ok(u16::from(frame.code)),
+                Ok(Message::Close(None)) => bail!("closed without a code"),
+                Ok(_) => {}
+                Err(err) => bail!("the connection broke without a close frame: {err}"),
+            }
+        }
+        bail!("the connection ended without a close frame")
+    })
+    .await
+    .context("no close within 10 s")?
+}
+
+async fn close_codes(mode: Mode) -> anyhow::Result<()> {
+    let cluster = cluster(mode).await?;
+    let url = cluster.ws_url();
+    // A masked text frame (mask key 0, so the payload is as written) whose
+    // payload is not UTF-8.
+    let not_utf8 = [0x81, 0x80 | 2, 0, 0, 0, 0, 0xff, 0xfe];
+    assert_eq!(close_code_for(&url, &not_utf8).await?, 1007, "text that is not UTF-8");
+    // A text frame with a reserved bit set, no extension negotiated.
+    let reserved_bit = [0x81 | 0x40, 0x80 | 1, 0, 0, 0, 0, b'x'];
+    assert_eq!(close_code_for(&url, &reserved_bit).await?, 1002, "a reserved bit");
+    // A client frame without a mask.
+    let unmasked = [0x81, 1, b'x'];
+    assert_eq!(close_code_for(&url, &unmasked).await?, 1002, "an unmasked client frame");
+    // The gateway lives on and still answers.
+    let mut client = WsClient::connect(&url).await?;
+    let answer = client.request("container_list", json!({})).await?;
+    assert!(answer.get("code").is_none(), "{answer}");
     Ok(())
 }
