@@ -35,7 +35,7 @@ pub fn frame_type(frame: &Value) -> Result<&str, ApiError> {
 
 /// Returns a `<x>_request` frame's `data.requestId` (null when absent, so
 /// even a refused request is answered with what the client sent) and its
-/// `data`, or why the request cannot run.
+/// `data` without the `requestId`, or why the request cannot run.
 pub fn request_data(frame: &Value) -> (Value, Result<Value, ApiError>) {
     let data = frame.get("data").cloned().unwrap_or(Value::Null);
     let request_id = data.get("requestId").cloned().unwrap_or(Value::Null);
@@ -46,6 +46,12 @@ pub fn request_data(frame: &Value) -> (Value, Result<Value, ApiError>) {
     if !data.is_object() {
         let err = ApiError::invalid("INVALID_DATA", "`data` must be an object");
         return (request_id, Err(err));
+    }
+    // The request id is the envelope's, not the operation's: it leaves
+    // `data` so each request type can refuse every field it does not know.
+    let mut data = data;
+    if let Some(fields) = data.as_object_mut() {
+        fields.remove("requestId");
     }
     (request_id, Ok(data))
 }

@@ -13,7 +13,7 @@ use crate::peers::Peers;
 
 /// Request and token limits; 0 means unlimited.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", default, expecting = "an object")]
+#[serde(rename_all = "camelCase", default, expecting = "an object", deny_unknown_fields)]
 pub struct Limits {
     #[serde(deserialize_with = "per_minute")]
     pub requests_per_minute: u32,
@@ -156,7 +156,7 @@ impl From<pb::ApiKey> for ApiKey {
 
 /// A new tenant (`POST /v1/tenants`, operators).
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewTenant {
     pub name: String,
     #[serde(default)]
@@ -184,7 +184,7 @@ pub struct TenantList {
 
 /// The changes to a tenant.
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct TenantUpdate {
     pub name: Option<String>,
     pub limits: Option<Limits>,
@@ -200,6 +200,7 @@ pub struct TenantDeleted {
 
 /// A new user of a tenant.
 #[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct NewUser {
     pub name: String,
     /// `member` (the default) or `admin`.
@@ -245,7 +246,7 @@ pub struct UserDeleted {
 
 /// A new API key.
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct NewKey {
     /// The user it speaks for (default: the caller).
     pub user_id: Option<String>,
@@ -294,7 +295,7 @@ pub struct KeyList {
 /// What to exchange for an access token: an API key or a token of the
 /// configured OIDC issuer (or neither, with the key in `Authorization`).
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct TokenRequest {
     pub api_key: Option<String>,
     pub subject_token: Option<String>,
@@ -336,7 +337,7 @@ pub struct CallerLimits {
 /// Whose token quota to show (operators may name another tenant). Other
 /// fields are ignored: the WebSocket request also carries its `requestId`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct QuotaQuery {
     pub tenant_id: Option<String>,

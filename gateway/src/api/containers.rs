@@ -12,7 +12,7 @@ use crate::peers::Peers;
 
 /// Names a container (`POST /v1/containers`, `container_create_request`).
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ContainerRef {
     /// Chosen by the client: 1 to 128 letters, digits and `. _ : @ -`.
     pub container_id: String,
@@ -55,7 +55,7 @@ pub struct ContainerDeleted {
 
 /// Names the user to share a container with, and their role.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ShareRequest {
     pub user_id: String,
     /// What they may do; `use` when absent. Sharing again changes it.

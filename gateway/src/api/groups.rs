@@ -71,7 +71,7 @@ impl MemberKind {
 
 /// Names a group member, or a message's sender.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase", expecting = "an object")]
+#[serde(rename_all = "camelCase", expecting = "an object", deny_unknown_fields)]
 pub struct MemberRef {
     pub kind: MemberKind,
     /// The image id of an agent, the user id of a user.
@@ -105,7 +105,7 @@ impl From<ss::GroupMemberRef> for MemberRef {
 
 /// A new group (the body of `POST /v1/containers/{id}/groups`).
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", expecting = "an object")]
+#[serde(rename_all = "camelCase", expecting = "an object", deny_unknown_fields)]
 pub struct NewGroup {
     /// 1 to 256 characters.
     pub name: String,
@@ -121,7 +121,7 @@ pub struct NewGroup {
 
 /// The changes to a group; absent fields stay as they are.
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", default, expecting = "an object")]
+#[serde(rename_all = "camelCase", default, expecting = "an object", deny_unknown_fields)]
 pub struct GroupUpdate {
     /// 1 to 256 characters.
     pub name: Option<String>,
@@ -164,7 +164,7 @@ impl From<ss::Group> for Group {
 
 /// Which page of a container's groups.
 #[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct GroupPageQuery {
     /// Most groups to return: default 50, at most 500.
@@ -267,7 +267,7 @@ impl GroupMessage {
 
 /// A message the caller posts into a group, as themself.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", expecting = "an object")]
+#[serde(rename_all = "camelCase", expecting = "an object", deny_unknown_fields)]
 pub struct NewGroupMessage {
     /// Text, not blank.
     pub content: String,
@@ -282,7 +282,7 @@ pub struct NewGroupMessage {
 
 /// Where to read a group's messages.
 #[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct MessageQuery {
     /// Messages with a greater seq; default 0, from the first.
@@ -301,7 +301,7 @@ pub struct GroupMessageList {
 
 /// How far the caller has read (the body of `POST /v1/groups/{groupId}/read`).
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", default, expecting = "an object")]
+#[serde(rename_all = "camelCase", default, expecting = "an object", deny_unknown_fields)]
 pub struct ReadMark {
     /// The seq of the last message read; absent means the newest. A cursor
     /// never moves back nor past the newest message.
@@ -310,7 +310,7 @@ pub struct ReadMark {
 
 /// How many unread messages to return with the caller's unread groups.
 #[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct UnreadQuery {
     /// Unread messages per group, oldest first: default 0 (counts only), at most 1000.

@@ -19,7 +19,7 @@ use crate::peers::Peers;
 /// Settings of a new image (the body of `POST /v1/containers/{id}/images`,
 /// the `config` of `image_create_request`).
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", default, expecting = "an object")]
+#[serde(rename_all = "camelCase", default, expecting = "an object", deny_unknown_fields)]
 pub struct ImageConfig {
     /// Defaults to "New Conversation".
     pub name: Option<String>,
@@ -44,7 +44,7 @@ pub struct ImageConfig {
 
 /// The changes to an image; absent fields stay as they are.
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(default, expecting = "an object")]
+#[serde(default, expecting = "an object", deny_unknown_fields)]
 pub struct ImageUpdate {
     pub name: Option<String>,
     /// An empty description clears it.
@@ -194,6 +194,7 @@ pub struct Interrupted {
 
 /// A user message for an image.
 #[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct NewMessage {
     /// A string, or a list of parts (`{type:"text",text}`,
     /// `{type:"image",data,mediaType}`, `{type:"file",data,mediaType,filename?}`).

@@ -87,6 +87,10 @@ fn field_error(path: &str, message: &str) -> ApiError {
     {
         let field = if path.ends_with(name) { path } else { name };
         let known = expected.trim_start_matches(", expected ").trim_start_matches("one of ");
+        // A type that flattens another names no known fields in its error.
+        if known.is_empty() {
+            return ApiError::invalid("UNKNOWN_FIELD", format!("{field} is not a field here"));
+        }
         return ApiError::invalid("UNKNOWN_FIELD", format!("{field} is not a field here (known: {known})"));
     }
     if message.starts_with("invalid type: null") {

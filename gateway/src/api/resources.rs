@@ -75,7 +75,7 @@ impl Kind {
 
 /// A new resource with its first version (`POST /v1/resources`).
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RegisterResource {
     pub kind: Kind,
     pub name: String,
@@ -97,7 +97,7 @@ pub struct RegisterResource {
 
 /// A new version of a resource (`PUT /v1/resources/{id}`).
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PublishVersion {
     pub version: String,
     pub content: JsonObject,
@@ -146,6 +146,7 @@ pub struct ResolveQuery {
 
 /// A URI to resolve and the prompt's variables, as a body.
 #[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ResolveRequest {
     pub uri: String,
     #[serde(default, deserialize_with = "variables")]

@@ -244,7 +244,7 @@ pub struct BudgetList {
 
 /// A budget to set; a limit of 0 removes it.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewBudget {
     /// Dollars, as a string (`"25.00"`) or a number.
     #[serde(deserialize_with = "dollars")]

@@ -72,7 +72,7 @@ pub struct WorkspaceFile {
 
 /// A file to write over the WebSocket.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkspaceUpload {
     pub path: String,
     pub content: String,

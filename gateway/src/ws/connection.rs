@@ -51,6 +51,35 @@ enum Exit {
     Close(u16, Cow<'static, str>),
 }
 
+/// Returns the close code (RFC 6455, 7.4.1), its reason and the typed error
+/// for a frame the transport refused: 1009 beyond the size limit, 1007 for
+/// a text frame that is not UTF-8, 1002 for a frame that breaks the
+/// protocol; `None` when the stream itself broke and nothing can be said.
+fn read_failure(err: axum::Error, limit: usize) -> Option<(u16, &'static str, ApiError)> {
+    use tokio_tungstenite::tungstenite::Error as WsError;
+    match *err.into_inner().downcast::<WsError>().ok()? {
+        WsError::Capacity(_) => Some((
+            close_code::SIZE,
+            "frame too large",
+            ApiError::invalid("FRAME_TOO_LARGE", format!("frame exceeds the limit of {limit} bytes")),
+        )),
+        WsError::Utf8(_) => Some((
+            close_code::INVALID,
+            "invalid UTF-8",
+            ApiError::invalid("INVALID_UTF8", "text frames must be UTF-8"),
+        )),
+        WsError::Protocol(protocol) => Some((
+            close_code::PROTOCOL,
+            "protocol error",
+            ApiError::invalid(
+                "PROTOCOL_ERROR",
+                format!("the frame breaks the WebSocket protocol: {protocol}"),
+            ),
+        )),
+        _ => None,
+    }
+}
+
 /// Returns the close of a connection whose credential is missing or refused:
 /// 1008 with the error as a JSON reason (kept within the 123-byte limit).
 fn auth_close(err: &ApiError) -> Exit {
@@ -280,13 +309,14 @@ impl Connection {
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => return Ok(()),
             Some(Ok(Message::Close(_))) => return Err(Exit::Closed),
             Some(Err(err)) => {
-                // The transport refused the frame (beyond the hard size limit) or the
-                // stream broke; a typed error goes out before the close when possible.
+                // The transport refused the frame or the stream broke; a refused
+                // frame gets a typed error before the close RFC 6455 names for it.
                 tracing::debug!(conn_id = %self.id, error = %err, "websocket read failed");
-                let limit = self.state.config.max_frame_bytes;
-                let err = ApiError::invalid("FRAME_TOO_LARGE", format!("frame exceeds the limit of {limit} bytes"));
+                let Some((code, reason, err)) = read_failure(err, self.state.config.max_frame_bytes) else {
+                    return Err(Exit::Closed);
+                };
                 let _ = self.send(socket, system_error_frame(&err, None)).await;
-                return Err(Exit::Close(close_code::SIZE, "frame too large".into()));
+                return Err(Exit::Close(code, reason.into()));
             }
         };
         let limit = self.state.config.max_frame_bytes;

@@ -24,14 +24,14 @@ use crate::peers::Peers;
 
 /// Names an image.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ImageRef {
     image_id: String,
 }
 
 /// Names a file or directory of an image's workspace.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct WorkspaceRef {
     image_id: String,
     #[serde(default)]
@@ -40,7 +40,7 @@ struct WorkspaceRef {
 
 /// `workspace_write_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct WorkspaceWrite {
     image_id: String,
     #[serde(flatten)]
@@ -49,14 +49,14 @@ struct WorkspaceWrite {
 
 /// Names an agent.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct AgentRef {
     agent_id: String,
 }
 
 /// Names an agent by its image or its own id (the image wins).
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct TargetRef {
     image_id: Option<String>,
     agent_id: Option<String>,
@@ -74,7 +74,7 @@ impl TargetRef {
 
 /// `image_create_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ImageCreate {
     container_id: String,
     #[serde(default)]
@@ -83,7 +83,7 @@ struct ImageCreate {
 
 /// `image_list_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ImageFilter {
     container_id: Option<String>,
     parent_image_id: Option<String>,
@@ -91,7 +91,7 @@ struct ImageFilter {
 
 /// `credential_set_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct CredentialSet {
     server: String,
     scope: Option<String>,
@@ -102,7 +102,7 @@ struct CredentialSet {
 
 /// `credential_delete_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct CredentialRef {
     server: String,
     scope: Option<String>,
@@ -110,7 +110,7 @@ struct CredentialRef {
 
 /// `image_update_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ImageChange {
     image_id: String,
     updates: ImageUpdate,
@@ -118,7 +118,7 @@ struct ImageChange {
 
 /// `message_send_request` data: the image (or, as AgentX once did, its agent) and the content.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MessageSend {
     image_id: Option<String>,
     agent_id: Option<String>,
@@ -127,14 +127,14 @@ pub struct MessageSend {
 
 /// Names a group.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct GroupRef {
     group_id: String,
 }
 
 /// `group_create_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct GroupCreate {
     container_id: String,
     #[serde(flatten)]
@@ -143,7 +143,7 @@ struct GroupCreate {
 
 /// `group_list_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct GroupListing {
     container_id: String,
     #[serde(flatten)]
@@ -152,7 +152,7 @@ struct GroupListing {
 
 /// `group_update_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct GroupChange {
     group_id: String,
     updates: GroupUpdate,
@@ -160,7 +160,7 @@ struct GroupChange {
 
 /// `group_member_add_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct GroupMemberAdd {
     group_id: String,
     #[serde(flatten)]
@@ -169,7 +169,7 @@ struct GroupMemberAdd {
 
 /// `group_member_remove_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct GroupMemberRemove {
     group_id: String,
     member_id: String,
@@ -177,7 +177,7 @@ struct GroupMemberRemove {
 
 /// `group_message_send_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct GroupMessageSend {
     group_id: String,
     #[serde(flatten)]
@@ -186,7 +186,7 @@ struct GroupMessageSend {
 
 /// `group_message_list_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct GroupMessageListing {
     group_id: String,
     after_seq: Option<u64>,
@@ -195,7 +195,7 @@ struct GroupMessageListing {
 
 /// `group_read_request` data.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct GroupRead {
     group_id: String,
     #[serde(flatten)]

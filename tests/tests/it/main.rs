@@ -3,6 +3,7 @@
 
 mod attack_edge;
 mod attack_fence;
+mod attack_fields;
 mod attack_history;
 mod attack_keys;
 mod attack_ledger;
