@@ -159,7 +159,7 @@ def call(url: str, key: str, method: str, path: str, body: dict | None = None) -
 def seed(url: str, key: str) -> dict[str, list[str]]:
     """Makes one of each thing a route names by id; returns the ids by kind."""
     call(url, key, "POST", "/v1/containers", {"containerId": "fuzz"})
-    image = call(url, key, "POST", "/v1/containers/fuzz/images", {"config": {"name": "fuzz"}})["imageId"]
+    image = call(url, key, "POST", "/v1/containers/fuzz/images", {"name": "fuzz"})["imageId"]
     agent = call(url, key, "POST", f"/v1/images/{image}/run")["agentId"]
     tenant = call(url, key, "POST", "/v1/tenants", {"name": "fuzz", "adminName": "fuzz admin"})
     tenant_id = tenant["tenant"]["tenantId"]
