@@ -62,6 +62,12 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
+    /// Returns the gateway's own service credential, for lookups a caller
+    /// may not make itself (whether a user exists in the caller's tenant).
+    pub fn identity(&self) -> &ServiceIdentity {
+        &self.identity
+    }
+
     /// Returns an authenticator verifying with `verifier` (which follows
     /// the auth events as `identity`) and exchanging at `identity`'s auth service.
     pub fn new(verifier: TokenVerifier, identity: ServiceIdentity, external: bool) -> Self {

@@ -1,13 +1,14 @@
 //! Containers: a tenant's isolation units, their ids chosen by the client,
 //! and the users they are shared with.
 
+use avm_common::auth::ServiceIdentity;
 use avm_common::{ApiError, RequestContext};
 use avm_proto::runtime::v1 as rt;
 use avm_proto::session::v1 as ss;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::missing;
+use super::{missing, require_tenant_user};
 use crate::peers::Peers;
 
 /// Names a container (`POST /v1/containers`, `container_create_request`).
@@ -164,13 +165,20 @@ pub async fn delete(peers: &Peers, ctx: &RequestContext, container_id: String) -
     })
 }
 
-/// Shares a container with a user of the caller's tenant.
+/// Shares a container with a user of the caller's tenant. Another tenant's
+/// user and a missing one answer alike, `USER_NOT_FOUND`, after a container
+/// the caller may not see; `identity` looks the user up, since a member may
+/// not see the tenant's other users itself.
 pub async fn share(
     peers: &Peers,
+    identity: &ServiceIdentity,
     ctx: &RequestContext,
     container_id: String,
     request: ShareRequest,
 ) -> Result<ShareState, ApiError> {
+    get(peers, ctx, container_id.clone()).await?;
+    let lookup = identity.context_for(ctx).await?;
+    require_tenant_user(peers, &lookup, &request.user_id).await?;
     let role = request.role.unwrap_or(ShareRole::Use);
     let call = ctx.request(ss::ShareContainerRequest {
         container_id: container_id.clone(),

@@ -7,14 +7,13 @@
 
 use avm_common::auth::Role;
 use avm_common::{ApiError, RequestContext};
-use avm_proto::auth::v1 as au;
 use avm_proto::runtime::v1 as rt;
 use avm_proto::session::v1 as ss;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::images::EventStream;
-use super::missing;
+use super::{missing, require_tenant_user};
 use crate::peers::Peers;
 
 /// Which agent members a group message wakes.
@@ -441,22 +440,7 @@ async fn check_user_member(peers: &Peers, ctx: &RequestContext, member: &MemberR
     if member.kind != MemberKind::User || member.member_id == ctx.principal.user_id {
         return Ok(());
     }
-    let call = ctx.request(au::GetUserRequest {
-        user_id: member.member_id.clone(),
-    });
-    let user = match peers.auth.get_user(call).await {
-        Ok(found) => found.into_inner().user,
-        Err(status) if status.code() == tonic::Code::NotFound => None,
-        Err(status) => return Err(ApiError::from_status(&status)),
-    };
-    match user {
-        Some(user) if user.tenant_id == ctx.tenant_id => Ok(()),
-        _ => Err(ApiError::new(
-            avm_common::Code::NotFound,
-            "USER_NOT_FOUND",
-            format!("user {} not found", member.member_id),
-        )),
-    }
+    require_tenant_user(peers, ctx, &member.member_id).await
 }
 
 /// Adds an agent or a user (of the caller's tenant) to a group.

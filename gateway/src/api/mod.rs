@@ -129,6 +129,32 @@ fn unexpected(value: &Value) -> Unexpected<'_> {
     }
 }
 
+/// Succeeds when `user_id` is a user of the caller's tenant, as `ctx` sees
+/// it; another tenant's user and a missing one answer alike,
+/// `USER_NOT_FOUND`, so an id of another tenant says nothing.
+pub(crate) async fn require_tenant_user(
+    peers: &crate::peers::Peers,
+    ctx: &avm_common::RequestContext,
+    user_id: &str,
+) -> Result<(), ApiError> {
+    let call = ctx.request(avm_proto::auth::v1::GetUserRequest {
+        user_id: user_id.to_owned(),
+    });
+    let user = match peers.auth.get_user(call).await {
+        Ok(found) => found.into_inner().user,
+        Err(status) if status.code() == tonic::Code::NotFound => None,
+        Err(status) => return Err(ApiError::from_status(&status)),
+    };
+    match user {
+        Some(user) if user.tenant_id == ctx.tenant_id => Ok(()),
+        _ => Err(ApiError::new(
+            avm_common::Code::NotFound,
+            "USER_NOT_FOUND",
+            format!("user {user_id} not found"),
+        )),
+    }
+}
+
 /// Returns the error of a service that answered without the object it owes.
 pub(crate) fn missing(what: &str) -> ApiError {
     ApiError::internal(format!("the service returned no {what}"))

@@ -66,7 +66,8 @@ pub async fn share_container(
     Path(id): Path<String>,
     Body(request): Body<ShareRequest>,
 ) -> Response {
-    ok(&ctx, containers::share(&state.peers, &ctx, id, request).await)
+    let identity = state.auth.identity();
+    ok(&ctx, containers::share(&state.peers, identity, &ctx, id, request).await)
 }
 
 #[utoipa::path(get, path = "/v1/containers/{id}/shares", tag = "containers", params(("id" = String, Path)),

@@ -8,7 +8,9 @@
 //! - item 17: a share has a role (read, use, manage; `use` by default): a
 //!   user a container is shared with terminates, edits and deletes the
 //!   owner's agents, images and groups only with `manage`, and sends
-//!   messages only with `use` or more.
+//!   messages only with `use` or more;
+//! - item 14 (shares): a share for another tenant's user or a missing user
+//!   answers exactly as a missing user does, and stores nothing.
 
 use anyhow::{Context, ensure};
 use avm_proto::session::v1 as ss;
@@ -598,4 +600,67 @@ async fn snapshot_rest(cluster: &Cluster, key: &str, image_id: &str, group_id: &
     let (_, group) = rest(cluster, key, "GET", &format!("/v1/groups/{group_id}"), None).await?;
     let (_, members) = rest(cluster, key, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
     Ok(json!({"image": image, "group": group, "members": members}))
+}
+
+both_modes!(
+    a_share_for_a_foreign_or_missing_user_answers_like_a_missing_id,
+    foreign_shares
+);
+
+/// Issue 26 item 14 (shares): a member shares their container with another
+/// tenant's user and with a user that does not exist: both answer exactly
+/// as a missing user does (404 `USER_NOT_FOUND`, the same message shape),
+/// and no share is stored; a user of their own tenant is shared with.
+async fn foreign_shares(mode: Mode) -> anyhow::Result<()> {
+    let cluster = cluster(mode).await?;
+    let tenant = create_tenant(&cluster, "sharer", None).await?;
+    let owner = create_user(&cluster, &tenant, "olivia", "member").await?;
+    let colleague = create_user(&cluster, &tenant, "colin", "member").await?;
+    let other = create_tenant(&cluster, "elsewhere", None).await?;
+    let stranger = create_user(&cluster, &other, "sue", "member").await?;
+    let (status, body) = rest(
+        &cluster,
+        &owner.key,
+        "POST",
+        "/v1/containers",
+        Some(json!({"containerId": "box"})),
+    )
+    .await?;
+    ensure!(status == 201, "container: {status} {body}");
+
+    let missing = format!("usr_{}", "0".repeat(32));
+    let mut answers = Vec::new();
+    for user_id in [stranger.user_id.as_str(), missing.as_str()] {
+        let (status, body) = rest(
+            &cluster,
+            &owner.key,
+            "POST",
+            "/v1/containers/box/shares",
+            Some(json!({"userId": user_id})),
+        )
+        .await?;
+        let message = body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .replace(user_id, "<id>");
+        answers.push((status, body["error"]["code"].clone(), message));
+    }
+    assert_eq!(answers[0].0, 404, "a foreign user: {answers:?}");
+    assert_eq!(answers[0].1, "USER_NOT_FOUND", "{answers:?}");
+    assert_eq!(answers[0], answers[1], "a foreign user answers as a missing one");
+
+    let (status, shares) = rest(&cluster, &owner.key, "GET", "/v1/containers/box/shares", None).await?;
+    ensure!(status == 200, "shares: {status} {shares}");
+    assert_eq!(shares["shares"], json!([]), "nothing was stored");
+
+    let (status, shared) = rest(
+        &cluster,
+        &owner.key,
+        "POST",
+        "/v1/containers/box/shares",
+        Some(json!({"userId": colleague.user_id})),
+    )
+    .await?;
+    assert_eq!(status, 200, "a colleague is shared with: {shared}");
+    Ok(())
 }
