@@ -13,7 +13,7 @@ use crate::schema::{self, KeySpec};
 use avm_common::RequestContext;
 use avm_common::auth::{Role, Scopes};
 use avm_common::config::REDACTED;
-use avm_common::settings::{LLM_API_KEY, LLM_BASE_URL, LLM_MODEL, LLM_PROVIDER};
+use avm_common::settings::{LLM_API_KEY, LLM_BASE_URL, LLM_PROVIDER};
 use avm_store::events::EventBus;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt, future};
@@ -32,7 +32,7 @@ const FEED_READY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most keys one update may change.
 pub const MAX_VALUES_PER_UPDATE: usize = 100;
 
-/// The provider (and model) that answers without a network.
+/// The provider that answers without a network.
 const OFFLINE_PROVIDER: &str = "offline";
 
 /// The deployment's layers as the binary loaded them: flat trees of dotted
@@ -449,15 +449,16 @@ fn answering_provider(entries: &[EntryView]) -> String {
     match value(LLM_PROVIDER).and_then(Value::as_str) {
         Some(provider) => provider.to_owned(),
         None if value(LLM_API_KEY).is_some_and(|key| !key.is_null()) => "anthropic".to_owned(),
-        None => "offline".to_owned(),
+        None => OFFLINE_PROVIDER.to_owned(),
     }
 }
 
 /// Makes the LLM entries say what a turn runs with, so `GET /v1/config`
 /// shows the caller the values their own turns use: the provider that
-/// answers (an unset one resolved), no inherited API root for a tenant that
-/// chose another provider than the system's (the root belongs to that
-/// provider), and the offline provider's own model name.
+/// answers (an unset one resolved), and no inherited API root for a tenant
+/// that chose another provider than the system's (the root belongs to that
+/// provider). The model stays as set: the offline provider answers as
+/// `offline` whatever it says, and its replies and records say so.
 fn resolve_llm(entries: &mut [EntryView], system_provider: Option<&str>) {
     let provider = answering_provider(entries);
     for entry in entries.iter_mut() {
@@ -468,7 +469,6 @@ fn resolve_llm(entries: &mut [EntryView], system_provider: Option<&str>) {
             {
                 entry.value = Value::Null;
             }
-            LLM_MODEL if provider == OFFLINE_PROVIDER => entry.value = Value::String(OFFLINE_PROVIDER.to_owned()),
             _ => {}
         }
     }
