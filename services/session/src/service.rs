@@ -812,6 +812,7 @@ fn check_author(ctx: &RequestContext, message: &NewMessage) -> Result<(), Sessio
     if ctx.principal.role == Role::Service {
         return Ok(());
     }
+    check_user_message_id(&message.message_id)?;
     if !matches!(message.body, MessageBody::User { .. }) {
         return Err(SessionError::Denied(ApiError::new(
             Code::PermissionDenied,
@@ -827,6 +828,21 @@ fn check_author(ctx: &RequestContext, message: &NewMessage) -> Result<(), Sessio
             "CREATED_AT_NOT_ALLOWED",
             "the service stamps a user's message with its own time; leave created_at_ms unset",
         ));
+    }
+    Ok(())
+}
+
+/// Refuses a user's message id in a form the runtime writes under (a lost
+/// turn's marker `<id>.lost`, an agent's group reply `reply.<member>.<seq>`):
+/// claimed first, the runtime's idempotent write would keep the user's
+/// message in place of its own (issue 26 item 7).
+pub(crate) fn check_user_message_id(message_id: &str) -> Result<(), SessionError> {
+    if message_id.ends_with(".lost") || message_id.starts_with("reply.") {
+        return Err(SessionError::Denied(ApiError::new(
+            Code::PermissionDenied,
+            "RUNTIME_MESSAGE_ID",
+            "ids ending in .lost or starting with reply. are the runtime's; choose another message id",
+        )));
     }
     Ok(())
 }

@@ -3,8 +3,9 @@
 //!
 //! - item 7: over gRPC a user cannot forge history: no assistant, error or
 //!   tool message, no chosen `created_at`, no post as an agent member of a
-//!   group, no other member's read cursor, no agent error state; only the
-//!   runtime (a service principal) writes those;
+//!   group, no other member's read cursor, no agent error state, no id the
+//!   runtime writes under (a lost turn's marker, an agent's reply) claimed
+//!   ahead; only the runtime (a service principal) writes those;
 //! - item 17: a share has a role (read, use, manage; `use` by default): a
 //!   user a container is shared with terminates, edits and deletes the
 //!   owner's agents, images and groups only with `manage`, and sends
@@ -259,6 +260,10 @@ async fn forged_history(mode: Mode) -> anyhow::Result<()> {
                     user_text("I will say this"),
                 ),
             ),
+            (
+                "a user message under a lost turn's marker id, claimed ahead",
+                message(&format!("msg_{who}_next.lost"), 0, user_text("nothing was lost")),
+            ),
         ];
         for (what, forged) in forged {
             let answer = grpc
@@ -280,6 +285,16 @@ async fn forged_history(mode: Mode) -> anyhow::Result<()> {
             })
             .await;
         refused(&mut problems, &format!("{who} posts as the agent"), answer);
+        let answer = grpc
+            .post_group_message(ss::PostGroupMessageRequest {
+                group_id: group_id.clone(),
+                message_id: format!("reply.{}.99", chat.image_id),
+                sender: member(ss::GroupMemberKind::User, &attacker.user_id),
+                content: "claimed ahead: the agent's reply would be dropped".into(),
+                mentions: Vec::new(),
+            })
+            .await;
+        refused(&mut problems, &format!("{who} claims an agent's reply id"), answer);
 
         let other_user = if attacker.user_id == mallory.user_id {
             &tenant.admin.user_id

@@ -10,7 +10,9 @@ use avm_common::ids::new_id;
 use avm_common::{ApiError, Code, RequestContext, now_ms};
 use tracing::instrument;
 
-use super::{MAX_MESSAGE_BYTES, MAX_NAME_CHARS, allow, is_valid_client_id, scope, validate_container_id};
+use super::{
+    MAX_MESSAGE_BYTES, MAX_NAME_CHARS, allow, check_user_message_id, is_valid_client_id, scope, validate_container_id,
+};
 use crate::error::SessionError;
 use crate::record::{
     GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupPage, GroupRecord, GroupUpdate, MemberKind, MemberRef,
@@ -270,6 +272,9 @@ impl SessionService {
                         "INVALID_MESSAGE_ID",
                         "message id must be 1 to 128 characters of letters, digits and . _ : @ -",
                     ));
+                }
+                if ctx.principal.role != Role::Service {
+                    check_user_message_id(id)?;
                 }
                 id.to_owned()
             }
