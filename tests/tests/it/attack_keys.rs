@@ -12,7 +12,6 @@
 //! - item 21: a gateway whose service key the auth service refuses says it
 //!   is not ready, and says why.
 
-use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
@@ -27,27 +26,11 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::both_modes;
-use crate::support::{SseStream, call_as, cluster, conversation, serve, stop};
+use crate::support::{SseStream, call_as, cluster, conversation, poll, serve, stop};
 
 /// How long something promised "within seconds" may take on a loaded two-core
 /// machine running both cluster modes.
 const WITHIN_SECONDS: Duration = Duration::from_secs(10);
-
-/// Polls `check` until it gives a value or `limit` passes.
-async fn poll<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = check().await? {
-            return Ok(value);
-        }
-        ensure!(Instant::now() < deadline, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// Sends a frame the server answers at once, in frame order, with a
 /// `system_error` (`subscribe` without a session), and returns every frame

@@ -6,8 +6,7 @@
 //!   `conversation_end`, and the next message works; a client that stops
 //!   reading is cut, and the turn still ends and stores its reply.
 
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use avm_tests::cluster::{Cluster, Llm, Mode, Options, http_client};
@@ -16,26 +15,10 @@ use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
 use crate::both_modes;
-use crate::support::{SseStream, assistant_text, conversation, send_and_finish, streamed_text};
+use crate::support::{SseStream, assistant_text, conversation, poll, send_and_finish, streamed_text};
 
 /// Deltas of the reply that arrives at once (the tester's figure).
 const FAST_REPLY_DELTAS: usize = 3_000;
-
-/// Polls `check` until it gives a value or `limit` passes.
-async fn poll<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = check().await? {
-            return Ok(value);
-        }
-        ensure!(Instant::now() < deadline, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// Returns a cluster whose model behaves as told, and the full reply it streams.
 async fn cluster_with_model(

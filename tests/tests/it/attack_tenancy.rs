@@ -9,10 +9,9 @@
 //!   a missing key;
 //! - item 13: members see their own figures, tenants no operator settings.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use avm_tests::accounts::{create_tenant, create_user};
@@ -22,7 +21,7 @@ use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
 use crate::both_modes;
-use crate::support::{call, call_as, conversation, send_and_finish};
+use crate::support::{call, call_as, conversation, poll, send_and_finish};
 use crate::tools::start_with;
 
 /// The headers of every request a server received.
@@ -323,22 +322,6 @@ async fn foreign_budget(mode: Mode) -> anyhow::Result<()> {
     let own = budget_answer(&cluster, &a.admin.key, None, &a.admin.key_id).await?;
     ensure!(own.0 == 200, "{own:?}");
     Ok(())
-}
-
-/// Polls `check` until it gives a value or `limit` passes.
-async fn poll<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = check().await? {
-            return Ok(value);
-        }
-        ensure!(Instant::now() < deadline, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 both_modes!(

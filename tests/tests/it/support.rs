@@ -146,6 +146,22 @@ pub async fn call(cluster: &Cluster, method: &str, path: &str, body: Option<Valu
     call_as(cluster, &cluster.admin_key, method, path, body).await
 }
 
+/// Polls `check` until it gives a value or `limit` passes.
+pub async fn poll<T, F, Fut>(limit: std::time::Duration, what: &str, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await? {
+            return Ok(value);
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "{what}: not within {limit:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// Sends a JSON request with `key` and returns the status and body.
 pub async fn call_as(
     cluster: &Cluster,
