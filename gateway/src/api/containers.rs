@@ -139,7 +139,10 @@ pub async fn create(peers: &Peers, ctx: &RequestContext, request: ContainerRef) 
 
 /// Returns a container.
 pub async fn get(peers: &Peers, ctx: &RequestContext, container_id: String) -> Result<Container, ApiError> {
-    let request = ctx.request(ss::GetContainerRequest { container_id });
+    let request = ctx.request(ss::GetContainerRequest {
+        container_id,
+        need: None,
+    });
     let response = peers.session.get_container(request).await?.into_inner();
     Ok(response.container.ok_or_else(|| missing("container"))?.into())
 }

@@ -22,7 +22,7 @@ use crate::error::{AgentTarget, RuntimeError};
 use crate::hub::{EventContext, Hubs, Subscription};
 use crate::message::{Content, Message, MessageBody};
 use crate::metering::Metering;
-use crate::peers::{Deletion, ImageChanges, ImageInfo, Resources, Sessions};
+use crate::peers::{Deletion, ImageChanges, ImageInfo, Resources, Role, Sessions};
 use crate::replicas::{Placement, Replicas, TurnRecord};
 use crate::settings::LlmSettings;
 use crate::tools::{Fetcher, ToolContext, Toolbox, Workspace, access};
@@ -172,6 +172,9 @@ impl AgentPool {
     #[instrument(name = "runtime.run_image", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn run_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(AgentInfo, bool), RuntimeError> {
         ctx.require(Scopes::WRITE)?;
+        if ctx.owner_filter().is_some() {
+            self.image_with_role(ctx, image_id, Some(Role::Use)).await?;
+        }
         let (agent, reused) = self.ensure_agent(ctx, image_id).await?;
         Ok((agent.info(), reused))
     }
@@ -469,23 +472,53 @@ impl AgentPool {
 
     /// Returns the caller's agent named by `target`, or AGENT_NOT_FOUND when
     /// there is none or the caller may not see its container.
-    async fn find(&self, ctx: &RequestContext, target: &AgentTarget) -> Result<Arc<Agent>, RuntimeError> {
+    async fn find(
+        &self,
+        ctx: &RequestContext,
+        target: &AgentTarget,
+        need: Option<Role>,
+    ) -> Result<Arc<Agent>, RuntimeError> {
         let not_found = || RuntimeError::AgentNotFound(target.clone());
         let agent = self.lookup(&ctx.tenant_id, target).ok_or_else(not_found)?;
-        match self.authorize(ctx, &agent.image.container_id).await {
+        match self.authorize(ctx, &agent.image.container_id, need).await {
             Ok(()) => Ok(agent),
             Err(RuntimeError::Api(err)) if err.code == Code::NotFound => Err(not_found()),
             Err(err) => Err(err),
         }
     }
 
-    /// Fails unless the caller may see the container: admins and services see
-    /// the whole tenant; members ask the session service.
-    async fn authorize(&self, ctx: &RequestContext, container_id: &str) -> Result<(), RuntimeError> {
+    /// Fails unless the caller may see the container and, with `need`, do
+    /// what that role allows in it: admins and services may do everything in
+    /// the tenant; members ask the session service (a share's role).
+    async fn authorize(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+        need: Option<Role>,
+    ) -> Result<(), RuntimeError> {
         if ctx.owner_filter().is_none() {
             return Ok(());
         }
-        self.sessions().check_container(ctx, container_id).await
+        match need {
+            None => self.sessions().check_container(ctx, container_id).await,
+            Some(need) => self.sessions().require_role(ctx, container_id, need).await,
+        }
+    }
+
+    /// Returns an image the caller may see and, with `need`, do what that
+    /// role allows in its container; a foreign or missing image is not found.
+    async fn image_with_role(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        need: Option<Role>,
+    ) -> Result<ImageInfo, RuntimeError> {
+        validate_id("IMAGE_NOT_FOUND", "image", image_id)?;
+        let image = self.sessions().get_image(ctx, image_id).await?;
+        if need.is_some() {
+            self.authorize(ctx, &image.container_id, need).await?;
+        }
+        Ok(image)
     }
 
     /// Interrupts the running turn; `false` when the agent was idle.
@@ -496,7 +529,7 @@ impl AgentPool {
         target: &AgentTarget,
     ) -> Result<(AgentInfo, bool), RuntimeError> {
         ctx.require(Scopes::WRITE)?;
-        let agent = self.find(ctx, target).await?;
+        let agent = self.find(ctx, target, Some(Role::Use)).await?;
         let interrupted = agent.interrupt();
         tracing::info!(agent_id = %agent.agent_id, interrupted, "interrupt requested");
         Ok((agent.info(), interrupted))
@@ -507,7 +540,7 @@ impl AgentPool {
     pub async fn get_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<AgentInfo, RuntimeError> {
         ctx.require(Scopes::READ)?;
         let target = AgentTarget::Agent(agent_id.to_owned());
-        Ok(self.find(ctx, &target).await?.info())
+        Ok(self.find(ctx, &target, None).await?.info())
     }
 
     /// Lists the caller's agents, optionally of one container, oldest first.
@@ -565,7 +598,7 @@ impl AgentPool {
         image_id: &str,
         path: &str,
     ) -> Result<Vec<access::Entry>, RuntimeError> {
-        let workspace = self.workspace_of(ctx, image_id, Scopes::READ).await?;
+        let workspace = self.workspace_of(ctx, image_id, Scopes::READ, None).await?;
         let path = path.to_owned();
         blocking(move || access::list(&workspace, &path)).await
     }
@@ -578,7 +611,7 @@ impl AgentPool {
         image_id: &str,
         path: &str,
     ) -> Result<(access::Entry, Vec<u8>), RuntimeError> {
-        let workspace = self.workspace_of(ctx, image_id, Scopes::READ).await?;
+        let workspace = self.workspace_of(ctx, image_id, Scopes::READ, None).await?;
         let path = path.to_owned();
         blocking(move || access::read(&workspace, &path)).await
     }
@@ -592,7 +625,7 @@ impl AgentPool {
         path: &str,
         content: Vec<u8>,
     ) -> Result<access::Entry, RuntimeError> {
-        let workspace = self.workspace_of(ctx, image_id, Scopes::WRITE).await?;
+        let workspace = self.workspace_of(ctx, image_id, Scopes::WRITE, Some(Role::Use)).await?;
         let path = path.to_owned();
         let kept = workspace.clone();
         let entry = blocking(move || access::write(&workspace, &path, &content)).await?;
@@ -607,9 +640,10 @@ impl AgentPool {
         ctx: &RequestContext,
         image_id: &str,
         scope: Scopes,
+        need: Option<Role>,
     ) -> Result<Workspace, RuntimeError> {
         ctx.require(scope)?;
-        let image = self.sessions().get_image(ctx, image_id).await?;
+        let image = self.image_with_role(ctx, image_id, need).await?;
         let workspace = self.workspace(&ctx.tenant_id, &image.image_id);
         // Kept in a store: restored first, as for a tool (unless its agent runs here).
         workspace.load().await.map_err(|_| crate::tools::disk::unavailable())?;
@@ -657,8 +691,9 @@ impl AgentPool {
     pub async fn stop_image(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         validate_id("IMAGE_NOT_FOUND", "image", image_id)?;
-        // The session service decides whether the caller may see the image.
-        self.sessions().get_image(ctx, image_id).await?;
+        // The session service decides whether the caller may see the image,
+        // and a member needs to manage it: stopping cuts whoever is talking.
+        self.image_with_role(ctx, image_id, Some(Role::Manage)).await?;
         Ok(self.leave(&ctx.tenant_id, image_id, "stopped"))
     }
 
@@ -707,8 +742,12 @@ impl AgentPool {
         container_id: &str,
     ) -> Result<Vec<String>, RuntimeError> {
         ctx.require(Scopes::WRITE)?;
-        // Existence first, so a missing container is NOT_FOUND before anything is touched.
-        self.sessions().check_container(ctx, container_id).await?;
+        // Existence (and a member's right to stop its agents) first, so a
+        // missing container is NOT_FOUND before anything is touched.
+        self.authorize(ctx, container_id, Some(Role::Manage)).await?;
+        if ctx.owner_filter().is_none() {
+            self.sessions().check_container(ctx, container_id).await?;
+        }
         self.retire_container(&ctx.tenant_id, container_id);
         let image_ids = self.sessions().delete_container(ctx, container_id).await?;
         for image_id in &image_ids {
@@ -740,7 +779,7 @@ impl AgentPool {
     pub async fn destroy_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<(), RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         let target = AgentTarget::Agent(agent_id.to_owned());
-        let agent = self.find(ctx, &target).await?;
+        let agent = self.find(ctx, &target, Some(Role::Manage)).await?;
         self.retire(&agent, "destroyed");
         Ok(())
     }
@@ -749,7 +788,7 @@ impl AgentPool {
     #[instrument(name = "runtime.destroy_all_agents", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn destroy_all(&self, ctx: &RequestContext, container_id: &str) -> Result<u32, RuntimeError> {
         ctx.require(Scopes::WRITE)?;
-        self.authorize(ctx, container_id).await?;
+        self.authorize(ctx, container_id, Some(Role::Manage)).await?;
         Ok(self.retire_container(&ctx.tenant_id, container_id))
     }
 

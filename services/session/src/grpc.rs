@@ -87,9 +87,10 @@ impl SessionApi for SessionGrpc {
         request: Request<pb::GetContainerRequest>,
     ) -> Result<Response<pb::GetContainerResponse>, Status> {
         let ctx = caller(&request)?;
+        let need = request.get_ref().need.map(share_role).transpose()?;
         let container = self
             .service
-            .get_container(&ctx, &request.get_ref().container_id)
+            .get_container(&ctx, &request.get_ref().container_id, need)
             .await?;
         Ok(Response::new(pb::GetContainerResponse {
             container: Some(container_pb(container)),

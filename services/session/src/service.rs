@@ -161,10 +161,15 @@ impl SessionService {
         &self,
         ctx: &RequestContext,
         container_id: &str,
+        need: Option<ShareRole>,
     ) -> Result<ContainerRecord, SessionError> {
         allow(ctx, Scopes::READ)?;
         validate_container_id(container_id)?;
-        self.store.get_container(&scope(ctx), container_id).await
+        let container = self.store.get_container(&scope(ctx), container_id).await?;
+        if let Some(need) = need {
+            self.require_role(ctx, container_id, need).await?;
+        }
+        Ok(container)
     }
 
     /// Returns the caller's containers, oldest first.

@@ -545,6 +545,47 @@ async fn share_roles(mode: Mode) -> anyhow::Result<()> {
         problems.push(format!("use: POST {talk}: {status} {answer}"));
     }
 
+    // The runtime's own operations: `use` runs the agent, interrupts it and
+    // writes its files; stopping or destroying it needs `manage`.
+    let (status, run) = rest(
+        &cluster,
+        &owner.key,
+        "POST",
+        &format!("/v1/images/{image_id}/run"),
+        None,
+    )
+    .await?;
+    ensure!(status == 200, "run: {status} {run}");
+    let agent_id = run["agentId"].as_str().unwrap_or_default().to_owned();
+    let stopping = [
+        ("POST", format!("/v1/images/{image_id}/stop")),
+        ("DELETE", format!("/v1/agents/{agent_id}")),
+    ];
+    let using = [
+        ("POST", format!("/v1/images/{image_id}/run")),
+        ("POST", format!("/v1/images/{image_id}/interrupt")),
+        ("PUT", format!("/v1/images/{image_id}/workspace/files/notes.txt")),
+    ];
+    for (method, path) in &stopping {
+        let (status, answer) = rest(&cluster, &guest.key, method, path, None).await?;
+        if status != 403 || answer["error"]["code"] != "SHARE_ROLE_TOO_LOW" {
+            problems.push(format!("use: {method} {path}: {status} {answer}"));
+        }
+    }
+    for (method, path) in &using {
+        let (status, answer) = rest(&cluster, &guest.key, method, path, Some(json!("notes"))).await?;
+        if status != 200 {
+            problems.push(format!("use: {method} {path}: {status} {answer}"));
+        }
+    }
+    let still_running = |problems: &mut Vec<String>, who: &str, status: u16, agent: &Value| {
+        if status != 200 || agent["agentId"] != agent_id.as_str() {
+            problems.push(format!("{who}: the owner's agent stopped: {status} {agent}"));
+        }
+    };
+    let (status, agent) = rest(&cluster, &owner.key, "GET", &format!("/v1/agents/{agent_id}"), None).await?;
+    still_running(&mut problems, "use", status, &agent);
+
     // `read` only looks.
     let (status, shared) = rest(
         &cluster,
@@ -576,6 +617,14 @@ async fn share_roles(mode: Mode) -> anyhow::Result<()> {
     if status != 403 || answer["error"]["code"] != "SHARE_ROLE_TOO_LOW" {
         problems.push(format!("read: post into the group: {status} {answer}"));
     }
+    for (method, path) in stopping.iter().chain(&using) {
+        let (status, answer) = rest(&cluster, &guest.key, method, path, Some(json!("notes"))).await?;
+        if status != 403 || answer["error"]["code"] != "SHARE_ROLE_TOO_LOW" {
+            problems.push(format!("read: {method} {path}: {status} {answer}"));
+        }
+    }
+    let (status, agent) = rest(&cluster, &owner.key, "GET", &format!("/v1/agents/{agent_id}"), None).await?;
+    still_running(&mut problems, "read", status, &agent);
 
     // `manage` may change and destroy.
     let (status, shared) = rest(
@@ -588,6 +637,23 @@ async fn share_roles(mode: Mode) -> anyhow::Result<()> {
     .await?;
     if status != 200 || shared["role"] != "manage" {
         problems.push(format!("share as manage: {status} {shared}"));
+    }
+    let (status, answer) = rest(&cluster, &guest.key, "DELETE", &format!("/v1/agents/{agent_id}"), None).await?;
+    if status != 200 {
+        problems.push(format!("manage: DELETE the agent: {status} {answer}"));
+    }
+    let stop = format!("/v1/images/{image_id}/stop");
+    let (status, run) = rest(
+        &cluster,
+        &guest.key,
+        "POST",
+        &format!("/v1/images/{image_id}/run"),
+        None,
+    )
+    .await?;
+    let (stop_status, answer) = rest(&cluster, &guest.key, "POST", &stop, None).await?;
+    if status != 200 || stop_status != 200 || answer["stopped"] != true {
+        problems.push(format!("manage: run then stop: {status} {run} {stop_status} {answer}"));
     }
     for (method, path, body) in destructive(&image_id, &group_id) {
         // Deleting the group first leaves nothing to add a member to.

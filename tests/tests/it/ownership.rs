@@ -1190,7 +1190,7 @@ impl<'a> Attacker<'a> {
         }
         Ok(table! {
             unary "session.GetContainer" =>
-                session.get_container(ss::GetContainerRequest { container_id: container() }),
+                session.get_container(ss::GetContainerRequest { container_id: container(), need: None }),
             unary "session.DeleteContainer" =>
                 session.delete_container(ss::DeleteContainerRequest { container_id: container() }),
             unary "session.ShareContainer" =>

@@ -200,8 +200,26 @@ impl Sessions {
 
     /// Fails with CONTAINER_NOT_FOUND unless the caller may see the container.
     pub async fn check_container(&self, ctx: &RequestContext, container_id: &str) -> Result<(), RuntimeError> {
+        self.get_container(ctx, container_id, None).await
+    }
+
+    /// Fails unless the caller may do what `need` allows in the container:
+    /// its owner, admins and services may do everything, a user it is shared
+    /// with what the share's role allows (`SHARE_ROLE_TOO_LOW`, decided by
+    /// the session service); a container they do not see is NOT_FOUND.
+    pub async fn require_role(&self, ctx: &RequestContext, container_id: &str, need: Role) -> Result<(), RuntimeError> {
+        self.get_container(ctx, container_id, Some(need)).await
+    }
+
+    async fn get_container(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+        need: Option<Role>,
+    ) -> Result<(), RuntimeError> {
         let request = ctx.request(pb::GetContainerRequest {
             container_id: container_id.to_owned(),
+            need: need.map(|role| role.pb().into()),
         });
         self.service.get_container(request).await?;
         Ok(())
@@ -517,5 +535,24 @@ fn message_pb(message: &Message) -> pb::Message {
         created_at_ms: message.created_at_ms,
         seq: 0,
         body,
+    }
+}
+
+/// What a member needs a container to be shared with them as, for an
+/// operation the runtime serves (the session service decides the rest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Talk to its agents: run them, interrupt a turn, write their files.
+    Use,
+    /// Stop, destroy and delete.
+    Manage,
+}
+
+impl Role {
+    fn pb(self) -> pb::ShareRole {
+        match self {
+            Role::Use => pb::ShareRole::Use,
+            Role::Manage => pb::ShareRole::Manage,
+        }
     }
 }

@@ -18,7 +18,7 @@ use crate::agent::Agent;
 use crate::error::RuntimeError;
 use crate::hub::{EventContext, Subscription};
 use crate::message::{Content, Part};
-use crate::peers::{GroupInfo, GroupPost, Member, UnreadGroup};
+use crate::peers::{GroupInfo, GroupPost, Member, Role, UnreadGroup};
 
 /// Unread messages of a group read by one turn.
 const READ_LIMIT: u32 = 100;
@@ -253,6 +253,10 @@ impl AgentPool {
         image_id: &str,
     ) -> Result<Option<(Arc<Agent>, crate::agent::Wake)>, RuntimeError> {
         ctx.require(Scopes::WRITE)?;
+        if ctx.owner_filter().is_some() {
+            // A member wakes an agent (which then calls the model) only where they may use it.
+            self.image_with_role(ctx, image_id, Some(Role::Use)).await?;
+        }
         let agent = match self.ensure_agent(ctx, image_id).await {
             // Paused, in error or terminated: what reached it stays unread.
             Err(err) if super::lifecycle::not_runnable(&err) => return Ok(None),

@@ -100,9 +100,9 @@ async fn containers_are_get_or_create(store: Arc<dyn SessionStore>) {
     let (again, created) = service.create_container(&ctx(A), "default").await.unwrap();
     assert!(!created, "a second create returns the existing container");
     assert_eq!(again, first);
-    assert_eq!(service.get_container(&ctx(A), "default").await.unwrap(), first);
+    assert_eq!(service.get_container(&ctx(A), "default", None).await.unwrap(), first);
 
-    let missing = api_err(service.get_container(&ctx(A), "nope").await);
+    let missing = api_err(service.get_container(&ctx(A), "nope", None).await);
     assert_eq!(
         (missing.code, missing.reason.as_ref()),
         (Code::NotFound, "CONTAINER_NOT_FOUND")
@@ -228,8 +228,8 @@ async fn tenants_never_see_each_other(store: Arc<dyn SessionStore>) {
         api_err(service.list_messages(&ctx(B), ghost_session).await),
     );
     same(
-        api_err(service.get_container(&ctx(B), "only-a").await),
-        api_err(service.get_container(&ctx(B), "nowhere").await),
+        api_err(service.get_container(&ctx(B), "only-a", None).await),
+        api_err(service.get_container(&ctx(B), "nowhere", None).await),
     );
     same(
         api_err(service.delete_container(&ctx(B), "only-a").await),
@@ -422,7 +422,7 @@ async fn images_update_and_delete(store: Arc<dyn SessionStore>) {
     );
     assert!(service.list_images(&ctx(A), Some("default")).await.unwrap().is_empty());
     service
-        .get_container(&ctx(A), "default")
+        .get_container(&ctx(A), "default", None)
         .await
         .expect("deleting an image keeps its container");
 }
@@ -622,7 +622,7 @@ async fn deletes_cascade(store: Arc<dyn SessionStore>) {
         BTreeSet::from([first.image_id.clone(), second.image_id.clone()])
     );
     assert_eq!(
-        reason(service.get_container(&ctx(A), "doomed").await),
+        reason(service.get_container(&ctx(A), "doomed", None).await),
         "CONTAINER_NOT_FOUND"
     );
     assert_eq!(
@@ -1049,7 +1049,7 @@ async fn container_ids_are_one_namespace_per_tenant(store: Arc<dyn SessionStore>
     );
     assert!(!taken.message.contains("usr_alice"), "{}", taken.message);
     assert_eq!(
-        reason(service.get_container(&bob, "default").await),
+        reason(service.get_container(&bob, "default", None).await),
         "CONTAINER_NOT_FOUND"
     );
     // Another tenant's member can use the same id freely.
@@ -1083,7 +1083,7 @@ async fn only_owners_and_admins_delete_and_share(store: Arc<dyn SessionStore>) {
         "NOT_CONTAINER_OWNER"
     );
     assert_eq!(
-        service.get_container(&bob, "shared").await.unwrap().owner_id,
+        service.get_container(&bob, "shared", None).await.unwrap().owner_id,
         "usr_alice"
     );
     // An admin may share and delete anything of the tenant.
@@ -1093,7 +1093,7 @@ async fn only_owners_and_admins_delete_and_share(store: Arc<dyn SessionStore>) {
         .unwrap();
     service.delete_container(&ctx(A), "shared").await.unwrap();
     assert_eq!(
-        reason(service.get_container(&alice, "shared").await),
+        reason(service.get_container(&alice, "shared", None).await),
         "CONTAINER_NOT_FOUND"
     );
     assert_eq!(
