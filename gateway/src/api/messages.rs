@@ -49,9 +49,9 @@ impl<'de> Deserialize<'de> for MessageContent {
             Value::Array(parts) => parts
                 .iter()
                 .map(part)
-                .collect::<Result<Vec<_>, String>>()
+                .collect::<Result<Vec<_>, _>>()
                 .map(MessageContent::Parts)
-                .map_err(|message| reasoned("INVALID_CONTENT", message)),
+                .map_err(|(reason, message)| reasoned(reason, message)),
             _ => Err(reasoned(
                 "INVALID_CONTENT",
                 "content must be a string or a list of parts",
@@ -61,24 +61,47 @@ impl<'de> Deserialize<'de> for MessageContent {
 }
 
 /// Decodes one part; a field of an image or a file that is absent (or not a
-/// string) stays empty, for the runtime to refuse by name.
-fn part(value: &Value) -> Result<ContentPart, String> {
+/// string) stays empty, for the runtime to refuse by name. A field its type
+/// does not have is `UNKNOWN_FIELD`, as in every body: a typo is not dropped.
+fn part(value: &Value) -> Result<ContentPart, (&'static str, String)> {
+    let invalid = |message: String| ("INVALID_CONTENT", message);
+    let kind = value.get("type").and_then(Value::as_str);
+    let known: &[&str] = match kind {
+        Some("text") => &["type", "text"],
+        Some("image") => &["type", "data", "mediaType"],
+        Some("file") => &["type", "data", "mediaType", "filename"],
+        Some(other) => {
+            let other: String = other.chars().take(64).collect();
+            return Err(invalid(format!("content part has unknown type {other:?}")));
+        }
+        None => return Err(invalid("content part needs a `type`".to_owned())),
+    };
+    if let Some(field) = value
+        .as_object()
+        .and_then(|fields| fields.keys().find(|field| !known.contains(&field.as_str())))
+    {
+        let field: String = field.chars().take(64).collect();
+        let known = known.join(", ");
+        return Err((
+            "UNKNOWN_FIELD",
+            format!("content part field `{field}` is not a field here (known: {known})"),
+        ));
+    }
     let text = |name: &str| value.get(name).and_then(Value::as_str).map(str::to_owned);
-    match value.get("type").and_then(Value::as_str) {
+    match kind {
         Some("text") => text("text")
             .map(|text| ContentPart::Text { text })
-            .ok_or_else(|| "content part of type text needs a string `text`".to_owned()),
+            .ok_or_else(|| invalid("content part of type text needs a string `text`".to_owned())),
         Some("image") => Ok(ContentPart::Image {
             data: text("data").unwrap_or_default(),
             media_type: text("mediaType").unwrap_or_default(),
         }),
-        Some("file") => Ok(ContentPart::File {
+        // Only `file` is left: every other type was refused above.
+        _ => Ok(ContentPart::File {
             data: text("data").unwrap_or_default(),
             media_type: text("mediaType").unwrap_or_default(),
             filename: text("filename"),
         }),
-        Some(other) => Err(format!("content part has unknown type {other:?}")),
-        None => Err("content part needs a `type`".to_owned()),
     }
 }
 
@@ -384,6 +407,16 @@ mod tests {
                 "{bad}"
             );
         }
+        // Issue 26 item 22: a misspelt field of a part is refused, not dropped.
+        for typo in [
+            json!([{"type": "text", "txt": "x", "text": "y"}]),
+            json!([{"type": "image", "data": "AAA=", "mimeType": "image/png"}]),
+            json!([{"type": "file", "data": "AAA=", "mediaType": "text/plain", "fileName": "a.txt"}]),
+        ] {
+            let refused = decode(typo.clone()).err();
+            assert_eq!(refused.as_ref().map(|e| e.0.as_str()), Some("UNKNOWN_FIELD"), "{typo}");
+            assert!(refused.is_some_and(|e| e.1.contains("not a field here")), "{typo}");
+        }
     }
 
     proptest::proptest! {
@@ -392,7 +425,7 @@ mod tests {
             if let Err((reason, message)) = decode(value.clone()) {
                 proptest::prop_assert!(
                     // NUL is refused in any text before decoding (issue 26 item 16).
-                    ["INVALID_CONTENT", "MISSING_FIELD", "NUL_CHARACTER"].contains(&reason.as_str()),
+                    ["INVALID_CONTENT", "UNKNOWN_FIELD", "MISSING_FIELD", "NUL_CHARACTER"].contains(&reason.as_str()),
                     "{value} refused as {reason}: {message}"
                 );
                 proptest::prop_assert!(!message.is_empty());
@@ -403,7 +436,7 @@ mod tests {
         fn any_list_of_parts_decodes_or_names_the_part(parts in proptest::collection::vec(crate::testing::object(), 0..4)) {
             let value = Value::Array(parts);
             if let Err((reason, _)) = decode(value.clone()) {
-                proptest::prop_assert!(["INVALID_CONTENT", "NUL_CHARACTER"].contains(&reason.as_str()), "{} {}", reason, value);
+                proptest::prop_assert!(["INVALID_CONTENT", "UNKNOWN_FIELD", "NUL_CHARACTER"].contains(&reason.as_str()), "{} {}", reason, value);
             }
         }
 

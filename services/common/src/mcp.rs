@@ -7,7 +7,9 @@
 //!   allowed_commands`), unless an operator published it;
 //! - an HTTP or SSE server's URL passes the address guard (`address.rs`):
 //!   no loopback, private or metadata address unless `[runtime.fetch] allow`
-//!   names it.
+//!   names it;
+//! - a definition has only the fields of its type: a misspelt `headers` would
+//!   otherwise be stored and silently send none.
 
 use serde_json::Value;
 use url::Url;
@@ -40,6 +42,44 @@ pub fn check_url(guard: &AddressGuard, url: &str) -> Result<(), ApiError> {
         .map_err(|refusal| ApiError::invalid("MCP_SERVER_REFUSED", refusal))
 }
 
+/// The fields of a server run as a command (type `stdio`, the default).
+pub const COMMAND_FIELDS: &[&str] = &["type", "command", "args", "env"];
+
+/// The fields of a server reached over the network (type `sse` or `http`).
+pub const REMOTE_FIELDS: &[&str] = &["type", "url", "headers"];
+
+/// Refuses a definition of the server `server` that is not an object
+/// (`INVALID_MCP_SERVERS`) or has a field its type does not
+/// (`UNKNOWN_FIELD`, naming the first in sorted order).
+pub fn check_fields(server: &str, definition: &Value) -> Result<(), ApiError> {
+    let server: String = server.chars().take(64).collect();
+    let Some(fields) = definition.as_object() else {
+        return Err(ApiError::invalid(
+            "INVALID_MCP_SERVERS",
+            format!("mcpServers.{server} must be a json object"),
+        ));
+    };
+    let known = match definition["type"].as_str() {
+        Some("http" | "sse") => REMOTE_FIELDS,
+        _ => COMMAND_FIELDS,
+    };
+    let mut unknown: Vec<&String> = fields.keys().filter(|field| !known.contains(&field.as_str())).collect();
+    unknown.sort();
+    match unknown.first() {
+        Some(field) => {
+            let field: String = field.chars().take(64).collect();
+            Err(ApiError::invalid(
+                "UNKNOWN_FIELD",
+                format!(
+                    "mcpServers.{server}.{field} is not a field here (known: {})",
+                    known.join(", ")
+                ),
+            ))
+        }
+        None => Ok(()),
+    }
+}
+
 /// The operator's rules for MCP server definitions, as the services that
 /// store them hold them.
 #[derive(Clone, Debug, Default)]
@@ -61,9 +101,11 @@ impl McpServerRules {
 
     /// Refuses the definition of the server `server` (one `mcpServer`
     /// object: `{command, …}` or `{type: "http"|"sse", url, …}`) that the
-    /// runtime would refuse; `public` when an operator publishes it. Its
-    /// shape is checked elsewhere: what is not a command or a URL passes.
+    /// runtime would refuse, or that has fields its type does not
+    /// ([`check_fields`]); `public` when an operator publishes it. The rest of
+    /// its shape is checked elsewhere: what is not a command or a URL passes.
     pub fn check(&self, server: &str, definition: &Value, public: bool) -> Result<(), ApiError> {
+        check_fields(server, definition)?;
         match definition["type"].as_str() {
             Some("http" | "sse") => match definition["url"].as_str() {
                 Some(url) => check_url(&self.guard, url),
@@ -120,6 +162,23 @@ mod tests {
         );
         assert_eq!(
             reason(json!({"type": "http", "url": "https://mcp.example/mcp"}), false),
+            "ok"
+        );
+        // Issue 26 item 22: a misspelt field is refused, not stored.
+        assert_eq!(
+            reason(
+                json!({"type": "http", "url": "https://mcp.example/mcp", "header": {}}),
+                false
+            ),
+            "UNKNOWN_FIELD"
+        );
+        assert_eq!(
+            reason(json!({"command": "mcp-approved", "argv": ["-v"]}), false),
+            "UNKNOWN_FIELD"
+        );
+        assert_eq!(reason(json!("mcp-approved"), false), "INVALID_MCP_SERVERS");
+        assert_eq!(
+            reason(json!({"command": "mcp-approved", "args": [], "env": {}}), false),
             "ok"
         );
     }

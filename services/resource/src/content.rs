@@ -182,7 +182,7 @@ fn mcp_server(value: &Value, path: &str) -> Result<(), String> {
     };
     match transport {
         "stdio" => {
-            only(server, path, &["type", "command", "args", "env"])?;
+            only(server, path, avm_common::mcp::COMMAND_FIELDS)?;
             non_empty_string(required(server, path, "command")?, &format!("{path}.command"))?;
             if let Some(args) = server.get("args") {
                 for (i, arg) in array(args, &format!("{path}.args"))?.iter().enumerate() {
@@ -194,7 +194,7 @@ fn mcp_server(value: &Value, path: &str) -> Result<(), String> {
             }
         }
         "sse" | "http" => {
-            only(server, path, &["type", "url", "headers"])?;
+            only(server, path, avm_common::mcp::REMOTE_FIELDS)?;
             let url = non_empty_string(required(server, path, "url")?, &format!("{path}.url"))?;
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(at(&format!("{path}.url"), "must be an http:// or https:// url"));

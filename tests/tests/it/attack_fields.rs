@@ -4,7 +4,8 @@
 //! - item 22: a field the request does not know (`sytemPrompt` for
 //!   `systemPrompt`) is refused with `UNKNOWN_FIELD` naming it, over REST and
 //!   over the WebSocket, and nothing is created; the same body spelt right
-//!   still works;
+//!   still works; so is a misspelt field inside an MCP server's definition
+//!   or a message's content part;
 //! - item 16, the WebSocket part: a frame the transport refuses closes the
 //!   connection with the code RFC 6455 names for it (1002 a protocol error,
 //!   1007 text that is not UTF-8), not always 1009 "frame too large".
@@ -144,6 +145,65 @@ async fn unknown_fields(mode: Mode) -> anyhow::Result<()> {
         "a refused budget sets nothing: {budgets}"
     );
 
+    // Inside free-form values too: an MCP server's definition and a message's
+    // content parts have fields of their own.
+    let (status, body) = call(
+        &cluster,
+        "POST",
+        "/v1/containers/default/images",
+        Some(json!({"name": "x", "mcpServers": {"docs": {"type": "http", "url": "https://mcp.example/mcp", "header": {"Authorization": "Bearer t"}}}})),
+    )
+    .await?;
+    assert_unknown_rest(
+        "image create, mcpServers entry",
+        status,
+        &body,
+        "mcpServers.docs.header",
+    );
+    let refused = client
+        .request(
+            "image_create",
+            json!({"containerId": "default", "config": {"name": "x", "mcpServers": {"fs": {"command": "mcp-fs", "argv": ["-v"]}}}}),
+        )
+        .await?;
+    assert_unknown_ws("ws image create, mcpServers entry", &refused, "mcpServers.fs.argv");
+    assert_eq!(
+        image_count(&cluster).await?,
+        before,
+        "a refused image create creates nothing"
+    );
+    let (status, plain) = call(
+        &cluster,
+        "POST",
+        "/v1/containers/default/images",
+        Some(json!({"name": "plain"})),
+    )
+    .await?;
+    assert_eq!(status, 201, "{plain}");
+    let plain_id = plain["imageId"].as_str().unwrap_or_default().to_owned();
+    let (status, body) = call(
+        &cluster,
+        "POST",
+        &format!("/v1/images/{plain_id}/messages"),
+        Some(json!({"content": [{"type": "text", "txt": "hello"}]})),
+    )
+    .await?;
+    assert_unknown_rest("message send, content part", status, &body, "txt");
+    let refused = client
+        .request(
+            "message_send",
+            json!({"imageId": plain_id, "content": [{"type": "image", "data": "AAA=", "mimeType": "image/png"}]}),
+        )
+        .await?;
+    assert_unknown_ws("ws message send, content part", &refused, "mimeType");
+    let (status, history) = call(&cluster, "GET", &format!("/v1/images/{plain_id}/messages"), None).await?;
+    assert_eq!(status, 200, "{history}");
+    assert_eq!(
+        history["messages"],
+        json!([]),
+        "a refused message is not stored: {history}"
+    );
+
     // Spelt right, the same bodies work on both surfaces.
     let (status, image) = call(
         &cluster,
@@ -190,7 +250,7 @@ async fn unknown_fields(mode: Mode) -> anyhow::Result<()> {
     )
     .await?;
     assert_eq!(status, 200, "{budget}");
-    assert_eq!(image_count(&cluster).await?, before + 2);
+    assert_eq!(image_count(&cluster).await?, before + 3);
     Ok(())
 }
 

@@ -493,7 +493,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
         name: Some("é".repeat(256)),
         description: Some("ü".repeat(4096)),
         system_prompt: Some("p".repeat(256 * 1024)),
-        mcp_servers_json: format!("{{\"k\":\"{}\"}}", "x".repeat(64 * 1024 - 8)),
+        mcp_servers_json: format!("{{\"k\":{{\"env\":{{\"E\":\"{}\"}}}}}}", "x".repeat(64 * 1024 - 22)),
         agent: Some(format!("resource://agents/{}", "a".repeat(512 - 18))),
         variables_json: format!("{{\"k\":\"{}\"}}", "v".repeat(16 * 1024 - 8)),
         tools: Vec::new(),
