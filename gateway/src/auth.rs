@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use avm_common::auth::{
-    API_KEY_PREFIX, Limits, MAX_TOKEN_BYTES, Principal, Role, Scopes, ServiceIdentity, TokenVerifier,
+    API_KEY_PREFIX, Limits, MAX_TOKEN_BYTES, Principal, Role, Scopes, ServiceIdentity, TokenVerifier, Unready,
 };
 use avm_common::{ApiError, Code, RequestContext};
 use avm_proto::auth::v1 as pb;
@@ -134,22 +134,7 @@ impl Authenticator {
     /// service refusing its service key, or the auth event stream (key
     /// revocations) not being live, each with a reason and why.
     pub fn unready(&self) -> Vec<Unready> {
-        let mut unready = Vec::new();
-        if self.identity.is_refused() {
-            unready.push(Unready {
-                dependency: "auth.credentials",
-                reason: "SERVICE_KEY_REFUSED",
-                message: "the auth service refuses this gateway's service key (AVM_AUTH_SERVICE_KEY)",
-            });
-        }
-        if !self.verifier.is_watching() {
-            unready.push(Unready {
-                dependency: "auth.events",
-                reason: "AUTH_EVENTS_DOWN",
-                message: "the auth event stream is not live: revoked keys would not be refused",
-            });
-        }
-        unready
+        avm_common::auth::unready(&self.identity, &self.verifier)
     }
 
     async fn authenticate_credential(&self, credential: &str) -> Result<Caller, ApiError> {
@@ -234,16 +219,6 @@ impl Authenticator {
     fn cache(&self) -> MutexGuard<'_, HashMap<[u8; 32], Cached>> {
         self.cache.lock().unwrap_or_else(|poison| poison.into_inner())
     }
-}
-
-/// A dependency the gateway cannot work soundly without, and why it fails.
-#[derive(Clone, Copy, Debug)]
-pub struct Unready {
-    /// What fails, as `/ready` names it.
-    pub dependency: &'static str,
-    /// A stable reason.
-    pub reason: &'static str,
-    pub message: &'static str,
 }
 
 #[derive(Clone, Copy)]

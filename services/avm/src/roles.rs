@@ -190,6 +190,13 @@ impl Credentials {
         Ok(Self::new(config, &service_key(config)?, auth, app))
     }
 
+    /// Returns the readiness check of a component holding these credentials
+    /// (the gRPC health name `ready`): its service key accepted, auth events live.
+    fn readiness(&self) -> impl Fn() -> Vec<avm_common::auth::Unready> + Send + Sync + 'static {
+        let (identity, verifier) = (self.identity.clone(), self.verifier.clone());
+        move || avm_common::auth::unready(&identity, &verifier)
+    }
+
     /// Returns the gateway's authenticator.
     fn authenticator(&self, config: &AvmConfig) -> avm_gateway::Authenticator {
         avm_gateway::Authenticator::new(self.verifier.clone(), self.identity.clone(), config.auth.oidc.is_some())
@@ -441,7 +448,7 @@ async fn store_service_app(role: Role, config: AvmConfig) -> anyhow::Result<App>
     let mut app = App::new(role.name(), config.grpc.drain_timeout);
     let credentials = Credentials::remote(&config, &mut app)?;
     let verifier = credentials.verifier.clone();
-    let server = GrpcServer::new(&config.grpc);
+    let server = GrpcServer::new(&config.grpc).with_readiness(credentials.readiness());
     let (server, observability) = match role {
         Role::Session => {
             let resources = remote(
@@ -544,11 +551,13 @@ async fn runtime_app(config: AvmConfig) -> anyhow::Result<App> {
     )?;
     run_pool(&mut app, &pool, config.grpc.drain_timeout);
     forward_logs(&mut app, Some(observability), &credentials.identity);
-    let server = GrpcServer::new(&config.grpc).add_service(avm_runtime::grpc_server(
-        pool,
-        credentials.verifier.clone(),
-        &config.grpc,
-    ));
+    let server = GrpcServer::new(&config.grpc)
+        .with_readiness(credentials.readiness())
+        .add_service(avm_runtime::grpc_server(
+            pool,
+            credentials.verifier.clone(),
+            &config.grpc,
+        ));
     let url = local_url(&listener)?;
     app.serve("grpc server", server.serve(listener, app.servers_stop()));
     println!("listening: grpc {url}");

@@ -37,7 +37,19 @@ pub struct GrpcServer {
     config: GrpcConfig,
     routes: RoutesBuilder,
     names: Vec<&'static str>,
+    readiness: Option<Readiness>,
 }
+
+/// Returns what keeps a component from serving soundly, if anything.
+type Readiness = Box<dyn Fn() -> Vec<crate::auth::Unready> + Send + Sync>;
+
+/// The health service name readiness probes ask: SERVING while the process
+/// serves and nothing its readiness check names fails (the empty name, which
+/// liveness asks, says only that the process serves).
+pub const READY: &str = "ready";
+
+/// How often the readiness check runs.
+const READINESS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl GrpcServer {
     /// Returns an empty server using the shared gRPC settings.
@@ -47,8 +59,17 @@ impl GrpcServer {
         Self {
             config: config.clone(),
             routes: RoutesBuilder::default(),
-            names: Vec::new(),
+            names: vec![READY],
+            readiness: None,
         }
+    }
+
+    /// Makes the [`READY`] health status follow `check`: NOT_SERVING while it
+    /// names anything (a peer refusing this component's credentials, a change
+    /// stream it depends on being down), each change logged.
+    pub fn with_readiness(mut self, check: impl Fn() -> Vec<crate::auth::Unready> + Send + Sync + 'static) -> Self {
+        self.readiness = Some(Box::new(check));
+        self
     }
 
     /// Adds a service; health reports it SERVING until shutdown.
@@ -70,12 +91,21 @@ impl GrpcServer {
         for name in &self.names {
             reporter.set_service_status(*name, ServingStatus::Serving).await;
         }
+        if self.readiness.is_some() {
+            // Ready once the first check passes.
+            reporter.set_service_status(READY, ServingStatus::NotServing).await;
+        }
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(avm_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
         let mut routes = self.routes;
         routes.add_service(health).add_service(reflection);
+        let stop_checking = CancellationToken::new();
+        if let Some(check) = self.readiness {
+            tokio::spawn(follow_readiness(reporter.clone(), check, stop_checking.clone()));
+        }
+        let _checking = stop_checking.clone().drop_guard();
         // Each call runs in a span of its caller's trace and is counted;
         // `GET /metrics` answers Prometheus on the same port (HTTP/1.1).
         let router = routes
@@ -103,6 +133,7 @@ impl GrpcServer {
             result = &mut server => return result.map_err(GrpcError::from),
             () = shutdown.cancelled() => {}
         }
+        stop_checking.cancel();
         set_all(&reporter, &self.names, ServingStatus::NotServing).await;
         stop_accepting.cancel();
         match tokio::time::timeout(config.drain_timeout, server).await {
@@ -351,6 +382,42 @@ fn grpc_code_name(code: tonic::Code) -> &'static str {
         tonic::Code::DataLoss => "DATA_LOSS",
         tonic::Code::Unauthenticated => "UNAUTHENTICATED",
         tonic::Code::Unknown => "UNKNOWN",
+    }
+}
+
+/// Sets [`READY`] from `check` every [`READINESS_EVERY`] until `stop`. A
+/// dependency still failing a few checks after start (or failing again
+/// later) is logged; one that only takes a moment to connect is not.
+async fn follow_readiness(reporter: HealthReporter, check: Readiness, stop: CancellationToken) {
+    const QUIET_CHECKS: u32 = 5;
+    let (mut ready, mut warned, mut checks) = (false, false, 0u32);
+    let mut every = tokio::time::interval(READINESS_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        checks = checks.saturating_add(1);
+        let failing = check();
+        if failing.is_empty() {
+            if !ready {
+                tracing::info!("ready: every dependency answers and accepts this component");
+                reporter.set_service_status(READY, ServingStatus::Serving).await;
+            }
+            (ready, warned) = (true, false);
+        } else if ready || (!warned && checks > QUIET_CHECKS) {
+            for problem in &failing {
+                tracing::warn!(
+                    dependency = problem.dependency,
+                    reason = problem.reason,
+                    "not ready: {}",
+                    problem.message
+                );
+            }
+            reporter.set_service_status(READY, ServingStatus::NotServing).await;
+            (ready, warned) = (false, true);
+        }
     }
 }
 

@@ -9,8 +9,8 @@
 //!   than the auth service makes them is refused, and failed token
 //!   exchanges are limited per client (across gateway replicas with Redis);
 //! - item 20: a first start never overwrites an existing admin key file;
-//! - item 21: a gateway whose service key the auth service refuses says it
-//!   is not ready, and says why.
+//! - item 21: a gateway or service whose service key the auth service
+//!   refuses says it is not ready (`/ready`, gRPC health `ready`), and why.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
@@ -24,6 +24,7 @@ use avm_tests::ws_client::WsClient;
 use jsonwebtoken::jwk::JwkSet;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
+use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::both_modes;
 use crate::support::{SseStream, call_as, cluster, conversation, poll, serve, stop};
@@ -442,7 +443,8 @@ async fn readiness(gateway: &str) -> anyhow::Result<(u16, Value)> {
 /// Issue 26 item 21: a gateway whose service key the auth service refuses
 /// (so its revocation stream is down and revoked keys would keep working
 /// there) answers `/ready` with 503 naming `auth.credentials` and
-/// `auth.events`; once the auth service accepts its key, it is ready.
+/// `auth.events`, and a service's gRPC health name `ready` is NOT_SERVING;
+/// once the auth service accepts their key, they are ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mis_keyed_gateway_is_not_ready() -> anyhow::Result<()> {
     let mut cluster = Cluster::start(Mode::PerComponent, Options::default()).await?;
@@ -483,6 +485,26 @@ async fn a_mis_keyed_gateway_is_not_ready() -> anyhow::Result<()> {
         "the well-keyed gateway is ready"
     );
 
+    // A service behind it alike: its gRPC health name `ready` (what the
+    // chart's readiness probe asks) is NOT_SERVING, while the process lives.
+    let mis_keyed_session = cluster
+        .spawn_replica("session", &[("AVM_AUTH_SERVICE_KEY", WRONG_SERVICE_KEY)])
+        .await?;
+    poll(
+        WITHIN_SECONDS,
+        "the mis-keyed session service to say it is not ready",
+        || async { Ok((grpc_health(&mis_keyed_session, "ready").await? == ServingStatus::NotServing).then_some(())) },
+    )
+    .await?;
+    ensure!(
+        grpc_health(&mis_keyed_session, "").await? == ServingStatus::Serving,
+        "a mis-keyed service still lives (liveness asks the empty name)"
+    );
+    poll(WITHIN_SECONDS, "the well-keyed session service to be ready", || async {
+        Ok((grpc_health(&cluster.session_grpc, "ready").await? == ServingStatus::Serving).then_some(()))
+    })
+    .await?;
+
     // The auth service now takes the other key: readiness follows.
     cluster.kill_component("auth").await?;
     cluster
@@ -494,7 +516,27 @@ async fn a_mis_keyed_gateway_is_not_ready() -> anyhow::Result<()> {
         || async { Ok((readiness(&mis_keyed).await?.0 == 200).then_some(())) },
     )
     .await?;
+    poll(
+        Duration::from_secs(20),
+        "the session service to be ready once its key works",
+        || async { Ok((grpc_health(&mis_keyed_session, "ready").await? == ServingStatus::Serving).then_some(())) },
+    )
+    .await?;
     Ok(())
+}
+
+/// Returns what a component's gRPC health says of `service`.
+async fn grpc_health(addr: &str, service: &str) -> anyhow::Result<ServingStatus> {
+    let channel = tonic::transport::Endpoint::from_shared(addr.to_owned())?
+        .connect()
+        .await?;
+    let answer = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: service.into(),
+        })
+        .await?
+        .into_inner();
+    Ok(ServingStatus::try_from(answer.status).unwrap_or(ServingStatus::Unknown))
 }
 
 /// Issue 26 item 20: following "Run it", then "One component per process"

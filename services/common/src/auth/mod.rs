@@ -15,7 +15,7 @@ mod layer;
 mod signing;
 mod verifier;
 
-pub use identity::ServiceIdentity;
+pub use identity::{ServiceIdentity, Unready, unready};
 pub use layer::{Authenticated, caller};
 pub use signing::{SigningKey, StaticKeySource};
 pub use verifier::{AuthKeySource, KeySource, TokenVerifier, parse_bearer};
