@@ -44,6 +44,8 @@ const MARKER_RESERVE: usize = 256 * 1024;
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 /// Its longest wait: a message kept is stored within this of the service's return.
 const LAST_BACKOFF: Duration = Duration::from_secs(4);
+/// How long a stopping runtime tries to store what its outbox holds.
+const LAST_DRAIN_WITHIN: Duration = Duration::from_secs(2);
 /// How often a runtime sharing Redis looks for messages that another
 /// process (one that died) left.
 const SHARED_SCAN_EVERY: Duration = Duration::from_secs(10);
@@ -538,9 +540,10 @@ impl Outbox {
         waiting
     }
 
-    /// Drains the outbox until `shutdown`: at once (what a process that
-    /// died left in Redis), whenever a message is kept, and again with
-    /// backoff while any waits. Without Redis an empty outbox never wakes.
+    /// Drains the outbox until `shutdown`, and once more then: at once
+    /// (what a process that died left in Redis), whenever a message is
+    /// kept, and again with backoff while any waits. Without Redis an empty
+    /// outbox never wakes.
     pub(crate) fn spawn(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let outbox = self.clone();
         let shared = matches!(outbox.inner.keep, Keep::Redis(_));
@@ -563,10 +566,24 @@ impl Outbox {
                     }
                 };
                 tokio::select! {
-                    () = shutdown.cancelled() => return,
+                    () = shutdown.cancelled() => break,
                     () = outbox.inner.kept.notified() => {}
                     () = timer => {}
                 }
+            }
+            // A memory outbox goes with the process: one last try, and the
+            // operator learns what is lost (Redis keeps it for the next one).
+            let last = tokio::time::timeout(LAST_DRAIN_WITHIN, outbox.drain_all()).await;
+            if let Keep::Memory(keep) = &outbox.inner.keep
+                && !matches!(last, Ok(false))
+            {
+                let keep = Self::memory(keep);
+                let messages: usize = keep.queues.values().map(VecDeque::len).sum();
+                tracing::error!(
+                    messages,
+                    sessions = keep.queues.len(),
+                    "the runtime stops with messages its session service never took; they are lost"
+                );
             }
         })
     }

@@ -337,8 +337,8 @@ pub(crate) async fn run(
 fn reply_not_stored() -> Failure {
     Failure {
         reason: "REPLY_NOT_STORED".to_owned(),
-        message: "the reply could not be stored: the session service is unavailable and the runtime's outbox is full. \
-                  Send the message again."
+        message: "the reply could not be stored, nor kept to be stored later (the session service is unavailable \
+                  and the runtime's outbox is full or unreachable). Send the message again."
             .to_owned(),
         recoverable: true,
     }
