@@ -57,6 +57,10 @@ pub struct Options {
     pub failed_token_exchanges_per_minute: Option<u32>,
     /// Redis for shared rate limits (`AVM_REDIS_URL`), with the key prefix to use.
     pub redis: Option<(String, String)>,
+    /// Runs a per-component cluster without Redis even when
+    /// `AVM_TEST_REDIS_URL` is set: a runtime alone, keeping in memory what
+    /// it would otherwise share.
+    pub without_redis: bool,
     /// Log filter of the components (default `warn`).
     pub log_level: Option<String>,
     /// Keeps the per-component processes' logs for [`Cluster::logs`].
@@ -101,6 +105,7 @@ impl Default for Options {
             messages_per_second: None,
             failed_token_exchanges_per_minute: None,
             redis: None,
+            without_redis: false,
             log_level: None,
             capture_logs: false,
             env: Vec::new(),
@@ -241,6 +246,7 @@ impl Cluster {
                 schemas = Some(Arc::new(SchemaGuard { url, base }));
             }
             if options.redis.is_none()
+                && !options.without_redis
                 && let Some(url) = external("AVM_TEST_REDIS_URL")
             {
                 options.redis = Some((url, format!("{}:", avm_common::ids::new_id("avmtest"))));

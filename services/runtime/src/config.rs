@@ -56,6 +56,11 @@ pub struct RuntimeConfig {
     pub max_running_agents: usize,
     /// Group turns of one tenant running at once; 0: no limit.
     pub max_running_agents_per_tenant: usize,
+    /// Bytes of messages the outbox keeps while the session service does
+    /// not take them (in Redis when configured, for all replicas together,
+    /// else in this process's memory); a reply beyond it ends its turn
+    /// with `REPLY_NOT_STORED`.
+    pub outbox_max_bytes: usize,
     /// The limits `run_command` runs under (`[runtime.sandbox]`).
     pub sandbox: SandboxLimits,
     /// What `fetch_url` may reach and how much it reads (`[runtime.fetch]`).
@@ -81,6 +86,7 @@ impl Default for RuntimeConfig {
             max_children_per_agent: 8,
             max_running_agents: 64,
             max_running_agents_per_tenant: 8,
+            outbox_max_bytes: 64 * 1024 * 1024,
             sandbox: SandboxLimits::default(),
             fetch: FetchConfig::default(),
             mcp: McpConfig::default(),

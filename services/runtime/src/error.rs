@@ -45,6 +45,10 @@ pub enum RuntimeError {
     /// This replica is shutting down and no other takes the agent.
     #[error("this runtime is shutting down; retry")]
     Draining,
+    /// The conversation's last reply waits in the outbox for the session
+    /// service: the next message would run on a history without it.
+    #[error("the conversation's last reply is not stored yet (the session service is unavailable); retry shortly")]
+    RepliesPending,
 }
 
 fn agent_not_found(target: &AgentTarget) -> String {
@@ -83,7 +87,8 @@ impl RuntimeError {
             RuntimeError::AgentRestarting
             | RuntimeError::ConfigUnavailable
             | RuntimeError::Elsewhere(_)
-            | RuntimeError::Draining => Code::Unavailable,
+            | RuntimeError::Draining
+            | RuntimeError::RepliesPending => Code::Unavailable,
             RuntimeError::SubscriberTooSlow => Code::ResourceExhausted,
             RuntimeError::Api(err) => err.code,
         }
@@ -106,6 +111,7 @@ impl From<RuntimeError> for ApiError {
                 ApiError::new(code, "AGENT_MOVING", "the agent is moving between runtimes; retry")
             }
             RuntimeError::Draining => ApiError::new(code, "RUNTIME_DRAINING", err.to_string()),
+            RuntimeError::RepliesPending => ApiError::new(code, "REPLY_PENDING", err.to_string()),
             RuntimeError::Api(err) => err,
         }
     }

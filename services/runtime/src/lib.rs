@@ -8,6 +8,7 @@
 //! turn.rs      one turn: the LLM call streamed as events, then stored, metered
 //! context.rs   the history as the LLM reads it, shared with each turn
 //! message.rs   what users send (and its rules) and what agents answer
+//! outbox.rs    messages the session service could not take, stored when it is back
 //! plan.rs      an image's resource:// references, resolved at start
 //! hub.rs       each session's events: cursors, retention, subscribers
 //! replicas/    several runtimes: leases, heartbeats, lost turns, events over Redis
@@ -26,6 +27,7 @@ pub mod hub;
 pub mod llm;
 mod message;
 pub mod metering;
+mod outbox;
 pub mod peers;
 mod plan;
 mod pool;

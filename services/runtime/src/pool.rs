@@ -22,6 +22,7 @@ use crate::error::{AgentTarget, RuntimeError};
 use crate::hub::{EventContext, Hubs, Subscription};
 use crate::message::{Content, Message, MessageBody};
 use crate::metering::Metering;
+use crate::outbox::Outbox;
 use crate::peers::{Deletion, ImageChanges, ImageInfo, Resources, Role, Sessions};
 use crate::replicas::{Placement, Replicas, TurnRecord};
 use crate::settings::LlmSettings;
@@ -124,12 +125,19 @@ impl AgentPool {
             tool_concurrency: config.tool_concurrency.max(1),
         };
         let gate = RunGate::new(config.max_running_agents, config.max_running_agents_per_tenant);
+        let outbox = Outbox::new(
+            sessions.clone(),
+            identity.clone(),
+            replicas.as_ref(),
+            config.outbox_max_bytes,
+        );
         let pool = Self {
             inner: Arc::new(PoolInner {
                 config,
                 llm,
                 ports: TurnPorts {
                     sessions,
+                    outbox,
                     metering,
                     identity,
                     limits,
@@ -274,6 +282,13 @@ impl AgentPool {
                 .is_ok(),
             None => true,
         };
+        // What waits in the outbox for the session is stored first, so the
+        // history read holds it, in its order.
+        self.inner
+            .ports
+            .outbox
+            .settle_before_loading(&ctx.tenant_id, &image.session_id)
+            .await?;
         let mut history = self.sessions().list_messages(ctx, &image.session_id).await?;
         let lost = match cut_turn(&history) {
             Some(user_message_id) if settled => {
@@ -362,6 +377,18 @@ impl AgentPool {
         let agent = self.reserve_turn(ctx, image_id).await?;
         let cancel = agent.1;
         let agent = agent.0;
+        // The previous turn's reply, kept while the session service was
+        // away, is stored before the next message: never a turn on a history without it.
+        let settled = self
+            .inner
+            .ports
+            .outbox
+            .settle(&ctx.tenant_id, &agent.image.session_id)
+            .await;
+        if let Err(err) = settled {
+            agent.finish_turn(None, None);
+            return Err(err);
+        }
         let user_message_id = new_id("msg");
         let llm_content = content.to_llm();
         let message = Message {
@@ -896,6 +923,7 @@ impl AgentPool {
     pub fn spawn_background(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         self.inner.llm.spawn_watch(shutdown.clone());
         self.inner.ports.metering.spawn(shutdown.clone());
+        self.inner.ports.outbox.spawn(shutdown.clone());
         tokio::spawn(self.clone().follow_deletions(shutdown.clone()));
         if let Some(replicas) = &self.inner.replicas {
             replicas

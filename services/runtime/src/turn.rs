@@ -32,6 +32,7 @@ use crate::llm::{
 };
 use crate::message::{self, Message, MessageBody};
 use crate::metering::{Metering, Tokens, charge, estimate_tokens};
+use crate::outbox::Outbox;
 use crate::peers::{CallStatus, Sessions, UsageRecord};
 use crate::settings::TenantLlm;
 use crate::tools::{Builtin, Caller, ServerState, ToolReply, Toolbox};
@@ -42,6 +43,8 @@ use crate::tools::{Builtin, Caller, ServerState, ToolReply, Toolbox};
 #[derive(Clone)]
 pub(crate) struct TurnPorts {
     pub(crate) sessions: Sessions,
+    /// Keeps what the session service cannot take when a turn ends.
+    pub(crate) outbox: Outbox,
     pub(crate) metering: Metering,
     pub(crate) identity: ServiceIdentity,
     pub(crate) limits: TurnLimits,
@@ -276,7 +279,11 @@ pub(crate) async fn run(
                 agent.emit("message_delta", &json!({"usage": usage.object()}));
                 agent.emit("message_stop", &json!({"stopReason": stop.as_str()}));
                 let message = assistant_message(&agent, &reply, stop, false);
-                persist(&ports, &ctx, &message).await;
+                // Completed means stored, or kept to be stored: else the client is told.
+                if !persist(&ports, &ctx, &message).await {
+                    fail(&ports, &ctx, &agent, reply_not_stored()).await;
+                    break;
+                }
                 agent.emit("assistant_message", &message.object());
                 tracing::info!(
                     image_id = %agent.image.image_id,
@@ -323,6 +330,18 @@ pub(crate) async fn run(
         let _ = tools.workspace().save().await;
     }
     last_reply
+}
+
+/// The failure of a turn whose reply the session service did not take and
+/// the outbox could not keep.
+fn reply_not_stored() -> Failure {
+    Failure {
+        reason: "REPLY_NOT_STORED".to_owned(),
+        message: "the reply could not be stored, nor kept to be stored later (the session service is unavailable \
+                  and the runtime's outbox is full or unreachable). Send the message again."
+            .to_owned(),
+        recoverable: true,
+    }
 }
 
 /// Ends a turn with an error: `error_received → error_message → error_occurred`.
@@ -699,13 +718,19 @@ const PERSIST_WITHIN: std::time::Duration = std::time::Duration::from_secs(8);
 
 /// Stores a finished message, retrying while the session service is briefly
 /// unavailable (appends are idempotent on the message id), for at most
-/// [`PERSIST_WITHIN`]; a lasting failure is logged and the conversation goes
-/// on (the next start of the agent records the turn as lost).
+/// [`PERSIST_WITHIN`]; when it stays unavailable the message is kept in the
+/// outbox, stored when the service is back. A message of a session with
+/// messages in the outbox goes behind them, so history keeps its order.
+/// Returns whether it was stored or kept; otherwise (the outbox full, or a
+/// refusal that no retry changes) it is logged and lost.
 ///
 /// The runtime stores it as itself, for the caller's tenant: the caller's
 /// token may expire before a long turn ends, and the reply belongs to the
 /// conversation whether or not its caller is still there.
-async fn persist(ports: &TurnPorts, ctx: &RequestContext, message: &Message) {
+async fn persist(ports: &TurnPorts, ctx: &RequestContext, message: &Message) -> bool {
+    if ports.outbox.holds(&ctx.tenant_id, &message.session_id) {
+        return ports.outbox.keep(&ctx.tenant_id, message).await.is_ok();
+    }
     let mut backoff = std::time::Duration::from_millis(50);
     let deadline = tokio::time::Instant::now() + PERSIST_WITHIN;
     for attempt in 1..=5 {
@@ -717,20 +742,24 @@ async fn persist(ports: &TurnPorts, ctx: &RequestContext, message: &Message) {
         })
         .await;
         let err = match appended {
-            Ok(Ok(_)) => return,
+            Ok(Ok(_)) => return true,
             Ok(Err(err)) => avm_common::ApiError::from(err),
             Err(_) => {
                 avm_common::ApiError::unavailable("PERSIST_TIMEOUT", "the session service did not store it in time")
             }
         };
         let time_left = tokio::time::Instant::now() + backoff < deadline;
-        if attempt < 5 && time_left && matches!(err.code, Code::Unavailable | Code::DeadlineExceeded) {
+        let unavailable = matches!(err.code, Code::Unavailable | Code::DeadlineExceeded);
+        if attempt < 5 && time_left && unavailable {
             tracing::warn!(message_id = %message.message_id, attempt, error = %err, "retrying message persistence");
             tokio::time::sleep(backoff).await;
             backoff *= 2;
+        } else if unavailable {
+            return ports.outbox.keep(&ctx.tenant_id, message).await.is_ok();
         } else {
             tracing::error!(message_id = %message.message_id, reason = %err.reason, error = %err, "cannot persist message");
-            return;
+            return false;
         }
     }
+    false
 }

@@ -7,6 +7,7 @@ mod attack_fields;
 mod attack_history;
 mod attack_keys;
 mod attack_ledger;
+mod attack_outbox;
 mod attack_quota;
 mod attack_relay;
 mod attack_tenancy;

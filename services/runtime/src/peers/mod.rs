@@ -14,4 +14,5 @@ pub use groups::{GroupInfo, GroupPost, Member, UnreadGroup};
 pub use resource::{Resolved, Resources};
 pub(crate) use session::content;
 pub use session::{Deletion, ImageChanges, ImageInfo, Lifecycle, NewChild, Role, Sessions};
+pub(crate) use session::{decode_message, encode_message};
 pub use usage::{BudgetAnswer, BudgetUpdate, CallStatus, UsageRecord, Usages};

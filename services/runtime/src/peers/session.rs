@@ -447,6 +447,17 @@ pub(crate) fn content(parts: Vec<pb::ContentPart>, plain_text: bool) -> Content 
     }
 }
 
+/// Returns a message in the session service's wire form, for keeping it
+/// outside this process (the outbox in Redis).
+pub(crate) fn encode_message(message: &Message) -> Vec<u8> {
+    prost::Message::encode_to_vec(&message_pb(message))
+}
+
+/// Reads a message [`encode_message`] wrote; `None` when it cannot.
+pub(crate) fn decode_message(wire: &[u8]) -> Option<Message> {
+    <pb::Message as prost::Message>::decode(wire).ok().map(message_of)
+}
+
 fn message_of(message: pb::Message) -> Message {
     use pb::message::Body;
     let body = match message.body {

@@ -202,7 +202,13 @@ impl Replicas {
         self.inner.client.clone()
     }
 
-    fn key(&self, name: &str) -> String {
+    /// Returns the Redis connection (for the outbox).
+    pub(crate) fn connection(&self) -> ConnectionManager {
+        self.inner.conn.clone()
+    }
+
+    /// Returns the Redis key of `name` under the runtimes' prefix.
+    pub(crate) fn key(&self, name: &str) -> String {
         format!("{}runtime:{name}", self.inner.settings.key_prefix)
     }
 
