@@ -40,6 +40,33 @@ impl Api {
         self.client.post(format!("{}{path}", self.url)).bearer_auth(&self.key)
     }
 
+    /// Opens an HTTP/1.1 connection to the gateway, makes one request on it
+    /// and returns it open and idle, as a keep-alive client leaves it between
+    /// requests. The request is `GET /health`, or with `body` bytes a
+    /// `POST /v1/containers` the gateway reads whole and refuses (an unknown
+    /// field), so the connection has carried a body.
+    pub async fn keep_alive(&self, body: usize) -> anyhow::Result<tokio::net::TcpStream> {
+        use tokio::io::AsyncWriteExt;
+        let authority = self.url.trim_start_matches("http://").trim_end_matches('/');
+        let mut stream = tokio::net::TcpStream::connect(authority).await?;
+        let (request, expected) = if body == 0 {
+            (format!("GET /health HTTP/1.1\r\nhost: {authority}\r\n\r\n"), 200)
+        } else {
+            let body = json!({"containerId": "keep-alive", "pad": "x".repeat(body)}).to_string();
+            let request = format!(
+                "POST /v1/containers HTTP/1.1\r\nhost: {authority}\r\nauthorization: Bearer {}\r\n\
+                 content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                self.key,
+                body.len()
+            );
+            (request, 400)
+        };
+        stream.write_all(request.as_bytes()).await?;
+        let (status, _) = avm_tests::raw_http::read_response(&mut stream).await?;
+        ensure!(status == expected, "the keep-alive request answered {status}");
+        Ok(stream)
+    }
+
     /// The WebSocket endpoint, authenticated.
     pub fn ws_url(&self) -> String {
         format!("{}/ws?token={}", self.url.replacen("http://", "ws://", 1), self.key)

@@ -30,12 +30,13 @@ const WAKES: usize = 10;
 
 /// The goal of a figure (from the issue that set them), shown beside it.
 pub fn goal(figure: &str) -> Option<&'static str> {
-    let goals: [(&str, &str); 8] = [
+    let goals: [(&str, &str); 9] = [
         ("ttft_added_p50_ms", "<= 0.3 ms"),
         ("ttft_added_p99_ms", "<= 1 ms at 200"),
         ("control_plane_ratio", ">= 0.4"),
         ("cpu_per_delta_us{process=all}", "<= 12 us"),
         ("idle_ws_kib", "<= 3 KiB"),
+        ("idle_http_kib", "<= 16 KiB"),
         ("idle_agent_kib", "<= 1 KiB"),
         ("idle_wakeups_per_s", "0"),
         ("db_writes_per_token", "0"),
@@ -57,6 +58,8 @@ pub enum Figure {
     ControlPlane,
     /// Memory per idle WebSocket.
     IdleSockets,
+    /// Memory per idle HTTP/1.1 keep-alive connection, and after they close.
+    IdleHttp,
     /// First token of a dropped agent against a hydrated one.
     Wake,
     /// Append and context load at 10 messages and `--history`.
@@ -77,6 +80,8 @@ pub struct Plan {
     cpu_turns: usize,
     cpu_concurrency: usize,
     idle_sockets: usize,
+    idle_http: usize,
+    idle_http_body: usize,
     idle_agents: usize,
     history: usize,
     streams: Vec<usize>,
@@ -94,6 +99,8 @@ impl From<&Args> for Plan {
             cpu_turns: args.cpu_turns,
             cpu_concurrency: args.cpu_concurrency,
             idle_sockets: args.idle_sockets,
+            idle_http: args.idle_http,
+            idle_http_body: args.idle_http_body,
             idle_agents: args.idle_agents,
             history: args.history.max(20),
             streams: args.streams.clone(),
@@ -242,7 +249,7 @@ pub async fn round(
                 }
                 Figure::ControlPlane => control_plane(bench, plan, results).await?,
                 // Measured on the fresh deployment (`memory`).
-                Figure::IdleSockets => {}
+                Figure::IdleSockets | Figure::IdleHttp => {}
                 Figure::Wake => wake_from_zero(bench, results).await?,
                 Figure::History => history(bench, plan, results).await?,
                 Figure::IdleAgents => idle(&bench.deployment, &bench.name, bench.images.len() + 2, results).await?,
@@ -458,7 +465,9 @@ async fn rate(api: &Api, path: &str, duration: Duration) -> anyhow::Result<f64> 
 /// memory freed earlier, which the allocator hands out again, would hide
 /// what new ones cost. Each of the `--repeat` batches comes on top of the
 /// last, nothing freed in between; agents first, as sockets are closed
-/// after. Returns the agents' conversations.
+/// after, and keep-alive connections last, all closed at the end to see what
+/// of their memory is given back.
+/// Returns the agents' conversations.
 async fn memory(
     deployment: &Deployment,
     api: &Api,
@@ -506,6 +515,33 @@ async fn memory(
                 (resident(&pid)? - before) / plan.idle_sockets as f64,
             );
         }
+    }
+    if plan.wants(Figure::IdleHttp) {
+        let pid = [deployment.edge_pid()];
+        let labels = format!("{{connections={},body={}}}", plan.idle_http, plan.idle_http_body);
+        let first = resident(&pid)?;
+        let mut held = Vec::new();
+        for _ in 0..plan.repeat {
+            tokio::time::sleep(SETTLE).await;
+            let before = resident(&pid)?;
+            let connections = futures::stream::iter(0..plan.idle_http)
+                .map(|_| api.keep_alive(plan.idle_http_body))
+                .buffer_unordered(32)
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            held.extend(connections);
+            tokio::time::sleep(SETTLE).await;
+            results.add(
+                format!("idle_http_kib{labels}"),
+                name,
+                (resident(&pid)? - before) / plan.idle_http as f64,
+            );
+        }
+        drop(held);
+        tokio::time::sleep(SETTLE).await;
+        results.add(format!("idle_http_closed_kib{labels}"), name, resident(&pid)? - first);
     }
     Ok(images)
 }

@@ -77,6 +77,13 @@ struct Args {
     /// Idle WebSockets opened to measure memory per socket.
     #[arg(long, default_value_t = 1000)]
     idle_sockets: usize,
+    /// Idle HTTP/1.1 keep-alive connections opened to measure memory per connection.
+    #[arg(long, default_value_t = 1000)]
+    idle_http: usize,
+    /// The body (bytes) each idle keep-alive connection sends before it idles:
+    /// 0 is `GET /health`, more a `POST /v1/containers` read whole and refused.
+    #[arg(long, default_value_t = 0)]
+    idle_http_body: usize,
     /// Idle agents hydrated to measure memory per agent and idle wakeups.
     #[arg(long, default_value_t = 500)]
     idle_agents: usize,
@@ -91,7 +98,7 @@ struct Args {
     #[arg(
         long = "figure",
         value_delimiter = ',',
-        default_value = "ttft,cpu,control-plane,idle-sockets,wake,history,idle-agents,streams"
+        default_value = "ttft,cpu,control-plane,idle-sockets,idle-http,wake,history,idle-agents,streams"
     )]
     figures: Vec<figures::Figure>,
     /// Seconds of each control-plane requests/s measurement.
@@ -129,6 +136,7 @@ async fn main() -> anyhow::Result<()> {
         args.cpu_turns = 40;
         args.first_token_ms.truncate(1);
         args.idle_sockets = 50;
+        args.idle_http = 50;
         args.idle_agents = 20;
         args.history = 100;
         args.streams = vec![10];

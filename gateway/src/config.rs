@@ -39,6 +39,15 @@ pub struct GatewayConfig {
     /// client is the connection's peer. Set it only behind such a proxy: a
     /// client reaching the gateway directly could name anyone.
     pub client_ip_header: Option<String>,
+    /// How long an HTTP connection may wait for its next request's head (or
+    /// take to send one) before it is closed.
+    #[serde(with = "humantime_serde")]
+    pub keep_alive_timeout: Duration,
+    /// Largest request head (request line and headers), in bytes; a larger
+    /// one is refused with 431 `HEADERS_TOO_LARGE` (a request target over
+    /// 32 KiB with 414 `URI_TOO_LONG`). A connection that sent a large head
+    /// may keep a read buffer that large while it idles.
+    pub max_head_bytes: usize,
 }
 
 impl Default for GatewayConfig {
@@ -55,6 +64,8 @@ impl Default for GatewayConfig {
             auth_timeout: Duration::from_secs(10),
             failed_token_exchanges_per_minute: 10,
             client_ip_header: None,
+            keep_alive_timeout: Duration::from_secs(30),
+            max_head_bytes: 64 * 1024,
         }
     }
 }

@@ -11,6 +11,7 @@
 //! openapi.rs  the OpenAPI 3.1 document's fixed parts
 //! peers.rs    the services the gateway fronts
 //! state.rs    what every handler shares; server.rs: serving it
+//! heads.rs    every request head checked before hyper reads it
 //! auth.rs     who is calling; limits.rs: requests per minute
 //! ```
 
@@ -20,6 +21,7 @@ pub mod bounds;
 pub mod config;
 pub mod dev;
 pub mod frames;
+mod heads;
 pub mod http;
 pub mod limits;
 pub mod openapi;

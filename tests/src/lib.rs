@@ -4,4 +4,5 @@ pub mod accounts;
 pub mod cluster;
 pub mod mock_llm;
 pub mod mock_mcp;
+pub mod raw_http;
 pub mod ws_client;

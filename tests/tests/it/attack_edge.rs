@@ -9,13 +9,19 @@
 //!   and one announced beyond it gets no `100 Continue`; NUL in an id or a
 //!   text is the same typed 400 on SQLite (one process) and Postgres (per
 //!   component, with `AVM_TEST_DATABASE_URL`).
+//! - item 16 (rest): a malformed request line, an over-long URI, too many or
+//!   too large headers and a bad header get the error document with a typed
+//!   reason and their status, first on a connection or after a good request,
+//!   and the connection is closed.
 
 use anyhow::{Context, ensure};
 use avm_tests::accounts::create_tenant;
 use avm_tests::cluster::{Cluster, Llm, Mode, Options, http_client};
 use avm_tests::mock_llm::{MockBehavior, MockLlm};
+use avm_tests::raw_http::{ANSWER_TIMEOUT, read_response};
 use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::both_modes;
 use crate::support::{conversation, serve, stop};
@@ -303,7 +309,6 @@ async fn dev_mode_refuses_cross_site_requests_and_foreign_hosts() -> anyhow::Res
 /// send what will be refused).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_bodies_get_413_and_no_100_continue() -> anyhow::Result<()> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let cluster = crate::support::cluster(Mode::OneProcess).await?;
     let tenant = create_tenant(&cluster, "bodies", None).await?;
     let http = http_client(&tenant.admin.key)?;
@@ -382,6 +387,105 @@ async fn nul_characters(mode: Mode) -> anyhow::Result<()> {
         let status = response.status().as_u16();
         let code = typed_400(status, &response.text().await?).with_context(|| format!("{method} {path}"))?;
         ensure!(code == "NUL_CHARACTER", "{method} {path}: {code}");
+    }
+    Ok(())
+}
+
+both_modes!(malformed_request_heads_get_a_typed_error_and_close, malformed_heads);
+
+/// Issue 26 item 16, the heads: each was an empty 400 or 431 from hyper, or
+/// (a 40 kB URI, a 100 kB header) was served; now each is the error document
+/// with its reason and status, on a fresh connection and after a good request
+/// on a keep-alive one, and the connection is then closed.
+async fn malformed_heads(mode: Mode) -> anyhow::Result<()> {
+    let cluster = crate::support::cluster(mode).await?;
+    let url = reqwest::Url::parse(&cluster.url("/health"))?;
+    let addr = format!("{}:{}", url.host_str().unwrap_or("127.0.0.1"), url.port().unwrap_or(80));
+    let fields: String = (0..200).map(|i| format!("x-field-{i}: v\r\n")).collect();
+    let cases: [(&str, Vec<u8>, u16, &str); 7] = [
+        (
+            "a bad request line",
+            b"GET /health HTTP/1.1 extra\r\n\r\n".to_vec(),
+            400,
+            "MALFORMED_REQUEST_LINE",
+        ),
+        (
+            "a TLS hello",
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n".to_vec(),
+            400,
+            "MALFORMED_REQUEST_LINE",
+        ),
+        (
+            "a 40 kB URI",
+            format!("GET /health?x={} HTTP/1.1\r\nhost: h\r\n\r\n", "a".repeat(40_000)).into_bytes(),
+            414,
+            "URI_TOO_LONG",
+        ),
+        (
+            "200 headers",
+            format!("GET /health HTTP/1.1\r\nhost: h\r\n{fields}\r\n").into_bytes(),
+            431,
+            "HEADERS_TOO_LARGE",
+        ),
+        (
+            "a 100 kB header",
+            format!(
+                "GET /health HTTP/1.1\r\nhost: h\r\nx-big: {}\r\n\r\n",
+                "a".repeat(100_000)
+            )
+            .into_bytes(),
+            431,
+            "HEADERS_TOO_LARGE",
+        ),
+        (
+            "a NUL in a header",
+            b"GET /health HTTP/1.1\r\nhost: h\r\nx-a: a\0b\r\n\r\n".to_vec(),
+            400,
+            "MALFORMED_HEADER",
+        ),
+        (
+            "a bad header name",
+            b"GET /health HTTP/1.1\r\nhost: h\r\nx(a): b\r\n\r\n".to_vec(),
+            400,
+            "MALFORMED_HEADER",
+        ),
+    ];
+    for (what, bad, status, reason) in cases {
+        for after_good in [false, true] {
+            let context = format!("{what}{}", if after_good { " after a good request" } else { "" });
+            let mut stream = tokio::net::TcpStream::connect(&addr).await?;
+            if after_good {
+                stream.write_all(b"GET /health HTTP/1.1\r\nhost: h\r\n\r\n").await?;
+                let (good, _) = read_response(&mut stream).await.context(context.clone())?;
+                ensure!(good == 200, "{context}: the good request answered {good}");
+            }
+            let (mut reader, mut writer) = stream.into_split();
+            // The server may answer before reading all of it: send while reading.
+            let bad = bad.clone();
+            let sending = tokio::spawn(async move {
+                let _ = writer.write_all(&bad).await;
+                let _ = writer.shutdown().await;
+                writer
+            });
+            let (got, body) = read_response(&mut reader).await.context(context.clone())?;
+            let doc: Value = serde_json::from_slice(&body)
+                .with_context(|| format!("{context}: {got} {}", short(String::from_utf8_lossy(&body))))?;
+            ensure!(
+                got == status && doc["error"]["code"] == reason && doc["error"]["requestId"].is_string(),
+                "{context}: {got} {}",
+                short(&doc)
+            );
+            let mut rest = Vec::new();
+            tokio::time::timeout(ANSWER_TIMEOUT, reader.read_to_end(&mut rest))
+                .await
+                .with_context(|| format!("{context}: the connection stayed open"))??;
+            ensure!(
+                rest.is_empty(),
+                "{context}: more followed: {}",
+                short(String::from_utf8_lossy(&rest))
+            );
+            drop(sending.await?);
+        }
     }
     Ok(())
 }
