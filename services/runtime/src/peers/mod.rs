@@ -14,4 +14,4 @@ pub use groups::{GroupInfo, GroupPost, Member, UnreadGroup};
 pub use resource::{Resolved, Resources};
 pub(crate) use session::content;
 pub use session::{Deletion, ImageChanges, ImageInfo, Lifecycle, NewChild, Sessions};
-pub use usage::{BudgetAnswer, BudgetUpdate, CallStatus, UsageRecord, Usages};
+pub use usage::{BudgetAnswer, BudgetUpdate, CallStatus, Estimate, UsageRecord, Usages};
