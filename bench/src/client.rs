@@ -7,7 +7,8 @@ use anyhow::{Context, ensure};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-/// Calls one deployment's gateway as its operator admin.
+/// Calls one deployment's gateway as its operator admin (or, with
+/// `--tokens-per-month`, as the admin of a tenant with a token quota).
 #[derive(Clone)]
 pub struct Api {
     pub client: reqwest::Client,
@@ -73,6 +74,23 @@ impl Api {
     }
 
     /// Makes the `bench` container unless it exists.
+    /// Creates a tenant with a monthly token quota (as the operator) and
+    /// returns its admin's API key.
+    pub async fn tenant_with_quota(&self, tokens_per_month: u64) -> anyhow::Result<String> {
+        let response = self
+            .post("/v1/tenants")
+            .json(&json!({"name": "bench", "limits": {"tokensPerMonth": tokens_per_month}}))
+            .send()
+            .await?;
+        let status = response.status();
+        let body: Value = response.json().await?;
+        ensure!(status.is_success(), "cannot create the tenant: {status} {body}");
+        body["secret"]
+            .as_str()
+            .map(str::to_owned)
+            .context("the new tenant's key is missing")
+    }
+
     pub async fn container(&self) -> anyhow::Result<()> {
         let response = self
             .post("/v1/containers")

@@ -86,6 +86,7 @@ pub struct Plan {
     history: usize,
     streams: Vec<usize>,
     rps_seconds: f64,
+    tokens_per_month: u64,
 }
 
 impl From<&Args> for Plan {
@@ -105,6 +106,7 @@ impl From<&Args> for Plan {
             history: args.history.max(20),
             streams: args.streams.clone(),
             rps_seconds: args.rps_seconds,
+            tokens_per_month: args.tokens_per_month,
         }
     }
 }
@@ -147,7 +149,11 @@ impl Bench {
         results: &mut Results,
     ) -> anyhow::Result<Self> {
         let name = format!("{}/{}", deployment.label, deployment.mode.name());
-        let api = Api::new(&deployment.url, &deployment.admin_key)?;
+        let mut api = Api::new(&deployment.url, &deployment.admin_key)?;
+        if plan.tokens_per_month > 0 {
+            let key = api.tenant_with_quota(plan.tokens_per_month).await?;
+            api = Api::new(&deployment.url, &key)?;
+        }
         api.container().await?;
         idle(&deployment, &name, 0, results).await?;
         mock.set_behavior(behavior(1, 0));

@@ -104,6 +104,10 @@ struct Args {
     /// Seconds of each control-plane requests/s measurement.
     #[arg(long, default_value_t = 2.0)]
     rps_seconds: f64,
+    /// Runs the turns as a tenant with this monthly token quota (0: as the
+    /// operator, unlimited), so each LLM call reserves its tokens against it.
+    #[arg(long, default_value_t = 0)]
+    tokens_per_month: u64,
     /// Writes the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,

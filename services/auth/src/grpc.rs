@@ -12,7 +12,8 @@ use tonic::{Request, Response, Status};
 use crate::error::AuthError;
 use crate::events::{AuthEvent, AuthEventKind, WatchItem};
 use crate::record::{
-    AccessToken, ApiKeyRecord, ApiKeySpec, QuotaState, TenantRecord, TenantUpdate, UsageReport, UserRecord,
+    AccessToken, ApiKeyRecord, ApiKeySpec, QuotaState, ReserveOutcome, TenantRecord, TenantUpdate, TokenReservation,
+    UsageReport, UserRecord,
 };
 use crate::service::AuthService;
 
@@ -289,6 +290,32 @@ impl AuthApi for AuthGrpc {
         Ok(Response::new(pb::RecordUsageResponse {
             tenant_tokens_this_month,
         }))
+    }
+
+    async fn reserve_tokens(
+        &self,
+        request: Request<pb::ReserveTokensRequest>,
+    ) -> Result<Response<pb::ReserveTokensResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let reservation = TokenReservation {
+            tenant_id: request.tenant_id,
+            key_id: request.key_id.filter(|id| !id.is_empty()),
+            reservation_id: request.reservation_id,
+            tokens: request.tokens,
+        };
+        let answer = match self.service.reserve_tokens(&ctx, reservation).await? {
+            ReserveOutcome::Reserved => pb::ReserveTokensResponse {
+                reserved: true,
+                ..Default::default()
+            },
+            ReserveOutcome::Refused { quota, used_up } => pb::ReserveTokensResponse {
+                reserved: false,
+                exceeded: Some(quota_pb(quota)),
+                used_up,
+            },
+        };
+        Ok(Response::new(answer))
     }
 
     async fn get_usage(&self, request: Request<pb::GetUsageRequest>) -> Result<Response<pb::GetUsageResponse>, Status> {

@@ -30,8 +30,8 @@ pub use events::{AuthEvent, AuthEventKind, WatchItem};
 pub use grpc::{AuthGrpc, grpc_server};
 pub use record::{
     AccessToken, ApiKeyRecord, ApiKeySpec, CounterChange, CreatedApiKey, CreatedTenant, KeyCredential, NewApiKey,
-    QuotaState, Reach, SigningKeyRecord, TenantRecord, TenantUpdate, Tombstone, TombstoneKind, UsageOutcome,
-    UsageRecord, UsageReport, UserRecord,
+    QuotaState, Reach, ReserveOutcome, SigningKeyRecord, TenantRecord, TenantUpdate, TokenReservation, Tombstone,
+    TombstoneKind, UsageOutcome, UsageRecord, UsageReport, UserRecord,
 };
 pub use seal::{KeySeal, MIN_SEAL_KEY_CHARS};
 pub use service::{AuthEventStream, AuthService, Bootstrap, MAX_ID_BYTES, MAX_NAME_CHARS, SERVICE_TENANT};

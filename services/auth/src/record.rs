@@ -271,6 +271,27 @@ pub struct UsageOutcome {
     pub key: Option<CounterChange>,
 }
 
+/// An LLM call's estimated tokens, held against its tenant's and key's
+/// monthly quotas while it is in flight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenReservation {
+    pub tenant_id: String,
+    pub key_id: Option<String>,
+    /// The call's id; its usage report (`report_id`) settles the reservation.
+    pub reservation_id: String,
+    pub tokens: u64,
+}
+
+/// What a reservation found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReserveOutcome {
+    /// The call may go ahead (its tokens are held when a quota applies).
+    Reserved,
+    /// The tenant's quota (`key_id` `None`) or the key's refuses: its use
+    /// plus the calls in flight reached it, or (`used_up`) its use alone.
+    Refused { quota: QuotaState, used_up: bool },
+}
+
 /// A tenant's token use in one month.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UsageRecord {

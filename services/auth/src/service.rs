@@ -20,8 +20,8 @@ use crate::error::AuthError;
 use crate::events::{AuthEvent, AuthEventKind, WatchItem};
 use crate::oidc::ExternalIssuer;
 use crate::record::{
-    AccessToken, ApiKeyRecord, ApiKeySpec, CreatedApiKey, CreatedTenant, NewApiKey, QuotaState, Reach, TenantRecord,
-    TenantUpdate, TombstoneKind, UsageRecord, UsageReport, UserRecord,
+    AccessToken, ApiKeyRecord, ApiKeySpec, CreatedApiKey, CreatedTenant, NewApiKey, QuotaState, Reach, ReserveOutcome,
+    TenantRecord, TenantUpdate, TokenReservation, TombstoneKind, UsageRecord, UsageReport, UserRecord,
 };
 use crate::seal::KeySeal;
 use crate::signing::{CURRENT_KEY_REFRESH, SigningKeys, StoreKeySource};
@@ -36,6 +36,11 @@ pub const MAX_NAME_CHARS: usize = 128;
 pub const MAX_ID_BYTES: usize = 128;
 /// How long a watcher waits for the cross-replica feed before giving up.
 const FEED_READY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a token reservation holds without its call's report: a runtime
+/// that died mid-call must not hold a quota forever; a live call is reported
+/// well before (the observability service's budget reservations last as long).
+const RESERVATION_TTL: Duration = Duration::from_secs(600);
 
 /// The live events and, first, what a new watcher must know.
 pub type AuthEventStream = BoxStream<'static, Result<WatchItem, AuthError>>;
@@ -692,6 +697,38 @@ impl AuthService {
             self.inner.emit(exhausted(report.key_id.clone())).await;
         }
         Ok(outcome.tenant.after)
+    }
+
+    /// Holds an LLM call's estimated tokens against its tenant's and key's
+    /// monthly quotas until the call's report (the same id) arrives or
+    /// [`RESERVATION_TTL`] passes, or refuses the call when their use plus
+    /// the calls in flight reached a quota (services only). Reservations live
+    /// in the database, taken one at a time per tenant, so every replica
+    /// counts the others' calls in flight.
+    #[instrument(name = "auth.reserve_tokens", skip_all, fields(request_id = %ctx.request_id))]
+    pub async fn reserve_tokens(
+        &self,
+        ctx: &RequestContext,
+        reservation: TokenReservation,
+    ) -> Result<ReserveOutcome, AuthError> {
+        self.authorize(ctx).await?;
+        ctx.principal.require_service()?;
+        check_id("TENANT_ID_REQUIRED", "tenant_id", &reservation.tenant_id)?;
+        check_id("RESERVATION_ID_REQUIRED", "reservation_id", &reservation.reservation_id)?;
+        if let Some(key_id) = reservation.key_id.as_deref() {
+            check_id("KEY_ID_REQUIRED", "key_id", key_id)?;
+        }
+        let now = now_ms();
+        let ttl = i64::try_from(RESERVATION_TTL.as_millis()).unwrap_or(i64::MAX);
+        let outcome = self
+            .inner
+            .store
+            .reserve_tokens(&reservation, &month_of(now), now, now.saturating_add(ttl))
+            .await?;
+        if let ReserveOutcome::Refused { quota, used_up } = &outcome {
+            tracing::debug!(tenant_id = %quota.tenant_id, key_id = ?quota.key_id, used_up, "token reservation refused");
+        }
+        Ok(outcome)
     }
 
     /// Returns a tenant's (the caller's when empty) token use this month and

@@ -13,8 +13,8 @@ use avm_store::events::EventTransport;
 
 use crate::error::AuthError;
 use crate::record::{
-    ApiKeyRecord, KeyCredential, NewApiKey, QuotaState, Reach, SigningKeyRecord, TenantRecord, TenantUpdate, Tombstone,
-    UsageOutcome, UsageReport, UserRecord,
+    ApiKeyRecord, KeyCredential, NewApiKey, QuotaState, Reach, ReserveOutcome, SigningKeyRecord, TenantRecord,
+    TenantUpdate, TokenReservation, Tombstone, UsageOutcome, UsageReport, UserRecord,
 };
 
 mod postgres;
@@ -102,9 +102,21 @@ pub trait AuthStore: Send + Sync + 'static {
         operator: bool,
     ) -> Result<bool, AuthError>;
 
-    /// Counts a report once per `report_id`, in `month`; `TenantNotFound` when
-    /// the tenant is missing.
+    /// Counts a report once per `report_id`, in `month`, and ends the token
+    /// reservation of the same id; `TenantNotFound` when the tenant is missing.
     async fn record_usage(&self, report: &UsageReport, month: &str, now_ms: i64) -> Result<UsageOutcome, AuthError>;
+
+    /// Holds `reservation` against its tenant's and key's quotas in `month`
+    /// until `expires_at_ms` (or its call's report), unless their use plus
+    /// the unexpired reservations already reached one; a retried
+    /// reservation holds once. `TenantNotFound` when the tenant is missing.
+    async fn reserve_tokens(
+        &self,
+        reservation: &TokenReservation,
+        month: &str,
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<ReserveOutcome, AuthError>;
 
     /// Returns the tokens counted for a tenant (or one of its keys) in `month`.
     async fn usage(&self, tenant_id: &str, key_id: Option<&str>, month: &str) -> Result<u64, AuthError>;

@@ -12,7 +12,8 @@ use futures::stream::BoxStream;
 use tonic::{Request, Response, Status};
 
 use crate::record::{
-    Budget, CallStatus, Dimension, Latency, Level, LogEvent, LogQuery, UsageQuery, UsageRecord, UsageTotals,
+    Budget, CallEstimate, CallStatus, Dimension, Latency, Level, LogEvent, LogQuery, UsageQuery, UsageRecord,
+    UsageTotals,
 };
 use crate::service::ObservabilityService;
 
@@ -189,12 +190,19 @@ impl ObservabilityApi for ObservabilityGrpc {
                 &request.tenant_id,
                 &request.key_id,
                 &request.call_id,
-                request.estimated_pico_usd,
+                CallEstimate {
+                    pico_usd: request.estimated_pico_usd,
+                    tokens: request.estimated_tokens,
+                },
             )
             .await?;
         Ok(Response::new(pb::CheckBudgetResponse {
             allowed: check.allowed,
             exhausted: check.exhausted.map(budget_pb),
+            quota_exceeded: check.quota_exceeded.map(|quota| pb::TokenQuota {
+                key_id: quota.key_id,
+                used_up: quota.used_up,
+            }),
         }))
     }
 

@@ -7,7 +7,7 @@
 //! service.rs  permissions, validation, queries, budgets, logs, watch
 //! ledger.rs   the pending buffer, its background writer, month spends
 //! events.rs   what replicas tell each other: budget changes, spends written
-//! quotas.rs   token quotas derived from the ledger, counted at the auth service
+//! quotas.rs   token quotas at the auth service: reserved per call, settled, counted
 //! record.rs   the domain types
 //! forwarder.rs every process's tenant log events, sent to this service
 //! store.rs    the ObservabilityStore trait; store/{sqlite,postgres}.rs behind it
@@ -30,9 +30,9 @@ pub use forwarder::spawn_log_forwarder;
 pub use grpc::{ObservabilityGrpc, grpc_server};
 pub use quotas::{AuthQuotas, QuotaSink};
 pub use record::{
-    Budget, BudgetCheck, BudgetUpdate, BudgetWatch, CallStatus, CallTiming, Dimension, Latency, Level, LogEvent,
-    LogFilter, LogQuery, PageKey, StoredBudget, UsageFilter, UsageGroup, UsagePage, UsageQuery, UsageRecord,
-    UsageReport, UsageSummary, UsageTotals,
+    Budget, BudgetCheck, BudgetUpdate, BudgetWatch, CallEstimate, CallStatus, CallTiming, Dimension, Latency, Level,
+    LogEvent, LogFilter, LogQuery, PageKey, StoredBudget, TokenQuota, UsageFilter, UsageGroup, UsagePage, UsageQuery,
+    UsageRecord, UsageReport, UsageSummary, UsageTotals,
 };
 pub use service::{
     MAX_CALL_ID_BYTES, MAX_LOG_EVENTS_PER_REQUEST, MAX_LOG_FIELDS_BYTES, MAX_LOG_MESSAGE_BYTES,

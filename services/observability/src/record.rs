@@ -270,6 +270,26 @@ pub struct BudgetCheck {
     pub allowed: bool,
     /// The budget that refuses, when one does.
     pub exhausted: Option<Budget>,
+    /// The token quota that refuses, when one does.
+    pub quota_exceeded: Option<TokenQuota>,
+}
+
+/// What an LLM call about to be made is expected to cost: its price (for
+/// budgets) and its input and output tokens (for token quotas; zero when
+/// none applies).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallEstimate {
+    pub pico_usd: i64,
+    pub tokens: u64,
+}
+
+/// The monthly token quota that refused an LLM call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TokenQuota {
+    /// Empty for the tenant's own quota.
+    pub key_id: String,
+    /// Whether counted tokens used it up (else calls in flight hold the rest).
+    pub used_up: bool,
 }
 
 /// One message of a budget watch.

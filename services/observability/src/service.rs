@@ -29,11 +29,11 @@ use crate::config::LedgerSettings;
 use crate::error::ObservabilityError;
 use crate::events::{BudgetChanged, ObservabilityEvent};
 use crate::ledger::{Ledger, SpendKey};
-use crate::quotas::QuotaSink;
+use crate::quotas::AuthQuotas;
 use crate::record::{
-    Budget, BudgetCheck, BudgetUpdate, BudgetWatch, CallTiming, Dimension, Latency, Level, LogEvent, LogFilter,
-    LogQuery, PageKey, StoredBudget, UsageFilter, UsagePage, UsageQuery, UsageRecord, UsageReport, UsageSummary,
-    UsageTotals,
+    Budget, BudgetCheck, BudgetUpdate, BudgetWatch, CallEstimate, CallTiming, Dimension, Latency, Level, LogEvent,
+    LogFilter, LogQuery, PageKey, StoredBudget, UsageFilter, UsagePage, UsageQuery, UsageRecord, UsageReport,
+    UsageSummary, UsageTotals,
 };
 use crate::store::ObservabilityStore;
 
@@ -92,6 +92,9 @@ struct Reservation {
     tenant_id: String,
     key_id: String,
     pico_usd: i64,
+    /// Whether the auth service holds the call's estimated tokens too, which
+    /// its usage record must settle there.
+    tokens_held: bool,
     expires_at: std::time::Instant,
 }
 
@@ -105,6 +108,8 @@ struct Inner {
     /// Budget checks that reserve run one at a time, so two calls cannot
     /// both take the room only one of them has.
     reserve_gate: tokio::sync::Mutex<()>,
+    /// The auth service's token quotas, once connected.
+    quotas: std::sync::OnceLock<Arc<AuthQuotas>>,
 }
 
 /// The observability service: the usage ledger, monthly spend budgets and
@@ -128,12 +133,21 @@ impl ObservabilityService {
                 events,
                 reservations: std::sync::Mutex::new(HashMap::new()),
                 reserve_gate: tokio::sync::Mutex::new(()),
+                quotas: std::sync::OnceLock::new(),
             }),
         }
     }
 
-    /// Counts every call new to the ledger against token quotas with `quotas`.
-    pub fn count_quotas_with(&self, quotas: Arc<dyn QuotaSink>) {
+    /// Connects the auth service's token quotas (once): every call new to
+    /// the ledger counts against them, each budget check that names its
+    /// estimated tokens reserves them there, and a budget's API key is
+    /// looked up there. Without it, quotas are the auth service's business
+    /// alone and budgets' keys are taken as given.
+    pub fn count_quotas_with(&self, quotas: Arc<AuthQuotas>) {
+        if self.inner.quotas.set(Arc::clone(&quotas)).is_err() {
+            tracing::warn!("token quotas were connected twice; keeping the first");
+            return;
+        }
         self.inner.ledger.count_quotas_with(quotas);
     }
 
@@ -220,9 +234,18 @@ impl ObservabilityService {
             validate_record(index, record)?;
         }
         let calls: Vec<String> = records.iter().map(|record| record.call_id.clone()).collect();
+        let held_tokens = self.holding_tokens(&records);
         let accepted = self.inner.ledger.accept(records)?;
         // The ledger's spend counts these calls now: their reservations end.
         self.settle(&calls);
+        // Their token reservations end at the auth service, now rather than
+        // after the ledger's next write, so the tenant's next check counts
+        // their real tokens (the ledger's own report later changes nothing).
+        if !held_tokens.is_empty()
+            && let Some(quotas) = self.inner.quotas.get()
+        {
+            quotas.settle(&held_tokens).await;
+        }
         if self.inner.ledger.writes_through() {
             self.inner.ledger.flush().await?;
         }
@@ -376,6 +399,9 @@ impl ObservabilityService {
         let tenant_id = target_tenant(ctx, tenant_id)?;
         ctx.principal.require_admin()?;
         validate_key_id(key_id)?;
+        if !key_id.is_empty() {
+            self.ensure_key_of(ctx, &tenant_id, key_id).await?;
+        }
         if monthly_limit_pico_usd < 0 {
             return Err(ObservabilityError::invalid(
                 "INVALID_BUDGET_LIMIT",
@@ -406,6 +432,27 @@ impl ObservabilityService {
         tracing::info!(budget_tenant = %tenant_id, key_id, monthly_limit_pico_usd, "budget set");
         self.inner.events.emit(ObservabilityEvent::Budget(change)).await;
         Ok(Some(self.budget(stored).await?))
+    }
+
+    /// Fails exactly as the auth service fails for a missing key unless
+    /// `key_id` is a key of `tenant_id` that the caller sees: a budget for
+    /// another tenant's key, or a missing one, is never stored (issue 26
+    /// item 14). An operator sees every tenant's keys, so the tenant is
+    /// compared too.
+    async fn ensure_key_of(
+        &self,
+        ctx: &RequestContext,
+        tenant_id: &str,
+        key_id: &str,
+    ) -> Result<(), ObservabilityError> {
+        let Some(quotas) = self.inner.quotas.get() else {
+            return Ok(());
+        };
+        if quotas.key_tenant(ctx, key_id).await? == tenant_id {
+            return Ok(());
+        }
+        // The auth service's own words for a missing key, so a foreign one looks the same.
+        Err(ApiError::not_found("API_KEY_NOT_FOUND", format!("api key {key_id} not found")).into())
     }
 
     /// Lists a tenant's budgets (the caller's when `tenant_id` is empty;
@@ -441,18 +488,24 @@ impl ObservabilityService {
         tenant_id: &str,
         key_id: &str,
     ) -> Result<BudgetCheck, ObservabilityError> {
-        self.reserve_budget(ctx, tenant_id, key_id, "", 0).await
+        self.reserve_budget(ctx, tenant_id, key_id, "", CallEstimate::default())
+            .await
     }
 
     /// As [`ObservabilityService::check_budget`], for the LLM call `call_id`
     /// about to be made (components only): a budget whose spend plus the
     /// reservations of calls in flight reaches its limit refuses; else the
-    /// call's `estimated_pico_usd` is reserved against its budgets until its
+    /// call's estimated price is reserved against its budgets until its
     /// usage record arrives (or [`RESERVATION_TTL`] passes). Checks are
     /// serialised, so the month's billing exceeds a limit by at most the
     /// last call allowed under it (and what calls bill beyond their
     /// estimates), whatever the concurrency. Reservations live in this
     /// process: each replica of the service keeps its own.
+    ///
+    /// With estimated tokens, the call's tokens are then reserved against
+    /// its tenant's and key's monthly token quotas at the auth service, in
+    /// its database, so the same bound holds for quotas across every replica
+    /// of both services; a refusal there releases the budget's reservation.
     #[instrument(name = "observability.reserve_budget", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn reserve_budget(
         &self,
@@ -460,9 +513,10 @@ impl ObservabilityService {
         tenant_id: &str,
         key_id: &str,
         call_id: &str,
-        estimated_pico_usd: i64,
+        estimate: CallEstimate,
     ) -> Result<BudgetCheck, ObservabilityError> {
         ctx.principal.require_service()?;
+        let estimated_pico_usd = estimate.pico_usd;
         if call_id.len() > MAX_CALL_ID_BYTES {
             return Err(ObservabilityError::invalid(
                 "INVALID_BUDGET_CHECK",
@@ -483,7 +537,7 @@ impl ObservabilityService {
             }
         };
         validate_key_id(key_id)?;
-        let _gate = self.inner.reserve_gate.lock().await;
+        let gate = self.inner.reserve_gate.lock().await;
         let mut budgeted = false;
         // The tenant's own budget comes first (key '' sorts first).
         for stored in self.inner.store.budgets_for_call(tenant_id, key_id).await? {
@@ -494,24 +548,67 @@ impl ObservabilityService {
                 return Ok(BudgetCheck {
                     allowed: false,
                     exhausted: Some(budget),
+                    quota_exceeded: None,
                 });
             }
         }
         if budgeted && !call_id.is_empty() && estimated_pico_usd > 0 {
-            self.lock_reservations().insert(
-                call_id.to_owned(),
-                Reservation {
-                    tenant_id: tenant_id.to_owned(),
-                    key_id: key_id.to_owned(),
-                    pico_usd: estimated_pico_usd,
-                    expires_at: std::time::Instant::now() + RESERVATION_TTL,
-                },
-            );
+            self.reserve(call_id, tenant_id, key_id, estimated_pico_usd, false);
+        }
+        // The auth service serialises token reservations itself.
+        drop(gate);
+        let quotas = self.inner.quotas.get();
+        if let Some(quotas) = quotas.filter(|_| !call_id.is_empty() && estimate.tokens > 0) {
+            let refused = quotas.reserve(tenant_id, key_id, call_id, estimate.tokens).await;
+            if !matches!(refused, Ok(None)) {
+                self.settle(&[call_id.to_owned()]);
+            }
+            if let Some(quota) = refused? {
+                return Ok(BudgetCheck {
+                    allowed: false,
+                    exhausted: None,
+                    quota_exceeded: Some(quota),
+                });
+            }
+            self.reserve(call_id, tenant_id, key_id, 0, true);
         }
         Ok(BudgetCheck {
             allowed: true,
             exhausted: None,
+            quota_exceeded: None,
         })
+    }
+
+    /// Holds `pico_usd` for the call `call_id` (adding to what it holds),
+    /// and marks it holding tokens at the auth service when `tokens_held`.
+    fn reserve(&self, call_id: &str, tenant_id: &str, key_id: &str, pico_usd: i64, tokens_held: bool) {
+        let now = std::time::Instant::now();
+        let mut reservations = self.lock_reservations();
+        // Expired ones go first, so a crashed runtime's calls never pile up.
+        reservations.retain(|_, reservation| reservation.expires_at > now);
+        let reservation = reservations.entry(call_id.to_owned()).or_insert_with(|| Reservation {
+            tenant_id: tenant_id.to_owned(),
+            key_id: key_id.to_owned(),
+            pico_usd: 0,
+            tokens_held: false,
+            expires_at: now + RESERVATION_TTL,
+        });
+        reservation.pico_usd = reservation.pico_usd.saturating_add(pico_usd);
+        reservation.tokens_held |= tokens_held;
+    }
+
+    /// Returns the records whose calls hold tokens at the auth service.
+    fn holding_tokens(&self, records: &[UsageRecord]) -> Vec<UsageRecord> {
+        let reservations = self.lock_reservations();
+        records
+            .iter()
+            .filter(|record| {
+                reservations
+                    .get(&record.call_id)
+                    .is_some_and(|reservation| reservation.tokens_held)
+            })
+            .cloned()
+            .collect()
     }
 
     /// Streams every budget (one `snapshot` message), then each change made

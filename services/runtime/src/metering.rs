@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use avm_common::auth::ServiceIdentity;
+use avm_common::auth::{Principal, ServiceIdentity};
 use avm_common::{ApiError, Code, RequestContext};
 use futures::StreamExt;
 use tokio::sync::{Notify, mpsc};
@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{BillingConfig, ProviderKind};
 use crate::error::RuntimeError;
-use crate::peers::{BudgetAnswer, UsageRecord, Usages};
+use crate::peers::{BudgetAnswer, Estimate, UsageRecord, Usages};
 
 /// Records waiting to be sent; beyond it a turn waits for room before it
 /// ends (the observability service has been unreachable for a long while).
@@ -95,6 +95,12 @@ pub fn charge(billing: &BillingConfig, provider: ProviderKind, model: &str, toke
     }
 }
 
+/// Returns whether the caller's tenant or API key has a monthly token
+/// quota, as its token says (limits ride in every access token).
+fn has_token_quota(principal: &Principal) -> bool {
+    principal.tenant_limits.tokens_per_month > 0 || principal.key_limits.tokens_per_month > 0
+}
+
 /// Returns a rough token count of text `text_bytes` long in UTF-8 (a
 /// quarter of its bytes, rounded up), for calls the provider never counted.
 pub fn estimate_tokens(text_bytes: usize) -> u64 {
@@ -149,27 +155,33 @@ impl Metering {
     }
 
     /// Fails with BUDGET_EXCEEDED when the caller's tenant or key spent its
-    /// monthly budget, counting the calls in flight; else the call `call_id`
-    /// reserves `estimated_pico_usd` against it until its record arrives.
-    /// Tenants without a budget are not asked about.
+    /// monthly budget, and with QUOTA_EXCEEDED when it used its monthly
+    /// token quota, counting the calls in flight; else the call `call_id`
+    /// reserves its estimate against them until its record arrives. Tenants
+    /// with neither are not asked about.
     pub async fn check_budget(
         &self,
         ctx: &RequestContext,
         call_id: &str,
-        estimated_pico_usd: i64,
+        estimate: Estimate,
     ) -> Result<(), RuntimeError> {
         let key_id = ctx.principal.key_id.as_deref().unwrap_or_default();
         let known = self.inner.budgets_known.load(Ordering::Acquire);
-        if known && !self.capped(&ctx.tenant_id, key_id) {
+        let quota = has_token_quota(&ctx.principal);
+        if known && !quota && !self.capped(&ctx.tenant_id, key_id) {
             return Ok(());
         }
+        let estimate = Estimate {
+            tokens: if quota { estimate.tokens } else { 0 },
+            ..estimate
+        };
         // What this tenant spent must be counted first: its queued records go out.
         self.wait_sent(&ctx.tenant_id, BUDGET_FLUSH).await;
         let answer = async {
             let own = self.inner.identity.context_for(ctx).await?;
             self.inner
                 .usages
-                .check_budget(&own, &ctx.tenant_id, key_id, call_id, estimated_pico_usd)
+                .check_budget(&own, &ctx.tenant_id, key_id, call_id, estimate)
                 .await
         }
         .await;
@@ -195,6 +207,20 @@ impl Metering {
                 };
                 Err(ApiError::new(Code::ResourceExhausted, "BUDGET_EXCEEDED", message).into())
             }
+            Ok(BudgetAnswer::QuotaExceeded { key_id, used_up }) => {
+                let whose = if key_id.is_empty() {
+                    "the tenant's"
+                } else {
+                    "this API key's"
+                };
+                let message = if used_up {
+                    format!("{whose} monthly token quota is used up; ask an operator to raise it")
+                } else {
+                    format!("{whose} monthly token quota is taken by the LLM calls in flight; try again when they end")
+                };
+                // The gateway's reason for a used-up quota, so clients handle both alike.
+                Err(ApiError::new(Code::ResourceExhausted, "QUOTA_EXCEEDED", message).into())
+            }
             // Unknown budgets while the service is away: let the call go,
             // rather than stop every tenant for the sake of a few.
             Err(err) if !known => {
@@ -205,17 +231,19 @@ impl Metering {
                 tracing::warn!(error = %err, "cannot check a budget; refusing the call");
                 Err(ApiError::unavailable(
                     "BUDGET_UNAVAILABLE",
-                    "the budget of this tenant cannot be checked right now; try again shortly",
+                    "the budget or token quota of this tenant cannot be checked right now; try again shortly",
                 )
                 .into())
             }
         }
     }
 
-    /// Reports one call: at once when its tenant or key has a budget (so
-    /// the next check counts it), else through the batching queue.
-    pub async fn record(&self, record: UsageRecord) {
-        if self.capped(&record.tenant_id, &record.key_id) && self.send(std::slice::from_ref(&record)).await.is_ok() {
+    /// Reports one call made for `ctx`: at once when its tenant or key has
+    /// a budget or a token quota (so the next check counts it), else through
+    /// the batching queue.
+    pub async fn record(&self, ctx: &RequestContext, record: UsageRecord) {
+        let checked = has_token_quota(&ctx.principal) || self.capped(&record.tenant_id, &record.key_id);
+        if checked && self.send(std::slice::from_ref(&record)).await.is_ok() {
             return;
         }
         let depth = self.inner.pending.fetch_add(1, Ordering::SeqCst) + 1;

@@ -33,7 +33,7 @@ use crate::llm::{
 use crate::message::{self, Message, MessageBody};
 use crate::metering::{Metering, Tokens, charge, estimate_tokens};
 use crate::outbox::Outbox;
-use crate::peers::{CallStatus, Sessions, UsageRecord};
+use crate::peers::{CallStatus, Estimate, Sessions, UsageRecord};
 use crate::settings::TenantLlm;
 use crate::tools::{Builtin, Caller, ServerState, ToolReply, Toolbox};
 
@@ -210,8 +210,9 @@ pub(crate) async fn run(
         steps += 1;
         let mut reply = Reply::new(&request.model);
         // Every LLM call is preceded by the budget check, which reserves its
-        // estimated price until its record settles it; a refused one is not made.
-        let estimate = estimated_price(&llm, &request);
+        // estimated price and tokens until its record settles them; a
+        // refused one is not made.
+        let estimate = estimate(&llm, &request);
         let checked = ports.metering.check_budget(&ctx, &reply.message_id, estimate).await;
         let outcome = match checked {
             Err(refused) => Outcome::Failed(Failure::from(refused)),
@@ -229,7 +230,7 @@ pub(crate) async fn run(
                 .await;
                 // One record per call: the ledger, from which the token quota is derived too.
                 let record = usage_record(&agent, &ctx, &llm, &reply, &outcome, request_chars);
-                ports.metering.record(record).await;
+                ports.metering.record(&ctx, record).await;
                 outcome
             }
         };
@@ -587,6 +588,29 @@ fn request_chars(request: &LlmRequest) -> usize {
     system + messages
 }
 
+/// The most a call of `request` is expected to use, which its budget check
+/// reserves: its input at a token per 4 bytes plus `max_tokens` of output,
+/// and that at the model's price and markup.
+fn estimate(llm: &TenantLlm, request: &LlmRequest) -> Estimate {
+    let tokens = Tokens {
+        input: estimate_tokens(request_chars(request)),
+        output: u64::from(request.max_tokens),
+        cache_read: 0,
+        cache_write: 0,
+    };
+    let price = charge(
+        &llm.billing,
+        llm.config.provider_kind(),
+        &request.model,
+        tokens,
+        llm.own_key,
+    );
+    Estimate {
+        pico_usd: price.billed_pico_usd,
+        tokens: tokens.input.saturating_add(tokens.output),
+    }
+}
+
 /// Returns the ledger record of the turn's LLM call.
 ///
 /// The counts are the provider's own. Where a cut stream left one unknown it
@@ -594,26 +618,6 @@ fn request_chars(request: &LlmRequest) -> usize {
 /// input of a call the provider accepted but never counted, the output of a
 /// reply it streamed without a final count. A call the provider refused
 /// outright counts nothing.
-/// The most a call of `request` is expected to bill, which its budget
-/// check reserves: its input at a token per 4 bytes plus `max_tokens` of
-/// output, at the model's price and markup.
-fn estimated_price(llm: &TenantLlm, request: &LlmRequest) -> i64 {
-    let tokens = Tokens {
-        input: estimate_tokens(request_chars(request)),
-        output: u64::from(request.max_tokens),
-        cache_read: 0,
-        cache_write: 0,
-    };
-    charge(
-        &llm.billing,
-        llm.config.provider_kind(),
-        &request.model,
-        tokens,
-        llm.own_key,
-    )
-    .billed_pico_usd
-}
-
 fn usage_record(
     agent: &Agent,
     ctx: &RequestContext,

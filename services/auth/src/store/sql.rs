@@ -157,6 +157,18 @@ pub(super) const ADD_USAGE: &str = "\
     INSERT INTO usage (tenant_id, key_id, month, tokens) VALUES ($1, $2, $3, $4) \
     ON CONFLICT (tenant_id, key_id, month) DO UPDATE SET tokens = usage.tokens + excluded.tokens \
     RETURNING tokens";
+/// Ends a call's token reservation when its report arrives.
+pub(super) const SETTLE_RESERVATION: &str = "\
+    DELETE FROM token_reservations WHERE tenant_id = $1 AND reservation_id = $2";
+pub(super) const DROP_EXPIRED_RESERVATIONS: &str = "\
+    DELETE FROM token_reservations WHERE tenant_id = $1 AND expires_at_ms <= $2";
+/// What the other calls in flight hold: the tenant's all (`$2` NULL) or one key's.
+pub(super) const RESERVED_TOKENS: &str = "\
+    SELECT CAST(COALESCE(SUM(tokens), 0) AS BIGINT) FROM token_reservations \
+    WHERE tenant_id = $1 AND ($2 IS NULL OR key_id = $2) AND reservation_id <> $3";
+pub(super) const INSERT_RESERVATION: &str = "\
+    INSERT INTO token_reservations (tenant_id, reservation_id, key_id, tokens, expires_at_ms) \
+    VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, reservation_id) DO NOTHING";
 pub(super) const SELECT_USAGE: &str = "SELECT tokens FROM usage WHERE tenant_id = $1 AND key_id = $2 AND month = $3";
 pub(super) const TENANT_QUOTA: &str = "SELECT tokens_per_month FROM tenants WHERE tenant_id = $1";
 pub(super) const KEY_QUOTA: &str = "SELECT tokens_per_month FROM api_keys WHERE key_id = $1 AND tenant_id = $2";
@@ -854,6 +866,12 @@ macro_rules! impl_auth_store {
                     .map_err(|err| sql::missing_parent(err, missing))?
                     .rows_affected()
                     == 1;
+                // The call is counted now (or was before): its estimate stops holding.
+                sqlx::query(sql::SETTLE_RESERVATION)
+                    .bind(&report.tenant_id)
+                    .bind(&report.report_id)
+                    .execute(&mut *tx)
+                    .await?;
                 let tokens = report.input_tokens.saturating_add(report.output_tokens);
                 let mut outcome = $crate::record::UsageOutcome {
                     counted: fresh,
@@ -888,6 +906,101 @@ macro_rules! impl_auth_store {
                         .await?;
                     change.quota = sql::tokens(quota.unwrap_or(0))?;
                 }
+                tx.commit().await?;
+                Ok(outcome)
+            }
+
+            async fn reserve_tokens(
+                &self,
+                reservation: &$crate::record::TokenReservation,
+                month: &str,
+                now_ms: i64,
+                expires_at_ms: i64,
+            ) -> Result<$crate::record::ReserveOutcome, $crate::error::AuthError> {
+                use $crate::record::ReserveOutcome;
+                use $crate::store::sql;
+                let tenant_id = &reservation.tenant_id;
+                let missing = || $crate::error::AuthError::TenantNotFound(tenant_id.clone());
+                let mut tx = self.pool.begin().await?;
+                // Adding nothing to the tenant's counter takes its row for this
+                // transaction: reservations and reports of one tenant (which
+                // add to the same row) run one at a time on every replica.
+                let used: i64 = sqlx::query_scalar(sql::ADD_USAGE)
+                    .bind(tenant_id)
+                    .bind("")
+                    .bind(month)
+                    .bind(0_i64)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(|err| sql::missing_parent(err, missing))?;
+                let used = sql::tokens(used)?;
+                sqlx::query(sql::DROP_EXPIRED_RESERVATIONS)
+                    .bind(tenant_id)
+                    .bind(now_ms)
+                    .execute(&mut *tx)
+                    .await?;
+                let reserved = |key_id: Option<&str>| {
+                    sqlx::query_scalar::<_, i64>(sql::RESERVED_TOKENS)
+                        .bind(tenant_id)
+                        .bind(key_id.map(str::to_owned))
+                        .bind(&reservation.reservation_id)
+                };
+                let tenant_quota = sql::tokens(
+                    sqlx::query_scalar(sql::TENANT_QUOTA)
+                        .bind(tenant_id)
+                        .fetch_one(&mut *tx)
+                        .await?,
+                )?;
+                let mut quotas = Vec::new();
+                if tenant_quota > 0 {
+                    let held = sql::tokens(reserved(None).fetch_one(&mut *tx).await?)?;
+                    quotas.push((None, used, held, tenant_quota));
+                }
+                if let Some(key_id) = reservation.key_id.as_deref() {
+                    let quota: Option<i64> = sqlx::query_scalar(sql::KEY_QUOTA)
+                        .bind(key_id)
+                        .bind(tenant_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    let quota = sql::tokens(quota.unwrap_or(0))?;
+                    if quota > 0 {
+                        let used: Option<i64> = sqlx::query_scalar(sql::SELECT_USAGE)
+                            .bind(tenant_id)
+                            .bind(key_id)
+                            .bind(month)
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                        let used = sql::tokens(used.unwrap_or(0))?;
+                        let held = sql::tokens(reserved(Some(key_id)).fetch_one(&mut *tx).await?)?;
+                        quotas.push((Some(key_id.to_owned()), used, held, quota));
+                    }
+                }
+                let refusing = quotas
+                    .iter()
+                    .find(|(_, used, held, quota)| used.saturating_add(*held) >= *quota);
+                let outcome = match refusing {
+                    Some((key_id, used, _, quota)) => ReserveOutcome::Refused {
+                        quota: $crate::record::QuotaState {
+                            tenant_id: tenant_id.clone(),
+                            key_id: key_id.clone(),
+                            month: month.to_owned(),
+                        },
+                        used_up: used >= quota,
+                    },
+                    None => {
+                        if !quotas.is_empty() {
+                            sqlx::query(sql::INSERT_RESERVATION)
+                                .bind(tenant_id)
+                                .bind(&reservation.reservation_id)
+                                .bind(reservation.key_id.as_deref().unwrap_or(""))
+                                .bind(sql::signed(reservation.tokens))
+                                .bind(expires_at_ms)
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                        ReserveOutcome::Reserved
+                    }
+                };
                 tx.commit().await?;
                 Ok(outcome)
             }

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use avm_auth::{
-    ApiKeyRecord, AuthError, AuthStore, NewApiKey, QuotaState, Reach, SigningKeyRecord, TenantRecord, TenantUpdate,
-    TombstoneKind, UsageReport, UserRecord,
+    ApiKeyRecord, AuthError, AuthStore, NewApiKey, QuotaState, Reach, ReserveOutcome, SigningKeyRecord, TenantRecord,
+    TenantUpdate, TokenReservation, TombstoneKind, UsageReport, UserRecord,
 };
 use avm_common::auth::{Limits, Role, Scopes};
 
@@ -41,6 +41,7 @@ conformance_suite!(
     deletes_cascade_and_leave_tombstones,
     credentials_stay_alive_until_revoked_or_deleted,
     usage_counts_each_report_once,
+    token_reservations_hold_until_reported_or_expired,
     signing_keys_rotate_and_stay_published,
     external_users_are_provisioned_once,
     events_travel_as_the_store_says,
@@ -504,6 +505,68 @@ async fn usage_counts_each_report_once(store: Arc<dyn AuthStore>) {
         ..report("r4", 1, None)
     };
     assert_eq!(reason(store.record_usage(&missing, month, 6).await), "TENANT_NOT_FOUND");
+}
+
+/// Issue 26 item 9: calls in flight hold their estimates against the
+/// quotas until their reports settle them, or until they expire.
+async fn token_reservations_hold_until_reported_or_expired(store: Arc<dyn AuthStore>) {
+    seed(&store, "ten_a", 1).await; // tenant quota 1000, key quota 100
+    let month = "2030-01";
+    let key = Some("ten_a-key");
+    let reserve = |id: &str, key: Option<&str>, tokens: u64, now_ms: i64| {
+        let store = Arc::clone(&store);
+        let reservation = TokenReservation {
+            tenant_id: "ten_a".into(),
+            key_id: key.map(str::to_owned),
+            reservation_id: id.into(),
+            tokens,
+        };
+        async move { store.reserve_tokens(&reservation, month, now_ms, 1_000).await }
+    };
+    let report = |id: &str, tokens: u64| UsageReport {
+        tenant_id: "ten_a".into(),
+        key_id: key.map(str::to_owned),
+        input_tokens: tokens,
+        output_tokens: 0,
+        report_id: id.into(),
+    };
+    let refused = |key_id: Option<&str>, used_up: bool| ReserveOutcome::Refused {
+        quota: QuotaState {
+            tenant_id: "ten_a".into(),
+            key_id: key_id.map(str::to_owned),
+            month: month.into(),
+        },
+        used_up,
+    };
+    // Two calls of 60 fit under the key's 100 while nothing is used...
+    assert_eq!(reserve("c1", key, 60, 10).await.unwrap(), ReserveOutcome::Reserved);
+    assert_eq!(reserve("c2", key, 60, 10).await.unwrap(), ReserveOutcome::Reserved);
+    // ...and then hold all of it; the tenant's 1000 still has room.
+    assert_eq!(reserve("c3", key, 1, 10).await.unwrap(), refused(key, false));
+    assert_eq!(reserve("c3", None, 1, 10).await.unwrap(), ReserveOutcome::Reserved);
+    // A retried reservation does not count against itself.
+    assert_eq!(reserve("c1", key, 60, 10).await.unwrap(), ReserveOutcome::Reserved);
+    // A report settles its call's estimate with its real use: 40 used + 60 held.
+    store.record_usage(&report("c1", 40), month, 20).await.unwrap();
+    assert_eq!(reserve("c4", key, 1, 20).await.unwrap(), refused(key, false));
+    store.record_usage(&report("c2", 20), month, 30).await.unwrap();
+    assert_eq!(reserve("c5", key, 40, 30).await.unwrap(), ReserveOutcome::Reserved);
+    assert_eq!(reserve("c6", key, 1, 30).await.unwrap(), refused(key, false));
+    // A reservation never reported stops holding when it expires.
+    assert_eq!(reserve("c6", key, 1, 1_000).await.unwrap(), ReserveOutcome::Reserved);
+    // A quota used up by counted tokens says so.
+    store.record_usage(&report("c7", 50), month, 1_001).await.unwrap();
+    assert_eq!(reserve("c8", key, 1, 1_001).await.unwrap(), refused(key, true));
+    let missing = TokenReservation {
+        tenant_id: "ten_zz".into(),
+        key_id: None,
+        reservation_id: "c9".into(),
+        tokens: 1,
+    };
+    assert_eq!(
+        reason(store.reserve_tokens(&missing, month, 1, 1_000).await),
+        "TENANT_NOT_FOUND"
+    );
 }
 
 fn signing_key(kid: &str, created_at_ms: i64) -> SigningKeyRecord {

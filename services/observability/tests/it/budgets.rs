@@ -340,7 +340,7 @@ async fn calls_in_flight_hold_their_estimates_until_their_records_come(h: Harnes
         async move {
             let call_id = format!("call_{n}");
             let check = service
-                .reserve_budget(&runtime, A, "key_1", &call_id, 600)
+                .reserve_budget(&runtime, A, "key_1", &call_id, price(600))
                 .await
                 .unwrap();
             (call_id, check.allowed)
@@ -368,12 +368,16 @@ async fn calls_in_flight_hold_their_estimates_until_their_records_come(h: Harnes
         .unwrap();
     assert!(
         h.service
-            .reserve_budget(&runtime, A, "", "call_a", 600)
+            .reserve_budget(&runtime, A, "", "call_a", price(600))
             .await
             .unwrap()
             .allowed
     );
-    let refused = h.service.reserve_budget(&runtime, A, "", "call_b", 600).await.unwrap();
+    let refused = h
+        .service
+        .reserve_budget(&runtime, A, "", "call_b", price(600))
+        .await
+        .unwrap();
     assert!(!refused.allowed);
     assert_eq!(refused.exhausted.unwrap().spent_pico_usd, 600);
     // Another tenant's reservations are its own.
@@ -384,15 +388,20 @@ async fn calls_in_flight_hold_their_estimates_until_their_records_come(h: Harnes
         .unwrap();
     assert!(
         h.service
-            .reserve_budget(&service_ctx(B), B, "", "call_c", 600)
+            .reserve_budget(&service_ctx(B), B, "", "call_c", price(600))
             .await
             .unwrap()
             .allowed
     );
 
-    let negative = api_err(h.service.reserve_budget(&runtime, A, "", "call_d", -1).await);
+    let negative = api_err(h.service.reserve_budget(&runtime, A, "", "call_d", price(-1)).await);
     assert_eq!(
         (negative.code, negative.reason.as_ref()),
         (Code::InvalidArgument, "INVALID_BUDGET_CHECK")
     );
+}
+
+/// Returns an estimate of `pico_usd` and no tokens (no token quota applies).
+fn price(pico_usd: i64) -> avm_observability::CallEstimate {
+    avm_observability::CallEstimate { pico_usd, tokens: 0 }
 }

@@ -15,4 +15,4 @@ pub use resource::{Resolved, Resources};
 pub(crate) use session::content;
 pub use session::{Deletion, ImageChanges, ImageInfo, Lifecycle, NewChild, Role, Sessions};
 pub(crate) use session::{decode_message, encode_message};
-pub use usage::{BudgetAnswer, BudgetUpdate, CallStatus, UsageRecord, Usages};
+pub use usage::{BudgetAnswer, BudgetUpdate, CallStatus, Estimate, UsageRecord, Usages};

@@ -55,6 +55,14 @@ pub struct UsageRecord {
     pub own_key: bool,
 }
 
+/// What an LLM call about to be made is expected to cost: its price (for
+/// budgets) and its input and output tokens (for token quotas; zero skips them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Estimate {
+    pub pico_usd: i64,
+    pub tokens: u64,
+}
+
 /// What a budget check answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BudgetAnswer {
@@ -65,6 +73,12 @@ pub enum BudgetAnswer {
         key_id: String,
         monthly_limit_pico_usd: i64,
         spent: bool,
+    },
+    /// The tenant's (or, with a key id, the key's) monthly token quota is
+    /// used up, or (`used_up` false) taken by the calls in flight.
+    QuotaExceeded {
+        key_id: String,
+        used_up: bool,
     },
 }
 
@@ -100,25 +114,33 @@ impl Usages {
     }
 
     /// Asks whether a tenant (and key) may make the call `call_id` this
-    /// month; an allowed call's `estimated_pico_usd` stays reserved against
-    /// its budgets until its usage record arrives.
+    /// month; an allowed call's estimated price stays reserved against its
+    /// budgets, and its estimated tokens (when not zero) against its token
+    /// quotas, until its usage record arrives.
     pub async fn check_budget(
         &self,
         ctx: &RequestContext,
         tenant_id: &str,
         key_id: &str,
         call_id: &str,
-        estimated_pico_usd: i64,
+        estimate: Estimate,
     ) -> Result<BudgetAnswer, RuntimeError> {
         let request = ctx.request(pb::CheckBudgetRequest {
             tenant_id: tenant_id.to_owned(),
             key_id: key_id.to_owned(),
             call_id: call_id.to_owned(),
-            estimated_pico_usd,
+            estimated_pico_usd: estimate.pico_usd,
+            estimated_tokens: estimate.tokens,
         });
         let answer = self.service.check_budget(request).await?.into_inner();
         if answer.allowed {
             return Ok(BudgetAnswer::Allowed);
+        }
+        if let Some(quota) = answer.quota_exceeded {
+            return Ok(BudgetAnswer::QuotaExceeded {
+                key_id: quota.key_id,
+                used_up: quota.used_up,
+            });
         }
         let budget = answer.exhausted.unwrap_or_default();
         Ok(BudgetAnswer::Exhausted {
