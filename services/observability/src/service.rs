@@ -185,6 +185,7 @@ impl ObservabilityService {
                 () = shutdown.cancelled() => return,
                 _ = ticks.tick() => {}
             }
+            self.settle_abandoned().await;
             match self.prune_logs().await {
                 Ok(0) => {}
                 Ok(deleted) => tracing::debug!(deleted, "log events pruned"),
@@ -219,14 +220,24 @@ impl ObservabilityService {
         for (index, record) in records.iter().enumerate() {
             validate_record(index, record)?;
         }
-        let calls: Vec<String> = records.iter().map(|record| record.call_id.clone()).collect();
-        let accepted = self.inner.ledger.accept(records)?;
-        // The ledger's spend counts these calls now: their reservations end.
-        self.settle(&calls);
+        let accepted = self.accept_records(records)?;
         if self.inner.ledger.writes_through() {
             self.inner.ledger.flush().await?;
         }
         Ok(u32::try_from(accepted).unwrap_or(u32::MAX))
+    }
+
+    /// Buffers records for the ledger and ends their calls' reservations.
+    pub(crate) fn accept_records(&self, records: Vec<UsageRecord>) -> Result<usize, ObservabilityError> {
+        let calls: Vec<String> = records.iter().map(|record| record.call_id.clone()).collect();
+        let accepted = self.inner.ledger.accept(records)?;
+        // The ledger's spend counts these calls now: their reservations end.
+        self.settle(&calls);
+        Ok(accepted)
+    }
+
+    pub(crate) fn store(&self) -> &Arc<dyn ObservabilityStore> {
+        &self.inner.store
     }
 
     /// Sums the ledger over the records `query` selects, grouped by
@@ -345,7 +356,8 @@ impl ObservabilityService {
             match group.keys.first().map(String::as_str) {
                 Some("completed") => summary.completed += group.totals.calls,
                 Some("interrupted") => summary.interrupted += group.totals.calls,
-                Some("failed") => summary.failed += group.totals.calls,
+                // A cut call failed: its runtime ended during it.
+                Some("failed" | "cut") => summary.failed += group.totals.calls,
                 other => return Err(ObservabilityError::corrupt(format!("call status {other:?}"))),
             }
         }
@@ -789,7 +801,7 @@ fn validate_key_id(key_id: &str) -> Result<(), ObservabilityError> {
 }
 
 /// Checks one reported record; the error names it and its field.
-fn validate_record(index: usize, record: &UsageRecord) -> Result<(), ObservabilityError> {
+pub(crate) fn validate_record(index: usize, record: &UsageRecord) -> Result<(), ObservabilityError> {
     let invalid = |field: &str, why: &str| {
         Err(ObservabilityError::invalid(
             "INVALID_USAGE_RECORD",

@@ -19,7 +19,7 @@ use crate::agent::{Agent, AgentInfo};
 use crate::config::RuntimeConfig;
 use crate::context::history_to_llm;
 use crate::error::{AgentTarget, RuntimeError};
-use crate::hub::{EventContext, Hubs, Subscription};
+use crate::hub::{EventContext, Hubs, SessionHub, Subscription};
 use crate::message::{Content, Message, MessageBody};
 use crate::metering::Metering;
 use crate::peers::{Deletion, ImageChanges, ImageInfo, Resources, Sessions};
@@ -32,6 +32,7 @@ mod children;
 mod gate;
 mod groups;
 mod lifecycle;
+mod lost;
 mod wakes;
 
 use gate::RunGate;
@@ -83,6 +84,11 @@ struct PoolInner {
     group_feeds: Mutex<HashMap<String, Arc<tokio::sync::Mutex<u64>>>>,
     /// Admits agents' group turns within the replica's and each tenant's limits.
     gate: RunGate,
+    /// When this process's pool was made: older open turns were another's.
+    started_at_ms: i64,
+    /// Set once the turns the previous process left open are ended (at
+    /// once with replicas, whose survivors end a dead one's turns).
+    recovered: tokio::sync::watch::Sender<bool>,
 }
 
 /// The agent pool of one runtime process; cheap to clone.
@@ -124,6 +130,7 @@ impl AgentPool {
             tool_concurrency: config.tool_concurrency.max(1),
         };
         let gate = RunGate::new(config.max_running_agents, config.max_running_agents_per_tenant);
+        let (recovered, _) = tokio::sync::watch::channel(replicas.is_some());
         let pool = Self {
             inner: Arc::new(PoolInner {
                 config,
@@ -146,6 +153,8 @@ impl AgentPool {
                 remote_wake: std::sync::OnceLock::new(),
                 group_feeds: Mutex::new(HashMap::new()),
                 gate,
+                started_at_ms: avm_common::now_ms(),
+                recovered,
             }),
         };
         pool.serve_spawns();
@@ -259,6 +268,7 @@ impl AgentPool {
                 }
             }
         }
+        self.recovered().await;
         let image = self.sessions().get_image(ctx, image_id).await?;
         lifecycle::check_runnable(&image)?;
         let plan = crate::plan::plan(&self.inner.resources, ctx, &image).await?;
@@ -857,6 +867,12 @@ impl AgentPool {
     pub fn spawn_background(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         self.inner.llm.spawn_watch(shutdown.clone());
         self.inner.ports.metering.spawn(shutdown.clone());
+        // Alone, this runtime made every call and ran every turn left open
+        // before it started.
+        if self.inner.replicas.is_none() {
+            self.inner.ports.metering.spawn_settle_previous(shutdown.clone());
+            tokio::spawn(self.clone().end_turns_left_open(shutdown.clone()));
+        }
         tokio::spawn(self.clone().follow_deletions(shutdown.clone()));
         if let Some(replicas) = &self.inner.replicas {
             replicas
@@ -1044,19 +1060,7 @@ impl AgentPool {
         // A hydration that found the turn cut may have recorded it first
         // (`TURN_LOST`, the same message id): the turn's watchers still learn
         // that it ended, but history keeps the one message.
-        if let Some(message) = stored {
-            hub.publish(
-                "error_received",
-                &context,
-                &json!({"message": text, "errorCode": "RUNTIME_LOST"}),
-            );
-            hub.publish("error_message", &context, &message.object());
-        }
-        hub.publish(
-            "error_occurred",
-            &context,
-            &json!({"code": "RUNTIME_LOST", "message": text, "recoverable": true}),
-        );
+        publish_lost_turn(&hub, &context, "RUNTIME_LOST", text, stored);
         // A group turn's messages are still unread (the cursor moves after
         // the reply): the agent, woken again, answers them. Its reply is
         // named after them, so one posted before the crash is not posted twice.
@@ -1071,8 +1075,7 @@ impl AgentPool {
     async fn record_cut_turn(&self, tenant_id: &str, session_id: &str, user_message_id: &str) -> Option<Message> {
         tracing::warn!(session_id, user_message_id, "a turn was cut by a crash; recording it");
         metrics::counter!("avm_runtime_turns_lost_total").increment(1);
-        let text = "the server stopped while this turn ran; the reply was lost. Send the message again.";
-        self.store_lost_turn(tenant_id, session_id, user_message_id, "TURN_LOST", text)
+        self.store_lost_turn(tenant_id, session_id, user_message_id, "TURN_LOST", lost::CUT_TURN_TEXT)
             .await
             .unwrap_or(None)
     }
@@ -1179,6 +1182,21 @@ impl AgentPool {
     pub fn any_running(&self) -> bool {
         self.live_agents().iter().any(|agent| agent.is_running())
     }
+}
+
+/// Publishes the end of a lost turn on its session's events: its error
+/// message (`error_received → error_message`) when `stored` holds it, and
+/// `error_occurred` with `code`, which ends the turn for its watchers.
+fn publish_lost_turn(hub: &SessionHub, context: &Arc<EventContext>, code: &str, text: &str, stored: Option<Message>) {
+    if let Some(message) = stored {
+        hub.publish("error_received", context, &json!({"message": text, "errorCode": code}));
+        hub.publish("error_message", context, &message.object());
+    }
+    hub.publish(
+        "error_occurred",
+        context,
+        &json!({"code": code, "message": text, "recoverable": true}),
+    );
 }
 
 /// How long a new agent waits for its predecessor's interrupted turn to

@@ -31,7 +31,7 @@ use crate::llm::{
     LlmContent, LlmError, LlmErrorKind, LlmEvent, LlmProvider, LlmRequest, LlmRole, StopReason, ToolCall, ToolOutput,
 };
 use crate::message::{self, Message, MessageBody};
-use crate::metering::{Metering, Tokens, charge, estimate_tokens};
+use crate::metering::{Charge, Metering, Tokens, charge, estimate_tokens};
 use crate::peers::{CallStatus, Sessions, UsageRecord};
 use crate::settings::TenantLlm;
 use crate::tools::{Builtin, Caller, ServerState, ToolReply, Toolbox};
@@ -208,12 +208,21 @@ pub(crate) async fn run(
         let mut reply = Reply::new(&request.model);
         // Every LLM call is preceded by the budget check, which reserves its
         // estimated price until its record settles it; a refused one is not made.
-        let estimate = estimated_price(&llm, &request);
-        let checked = ports.metering.check_budget(&ctx, &reply.message_id, estimate).await;
+        let request_chars = request_chars(&request);
+        let estimate = estimate(&llm, &request, request_chars);
+        let checked = ports
+            .metering
+            .check_budget(&ctx, &reply.message_id, estimate.1.billed_pico_usd)
+            .await;
         let outcome = match checked {
             Err(refused) => Outcome::Failed(Failure::from(refused)),
             Ok(()) => {
-                let request_chars = request_chars(&request);
+                // Noted as it goes out, so a crash during it still bills it.
+                let open = call_record(&agent, &ctx, &llm, &reply, estimate);
+                ports.metering.open_call(UsageRecord {
+                    estimated: true,
+                    ..open
+                });
                 let outcome = stream_reply(
                     &ports,
                     &ctx,
@@ -568,6 +577,27 @@ fn request_chars(request: &LlmRequest) -> usize {
     system + messages
 }
 
+/// The most a call of `request` is expected to use and bill, which its
+/// budget check reserves and which is billed if the call is cut by a crash:
+/// its input at a token per 4 bytes plus `max_tokens` of output, at the
+/// model's price and markup.
+fn estimate(llm: &TenantLlm, request: &LlmRequest, request_chars: usize) -> (Tokens, Charge) {
+    let tokens = Tokens {
+        input: estimate_tokens(request_chars),
+        output: u64::from(request.max_tokens),
+        cache_read: 0,
+        cache_write: 0,
+    };
+    let charged = charge(
+        &llm.billing,
+        llm.config.provider_kind(),
+        &request.model,
+        tokens,
+        llm.own_key,
+    );
+    (tokens, charged)
+}
+
 /// Returns the ledger record of the turn's LLM call.
 ///
 /// The counts are the provider's own. Where a cut stream left one unknown it
@@ -575,26 +605,6 @@ fn request_chars(request: &LlmRequest) -> usize {
 /// input of a call the provider accepted but never counted, the output of a
 /// reply it streamed without a final count. A call the provider refused
 /// outright counts nothing.
-/// The most a call of `request` is expected to bill, which its budget
-/// check reserves: its input at a token per 4 bytes plus `max_tokens` of
-/// output, at the model's price and markup.
-fn estimated_price(llm: &TenantLlm, request: &LlmRequest) -> i64 {
-    let tokens = Tokens {
-        input: estimate_tokens(request_chars(request)),
-        output: u64::from(request.max_tokens),
-        cache_read: 0,
-        cache_write: 0,
-    };
-    charge(
-        &llm.billing,
-        llm.config.provider_kind(),
-        &request.model,
-        tokens,
-        llm.own_key,
-    )
-    .billed_pico_usd
-}
-
 fn usage_record(
     agent: &Agent,
     ctx: &RequestContext,
@@ -650,6 +660,25 @@ fn usage_record(
             .record(first as f64 / 1000.0);
     }
     UsageRecord {
+        estimated,
+        status,
+        error_code,
+        ended_at_ms: reply.started_at_ms + elapsed_ms(reply.started),
+        first_token_ms: reply.first_token_ms.unwrap_or(0),
+        ..call_record(agent, ctx, llm, reply, (tokens, charged))
+    }
+}
+
+/// Returns the record of the reply's call with `usage`, as it stands when
+/// the call starts (completed, nothing streamed yet).
+fn call_record(
+    agent: &Agent,
+    ctx: &RequestContext,
+    llm: &TenantLlm,
+    reply: &Reply,
+    (tokens, charged): (Tokens, Charge),
+) -> UsageRecord {
+    UsageRecord {
         call_id: reply.message_id.clone(),
         tenant_id: ctx.tenant_id.clone(),
         user_id: ctx.principal.user_id.clone(),
@@ -663,12 +692,12 @@ fn usage_record(
         output_tokens: tokens.output,
         cache_read_tokens: tokens.cache_read,
         cache_write_tokens: tokens.cache_write,
-        estimated,
-        status,
-        error_code,
+        estimated: false,
+        status: CallStatus::Completed,
+        error_code: String::new(),
         started_at_ms: reply.started_at_ms,
-        ended_at_ms: reply.started_at_ms + elapsed_ms(reply.started),
-        first_token_ms: reply.first_token_ms.unwrap_or(0),
+        ended_at_ms: reply.started_at_ms,
+        first_token_ms: 0,
         cost_pico_usd: charged.cost_pico_usd,
         billed_pico_usd: charged.billed_pico_usd,
         priced: charged.priced,

@@ -13,5 +13,5 @@ pub use config::{ConfigEntry, ConfigSource, ConfigUpdate, Configs, StoredCredent
 pub use groups::{GroupInfo, GroupPost, Member, UnreadGroup};
 pub use resource::{Resolved, Resources};
 pub(crate) use session::content;
-pub use session::{Deletion, ImageChanges, ImageInfo, Lifecycle, NewChild, Sessions};
+pub use session::{Deletion, ImageChanges, ImageInfo, Lifecycle, NewChild, OpenTurn, Sessions};
 pub use usage::{BudgetAnswer, BudgetUpdate, CallStatus, UsageRecord, Usages};
