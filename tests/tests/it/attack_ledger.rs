@@ -163,6 +163,19 @@ async fn item_10_a_crash_keeps_the_bill_and_the_trace() -> anyhow::Result<()> {
             "the resumed events are the lost turn's end"
         );
     }
+    // So does a WebSocket subscription resumed with its last cursor.
+    let (chat, cursor) = &chats[0];
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    client.subscribe(&chat.session_id, Some(cursor)).await?;
+    let frames = tokio::time::timeout(MARKER_WITHIN, client.turn())
+        .await
+        .context("no marker on the resumed WebSocket")??;
+    let ended = frames.last().context("a frame")?;
+    assert_eq!(
+        (&ended["type"], &ended["data"]["code"]),
+        (&json!("error_occurred"), &json!("TURN_LOST")),
+        "{frames:?}"
+    );
     println!("markers resumed {:?} after the restart", restarted.elapsed());
 
     // Each history holds the marker right after the cut message, although
