@@ -148,7 +148,8 @@ pub struct UsageRecord {
     pub cache_read_tokens: u64,
     pub cache_write_tokens: u64,
     pub estimated: bool,
-    /// `completed`, `interrupted` or `failed`.
+    /// `completed`, `interrupted`, `failed` or `cut` (its runtime ended
+    /// during the call: billed at the estimate noted when it was made).
     pub status: String,
     pub error_code: String,
     pub started_at: i64,
@@ -167,6 +168,7 @@ fn status_name(status: i32) -> &'static str {
         Ok(pb::CallStatus::Completed) => "completed",
         Ok(pb::CallStatus::Interrupted) => "interrupted",
         Ok(pb::CallStatus::Failed) => "failed",
+        Ok(pb::CallStatus::Cut) => "cut",
         _ => "unknown",
     }
 }

@@ -206,6 +206,27 @@ impl ObservabilityApi for ObservabilityGrpc {
         }))
     }
 
+    async fn open_call(&self, request: Request<pb::OpenCallRequest>) -> Result<Response<pb::OpenCallResponse>, Status> {
+        let ctx = caller(&request)?;
+        ctx.principal.require_service()?;
+        let record = request
+            .into_inner()
+            .record
+            .ok_or_else(|| ApiError::invalid("INVALID_USAGE_RECORD", "record is required"))?;
+        self.service.open_call(&ctx, record_from_pb(0, record)?).await?;
+        Ok(Response::new(pb::OpenCallResponse {}))
+    }
+
+    async fn settle_open_calls(
+        &self,
+        request: Request<pb::SettleOpenCallsRequest>,
+    ) -> Result<Response<pb::SettleOpenCallsResponse>, Status> {
+        let ctx = caller(&request)?;
+        let opened_before_ms = request.get_ref().opened_before_ms;
+        let settled = self.service.settle_open_calls(&ctx, opened_before_ms).await?;
+        Ok(Response::new(pb::SettleOpenCallsResponse { settled }))
+    }
+
     type WatchBudgetsStream = BoxStream<'static, Result<pb::WatchBudgetsResponse, Status>>;
 
     async fn watch_budgets(
@@ -272,10 +293,11 @@ fn record_from_pb(index: usize, record: pb::UsageRecord) -> Result<UsageRecord, 
         Ok(pb::CallStatus::Completed) => CallStatus::Completed,
         Ok(pb::CallStatus::Interrupted) => CallStatus::Interrupted,
         Ok(pb::CallStatus::Failed) => CallStatus::Failed,
+        Ok(pb::CallStatus::Cut) => CallStatus::Cut,
         Ok(pb::CallStatus::Unspecified) | Err(_) => {
             return Err(ApiError::invalid(
                 "INVALID_USAGE_RECORD",
-                format!("records[{index}].status must be completed, interrupted or failed"),
+                format!("records[{index}].status must be completed, interrupted, failed or cut"),
             ));
         }
     };
@@ -311,6 +333,7 @@ fn record_pb(record: UsageRecord) -> pb::UsageRecord {
         CallStatus::Completed => pb::CallStatus::Completed,
         CallStatus::Interrupted => pb::CallStatus::Interrupted,
         CallStatus::Failed => pb::CallStatus::Failed,
+        CallStatus::Cut => pb::CallStatus::Cut,
     };
     pb::UsageRecord {
         call_id: record.call_id,

@@ -6,6 +6,7 @@
 //! grpc.rs     proto ⇄ domain, metadata → RequestContext, error → Status
 //! service.rs  permissions, validation, queries, budgets, logs, watch
 //! ledger.rs   the pending buffer, its background writer, month spends
+//! open_calls.rs calls noted as they are made, billed at their estimate if cut
 //! events.rs   what replicas tell each other: budget changes, spends written
 //! quotas.rs   token quotas at the auth service: reserved per call, settled, counted
 //! record.rs   the domain types
@@ -19,6 +20,7 @@ mod events;
 mod forwarder;
 mod grpc;
 mod ledger;
+mod open_calls;
 mod quotas;
 mod record;
 mod service;

@@ -13,6 +13,9 @@ pub enum CallStatus {
     Completed,
     Interrupted,
     Failed,
+    /// Its runtime died during the call: billed at the estimate noted when
+    /// the call was opened.
+    Cut,
 }
 
 impl CallStatus {
@@ -22,6 +25,7 @@ impl CallStatus {
             CallStatus::Completed => "completed",
             CallStatus::Interrupted => "interrupted",
             CallStatus::Failed => "failed",
+            CallStatus::Cut => "cut",
         }
     }
 
@@ -31,6 +35,7 @@ impl CallStatus {
             "completed" => Some(CallStatus::Completed),
             "interrupted" => Some(CallStatus::Interrupted),
             "failed" => Some(CallStatus::Failed),
+            "cut" => Some(CallStatus::Cut),
             _ => None,
         }
     }
@@ -97,7 +102,7 @@ pub enum Dimension {
     Day,
     /// The UTC month of the call's start, `YYYY-MM`.
     Month,
-    /// `completed`, `interrupted` or `failed`.
+    /// `completed`, `interrupted`, `failed` or `cut`.
     Status,
     User,
     /// The provider that answered: `anthropic`, `openai` or `offline`.

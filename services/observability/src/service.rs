@@ -199,6 +199,7 @@ impl ObservabilityService {
                 () = shutdown.cancelled() => return,
                 _ = ticks.tick() => {}
             }
+            self.settle_abandoned().await;
             match self.prune_logs().await {
                 Ok(0) => {}
                 Ok(deleted) => tracing::debug!(deleted, "log events pruned"),
@@ -233,6 +234,15 @@ impl ObservabilityService {
         for (index, record) in records.iter().enumerate() {
             validate_record(index, record)?;
         }
+        let accepted = self.accept_records(records).await?;
+        if self.inner.ledger.writes_through() {
+            self.inner.ledger.flush().await?;
+        }
+        Ok(u32::try_from(accepted).unwrap_or(u32::MAX))
+    }
+
+    /// Buffers records for the ledger and ends their calls' reservations.
+    pub(crate) async fn accept_records(&self, records: Vec<UsageRecord>) -> Result<usize, ObservabilityError> {
         let calls: Vec<String> = records.iter().map(|record| record.call_id.clone()).collect();
         let held_tokens = self.holding_tokens(&records);
         let accepted = self.inner.ledger.accept(records)?;
@@ -246,10 +256,11 @@ impl ObservabilityService {
         {
             quotas.settle(&held_tokens).await;
         }
-        if self.inner.ledger.writes_through() {
-            self.inner.ledger.flush().await?;
-        }
-        Ok(u32::try_from(accepted).unwrap_or(u32::MAX))
+        Ok(accepted)
+    }
+
+    pub(crate) fn store(&self) -> &Arc<dyn ObservabilityStore> {
+        &self.inner.store
     }
 
     /// Sums the ledger over the records `query` selects, grouped by
@@ -368,7 +379,8 @@ impl ObservabilityService {
             match group.keys.first().map(String::as_str) {
                 Some("completed") => summary.completed += group.totals.calls,
                 Some("interrupted") => summary.interrupted += group.totals.calls,
-                Some("failed") => summary.failed += group.totals.calls,
+                // A cut call failed: its runtime ended during it.
+                Some("failed" | "cut") => summary.failed += group.totals.calls,
                 other => return Err(ObservabilityError::corrupt(format!("call status {other:?}"))),
             }
         }
@@ -886,7 +898,7 @@ fn validate_key_id(key_id: &str) -> Result<(), ObservabilityError> {
 }
 
 /// Checks one reported record; the error names it and its field.
-fn validate_record(index: usize, record: &UsageRecord) -> Result<(), ObservabilityError> {
+pub(crate) fn validate_record(index: usize, record: &UsageRecord) -> Result<(), ObservabilityError> {
     let invalid = |field: &str, why: &str| {
         Err(ObservabilityError::invalid(
             "INVALID_USAGE_RECORD",

@@ -26,8 +26,18 @@ pub use sqlite::SqliteObservabilityStore;
 pub trait ObservabilityStore: Send + Sync + 'static {
     /// Inserts `records` (distinct call ids) in one transaction, skipping
     /// those whose call id is already stored, and returns the call ids it
-    /// inserted. `now_ms` is stored as the time they were recorded.
+    /// inserted; the calls are no longer open. `now_ms` is stored as the
+    /// time they were recorded.
     async fn insert_usage(&self, records: &[UsageRecord], now_ms: i64) -> Result<HashSet<String>, ObservabilityError>;
+
+    /// Notes a call being made, as the record it would be if cut now, unless
+    /// it is noted already; [`ObservabilityStore::insert_usage`] of its record
+    /// deletes the note.
+    async fn insert_open_call(&self, record: &UsageRecord) -> Result<(), ObservabilityError>;
+
+    /// Returns at most `limit` of the oldest calls noted open before
+    /// `opened_before_ms` (by their start), as noted.
+    async fn open_calls(&self, opened_before_ms: i64, limit: u32) -> Result<Vec<UsageRecord>, ObservabilityError>;
 
     /// Returns the totals of the records `filter` selects, one group per
     /// combination of the values of `group_by` (one group with no keys when

@@ -2,7 +2,8 @@
 //! the provider counted them (or an estimate, flagged, when the stream was
 //! cut first), its provider cost from the configured price table, and the
 //! billed amount with the markup — sent to the observability service off the
-//! token path; and the budget check before each call.
+//! token path; and the budget check before each call. Each call is noted
+//! open as it is made (`open_calls`), so a crash cannot lose its bill.
 //!
 //! Records go through a bounded queue that a background task sends in
 //! batches, retrying (the ledger is idempotent on the call id) until it gets
@@ -24,6 +25,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{BillingConfig, ProviderKind};
 use crate::error::RuntimeError;
 use crate::peers::{BudgetAnswer, Estimate, UsageRecord, Usages};
+
+mod open_calls;
 
 /// Records waiting to be sent; beyond it a turn waits for room before it
 /// ends (the observability service has been unreachable for a long while).
@@ -121,6 +124,8 @@ struct Inner {
     capped: RwLock<HashSet<(String, String)>>,
     /// Whether `capped` holds a snapshot; until then every call is checked.
     budgets_known: AtomicBool,
+    /// When this process began metering: calls opened before were another's.
+    started_at_ms: i64,
 }
 
 /// The runtime's usage reporter and budget guard; cheap to clone.
@@ -144,6 +149,7 @@ impl Metering {
                 sent: Notify::new(),
                 capped: RwLock::new(HashSet::new()),
                 budgets_known: AtomicBool::new(false),
+                started_at_ms: avm_common::now_ms(),
             }),
         }
     }

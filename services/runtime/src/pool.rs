@@ -19,7 +19,7 @@ use crate::agent::{Agent, AgentInfo};
 use crate::config::RuntimeConfig;
 use crate::context::history_to_llm;
 use crate::error::{AgentTarget, RuntimeError};
-use crate::hub::{EventContext, Hubs, Subscription};
+use crate::hub::{EventContext, Hubs, SessionHub, Subscription};
 use crate::message::{Content, Message, MessageBody};
 use crate::metering::Metering;
 use crate::outbox::Outbox;
@@ -33,6 +33,7 @@ mod children;
 mod gate;
 mod groups;
 mod lifecycle;
+mod lost;
 mod wakes;
 
 use gate::RunGate;
@@ -84,6 +85,11 @@ struct PoolInner {
     group_feeds: Mutex<HashMap<String, Arc<tokio::sync::Mutex<u64>>>>,
     /// Admits agents' group turns within the replica's and each tenant's limits.
     gate: RunGate,
+    /// When this process's pool was made: older open turns were another's.
+    started_at_ms: i64,
+    /// Set once the turns the previous process left open are ended (at
+    /// once with replicas, whose survivors end a dead one's turns).
+    recovered: tokio::sync::watch::Sender<bool>,
 }
 
 /// The agent pool of one runtime process; cheap to clone.
@@ -131,6 +137,7 @@ impl AgentPool {
             replicas.as_ref(),
             config.outbox_max_bytes,
         );
+        let (recovered, _) = tokio::sync::watch::channel(replicas.is_some());
         let pool = Self {
             inner: Arc::new(PoolInner {
                 config,
@@ -154,6 +161,8 @@ impl AgentPool {
                 remote_wake: std::sync::OnceLock::new(),
                 group_feeds: Mutex::new(HashMap::new()),
                 gate,
+                started_at_ms: avm_common::now_ms(),
+                recovered,
             }),
         };
         pool.serve_spawns();
@@ -270,6 +279,7 @@ impl AgentPool {
                 }
             }
         }
+        self.recovered().await;
         let image = self.sessions().get_image(ctx, image_id).await?;
         lifecycle::check_runnable(&image)?;
         let plan = crate::plan::plan(&self.inner.resources, ctx, &image).await?;
@@ -924,6 +934,12 @@ impl AgentPool {
         self.inner.llm.spawn_watch(shutdown.clone());
         self.inner.ports.metering.spawn(shutdown.clone());
         self.inner.ports.outbox.spawn(shutdown.clone());
+        // Alone, this runtime made every call and ran every turn left open
+        // before it started.
+        if self.inner.replicas.is_none() {
+            self.inner.ports.metering.spawn_settle_previous(shutdown.clone());
+            tokio::spawn(self.clone().end_turns_left_open(shutdown.clone()));
+        }
         tokio::spawn(self.clone().follow_deletions(shutdown.clone()));
         if let Some(replicas) = &self.inner.replicas {
             replicas
@@ -1111,19 +1127,7 @@ impl AgentPool {
         // A hydration that found the turn cut may have recorded it first
         // (`TURN_LOST`, the same message id): the turn's watchers still learn
         // that it ended, but history keeps the one message.
-        if let Some(message) = stored {
-            hub.publish(
-                "error_received",
-                &context,
-                &json!({"message": text, "errorCode": "RUNTIME_LOST"}),
-            );
-            hub.publish("error_message", &context, &message.object());
-        }
-        hub.publish(
-            "error_occurred",
-            &context,
-            &json!({"code": "RUNTIME_LOST", "message": text, "recoverable": true}),
-        );
+        publish_lost_turn(&hub, &context, "RUNTIME_LOST", text, stored);
         // A group turn's messages are still unread (the cursor moves after
         // the reply): the agent, woken again, answers them. Its reply is
         // named after them, so one posted before the crash is not posted twice.
@@ -1138,8 +1142,7 @@ impl AgentPool {
     async fn record_cut_turn(&self, tenant_id: &str, session_id: &str, user_message_id: &str) -> Option<Message> {
         tracing::warn!(session_id, user_message_id, "a turn was cut by a crash; recording it");
         metrics::counter!("avm_runtime_turns_lost_total").increment(1);
-        let text = "the server stopped while this turn ran; the reply was lost. Send the message again.";
-        self.store_lost_turn(tenant_id, session_id, user_message_id, "TURN_LOST", text)
+        self.store_lost_turn(tenant_id, session_id, user_message_id, "TURN_LOST", lost::CUT_TURN_TEXT)
             .await
             .unwrap_or(None)
     }
@@ -1246,6 +1249,21 @@ impl AgentPool {
     pub fn any_running(&self) -> bool {
         self.live_agents().iter().any(|agent| agent.is_running())
     }
+}
+
+/// Publishes the end of a lost turn on its session's events: its error
+/// message (`error_received → error_message`) when `stored` holds it, and
+/// `error_occurred` with `code`, which ends the turn for its watchers.
+fn publish_lost_turn(hub: &SessionHub, context: &Arc<EventContext>, code: &str, text: &str, stored: Option<Message>) {
+    if let Some(message) = stored {
+        hub.publish("error_received", context, &json!({"message": text, "errorCode": code}));
+        hub.publish("error_message", context, &message.object());
+    }
+    hub.publish(
+        "error_occurred",
+        context,
+        &json!({"code": code, "message": text, "recoverable": true}),
+    );
 }
 
 /// How long a new agent waits for its predecessor's interrupted turn to

@@ -31,7 +31,7 @@ use crate::llm::{
     LlmContent, LlmError, LlmErrorKind, LlmEvent, LlmProvider, LlmRequest, LlmRole, StopReason, ToolCall, ToolOutput,
 };
 use crate::message::{self, Message, MessageBody};
-use crate::metering::{Metering, Tokens, charge, estimate_tokens};
+use crate::metering::{Charge, Metering, Tokens, charge, estimate_tokens};
 use crate::outbox::Outbox;
 use crate::peers::{CallStatus, Estimate, Sessions, UsageRecord};
 use crate::settings::TenantLlm;
@@ -212,12 +212,22 @@ pub(crate) async fn run(
         // Every LLM call is preceded by the budget check, which reserves its
         // estimated price and tokens until its record settles them; a
         // refused one is not made.
-        let estimate = estimate(&llm, &request);
-        let checked = ports.metering.check_budget(&ctx, &reply.message_id, estimate).await;
+        let request_chars = request_chars(&request);
+        let estimate = estimate(&llm, &request, request_chars);
+        let reserved = Estimate {
+            pico_usd: estimate.1.billed_pico_usd,
+            tokens: estimate.0.input.saturating_add(estimate.0.output),
+        };
+        let checked = ports.metering.check_budget(&ctx, &reply.message_id, reserved).await;
         let outcome = match checked {
             Err(refused) => Outcome::Failed(Failure::from(refused)),
             Ok(()) => {
-                let request_chars = request_chars(&request);
+                // Noted as it goes out, so a crash during it still bills it.
+                let open = call_record(&agent, &ctx, &llm, &reply, estimate);
+                ports.metering.open_call(UsageRecord {
+                    estimated: true,
+                    ..open
+                });
                 let outcome = stream_reply(
                     &ports,
                     &ctx,
@@ -588,27 +598,25 @@ fn request_chars(request: &LlmRequest) -> usize {
     system + messages
 }
 
-/// The most a call of `request` is expected to use, which its budget check
-/// reserves: its input at a token per 4 bytes plus `max_tokens` of output,
-/// and that at the model's price and markup.
-fn estimate(llm: &TenantLlm, request: &LlmRequest) -> Estimate {
+/// The most a call of `request` is expected to use and bill, which its
+/// budget check reserves and which is billed if the call is cut by a crash:
+/// its input at a token per 4 bytes plus `max_tokens` of output, at the
+/// model's price and markup.
+fn estimate(llm: &TenantLlm, request: &LlmRequest, request_chars: usize) -> (Tokens, Charge) {
     let tokens = Tokens {
-        input: estimate_tokens(request_chars(request)),
+        input: estimate_tokens(request_chars),
         output: u64::from(request.max_tokens),
         cache_read: 0,
         cache_write: 0,
     };
-    let price = charge(
+    let charged = charge(
         &llm.billing,
         llm.config.provider_kind(),
         &request.model,
         tokens,
         llm.own_key,
     );
-    Estimate {
-        pico_usd: price.billed_pico_usd,
-        tokens: tokens.input.saturating_add(tokens.output),
-    }
+    (tokens, charged)
 }
 
 /// Returns the ledger record of the turn's LLM call.
@@ -673,6 +681,25 @@ fn usage_record(
             .record(first as f64 / 1000.0);
     }
     UsageRecord {
+        estimated,
+        status,
+        error_code,
+        ended_at_ms: reply.started_at_ms + elapsed_ms(reply.started),
+        first_token_ms: reply.first_token_ms.unwrap_or(0),
+        ..call_record(agent, ctx, llm, reply, (tokens, charged))
+    }
+}
+
+/// Returns the record of the reply's call with `usage`, as it stands when
+/// the call starts (completed, nothing streamed yet).
+fn call_record(
+    agent: &Agent,
+    ctx: &RequestContext,
+    llm: &TenantLlm,
+    reply: &Reply,
+    (tokens, charged): (Tokens, Charge),
+) -> UsageRecord {
+    UsageRecord {
         call_id: reply.message_id.clone(),
         tenant_id: ctx.tenant_id.clone(),
         user_id: ctx.principal.user_id.clone(),
@@ -686,12 +713,12 @@ fn usage_record(
         output_tokens: tokens.output,
         cache_read_tokens: tokens.cache_read,
         cache_write_tokens: tokens.cache_write,
-        estimated,
-        status,
-        error_code,
+        estimated: false,
+        status: CallStatus::Completed,
+        error_code: String::new(),
         started_at_ms: reply.started_at_ms,
-        ended_at_ms: reply.started_at_ms + elapsed_ms(reply.started),
-        first_token_ms: reply.first_token_ms.unwrap_or(0),
+        ended_at_ms: reply.started_at_ms,
+        first_token_ms: 0,
         cost_pico_usd: charged.cost_pico_usd,
         billed_pico_usd: charged.billed_pico_usd,
         priced: charged.priced,

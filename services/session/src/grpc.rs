@@ -314,6 +314,30 @@ impl SessionApi for SessionGrpc {
         }))
     }
 
+    async fn list_open_turns(
+        &self,
+        request: Request<pb::ListOpenTurnsRequest>,
+    ) -> Result<Response<pb::ListOpenTurnsResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.get_ref();
+        let turns = self
+            .service
+            .list_open_turns(&ctx, request.before_ms, &request.after_session_id, request.page_size)
+            .await?;
+        Ok(Response::new(pb::ListOpenTurnsResponse {
+            turns: turns
+                .into_iter()
+                .map(|turn| pb::OpenTurn {
+                    tenant_id: turn.tenant_id,
+                    container_id: turn.container_id,
+                    image_id: turn.image_id,
+                    session_id: turn.session_id,
+                    user_message_id: turn.user_message_id,
+                })
+                .collect(),
+        }))
+    }
+
     async fn create_group(
         &self,
         request: Request<pb::CreateGroupRequest>,

@@ -185,6 +185,19 @@ pub struct ImageUpdate {
     pub tools: Option<Vec<String>>,
 }
 
+/// A turn a session's history leaves open: its last message is the user's
+/// (or a tool call without its result), where every turn that ended stored
+/// a reply or an error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenTurn {
+    pub tenant_id: String,
+    pub container_id: String,
+    pub image_id: String,
+    pub session_id: String,
+    /// The turn's user message.
+    pub user_message_id: String,
+}
+
 /// One entry of a session's history as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MessageRecord {

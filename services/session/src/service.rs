@@ -15,7 +15,7 @@ use tracing::instrument;
 use crate::error::SessionError;
 use crate::record::{
     AgentState, AgentStateChange, ContainerAccess, ContainerRecord, ImageRecord, ImageUpdate, MessageBody,
-    MessageRecord, NewImage, NewMessage, SessionChange, ShareRecord, ShareRole, WatchItem,
+    MessageRecord, NewImage, NewMessage, OpenTurn, SessionChange, ShareRecord, ShareRole, WatchItem,
 };
 use crate::references::{RESOURCE_URI_PREFIX, References};
 use crate::store::{Scope, SessionStore};
@@ -31,6 +31,9 @@ pub use groups::{
 pub const DEFAULT_IMAGE_NAME: &str = "New Conversation";
 /// Longest id a caller may choose (containers, messages), in bytes.
 pub const MAX_ID_BYTES: usize = 128;
+/// Open turns per `ListOpenTurns` page unless asked otherwise, and at most.
+const DEFAULT_OPEN_TURNS_PAGE: u32 = 500;
+const MAX_OPEN_TURNS_PAGE: u32 = 1000;
 /// Longest image name, in characters.
 pub const MAX_NAME_CHARS: usize = 256;
 /// Longest image description, in characters.
@@ -502,6 +505,32 @@ impl SessionService {
     ) -> Result<Vec<MessageRecord>, SessionError> {
         allow(ctx, Scopes::READ)?;
         self.store.list_messages(&scope(ctx), session_id).await
+    }
+
+    /// Returns, across tenants, the turns left open by sessions whose last
+    /// message was stored before `before_ms`, a page at a time by session id
+    /// after `after_session_id` (components only: a runtime starting alone
+    /// records them as lost).
+    #[instrument(name = "session.list_open_turns", skip_all, fields(request_id = %ctx.request_id))]
+    pub async fn list_open_turns(
+        &self,
+        ctx: &RequestContext,
+        before_ms: i64,
+        after_session_id: &str,
+        page_size: u32,
+    ) -> Result<Vec<OpenTurn>, SessionError> {
+        ctx.principal.require_service().map_err(SessionError::Denied)?;
+        if after_session_id.len() > MAX_ID_BYTES {
+            return Err(SessionError::invalid(
+                "INVALID_SESSION_ID",
+                format!("after_session_id must be at most {MAX_ID_BYTES} bytes"),
+            ));
+        }
+        let limit = match page_size {
+            0 => DEFAULT_OPEN_TURNS_PAGE,
+            size => size.min(MAX_OPEN_TURNS_PAGE),
+        };
+        self.store.list_open_turns(before_ms, after_session_id, limit).await
     }
 
     /// Shares a container with another user of the tenant with `role`, or

@@ -17,7 +17,7 @@ use crate::error::SessionError;
 use crate::record::{
     AgentState, AgentStateChange, ContainerAccess, ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord,
     GroupRecord, GroupUpdate, ImageRecord, ImageUpdate, MemberRef, MessageRecord, NewGroupMessage, NewMessage,
-    ShareRecord, ShareRole, UnreadGroup,
+    OpenTurn, ShareRecord, ShareRole, UnreadGroup,
 };
 
 mod groups;
@@ -154,6 +154,16 @@ pub trait SessionStore: GroupStore + Send + Sync + 'static {
 
     /// Returns a session's messages in `seq` order, or `SessionNotFound`.
     async fn list_messages(&self, scope: &Scope<'_>, session_id: &str) -> Result<Vec<MessageRecord>, SessionError>;
+
+    /// Returns, across tenants, at most `limit` turns left open by sessions
+    /// whose last message was stored before `before_ms`, by session id after
+    /// `after_session_id`.
+    async fn list_open_turns(
+        &self,
+        before_ms: i64,
+        after_session_id: &str,
+        limit: u32,
+    ) -> Result<Vec<OpenTurn>, SessionError>;
 
     /// Returns how change events travel between the replicas on this store.
     fn event_transport(&self) -> EventTransport;

@@ -283,6 +283,40 @@ pub(super) fn insert_usage(rows: usize, placeholders: Placeholders) -> String {
     sql
 }
 
+/// Returns the statement noting one open call (`usage_columns!`), unless
+/// it is noted already.
+pub(super) fn insert_open_call(placeholders: Placeholders) -> String {
+    let mut sql = insert_values("open_calls", usage_columns!(), OPEN_CALL_ARITY, 1, placeholders);
+    sql.push_str(" ON CONFLICT (call_id) DO NOTHING RETURNING call_id");
+    sql
+}
+
+/// The columns of an open call: a ledger record's, as read back.
+const OPEN_CALL_ARITY: usize = 23;
+
+/// Returns the statement deleting the open calls of `rows` recorded calls.
+pub(super) fn delete_open_calls(rows: usize, placeholders: Placeholders) -> String {
+    let mut sql = String::from("DELETE FROM open_calls WHERE call_id IN (");
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        match placeholders {
+            Placeholders::Numbered => sql.push_str(&format!("${}", row + 1)),
+            Placeholders::Anonymous => sql.push('?'),
+        }
+    }
+    sql.push(')');
+    sql
+}
+
+/// The oldest open calls opened before `$1`, at most `$2`.
+pub(super) const SELECT_OPEN_CALLS: &str = concat!(
+    "SELECT ",
+    usage_columns!(),
+    " FROM open_calls WHERE started_at_ms < $1 ORDER BY started_at_ms, call_id LIMIT $2"
+);
+
 /// Returns the statement inserting `rows` log events.
 pub(super) fn insert_logs(rows: usize, placeholders: Placeholders) -> String {
     insert_values("log_events", LOG_COLUMNS, LOG_ARITY, rows, placeholders)
@@ -430,6 +464,41 @@ macro_rules! impl_observability_store {
                 }
                 query
             }
+
+            /// Binds the columns of `usage_columns!` of a record, in order.
+            fn bind_usage<'q, O>(
+                query: sqlx::query::QueryScalar<'q, $db, O, <$db as sqlx::Database>::Arguments<'q>>,
+                record: &'q $crate::record::UsageRecord,
+            ) -> Result<
+                sqlx::query::QueryScalar<'q, $db, O, <$db as sqlx::Database>::Arguments<'q>>,
+                $crate::error::ObservabilityError,
+            > {
+                use super::sql;
+                Ok(query
+                    .bind(record.call_id.as_str())
+                    .bind(record.tenant_id.as_str())
+                    .bind(record.user_id.as_str())
+                    .bind(record.key_id.as_str())
+                    .bind(record.container_id.as_str())
+                    .bind(record.image_id.as_str())
+                    .bind(record.agent_id.as_str())
+                    .bind(record.provider.as_str())
+                    .bind(record.model.as_str())
+                    .bind(sql::stored_count(record.input_tokens)?)
+                    .bind(sql::stored_count(record.output_tokens)?)
+                    .bind(sql::stored_count(record.cache_read_tokens)?)
+                    .bind(sql::stored_count(record.cache_write_tokens)?)
+                    .bind(record.estimated)
+                    .bind(record.status.as_str())
+                    .bind(record.error_code.as_str())
+                    .bind(record.started_at_ms)
+                    .bind(record.ended_at_ms)
+                    .bind(record.first_token_ms)
+                    .bind(record.cost_pico_usd)
+                    .bind(record.billed_pico_usd)
+                    .bind(record.priced)
+                    .bind(record.own_key))
+            }
         }
 
         #[async_trait::async_trait]
@@ -449,39 +518,50 @@ macro_rules! impl_observability_store {
                     let statement =
                         sql::insert_usage(chunk.len(), sql::Placeholders::of(<$db as sqlx::Database>::NAME));
                     let mut query = sqlx::query_scalar::<$db, String>(&statement);
-                    for record in &records[chunk] {
-                        query = query
-                            .bind(record.call_id.as_str())
-                            .bind(record.tenant_id.as_str())
-                            .bind(record.user_id.as_str())
-                            .bind(record.key_id.as_str())
-                            .bind(record.container_id.as_str())
-                            .bind(record.image_id.as_str())
-                            .bind(record.agent_id.as_str())
-                            .bind(record.provider.as_str())
-                            .bind(record.model.as_str())
-                            .bind(sql::stored_count(record.input_tokens)?)
-                            .bind(sql::stored_count(record.output_tokens)?)
-                            .bind(sql::stored_count(record.cache_read_tokens)?)
-                            .bind(sql::stored_count(record.cache_write_tokens)?)
-                            .bind(record.estimated)
-                            .bind(record.status.as_str())
-                            .bind(record.error_code.as_str())
-                            .bind(record.started_at_ms)
-                            .bind(record.ended_at_ms)
-                            .bind(record.first_token_ms)
-                            .bind(record.cost_pico_usd)
-                            .bind(record.billed_pico_usd)
-                            .bind(record.priced)
-                            .bind(record.own_key)
+                    for record in &records[chunk.clone()] {
+                        query = Self::bind_usage(query, record)?
                             .bind(record.day())
                             .bind(record.month())
                             .bind(now_ms);
                     }
                     inserted.extend(query.fetch_all(&mut *tx).await?);
+                    // Recorded calls are no longer open.
+                    let statement =
+                        sql::delete_open_calls(chunk.len(), sql::Placeholders::of(<$db as sqlx::Database>::NAME));
+                    let mut query = sqlx::query::<$db>(&statement);
+                    for record in &records[chunk] {
+                        query = query.bind(record.call_id.as_str());
+                    }
+                    query.execute(&mut *tx).await?;
                 }
                 tx.commit().await?;
                 Ok(inserted)
+            }
+
+            async fn insert_open_call(
+                &self,
+                record: &$crate::record::UsageRecord,
+            ) -> Result<(), $crate::error::ObservabilityError> {
+                let statement =
+                    super::sql::insert_open_call(super::sql::Placeholders::of(<$db as sqlx::Database>::NAME));
+                let query = sqlx::query_scalar::<$db, String>(&statement);
+                Self::bind_usage(query, record)?
+                    .fetch_optional(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            async fn open_calls(
+                &self,
+                opened_before_ms: i64,
+                limit: u32,
+            ) -> Result<Vec<$crate::record::UsageRecord>, $crate::error::ObservabilityError> {
+                let rows = sqlx::query::<$db>(super::sql::SELECT_OPEN_CALLS)
+                    .bind(opened_before_ms)
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter().map(|row| super::sql::usage_from_row(row)).collect()
             }
 
             async fn usage_groups(

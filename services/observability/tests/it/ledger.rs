@@ -22,6 +22,7 @@ conformance!(
     failed_writes_keep_their_records,
     a_clean_shutdown_writes_everything,
     invalid_records_name_their_field,
+    calls_left_open_are_billed_at_their_estimate,
 );
 
 /// 2024-01-31T23:00Z, 2024-02-01T00:00Z, 2024-02-01T01:00Z.
@@ -612,4 +613,67 @@ async fn invalid_records_name_their_field(h: Harness) {
     assert_eq!(h.service.record_usage(&runtime, max).await.unwrap(), 1000);
     h.service.flush().await.unwrap();
     assert_eq!(h.all_records().await.len(), 1000);
+}
+
+/// Issue 26 item 10: a call noted open and never recorded (its runtime died)
+/// is billed at its estimate, marked, once settled; a recorded one is not
+/// billed twice; a call opened after the cut-off stays open.
+async fn calls_left_open_are_billed_at_their_estimate(h: Harness) {
+    let runtime = service_ctx(A);
+    let estimate = |call_id: &str, started_at_ms: i64| UsageRecord {
+        input_tokens: 10,
+        output_tokens: 4096,
+        billed_pico_usd: 5_000,
+        started_at_ms,
+        ended_at_ms: started_at_ms,
+        ..usage(call_id, A)
+    };
+    let cut = estimate("call_cut", FEB_1);
+    let done = estimate("call_done", FEB_1);
+    let later = estimate("call_later", FEB_1_01H);
+    for open in [&cut, &done, &later] {
+        h.service.open_call(&runtime, open.clone()).await.unwrap();
+    }
+    // The same note again changes nothing.
+    h.service.open_call(&runtime, cut.clone()).await.unwrap();
+    let recorded = UsageRecord {
+        output_tokens: 12,
+        billed_pico_usd: 700,
+        ..done.clone()
+    };
+    h.service.record_usage(&runtime, vec![recorded.clone()]).await.unwrap();
+    h.service.flush().await.unwrap();
+
+    // Only components settle.
+    let refused = h.service.settle_open_calls(&admin_ctx(A), FEB_1 + 1).await;
+    assert_eq!(api_err(refused).code, Code::PermissionDenied);
+    let settled = h.service.settle_open_calls(&runtime, FEB_1 + 1).await.unwrap();
+    assert_eq!(
+        settled, 1,
+        "the recorded call was no longer open, the later one not yet due"
+    );
+    let again = h.service.settle_open_calls(&runtime, FEB_1 + 1).await.unwrap();
+    assert_eq!(again, 0, "settled once");
+
+    let mut listed = h.all_records().await;
+    listed.sort_by(|a, b| a.call_id.cmp(&b.call_id));
+    let billed_cut = UsageRecord {
+        status: CallStatus::Cut,
+        estimated: true,
+        ..cut
+    };
+    assert_eq!(listed, vec![billed_cut.clone(), recorded.clone()]);
+    let summary_ctx = admin_ctx(A);
+    let report = h
+        .service
+        .query_usage(&summary_ctx, &UsageQuery::default(), &[Dimension::Status])
+        .await
+        .unwrap();
+    let keys: Vec<&str> = report.groups.iter().map(|group| group.keys[0].as_str()).collect();
+    assert_eq!(keys, ["completed", "cut"]);
+    assert_eq!(report.totals.estimated_calls, 1);
+
+    // The later call is billed once it is due, and counts in its month.
+    assert_eq!(h.service.settle_open_calls(&runtime, i64::MAX).await.unwrap(), 1);
+    assert_eq!(h.all_records().await.len(), 3);
 }

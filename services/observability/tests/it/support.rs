@@ -167,6 +167,14 @@ impl ObservabilityStore for FlakyStore {
         self.inner.insert_usage(records, now_ms).await
     }
 
+    async fn insert_open_call(&self, record: &UsageRecord) -> Result<(), ObservabilityError> {
+        self.inner.insert_open_call(record).await
+    }
+
+    async fn open_calls(&self, opened_before_ms: i64, limit: u32) -> Result<Vec<UsageRecord>, ObservabilityError> {
+        self.inner.open_calls(opened_before_ms, limit).await
+    }
+
     async fn usage_groups(
         &self,
         filter: &UsageFilter,

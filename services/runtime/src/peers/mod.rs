@@ -13,6 +13,6 @@ pub use config::{ConfigEntry, ConfigSource, ConfigUpdate, Configs, StoredCredent
 pub use groups::{GroupInfo, GroupPost, Member, UnreadGroup};
 pub use resource::{Resolved, Resources};
 pub(crate) use session::content;
-pub use session::{Deletion, ImageChanges, ImageInfo, Lifecycle, NewChild, Role, Sessions};
+pub use session::{Deletion, ImageChanges, ImageInfo, Lifecycle, NewChild, OpenTurn, Role, Sessions};
 pub(crate) use session::{decode_message, encode_message};
 pub use usage::{BudgetAnswer, BudgetUpdate, CallStatus, Estimate, UsageRecord, Usages};

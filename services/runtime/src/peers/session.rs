@@ -39,6 +39,17 @@ pub struct ImageInfo {
     pub depth: u32,
 }
 
+/// A turn a session's history leaves open: nobody stored its reply or error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenTurn {
+    pub tenant_id: String,
+    pub container_id: String,
+    pub image_id: String,
+    pub session_id: String,
+    /// The turn's user message.
+    pub user_message_id: String,
+}
+
 /// Whether an image's agent may run, as stored with the image.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Lifecycle {
@@ -248,6 +259,34 @@ impl Sessions {
         });
         let messages = self.service.list_messages(request).await?.into_inner().messages;
         Ok(messages.into_iter().map(message_of).collect())
+    }
+
+    /// Returns, across tenants, at most `page_size` turns left open by
+    /// sessions whose last message was stored before `before_ms`, by session
+    /// id after `after_session_id` (the runtime's own credential only).
+    pub async fn list_open_turns(
+        &self,
+        ctx: &RequestContext,
+        before_ms: i64,
+        after_session_id: &str,
+        page_size: u32,
+    ) -> Result<Vec<OpenTurn>, RuntimeError> {
+        let request = ctx.request(pb::ListOpenTurnsRequest {
+            before_ms,
+            after_session_id: after_session_id.to_owned(),
+            page_size,
+        });
+        let turns = self.service.list_open_turns(request).await?.into_inner().turns;
+        Ok(turns
+            .into_iter()
+            .map(|turn| OpenTurn {
+                tenant_id: turn.tenant_id,
+                container_id: turn.container_id,
+                image_id: turn.image_id,
+                session_id: turn.session_id,
+                user_message_id: turn.user_message_id,
+            })
+            .collect())
     }
 
     /// Appends a message and returns it as stored (with its time).

@@ -1,5 +1,6 @@
 //! The observability service, as the runtime reports to it: one ledger
-//! record per LLM call, budget checks, and the stream of budgets.
+//! record per LLM call (noted open as it is made), budget checks, and the
+//! stream of budgets.
 
 use avm_common::RequestContext;
 use avm_proto::observability::v1 as pb;
@@ -111,6 +112,23 @@ impl Usages {
         });
         self.service.record_usage(request).await?;
         Ok(())
+    }
+
+    /// Notes an LLM call as it is made: `record` is what the ledger bills
+    /// (as `cut`) if the call's own record never comes.
+    pub async fn open_call(&self, ctx: &RequestContext, record: &UsageRecord) -> Result<(), RuntimeError> {
+        let mut record = record_pb(record);
+        record.status = pb::CallStatus::Cut as i32;
+        let request = ctx.request(pb::OpenCallRequest { record: Some(record) });
+        self.service.open_call(request).await?;
+        Ok(())
+    }
+
+    /// Bills the calls opened before `opened_before_ms` whose record never
+    /// came at their noted estimate; returns how many.
+    pub async fn settle_open_calls(&self, ctx: &RequestContext, opened_before_ms: i64) -> Result<u32, RuntimeError> {
+        let request = ctx.request(pb::SettleOpenCallsRequest { opened_before_ms });
+        Ok(self.service.settle_open_calls(request).await?.into_inner().settled)
     }
 
     /// Asks whether a tenant (and key) may make the call `call_id` this

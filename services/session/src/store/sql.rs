@@ -221,6 +221,18 @@ pub(super) const LIST_MESSAGES: &str = "\
     SELECT message_id, session_id, seq, created_at_ms, body FROM messages \
     WHERE session_id = $1 ORDER BY seq";
 
+/// The sessions whose last message, stored before `$1`, leaves a turn open,
+/// after session `$2`, at most `$3`: one index lookup per session.
+pub(super) const LIST_OPEN_TURNS: &str = "\
+    SELECT s.tenant_id, i.container_id, s.image_id, s.session_id, \
+      (SELECT u.message_id FROM messages u WHERE u.session_id = s.session_id AND u.kind = 'user' \
+       ORDER BY u.seq DESC LIMIT 1) AS user_message_id \
+    FROM sessions s \
+    JOIN messages m ON m.session_id = s.session_id AND m.seq = s.last_seq \
+    JOIN images i ON i.image_id = s.image_id \
+    WHERE m.kind IN ('user', 'tool_call') AND m.created_at_ms < $1 AND s.session_id > $2 \
+    ORDER BY s.session_id LIMIT $3";
+
 /// Reads a container row.
 pub(super) fn container_from_row<'r, R>(row: &'r R) -> Result<ContainerRecord, SessionError>
 where
@@ -936,6 +948,32 @@ macro_rules! impl_session_store {
                     .fetch_all(&self.pool)
                     .await?;
                 rows.iter().map(|row| sql::message_from_row(row)).collect()
+            }
+
+            async fn list_open_turns(
+                &self,
+                before_ms: i64,
+                after_session_id: &str,
+                limit: u32,
+            ) -> Result<Vec<$crate::record::OpenTurn>, $crate::error::SessionError> {
+                let rows = sqlx::query($crate::store::sql::LIST_OPEN_TURNS)
+                    .bind(before_ms)
+                    .bind(after_session_id)
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter()
+                    .map(|row| {
+                        Ok($crate::record::OpenTurn {
+                            tenant_id: sqlx::Row::try_get(row, "tenant_id")?,
+                            container_id: sqlx::Row::try_get(row, "container_id")?,
+                            image_id: sqlx::Row::try_get(row, "image_id")?,
+                            session_id: sqlx::Row::try_get(row, "session_id")?,
+                            user_message_id: sqlx::Row::try_get::<Option<String>, _>(row, "user_message_id")?
+                                .unwrap_or_default(),
+                        })
+                    })
+                    .collect()
             }
 
             fn event_transport(&self) -> avm_store::events::EventTransport {

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use avm_common::Code;
 use avm_session::{
-    AgentState, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, Scope, SessionService,
-    SessionStore, ShareRole, Usage,
+    AgentState, ImageRecord, ImageUpdate, MessageBody, MessageRecord, NewImage, NewMessage, OpenTurn, Scope,
+    SessionService, SessionStore, ShareRole, Usage,
 };
 
 use avm_common::auth::{Role, Scopes};
@@ -31,6 +31,7 @@ conformance_suite!(
     messages_are_validated,
     concurrent_appends_get_distinct_seqs,
     ten_thousand_messages_append_and_load,
+    open_turns_are_the_histories_left_unanswered,
 );
 
 const A: &str = "tenant-a";
@@ -1126,4 +1127,60 @@ async fn read_only_credentials_cannot_write(store: Arc<dyn SessionStore>) {
     );
     let nothing = principal_ctx(A, "usr_admin", Role::Admin, Scopes::NONE);
     assert_eq!(reason(service.list_containers(&nothing).await), "MISSING_SCOPE");
+}
+
+/// Issue 26 item 10: the turns a crash left open are found at start-up,
+/// across tenants, without loading each conversation: the sessions whose
+/// last message is the user's.
+async fn open_turns_are_the_histories_left_unanswered(store: Arc<dyn SessionStore>) {
+    let service = SessionService::new(store);
+    let open = new_image(&service, A, "default").await;
+    let answered = new_image(&service, A, "default").await;
+    let _empty = new_image(&service, A, "default").await;
+    let other = new_image(&service, B, "default").await;
+    let append = |image: &ImageRecord, message: NewMessage, tenant: &'static str| {
+        let service = service.clone();
+        let session = image.session_id.clone();
+        async move {
+            // Users write their messages, the runtime the rest.
+            let caller = if matches!(message.body, MessageBody::User { .. }) {
+                ctx(tenant)
+            } else {
+                runtime(tenant)
+            };
+            service.append_message(&caller, &session, message).await.unwrap()
+        }
+    };
+    append(&open, user("msg_open", "cut"), A).await;
+    append(&answered, user("msg_q", "asked"), A).await;
+    append(&answered, assistant("msg_a", "answered"), A).await;
+    append(&other, user("msg_first", "one"), B).await;
+    let last = append(&other, user("msg_second", "two"), B).await;
+
+    let turn = |image: &ImageRecord, tenant: &str, user_message_id: &str| OpenTurn {
+        tenant_id: tenant.to_owned(),
+        container_id: "default".to_owned(),
+        image_id: image.image_id.clone(),
+        session_id: image.session_id.clone(),
+        user_message_id: user_message_id.to_owned(),
+    };
+    let mut expected = vec![turn(&open, A, "msg_open"), turn(&other, B, "msg_second")];
+    expected.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+    let after_all = last.created_at_ms + 1;
+    let found = service.list_open_turns(&runtime(A), after_all, "", 0).await.unwrap();
+    assert_eq!(found, expected);
+    // A page at a time, by session id.
+    let first = service.list_open_turns(&runtime(A), after_all, "", 1).await.unwrap();
+    assert_eq!(first, expected[..1]);
+    let next = service
+        .list_open_turns(&runtime(A), after_all, &first[0].session_id, 1)
+        .await
+        .unwrap();
+    assert_eq!(next, expected[1..]);
+    // Only turns older than the cut-off: a running process's own are not.
+    let none = service.list_open_turns(&runtime(A), 0, "", 0).await.unwrap();
+    assert!(none.is_empty(), "{none:?}");
+    // Only components ask.
+    let refused = api_err(service.list_open_turns(&ctx(A), after_all, "", 0).await);
+    assert_eq!(refused.code, Code::PermissionDenied);
 }
