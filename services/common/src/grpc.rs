@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -43,13 +43,14 @@ pub struct GrpcServer {
 /// Returns what keeps a component from serving soundly, if anything.
 type Readiness = Box<dyn Fn() -> Vec<crate::auth::Unready> + Send + Sync>;
 
+/// A dependency still failing this long after start is logged; one that
+/// only takes a moment to connect is not.
+const QUIET_START: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The health service name readiness probes ask: SERVING while the process
 /// serves and nothing its readiness check names fails (the empty name, which
 /// liveness asks, says only that the process serves).
 pub const READY: &str = "ready";
-
-/// How often the readiness check runs.
-const READINESS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl GrpcServer {
     /// Returns an empty server using the shared gRPC settings.
@@ -66,7 +67,8 @@ impl GrpcServer {
 
     /// Makes the [`READY`] health status follow `check`: NOT_SERVING while it
     /// names anything (a peer refusing this component's credentials, a change
-    /// stream it depends on being down), each change logged.
+    /// stream it depends on being down), each change logged. The check runs
+    /// when a probe asks, never on a timer: an idle process stays asleep.
     pub fn with_readiness(mut self, check: impl Fn() -> Vec<crate::auth::Unready> + Send + Sync + 'static) -> Self {
         self.readiness = Some(Box::new(check));
         self
@@ -101,19 +103,27 @@ impl GrpcServer {
             .build_v1()?;
         let mut routes = self.routes;
         routes.add_service(health).add_service(reflection);
-        let stop_checking = CancellationToken::new();
-        if let Some(check) = self.readiness {
-            tokio::spawn(follow_readiness(reporter.clone(), check, stop_checking.clone()));
-        }
-        let _checking = stop_checking.clone().drop_guard();
+        let draining = CancellationToken::new();
         // Each call runs in a span of its caller's trace and is counted;
         // `GET /metrics` answers Prometheus on the same port (HTTP/1.1).
-        let router = routes
+        let mut router = routes
             .routes()
             .into_axum_router()
             .route("/metrics", axum::routing::get(crate::telemetry::metrics_endpoint))
             .layer(axum::middleware::from_fn(observe_call))
             .layer(axum::middleware::from_fn(bound_statuses));
+        let probed = self.readiness.map(|check| {
+            Arc::new(Probed {
+                check,
+                reporter: reporter.clone(),
+                draining: draining.clone(),
+                started: std::time::Instant::now(),
+                state: tokio::sync::Mutex::new(ProbeState::default()),
+            })
+        });
+        if let Some(probed) = &probed {
+            router = router.layer(axum::middleware::from_fn_with_state(Arc::clone(probed), check_on_probe));
+        }
 
         let config = self.config;
         let incoming = TcpIncoming::from(listener)
@@ -133,7 +143,12 @@ impl GrpcServer {
             result = &mut server => return result.map_err(GrpcError::from),
             () = shutdown.cancelled() => {}
         }
-        stop_checking.cancel();
+        draining.cancel();
+        // A probe's check under way finishes first: draining is the last word.
+        let _probing = match &probed {
+            Some(probed) => Some(probed.state.lock().await),
+            None => None,
+        };
         set_all(&reporter, &self.names, ServingStatus::NotServing).await;
         stop_accepting.cancel();
         match tokio::time::timeout(config.drain_timeout, server).await {
@@ -385,40 +400,68 @@ fn grpc_code_name(code: tonic::Code) -> &'static str {
     }
 }
 
-/// Sets [`READY`] from `check` every [`READINESS_EVERY`] until `stop`. A
-/// dependency still failing a few checks after start (or failing again
-/// later) is logged; one that only takes a moment to connect is not.
-async fn follow_readiness(reporter: HealthReporter, check: Readiness, stop: CancellationToken) {
-    const QUIET_CHECKS: u32 = 5;
-    let (mut ready, mut warned, mut checks) = (false, false, 0u32);
-    let mut every = tokio::time::interval(READINESS_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            _ = every.tick() => {}
+/// A readiness check and what the last probe found.
+struct Probed {
+    check: Readiness,
+    reporter: HealthReporter,
+    draining: CancellationToken,
+    started: std::time::Instant,
+    state: tokio::sync::Mutex<ProbeState>,
+}
+
+#[derive(Default)]
+struct ProbeState {
+    ready: bool,
+    warned: bool,
+}
+
+/// Runs the readiness check before a health call answers, and sets
+/// [`READY`] from it (not once the server drains: then it stays
+/// NOT_SERVING). A dependency failing after start ([`QUIET_START`]) or again
+/// after being ready is logged once per spell.
+async fn check_on_probe(
+    axum::extract::State(probed): axum::extract::State<Arc<Probed>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if request.uri().path().starts_with("/grpc.health.v1.Health/") {
+        let failing = (probed.check)();
+        let mut state = probed.state.lock().await;
+        if probed.draining.is_cancelled() {
+            drop(state);
+            return next.run(request).await;
         }
-        checks = checks.saturating_add(1);
-        let failing = check();
         if failing.is_empty() {
-            if !ready {
+            if !state.ready {
                 tracing::info!("ready: every dependency answers and accepts this component");
-                reporter.set_service_status(READY, ServingStatus::Serving).await;
+                probed.reporter.set_service_status(READY, ServingStatus::Serving).await;
             }
-            (ready, warned) = (true, false);
-        } else if ready || (!warned && checks > QUIET_CHECKS) {
-            for problem in &failing {
-                tracing::warn!(
-                    dependency = problem.dependency,
-                    reason = problem.reason,
-                    "not ready: {}",
-                    problem.message
-                );
+            *state = ProbeState {
+                ready: true,
+                warned: false,
+            };
+        } else {
+            if state.ready || (!state.warned && probed.started.elapsed() > QUIET_START) {
+                for problem in &failing {
+                    tracing::warn!(
+                        dependency = problem.dependency,
+                        reason = problem.reason,
+                        "not ready: {}",
+                        problem.message
+                    );
+                }
+                state.warned = true;
             }
-            reporter.set_service_status(READY, ServingStatus::NotServing).await;
-            (ready, warned) = (false, true);
+            if state.ready {
+                probed
+                    .reporter
+                    .set_service_status(READY, ServingStatus::NotServing)
+                    .await;
+            }
+            state.ready = false;
         }
     }
+    next.run(request).await
 }
 
 async fn set_all(reporter: &HealthReporter, names: &[&'static str], status: ServingStatus) {
