@@ -546,7 +546,8 @@ async fn memory(
             );
         }
         drop(held);
-        tokio::time::sleep(SETTLE).await;
+        // The allocator returns freed pages on a schedule (about a second).
+        tokio::time::sleep(IDLE_AFTER).await;
         results.add(format!("idle_http_closed_kib{labels}"), name, resident(&pid)? - first);
     }
     Ok(images)

@@ -16,7 +16,9 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::extract::Request;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
+use futures::FutureExt;
 use futures::future::{Either, Ready};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -167,17 +169,41 @@ struct Connection {
     max_head_bytes: usize,
 }
 
+type Routed = axum::routing::future::RouteFuture<Infallible>;
+
+/// An answer to a request that asked to upgrade.
+type UpgradeAnswer = futures::future::Map<Routed, fn(Result<Response, Infallible>) -> Result<Response, Infallible>>;
+
 impl hyper::service::Service<hyper::Request<Incoming>> for Connection {
     type Response = Response;
     type Error = Infallible;
-    type Future = Either<Ready<Result<Response, Infallible>>, axum::routing::future::RouteFuture<Infallible>>;
+    type Future = Either<Ready<Result<Response, Infallible>>, Either<Routed, UpgradeAnswer>>;
 
     fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
         if let Some(refusal) = self.verdicts.on_request() {
             return Either::Left(futures::future::ready(Ok(refusal.response(self.max_head_bytes))));
         }
+        let upgrade = request.method() == hyper::Method::CONNECT || request.headers().contains_key(header::UPGRADE);
         let mut request: Request = request.map(Body::new);
         request.extensions_mut().insert(ConnectInfo(self.peer));
-        Either::Right(self.app.clone().call(request))
+        let routed = self.app.clone().call(request);
+        if !upgrade {
+            return Either::Right(Either::Left(routed));
+        }
+        // What follows a request asking to upgrade goes to hyper unchecked
+        // (it may be the upgraded protocol's): when it was not upgraded,
+        // the connection ends with the answer, so no later head is read
+        // unchecked.
+        let close_unless_upgraded: fn(Result<Response, Infallible>) -> Result<Response, Infallible> = |answer| {
+            answer.map(|mut response| {
+                if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+                    response
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                response
+            })
+        };
+        Either::Right(Either::Right(routed.map(close_unless_upgraded)))
     }
 }

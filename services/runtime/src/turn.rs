@@ -135,6 +135,8 @@ struct Reply {
     accepted: bool,
     /// The reply's complete tool calls, each stored as it completed.
     calls: Vec<ToolCall>,
+    /// Whether a tool call could be neither stored nor kept to be stored.
+    unstored: bool,
 }
 
 impl Reply {
@@ -152,6 +154,7 @@ impl Reply {
             first_token_ms: None,
             accepted: false,
             calls: Vec::new(),
+            unstored: false,
         }
     }
 
@@ -244,6 +247,12 @@ pub(crate) async fn run(
                 outcome
             }
         };
+        // Nothing is reported done that history will not hold: a tool call
+        // neither stored nor kept ends the turn before its tools run.
+        let outcome = match outcome {
+            Outcome::Completed(_) if reply.unstored => Outcome::Failed(reply_not_stored()),
+            outcome => outcome,
+        };
         match outcome {
             Outcome::Completed(stop) if !reply.calls.is_empty() => {
                 let usage = reply.usage().unwrap_or_default();
@@ -252,13 +261,24 @@ pub(crate) async fn run(
                 let mut said = Vec::new();
                 if !reply.text.is_empty() {
                     let message = assistant_message(&agent, &reply, stop, false);
-                    persist(&ports, &ctx, &message).await;
+                    if !persist(&ports, &ctx, &message).await {
+                        fail(&ports, &ctx, &agent, reply_not_stored()).await;
+                        break;
+                    }
                     agent.emit("assistant_message", &message.object());
                     said.push(LlmContent::Text(std::mem::take(&mut reply.text)));
                 }
                 said.extend(reply.calls.iter().cloned().map(LlmContent::ToolUse));
                 agent.extend_history(LlmRole::Assistant, said);
-                let (history, interrupted) = run_tools(&ports, &ctx, &agent, &reply.calls, &cancel).await;
+                let Ran {
+                    history,
+                    interrupted,
+                    stored,
+                } = run_tools(&ports, &ctx, &agent, &reply.calls, &cancel).await;
+                if !stored {
+                    fail(&ports, &ctx, &agent, reply_not_stored()).await;
+                    break;
+                }
                 if let Some(tools) = &agent.tools {
                     prepare_tools(&agent, tools, &ctx).await;
                 }
@@ -311,14 +331,18 @@ pub(crate) async fn run(
                 break;
             }
             Outcome::Interrupted => {
-                answer_unrun(&ports, &ctx, &agent, &reply.calls).await;
+                let (_, answered) = answer_unrun(&ports, &ctx, &agent, &reply.calls).await;
                 agent.emit(
                     "interrupted",
                     &json!({"agentId": agent.agent_id, "containerId": agent.image.container_id}),
                 );
                 agent.emit("message_stop", &json!({"stopReason": StopReason::EndTurn.as_str()}));
                 let message = assistant_message(&agent, &reply, StopReason::EndTurn, true);
-                persist(&ports, &ctx, &message).await;
+                let stored = persist(&ports, &ctx, &message).await;
+                if !(stored && answered && !reply.unstored) {
+                    fail(&ports, &ctx, &agent, reply_not_stored()).await;
+                    break;
+                }
                 agent.emit("assistant_message", &message.object());
                 tracing::info!(image_id = %agent.image.image_id, chars = reply.text.len(), "turn interrupted");
                 agent.finish_turn(
@@ -372,17 +396,26 @@ async fn fail(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, error: Fai
     agent.finish_turn(None, Some(("error_occurred", &last)));
 }
 
+/// What running a reply's tool calls left.
+struct Ran {
+    /// The conversation with the results.
+    history: History,
+    /// Whether the turn was interrupted while they ran.
+    interrupted: bool,
+    /// Whether every result was stored or kept to be stored.
+    stored: bool,
+}
+
 /// Runs a reply's tool calls (several at once, results in call order),
-/// storing and publishing each result and adding them to the conversation.
-/// Returns the conversation with the results and whether the turn was
-/// interrupted; calls it left unrun are answered with an error result.
+/// storing and publishing each result and adding them to the conversation;
+/// calls the turn left unrun are answered with an error result.
 async fn run_tools(
     ports: &TurnPorts,
     ctx: &RequestContext,
     agent: &Arc<Agent>,
     calls: &[ToolCall],
     cancel: &CancellationToken,
-) -> (History, bool) {
+) -> Ran {
     let toolbox = agent.tools.clone();
     let mut results = futures::stream::iter(calls.iter().cloned())
         .map(|call| {
@@ -410,6 +443,7 @@ async fn run_tools(
         .buffered(ports.limits.tool_concurrency);
     let mut answered = 0;
     let mut outputs = Vec::with_capacity(calls.len());
+    let mut stored = true;
     let interrupted = loop {
         let next = tokio::select! {
             biased;
@@ -418,35 +452,53 @@ async fn run_tools(
         };
         let Some((call, reply)) = next else { break false };
         answered += 1;
-        outputs.push(answer(ports, ctx, agent, &call, reply).await);
+        let (output, kept) = answer(ports, ctx, agent, &call, reply).await;
+        stored &= kept;
+        outputs.push(output);
     };
     drop(results);
-    outputs.extend(answer_unrun(ports, ctx, agent, &calls[answered..]).await);
+    let (unrun, kept) = answer_unrun(ports, ctx, agent, &calls[answered..]).await;
+    stored &= kept;
+    outputs.extend(unrun);
     let history = agent.extend_history(LlmRole::User, outputs.into_iter().map(LlmContent::ToolResult).collect());
-    (history, interrupted)
+    Ran {
+        history,
+        interrupted,
+        stored,
+    }
 }
 
-/// Stores error results for calls the turn ended before running; returns them.
-async fn answer_unrun(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, calls: &[ToolCall]) -> Vec<ToolOutput> {
+/// Stores error results for calls the turn ended before running; returns
+/// them, and whether every one was stored or kept.
+async fn answer_unrun(
+    ports: &TurnPorts,
+    ctx: &RequestContext,
+    agent: &Agent,
+    calls: &[ToolCall],
+) -> (Vec<ToolOutput>, bool) {
     let mut outputs = Vec::with_capacity(calls.len());
+    let mut stored = true;
     for call in calls {
         let unrun = ToolReply {
             text: crate::context::UNANSWERED.to_owned(),
             is_error: true,
         };
-        outputs.push(answer(ports, ctx, agent, call, unrun).await);
+        let (output, kept) = answer(ports, ctx, agent, call, unrun).await;
+        stored &= kept;
+        outputs.push(output);
     }
-    outputs
+    (outputs, stored)
 }
 
-/// Publishes and stores one tool result; returns it as the conversation holds it.
+/// Publishes and stores one tool result; returns it as the conversation
+/// holds it, and whether it was stored or kept to be stored.
 async fn answer(
     ports: &TurnPorts,
     ctx: &RequestContext,
     agent: &Agent,
     call: &ToolCall,
     reply: ToolReply,
-) -> ToolOutput {
+) -> (ToolOutput, bool) {
     let output = ToolOutput {
         tool_call_id: call.id.clone(),
         text: reply.text,
@@ -460,20 +512,22 @@ async fn answer(
         output: output.clone(),
         tool_name: call.name.clone(),
     };
-    store(ports, ctx, agent, "tool_result_message", body).await;
-    output
+    let stored = store(ports, ctx, agent, "tool_result_message", body).await;
+    (output, stored)
 }
 
-/// Stores a new message of the turn and publishes it as a `kind` event.
-async fn store(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, kind: &'static str, body: MessageBody) {
+/// Stores a new message of the turn and publishes it as a `kind` event;
+/// returns whether it was stored or kept to be stored.
+async fn store(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, kind: &'static str, body: MessageBody) -> bool {
     let message = Message {
         message_id: new_id("msg"),
         session_id: agent.image.session_id.clone(),
         created_at_ms: avm_common::now_ms(),
         body,
     };
-    persist(ports, ctx, &message).await;
+    let stored = persist(ports, ctx, &message).await;
     agent.emit(kind, &message.object());
+    stored
 }
 
 async fn stream_reply(
@@ -558,7 +612,9 @@ async fn stream_reply(
                     call: call.clone(),
                     parent_id: reply.message_id.clone(),
                 };
-                store(ports, ctx, agent, "tool_call_message", body).await;
+                if !store(ports, ctx, agent, "tool_call_message", body).await {
+                    reply.unstored = true;
+                }
                 reply.calls.push(call);
             }
             Some(Ok(LlmEvent::Stop { reason })) => return Outcome::Completed(reason),

@@ -487,5 +487,32 @@ async fn malformed_heads(mode: Mode) -> anyhow::Result<()> {
             drop(sending.await?);
         }
     }
+    // A request asking to upgrade that is not upgraded ends its connection
+    // with the answer: what follows it would reach the HTTP layer unchecked
+    // (it could have been the upgraded protocol's). Before, the malformed
+    // head after it got hyper's empty 400.
+    let mut stream = tokio::net::TcpStream::connect(&addr).await?;
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nhost: h\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n")
+        .await?;
+    let (answered, _) = read_response(&mut stream).await.context("the upgrade request")?;
+    ensure!(answered == 200, "/health does not upgrade: {answered}");
+    // Sent after the answer, as a client that took it for a refusal would.
+    let _ = stream
+        .write_all(b"GET /health HTTP/1.1 extra\r\nx-a: a\0b\r\n\r\n")
+        .await;
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(ANSWER_TIMEOUT, stream.read_to_end(&mut rest))
+        .await
+        .context("the connection stayed open after an upgrade request that was not upgraded")?;
+    // Bytes the server closed without reading may make its end reset it.
+    if let Err(err) = ended {
+        ensure!(err.kind() == std::io::ErrorKind::ConnectionReset, "{err}");
+    }
+    ensure!(
+        rest.is_empty(),
+        "a head after a request not upgraded was answered: {}",
+        short(String::from_utf8_lossy(&rest))
+    );
     Ok(())
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use avm_tests::cluster::{Cluster, Llm, Mode, Options};
-use avm_tests::mock_llm::{MockBehavior, MockLlm};
+use avm_tests::mock_llm::{MockBehavior, MockLlm, MockToolCall};
 use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
@@ -238,6 +238,75 @@ async fn item_8_a_reply_the_outbox_cannot_keep_ends_its_turn_with_a_typed_error_
     ensure!(
         !frames.iter().any(|f| f["type"] == "conversation_end"),
         "no conversation_end for an unkept reply"
+    );
+
+    cluster.restart_component("session").await?;
+    let marker = poll(STORED_WITHIN, "the marker is stored", || async {
+        let Some(history) = history(&cluster, &chat.image_id).await.ok().flatten() else {
+            return Ok(None);
+        };
+        Ok(after_user(&history, "during").cloned())
+    })
+    .await?;
+    assert_eq!(marker["role"], "error", "{marker}");
+    assert_eq!(marker["errorCode"], "REPLY_NOT_STORED", "{marker}");
+
+    next_turn(&mut client, &chat.image_id).await?;
+    Ok(())
+}
+
+/// A tool call the outbox has no room for ends the turn the same way,
+/// before its tool runs: history never holds a result without its call,
+/// nor a turn that went on past a step it lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_8_a_tool_call_the_outbox_cannot_keep_ends_its_turn_before_the_tool_runs() -> anyhow::Result<()> {
+    let mock = MockLlm::start(MockBehavior::default()).await?;
+    let tiny = [("AVM_RUNTIME_OUTBOX_MAX_BYTES", "1")];
+    let mut cluster = mesh(&mock, Keeper::Memory, &tiny).await?.context("a memory outbox")?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "outbox-tool", json!({})).await?;
+    assert_text_turn(&send_and_finish(&mut client, &chat.image_id, json!("before")).await?);
+    // The call's input streams in three pieces half a second apart: the
+    // session service dies while it streams, and is dead when it completes.
+    mock.set_behavior(MockBehavior {
+        tool_calls: vec![MockToolCall {
+            name: "run_command".to_owned(),
+            input: json!({"command": "echo never"}),
+            round: 1,
+        }],
+        token_interval: Duration::from_millis(500),
+        ..MockBehavior::default()
+    });
+    let calls_before = mock.requests().len();
+    client
+        .send_request("message_send", json!({"imageId": chat.image_id, "content": "during"}))
+        .await?;
+    client.frames_until("input_json_delta").await?;
+    cluster.kill_component("session").await?;
+    let frames = client.turn().await?;
+    mock.set_behavior(MockBehavior::default());
+
+    let end = frames.last().context("the turn's last frame")?;
+    ensure!(
+        end["type"] == "error_occurred" && end["data"]["code"] == "REPLY_NOT_STORED",
+        "an unkept tool call is an error: {end}"
+    );
+    ensure!(
+        !frames.iter().any(|f| f["type"] == "conversation_end"),
+        "no conversation_end for an unkept tool call"
+    );
+    // The call is answered as not run (calls always get a result), never run.
+    for result in frames.iter().filter(|f| f["type"] == "tool_result") {
+        let text = result["data"]["result"].as_str().unwrap_or_default();
+        ensure!(
+            text.starts_with("the tool call was not completed"),
+            "the tool was not run: {result}"
+        );
+    }
+    assert_eq!(
+        mock.requests().len(),
+        calls_before + 1,
+        "no LLM call after the lost tool call"
     );
 
     cluster.restart_component("session").await?;
