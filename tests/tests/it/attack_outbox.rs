@@ -119,6 +119,23 @@ fn after_user<'a>(history: &'a [Value], text: &str) -> Option<&'a Value> {
     history.get(at + 1)
 }
 
+/// Restarts the session service and checks that the turn cut during the
+/// `during` message gets its `REPLY_NOT_STORED` marker right after it.
+async fn marked_once_back(cluster: &mut Cluster, chat: &Conversation) -> anyhow::Result<()> {
+    cluster.restart_component("session").await?;
+    let cluster = &*cluster;
+    let marker = poll(STORED_WITHIN, "the marker is stored", || async {
+        let Some(history) = history(cluster, &chat.image_id).await.ok().flatten() else {
+            return Ok(None);
+        };
+        Ok(after_user(&history, "during").cloned())
+    })
+    .await?;
+    assert_eq!(marker["role"], "error", "{marker}");
+    assert_eq!(marker["errorCode"], "REPLY_NOT_STORED", "{marker}");
+    Ok(())
+}
+
 /// Sends the next message until it is taken (a restarted runtime may
 /// briefly answer that the agent is moving) and checks that its turn
 /// completes with a reply.
@@ -240,17 +257,7 @@ async fn item_8_a_reply_the_outbox_cannot_keep_ends_its_turn_with_a_typed_error_
         "no conversation_end for an unkept reply"
     );
 
-    cluster.restart_component("session").await?;
-    let marker = poll(STORED_WITHIN, "the marker is stored", || async {
-        let Some(history) = history(&cluster, &chat.image_id).await.ok().flatten() else {
-            return Ok(None);
-        };
-        Ok(after_user(&history, "during").cloned())
-    })
-    .await?;
-    assert_eq!(marker["role"], "error", "{marker}");
-    assert_eq!(marker["errorCode"], "REPLY_NOT_STORED", "{marker}");
-
+    marked_once_back(&mut cluster, &chat).await?;
     next_turn(&mut client, &chat.image_id).await?;
     Ok(())
 }
@@ -309,17 +316,7 @@ async fn item_8_a_tool_call_the_outbox_cannot_keep_ends_its_turn_before_the_tool
         "no LLM call after the lost tool call"
     );
 
-    cluster.restart_component("session").await?;
-    let marker = poll(STORED_WITHIN, "the marker is stored", || async {
-        let Some(history) = history(&cluster, &chat.image_id).await.ok().flatten() else {
-            return Ok(None);
-        };
-        Ok(after_user(&history, "during").cloned())
-    })
-    .await?;
-    assert_eq!(marker["role"], "error", "{marker}");
-    assert_eq!(marker["errorCode"], "REPLY_NOT_STORED", "{marker}");
-
+    marked_once_back(&mut cluster, &chat).await?;
     next_turn(&mut client, &chat.image_id).await?;
     Ok(())
 }
