@@ -291,6 +291,15 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// Returns the Redis URL and key prefix the cluster's processes share,
+    /// when it has Redis.
+    pub fn redis(&self) -> Option<(&str, &str)> {
+        self.options
+            .redis
+            .as_ref()
+            .map(|(url, prefix)| (url.as_str(), prefix.as_str()))
+    }
+
     /// Returns the WebSocket endpoint, authenticated as the operator admin.
     pub fn ws_url(&self) -> String {
         self.ws_url_as(&self.admin_key)

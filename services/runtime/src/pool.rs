@@ -272,9 +272,13 @@ impl AgentPool {
                         .await?
                         .into_iter()
                         .find(|(name, _)| *name == field)
-                        && replicas.take_lost_turn(&dead, &field).await
                     {
-                        self.end_lost_turn(&dead, record).await;
+                        // Undecided (a peer is down): the record stays for
+                        // the heartbeat to end, and this start is refused.
+                        let open = self.lost_turn_open(&record).await?;
+                        if replicas.take_lost_turn(&dead, &field).await && open {
+                            self.end_lost_turn(&dead, record).await;
+                        }
                     }
                 }
             }
@@ -1084,14 +1088,55 @@ impl AgentPool {
                 let Ok(turns) = replicas.lost_turns(&replica).await else {
                     continue;
                 };
+                let mut undecided = false;
                 for (field, record) in turns {
-                    if replicas.take_lost_turn(&replica, &field).await {
+                    let open = match self.lost_turn_open(&record).await {
+                        Ok(open) => open,
+                        Err(err) => {
+                            // Decided on a later beat, once history answers.
+                            tracing::debug!(replica, image_id = %record.image_id, error = %err, "cannot tell yet whether a dead replica's turn ended");
+                            undecided = true;
+                            continue;
+                        }
+                    };
+                    if replicas.take_lost_turn(&replica, &field).await && open {
                         self.end_lost_turn(&replica, record).await;
                     }
                 }
-                replicas.forget(&replica).await;
+                if !undecided {
+                    replicas.forget(&replica).await;
+                }
             }
         }
+    }
+
+    /// Returns whether a dead replica's turn is still open: nothing answers
+    /// its user message in history once the outbox has stored what it kept.
+    /// A replica dies between a turn's end and the removal of its record, so
+    /// the record alone does not say the turn was cut. An error while a peer
+    /// is down is transient; a conversation or tenant since deleted has no
+    /// open turn.
+    async fn lost_turn_open(&self, record: &TurnRecord) -> Result<bool, RuntimeError> {
+        let read = async {
+            let ctx = self.inner.ports.identity.tenant_context(&record.tenant_id).await?;
+            self.inner
+                .ports
+                .outbox
+                .settle_before_loading(&record.tenant_id, &record.session_id)
+                .await?;
+            self.sessions().list_messages(&ctx, &record.session_id).await
+        };
+        let history = match read.await {
+            Ok(history) => history,
+            Err(err) if err.transient() => return Err(err),
+            Err(_) => return Ok(false),
+        };
+        Ok(match cut_turn(&history) {
+            // Records of older replicas do not name the message.
+            Some(_) if record.user_message_id.is_empty() => true,
+            Some(open) => open == record.user_message_id,
+            None => false,
+        })
     }
 
     /// Ends a turn a dead replica was running: an error message in history

@@ -4,10 +4,12 @@
 //! subscribers on the other gateway in order; one image never runs two turns
 //! at once; a runtime killed mid-turn ends its turns with `RUNTIME_LOST` and
 //! its conversations answer again; a runtime stopped with SIGTERM drains;
-//! a group's agents on two runtimes each answer once, seen through either gateway.
+//! a group's agents on two runtimes each answer once, seen through either
+//! gateway; a runtime that dies after its turn ended leaves no lost turn.
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use avm_tests::cluster::{Cluster, Llm, Mode, Options};
 use avm_tests::mock_llm::{MockBehavior, MockLlm};
 use avm_tests::ws_client::WsClient;
@@ -15,7 +17,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::groups::{group, image};
-use crate::support::{assert_text_turn, call, conversation, send_and_finish, streamed_text};
+use crate::support::{assert_text_turn, call, conversation, poll, send_and_finish, streamed_text};
 
 /// Returns whether Postgres and Redis are configured, saying loudly when they
 /// are not; with `AVM_TEST_REQUIRE_EXTERNAL=1` a missing one is a failure.
@@ -610,5 +612,116 @@ async fn a_wake_waiting_on_a_killed_runtime_is_taken_over_by_a_survivor() -> any
         .and_then(|value| value.parse::<f64>().ok())
         .unwrap_or(0.0);
     assert!(reclaimed >= 1.0, "the survivor took a wake over: {reclaimed}");
+    Ok(())
+}
+
+/// A replica can die after its turn ended but before its record of the turn
+/// left Redis (the record is removed after the turn's last event). A
+/// survivor finding that record must not mark the finished turn lost: its
+/// conversation gets no `RUNTIME_LOST` in history or on its events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_that_dies_after_its_turn_ended_leaves_no_lost_turn() -> anyhow::Result<()> {
+    if !external_configured()? {
+        return Ok(());
+    }
+    let mock = MockLlm::start(MockBehavior {
+        tokens: 50,
+        token_interval: Duration::from_millis(20),
+        ..MockBehavior::default()
+    })
+    .await?;
+    let cluster = Cluster::start(
+        Mode::PerComponent,
+        Options::with_llm(Llm::Anthropic {
+            base_url: mock.anthropic_base_url(),
+        }),
+    )
+    .await?;
+    let (url, prefix) = cluster.redis().context("a replicated mesh has Redis")?;
+    let mut redis = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "ended", json!({})).await?;
+
+    // The record the runtime keeps while the turn runs, as a survivor reads it.
+    client
+        .send_request("message_send", json!({"imageId": chat.image_id, "content": "hello"}))
+        .await?;
+    client.frames_until("text_delta").await?;
+    let pattern = format!("{prefix}runtime:turns:*");
+    let record = poll(Duration::from_secs(10), "the running turn is recorded", || {
+        let mut redis = redis.clone();
+        let pattern = pattern.clone();
+        async move {
+            let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query_async(&mut redis).await?;
+            for key in keys {
+                let turns: Vec<(String, String)> = redis::cmd("HGETALL").arg(&key).query_async(&mut redis).await?;
+                if let Some(turn) = turns.into_iter().next() {
+                    return Ok(Some(turn));
+                }
+            }
+            Ok(None)
+        }
+    })
+    .await?;
+    let first = client.turn().await?;
+    assert_eq!(
+        first.last().map(|f| f["type"].clone()),
+        Some(json!("conversation_end")),
+        "{first:?}"
+    );
+
+    // A replica that died right after that turn ended left its record.
+    let dead = "replica-died-after-its-turn";
+    let dead_turns = format!("{prefix}runtime:turns:{dead}");
+    let replicas = format!("{prefix}runtime:replicas");
+    redis::pipe()
+        .cmd("HSET")
+        .arg(&dead_turns)
+        .arg(&record.0)
+        .arg(&record.1)
+        .ignore()
+        .cmd("SADD")
+        .arg(&replicas)
+        .arg(dead)
+        .ignore()
+        .query_async::<()>(&mut redis)
+        .await?;
+    poll(
+        Duration::from_secs(30),
+        "the survivor takes the dead replica's turns",
+        || {
+            let mut redis = redis.clone();
+            let (dead_turns, replicas) = (dead_turns.clone(), replicas.clone());
+            async move {
+                let (left, member): (u64, bool) = redis::pipe()
+                    .cmd("HLEN")
+                    .arg(&dead_turns)
+                    .cmd("SISMEMBER")
+                    .arg(&replicas)
+                    .arg(dead)
+                    .query_async(&mut redis)
+                    .await?;
+                Ok((left == 0 && !member).then_some(()))
+            }
+        },
+    )
+    .await?;
+
+    // The finished turn stays finished; the next one runs as usual.
+    mock.set_behavior(MockBehavior::default());
+    let frames = send_and_finish(&mut client, &chat.image_id, json!("again")).await?;
+    assert_text_turn(&frames);
+    assert!(
+        !frames.iter().any(|f| f["type"] == "error_occurred"),
+        "no error reaches the conversation: {frames:?}"
+    );
+    let (_, history) = call(&cluster, "GET", &format!("/v1/images/{}/messages", chat.image_id), None).await?;
+    let roles: Vec<&str> = history["messages"]
+        .as_array()
+        .context("history")?
+        .iter()
+        .filter_map(|m| m["role"].as_str())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant"], "{history}");
     Ok(())
 }
