@@ -577,6 +577,8 @@ impl Cluster {
         }
         config.runtime.fetch.allow.clone_from(&self.options.network_allow);
         config.runtime.sandbox.expose.clone_from(&self.options.expose);
+        // The executable in this process is the test's: the relay is avm's.
+        config.runtime.sandbox.relay = avm_binary().ok();
         config.runtime.workspace_store.clone_from(&self.options.workspace_store);
         config
             .runtime

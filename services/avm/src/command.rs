@@ -81,6 +81,14 @@ pub enum Command {
     /// Check a running process's health: exit 0 when healthy, else 1 with the reason
     /// (for container health checks; default: gRPC health of 127.0.0.1:7000).
     Health(crate::health::HealthArgs),
+    /// Inside a fenced command's namespaces: relay the command's connections
+    /// to its network proxy (started by the runtime, never by hand).
+    #[command(hide = true)]
+    SandboxRelay {
+        /// The proxy's socket, as the command sees it.
+        #[arg(default_value = "/run/avm/egress.sock")]
+        socket: std::path::PathBuf,
+    },
 }
 
 /// The flags of one component's process.
@@ -109,7 +117,8 @@ impl Command {
             | Command::Keys(_)
             | Command::Whoami(_)
             | Command::Openapi
-            | Command::Health(_) => {
+            | Command::Health(_)
+            | Command::SandboxRelay { .. } => {
                 return None;
             }
         })
@@ -150,7 +159,8 @@ pub fn load_config(cli: &Cli) -> anyhow::Result<AvmConfig> {
         | Command::Keys(_)
         | Command::Whoami(_)
         | Command::Openapi
-        | Command::Health(_) => {}
+        | Command::Health(_)
+        | Command::SandboxRelay { .. } => {}
     }
     if !server.is_empty() {
         flags.insert("server".to_owned(), Value::Object(server));

@@ -34,6 +34,9 @@ use command::Command;
 /// Parses the command line, runs, and maps failure to a non-zero exit.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::SandboxRelay { socket } = &cli.command {
+        return sandbox_relay(socket);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -82,4 +85,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     // Spans still buffered go out now; the exporter blocks on the runtime.
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     result
+}
+
+/// `avm sandbox-relay`: a fenced command's way out to its network proxy,
+/// on a single thread (it runs beside every command with network).
+fn sandbox_relay(socket: &std::path::Path) -> ExitCode {
+    let relayed = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| Ok(runtime.block_on(avm_runtime::tools::egress::relay(socket))?));
+    match relayed {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: sandbox-relay: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

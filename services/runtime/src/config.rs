@@ -175,6 +175,9 @@ pub struct SandboxLimits {
     /// More host paths (absolute) a command's root holds, read-only, at the
     /// same place: tools an operator installed outside `/usr`, say.
     pub expose: Vec<std::path::PathBuf>,
+    /// The `avm` executable whose `sandbox-relay` is a fenced command's way
+    /// out to the network proxy (default: the running executable).
+    pub relay: Option<std::path::PathBuf>,
     /// Removed: a command's root holds nothing of the host's but what it is
     /// given, so there is nothing to hide. An empty list is accepted (older
     /// example files have one); any path is refused with what replaced it.
@@ -215,6 +218,7 @@ impl Default for SandboxLimits {
             network: true,
             isolate: true,
             expose: Vec::new(),
+            relay: None,
             hide: Removed,
         }
     }
@@ -246,6 +250,14 @@ impl SandboxRequest {
 }
 
 impl SandboxLimits {
+    /// Returns the executable that relays a fenced command's network.
+    pub fn relay_binary(&self) -> std::path::PathBuf {
+        self.relay
+            .clone()
+            .or_else(|| std::env::current_exe().ok())
+            .unwrap_or_else(|| std::path::PathBuf::from("avm"))
+    }
+
     /// Returns these limits narrowed by what a sandbox resource asks: it may
     /// lower each limit, never raise one above the server's.
     pub fn narrowed(&self, request: &SandboxRequest) -> Self {

@@ -21,7 +21,12 @@ use crate::tools::{open_chat, start_with};
 /// returns the tool's result and every event of the turn, as text.
 async fn run_command(cluster: &Cluster, command: &str) -> anyhow::Result<(String, String)> {
     let (mut client, chat) = open_chat(cluster, json!({"tools": ["run_command"]})).await?;
-    let script = format!("[mock call='run_command:{}']", json!({ "command": command }));
+    // The mock's directive unescapes `\` and ends a value at an unescaped `'`.
+    let call = json!({ "command": command })
+        .to_string()
+        .replace('\\', "\\\\")
+        .replace('\'', "\\'");
+    let script = format!("[mock call='run_command:{call}']");
     let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
     let result = frames
         .iter()
@@ -235,4 +240,80 @@ fn workspace_of(cluster: &Cluster, image_id: &str) -> Option<std::path::PathBuf>
         .flatten()
         .map(|tenant| tenant.path().join(image_id))
         .find(|dir| Path::is_dir(dir))
+}
+
+both_modes!(
+    a_command_reaches_the_network_only_through_the_guarded_proxy,
+    network_guarded
+);
+
+/// Issue 27 item 7: a command with the default `network: true` reached
+/// every loopback service (the gateway, the gRPC ports, Redis, Postgres)
+/// and 169.254.169.254, which `fetch_url` refuses. Now its network is a
+/// namespace of its own whose one way out is the proxy: an address the
+/// operator allowed answers through it, plain and tunnelled; internal
+/// addresses get the proxy's 403; a direct connection reaches nothing.
+async fn network_guarded(mode: Mode) -> anyhow::Result<()> {
+    // "Public": an address the operator allowed, as a package index would be.
+    let public = tokio::net::TcpListener::bind("127.0.0.2:0").await?;
+    let public_port = public.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = public.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut head = Vec::new();
+                let mut chunk = [0_u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(read) => head.extend_from_slice(&chunk[..read]),
+                    }
+                }
+                let body = "public-canary";
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    let options = Options {
+        network_allow: vec!["127.0.0.2".to_owned()],
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
+    let gateway = cluster.gateway_url.trim_start_matches("http://").to_owned();
+    let code = "-s -m 5 -o /dev/null -w '%{http_code}'";
+    let command = format!(
+        "echo proxy=$HTTP_PROXY; \
+         echo public=$(curl -s -m 5 http://127.0.0.2:{public_port}/); \
+         echo tunnelled=$(curl -s -m 5 -p http://127.0.0.2:{public_port}/); \
+         echo gateway=$(curl {code} http://{gateway}/health); \
+         echo localhost=$(curl {code} http://localhost:{gateway_port}/health); \
+         echo metadata=$(curl {code} http://169.254.169.254/latest/meta-data/); \
+         echo redis=$(curl -s -m 5 -o /dev/null -w %{{http_connect}} -p http://127.0.0.1:6379/); \
+         curl -s -m 3 --noproxy '*' http://{gateway}/health; echo direct_gateway=$?; \
+         curl -s -m 3 --noproxy '*' http://127.0.0.1:5432/; echo direct_postgres=$?; \
+         curl -s -m 3 --noproxy '*' http://127.0.0.2:{public_port}/; echo direct_public=$?",
+        gateway_port = gateway.rsplit(':').next().unwrap_or_default(),
+    );
+    let (result, events) = run_command(&cluster, &command).await?;
+    assert_no_secret(&cluster, &events)?;
+    for line in [
+        "proxy=http://127.0.0.1:3128\n",
+        "public=public-canary\n",
+        "tunnelled=public-canary\n",
+        "gateway=403\n",
+        "localhost=403\n",
+        "metadata=403\n",
+        "redis=403\n",
+    ] {
+        assert!(result.contains(line), "{line:?} in {result}");
+    }
+    // 7: nothing to connect to; the namespace holds only its loopback.
+    for direct in ["direct_gateway", "direct_postgres", "direct_public"] {
+        assert!(result.contains(&format!("{direct}=7\n")), "{direct}: {result}");
+    }
+    Ok(())
 }

@@ -112,8 +112,8 @@ async fn stdio(mode: Mode) -> anyhow::Result<()> {
     assert!(!failed, "{whereami}");
     assert!(workspace_of(&cluster, &chat.image_id).is_some(), "the workspace");
     assert_eq!(
-        whereami, "cwd=/workspace env=GREETING,HOME,LANG,PATH,TMPDIR",
-        "the server runs in the workspace with a clean environment and its own variables"
+        whereami, "cwd=/workspace env=GREETING,HOME,HTTPS_PROXY,HTTP_PROXY,LANG,PATH,TMPDIR,http_proxy,https_proxy",
+        "the server runs in the workspace with a clean environment, its own variables and its network proxy"
     );
     let requests = mock.requests();
     let offered: Vec<&str> = requests[0].body["tools"]

@@ -46,7 +46,7 @@ impl Resolve for GuardedResolver {
 
 /// Resolves a host name and returns its addresses if the guard lets them all
 /// through (or the name is allowed).
-async fn resolve_checked(
+pub(super) async fn resolve_checked(
     guard: &AddressGuard,
     host: &str,
 ) -> Result<Vec<SocketAddr>, Box<dyn std::error::Error + Send + Sync>> {
@@ -104,7 +104,7 @@ impl Fetcher {
     }
 
     /// Returns the address guard.
-    pub fn guard(&self) -> &AddressGuard {
+    pub fn guard(&self) -> &Arc<AddressGuard> {
         &self.guard
     }
 

@@ -13,7 +13,9 @@
 //! privileges), so it can make no mount or unmount at all. It runs in user,
 //! mount and PID namespaces of its own (its root is the server's user, no
 //! more; it sees only its own processes, and they all end with it) and,
-//! without network, in a network namespace of its own.
+//! in a network namespace of its own: without network, that is all; with
+//! it, a relay in the namespace is its only way out, to the proxy of
+//! `egress.rs`, which lets through what `fetch_url` may reach.
 //!
 //! The setup is a shell script run by `unshare` rather than system calls
 //! made here: the workspace forbids `unsafe`, and making namespaces and
@@ -25,6 +27,7 @@ use std::process::Stdio;
 
 use tokio::process::Command;
 
+use super::egress::{self, Egress};
 use crate::config::SandboxLimits;
 use crate::error::RuntimeError;
 
@@ -149,27 +152,51 @@ async fn probe(words: Vec<String>, dir: &Path) -> bool {
 /// that does nothing, once).
 pub(super) async fn check(limits: &SandboxLimits, dir: &Path) -> Result<(), String> {
     static ISOLATED: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
+    static RELAYED: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
     static OFFLINE: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
     if limits.isolate {
-        let fenced = SandboxLimits {
-            network: true,
+        let offline = SandboxLimits {
+            network: false,
             ..limits.clone()
         };
-        if !*ISOLATED.get_or_init(|| probe(words(&fenced, dir), dir)).await {
+        if !*ISOLATED.get_or_init(|| probe(words(&offline, dir, None), dir)).await {
             tracing::warn!("{NO_ISOLATION}");
             return Err(NO_ISOLATION.to_owned());
         }
-    }
-    if !limits.network {
+        if limits.network {
+            let relayed = async {
+                match Egress::open(std::sync::Arc::new(avm_common::address::AddressGuard::default())) {
+                    Ok(egress) => probe(words(limits, dir, Some(&egress)), dir).await,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "the command fence's network proxy cannot be opened");
+                        false
+                    }
+                }
+            };
+            if !*RELAYED.get_or_init(|| relayed).await {
+                return Err(no_relay(limits));
+            }
+        }
+    } else if !limits.network {
         let offline = SandboxLimits {
             isolate: false,
             ..limits.clone()
         };
-        if !*OFFLINE.get_or_init(|| probe(words(&offline, dir), dir)).await {
+        if !*OFFLINE.get_or_init(|| probe(words(&offline, dir, None), dir)).await {
             return Err(NO_NETWORK_ISOLATION.to_owned());
         }
     }
     Ok(())
+}
+
+/// Why a fenced command cannot have network here.
+fn no_relay(limits: &SandboxLimits) -> String {
+    format!(
+        "this server cannot give fenced commands network: its relay ({} sandbox-relay) does not start \
+         (see the server's log); an operator sets [runtime.sandbox] relay to the avm executable, or the \
+         agent's sandbox asks for network: false",
+        limits.relay_binary().display()
+    )
 }
 
 /// Quotes a word for `/bin/sh`.
@@ -183,17 +210,14 @@ fn quoted_path(path: &Path) -> String {
 }
 
 /// Returns the words that run the rest of a command line behind the fence
-/// `limits` ask for, in its workspace `dir` (none when nothing is asked).
-pub(super) fn words(limits: &SandboxLimits, dir: &Path) -> Vec<String> {
+/// `limits` ask for, in its workspace `dir` (none when nothing is asked);
+/// `egress` is the command's way out when it is fenced with network.
+pub(super) fn words(limits: &SandboxLimits, dir: &Path, egress: Option<&Egress>) -> Vec<String> {
     let mut flags: Vec<&str> = Vec::new();
     if limits.isolate {
-        flags.extend(["--user", "--map-root-user", "--mount", "--pid", "--fork"]);
-    }
-    if !limits.network {
-        if !limits.isolate {
-            flags.extend(["--user", "--map-root-user"]);
-        }
-        flags.push("--net");
+        flags.extend(["--user", "--map-root-user", "--mount", "--pid", "--fork", "--net"]);
+    } else if !limits.network {
+        flags.extend(["--user", "--map-root-user", "--net"]);
     }
     if flags.is_empty() {
         return Vec::new();
@@ -204,7 +228,7 @@ pub(super) fn words(limits: &SandboxLimits, dir: &Path) -> Vec<String> {
         words.extend([
             "/bin/sh".to_owned(),
             "-c".to_owned(),
-            Root::plan(limits).script(dir),
+            Root::plan(limits, egress).script(dir, limits, egress.is_some()),
             "avm-sandbox".to_owned(),
         ]);
     }
@@ -226,8 +250,9 @@ struct Root {
 }
 
 impl Root {
-    /// Plans the root of a command under `limits`, from what this host has.
-    fn plan(limits: &SandboxLimits) -> Self {
+    /// Plans the root of a command under `limits`, from what this host has,
+    /// with the proxy's socket when the command has `egress`.
+    fn plan(limits: &SandboxLimits, egress: Option<&Egress>) -> Self {
         let mut root = Root {
             dirs: [WORKSPACE, TMP, "/proc", "/dev/shm", "/etc"]
                 .map(PathBuf::from)
@@ -272,6 +297,17 @@ impl Root {
         for path in exposed {
             root.bind_existing(path, "ro,nosuid,nodev");
         }
+        if let Some(egress) = egress {
+            let inside = Path::new(egress::SOCKET_INSIDE);
+            root.dirs.extend(inside.parent().map(Path::to_owned));
+            root.files.push(inside.to_owned());
+            root.mounts.push((
+                egress.socket().display().to_string(),
+                inside.to_owned(),
+                "none",
+                "bind,nosuid,nodev,noexec".to_owned(),
+            ));
+        }
         root.dirs.sort();
         root.dirs.dedup();
         root
@@ -305,9 +341,10 @@ impl Root {
     }
 
     /// Returns the script that makes this root over the workspace `dir`
-    /// (the shell's working directory), enters it and runs its arguments
-    /// without any capability.
-    fn script(&self, dir: &Path) -> String {
+    /// (the shell's working directory), starts the network relay when the
+    /// command has a way out (`relay`), enters the root and runs its
+    /// arguments without any capability.
+    fn script(&self, dir: &Path, limits: &SandboxLimits, relay: bool) -> String {
         // The root's mount point is the workspace's own path: it surely
         // exists, and the shell still stands in the directory it covers.
         let inside = |path: &Path| quoted_path(&dir.join(path.strip_prefix("/").unwrap_or(path)));
@@ -349,10 +386,21 @@ impl Root {
             "printf %s {} > {table_file}; mount --all --fstab {table_file}; rm {table_file}; ",
             quoted(&table)
         ));
+        script.push_str(&format!("cd {}; ", quoted_path(dir)));
+        if relay {
+            // The relay, standing in the new root with one capability (to
+            // bring the loopback up); the command starts once it listens.
+            script.push_str(&format!(
+                "mkfifo .relay; setpriv --bounding-set=-all,+net_admin --inh-caps=-all --ambient-caps=-all \
+                 --no-new-privs -- {} sandbox-relay {} > .relay & read ready < .relay; rm .relay; \
+                 [ \"$ready\" = ready ]; ",
+                quoted_path(&limits.relay_binary()),
+                quoted(egress::SOCKET_INSIDE)
+            ));
+        }
         // In, with the host's root detached: nothing of it is left to reach.
         script.push_str(&format!(
-            "cd {}; pivot_root . .; umount -l .; cd {WORKSPACE}; mount -o remount,bind,ro /; ",
-            quoted_path(dir)
+            "pivot_root . .; umount -l .; cd {WORKSPACE}; mount -o remount,bind,ro /; "
         ));
         script.push_str(
             "PATH=$command_path; unset PWD OLDPWD command_path; exec setpriv --bounding-set=-all --inh-caps=-all --ambient-caps=-all \
@@ -391,7 +439,7 @@ mod tests {
             expose: vec![tools.clone(), tools.clone(), temp.path().join("missing")],
             ..SandboxLimits::default()
         };
-        let root = Root::plan(&limits);
+        let root = Root::plan(&limits, None);
         let targets: Vec<&Path> = root.mounts.iter().map(|(_, target, _, _)| target.as_path()).collect();
         assert!(targets.contains(&Path::new("/proc")) && targets.contains(&Path::new(TMP)));
         assert_eq!(
@@ -411,7 +459,7 @@ mod tests {
         ] {
             assert!(!targets.iter().any(|target| target.starts_with(secret)), "{secret}");
         }
-        let script = root.script(&ws);
+        let script = root.script(&ws, &limits, false);
         assert!(script.contains("opt\\040tools"), "fstab escapes spaces: {script}");
         assert!(script.contains("pivot_root . .; umount -l .;"), "{script}");
         assert!(script.ends_with("--no-new-privs -- \"$@\""), "{script}");
@@ -420,7 +468,8 @@ mod tests {
             isolate: false,
             ..SandboxLimits::default()
         };
-        assert!(words(&open, &ws).is_empty());
+        let open = SandboxLimits { network: true, ..open };
+        assert!(words(&open, &ws, None).is_empty());
     }
 
     #[test]

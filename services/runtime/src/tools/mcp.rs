@@ -30,10 +30,11 @@ use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
 use super::cgroup::Cgroup;
+use super::egress::Egress;
 use super::fetch::{Fetcher, refusal_in};
 use super::isolation;
 use super::mcp_sse::SseTransport;
-use super::process::{GroupGuard, sandboxed, spawn_failure};
+use super::process::{GroupGuard, sandboxed, spawn_failure, way_out};
 use super::workspace::Workspace;
 use crate::config::{McpConfig, SandboxLimits};
 use crate::error::RuntimeError;
@@ -184,6 +185,8 @@ struct Session {
     user_id: Option<String>,
     _group: Option<GroupGuard>,
     _cgroup: Option<Cgroup>,
+    /// The network proxy of a fenced stdio server, open while it runs.
+    _egress: Option<Egress>,
     _child: Option<tokio::process::Child>,
 }
 
@@ -389,7 +392,15 @@ impl McpServer {
                     .await
                     .map_err(|why| (why, false))?;
                 let file_bytes = reach.limits.file_mb.saturating_mul(1024 * 1024);
-                let (mut process, cgroup) = sandboxed(reach.workspace.dir(), reach.limits, file_bytes, command, args);
+                let egress = way_out(reach.limits, reach.fetcher.guard()).map_err(|why| (why, false))?;
+                let (mut process, cgroup) = sandboxed(
+                    reach.workspace.dir(),
+                    reach.limits,
+                    file_bytes,
+                    command,
+                    args,
+                    egress.as_ref(),
+                );
                 process
                     .envs(env)
                     .stdin(std::process::Stdio::piped())
@@ -410,6 +421,7 @@ impl McpServer {
                         user_id: None,
                         _group: Some(group),
                         _cgroup: cgroup,
+                        _egress: egress,
                         _child: Some(child),
                     }),
                     Err(err) => {
@@ -469,6 +481,7 @@ impl McpServer {
                     user_id: Some(reach.caller.user_id.to_owned()),
                     _group: None,
                     _cgroup: None,
+                    _egress: None,
                     _child: None,
                 })
             }

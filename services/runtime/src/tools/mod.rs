@@ -15,6 +15,7 @@ use crate::llm::{ToolCall, ToolSpec};
 pub mod access;
 mod cgroup;
 pub(crate) mod disk;
+pub mod egress;
 mod fetch;
 mod files;
 mod isolation;
@@ -334,7 +335,7 @@ impl Toolbox {
                     self.workspace.load().await?;
                     self.workspace.ensure()?;
                     let command = text_field(&call.input, "command")?;
-                    process::run_command(&self.workspace, command, &self.limits).await
+                    process::run_command(&self.workspace, command, &self.limits, self.context.fetcher.guard()).await
                 }
                 .await,
             ),

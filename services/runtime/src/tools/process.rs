@@ -12,6 +12,7 @@
 
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
@@ -19,7 +20,10 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
+use avm_common::address::AddressGuard;
+
 use super::cgroup::Cgroup;
+use super::egress::Egress;
 use super::isolation;
 use super::workspace::{ToolFailure, Workspace};
 use crate::config::SandboxLimits;
@@ -50,9 +54,10 @@ pub(super) fn sandboxed(
     file_bytes: u64,
     program: &str,
     args: &[String],
+    egress: Option<&Egress>,
 ) -> (Command, Option<Cgroup>) {
     let cgroup = Cgroup::create(limits);
-    let mut words = isolation::words(limits, dir);
+    let mut words = isolation::words(limits, dir, egress);
     words.extend([
         "prlimit".to_owned(),
         format!("--cpu={}", limits.cpu_seconds),
@@ -97,7 +102,24 @@ pub(super) fn sandboxed(
         .env("LANG", "C.UTF-8")
         .process_group(0)
         .kill_on_drop(true);
+    if egress.is_some() {
+        let proxy = Egress::url();
+        for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            command.env(name, &proxy);
+        }
+    }
     (command, cgroup)
+}
+
+/// Opens the network proxy of a fenced program with network (`None` for
+/// one that has none, or is not fenced and so uses the server's network).
+pub(super) fn way_out(limits: &SandboxLimits, guard: &Arc<AddressGuard>) -> Result<Option<Egress>, ToolFailure> {
+    if !(limits.isolate && limits.network) {
+        return Ok(None);
+    }
+    Egress::open(Arc::clone(guard))
+        .map(Some)
+        .map_err(|err| format!("cannot open the command's network proxy: {err}"))
 }
 
 /// Says why a sandboxed program could not start.
@@ -130,6 +152,7 @@ pub async fn run_command(
     workspace: &Workspace,
     command: &str,
     limits: &SandboxLimits,
+    guard: &Arc<AddressGuard>,
 ) -> Result<(String, bool), ToolFailure> {
     if command.trim().is_empty() {
         return Err("`command` must not be empty".to_owned());
@@ -142,7 +165,9 @@ pub async fn run_command(
         None => file_bytes,
     };
     let script = ["-c".to_owned(), command.to_owned()];
-    let (mut command, cgroup) = sandboxed(workspace.dir(), limits, file_bytes, "/bin/sh", &script);
+    // Kept while the command runs: what it started goes out through it.
+    let egress = way_out(limits, guard)?;
+    let (mut command, cgroup) = sandboxed(workspace.dir(), limits, file_bytes, "/bin/sh", &script, egress.as_ref());
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -226,6 +251,20 @@ async fn read_capped(stream: Option<impl AsyncRead + Unpin>, cap: usize) -> Stri
 mod tests {
     use super::*;
 
+    /// Runs a command without network: its relay is the `avm` executable,
+    /// which a unit test does not have (the integration tests give it).
+    async fn run_command(
+        workspace: &Workspace,
+        command: &str,
+        limits: &SandboxLimits,
+    ) -> Result<(String, bool), ToolFailure> {
+        let offline = SandboxLimits {
+            network: false,
+            ..limits.clone()
+        };
+        super::run_command(workspace, command, &offline, &Arc::new(AddressGuard::default())).await
+    }
+
     use crate::tools::workspace::temporary as workspace;
 
     #[tokio::test]
@@ -289,7 +328,10 @@ mod tests {
         std::fs::create_dir_all(data.join("workspaces/ten_b/img_2")).unwrap();
         std::fs::write(data.join("workspaces/ten_b/img_2/theirs.txt"), "theirs").unwrap();
         std::fs::write(ws.dir().join("mine.txt"), "mine").unwrap();
-        let limits = SandboxLimits::default();
+        let limits = SandboxLimits {
+            network: false,
+            ..SandboxLimits::default()
+        };
         if let Err(refused) = isolation::check(&limits, ws.dir()).await {
             assert_eq!(run_command(&ws, "true", &limits).await.unwrap_err(), refused);
             return;
