@@ -170,6 +170,89 @@ impl Api {
         stream(response, started, b"event: text_delta", b"event: conversation_end").await
     }
 
+    /// Makes `count` conversations whose agent may call `run_command`, with
+    /// network or (through a sandbox resource) without.
+    pub async fn tool_images(&self, count: usize, network: bool) -> anyhow::Result<Vec<String>> {
+        let mut config = json!({"name": "bench-tools", "tools": ["run_command"]});
+        if !network {
+            let resources = [
+                json!({"kind": "sandbox", "name": "bench-offline", "version": "1.0.0",
+                    "content": {"limits": {"network": false}}}),
+                json!({"kind": "prompt", "name": "bench-offline", "version": "1.0.0",
+                    "content": {"template": "You run commands."}}),
+                json!({"kind": "agent", "name": "bench-offline", "version": "1.0.0", "content": {
+                    "prompt": "resource://prompts/bench-offline@1",
+                    "sandbox": "resource://sandboxes/bench-offline@1"}}),
+            ];
+            for resource in resources {
+                let response = self.post("/v1/resources").json(&resource).send().await?;
+                let status = response.status();
+                ensure!(
+                    status.is_success() || status == reqwest::StatusCode::CONFLICT,
+                    "cannot publish {}: {status} {}",
+                    resource["name"],
+                    response.text().await.unwrap_or_default()
+                );
+            }
+            config["agent"] = json!("resource://agents/bench-offline@1");
+        }
+        let mut images = Vec::with_capacity(count);
+        for _ in 0..count {
+            let image: Value = self
+                .post("/v1/containers/bench/images")
+                .json(&config)
+                .send()
+                .await?
+                .error_for_status()?
+                .json()
+                .await?;
+            images.push(image["imageId"].as_str().context("no imageId")?.to_owned());
+        }
+        Ok(images)
+    }
+
+    /// Runs a turn that calls `run_command` with `true` once; returns the
+    /// time from the stored call to its result.
+    pub async fn tool_turn(&self, image: &str) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        let response = self
+            .post(&format!("/v1/images/{image}/messages"))
+            .json(&json!({"content": r#"[mock call='run_command:{"command": "true"}']"#}))
+            .send()
+            .await?;
+        let status = response.status();
+        ensure!(
+            status.is_success(),
+            "{}: message refused: {status} {}",
+            self.url,
+            response.text().await.unwrap_or_default()
+        );
+        // To the turn's end, so the next message finds the agent free.
+        let mut body = response.bytes_stream();
+        let mut seen = Vec::new();
+        let (mut called, mut answered) = (None, None);
+        while let Some(chunk) = body.next().await {
+            seen.extend_from_slice(&chunk?);
+            let now = started.elapsed();
+            if called.is_none() && find(&seen, b"event: tool_call_message").is_some() {
+                called = Some(now);
+            }
+            if answered.is_none() && find(&seen, b"event: tool_result").is_some() {
+                answered = Some(now);
+            }
+            if find(&seen, b"event: conversation_end").is_some() {
+                break;
+            }
+        }
+        match (called, answered) {
+            (Some(called), Some(answered)) => Ok(answered.saturating_sub(called)),
+            _ => anyhow::bail!(
+                "no tool call and result in {}",
+                String::from_utf8_lossy(&seen).chars().take(2000).collect::<String>()
+            ),
+        }
+    }
+
     /// Drops the image's agent, so its next message starts one from stored history.
     pub async fn stop(&self, image: &str) -> anyhow::Result<()> {
         self.post(&format!("/v1/images/{image}/stop"))

@@ -27,6 +27,8 @@ const STREAM_DELTAS: usize = 50;
 const IDLE_AFTER: Duration = Duration::from_secs(2);
 /// Conversations stopped and woken per wake-from-zero measurement.
 const WAKES: usize = 10;
+/// Conversations per tool-call measurement (each makes two calls).
+const TOOL_CONVERSATIONS: usize = 5;
 
 /// The goal of a figure (from the issue that set them), shown beside it.
 pub fn goal(figure: &str) -> Option<&'static str> {
@@ -68,6 +70,9 @@ pub enum Figure {
     IdleAgents,
     /// 50 tokens/s streams held per core.
     Streams,
+    /// A `run_command` call's time from its stored call to its result, the
+    /// first of a conversation and a later one, with network and without.
+    Tools,
 }
 
 /// The counts of one run, from the arguments.
@@ -260,6 +265,7 @@ pub async fn round(
                 Figure::History => history(bench, plan, results).await?,
                 Figure::IdleAgents => idle(&bench.deployment, &bench.name, bench.images.len() + 2, results).await?,
                 Figure::Streams => streams_per_core(bench, mock, plan, results).await?,
+                Figure::Tools => tool_calls(bench, results).await?,
             }
         }
     }
@@ -649,5 +655,33 @@ async fn streams_per_core(bench: &mut Bench, mock: &MockLlm, plan: &Plan, result
     }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     results.add("streams_per_core{50 tokens/s}", &bench.name, held as f64 / cores as f64);
+    Ok(())
+}
+
+/// What a `run_command` call of `true` costs in a fresh conversation (its
+/// workspace made, the command's fence and, with network, its proxy and
+/// relay) and in one that already ran one: from the stored call
+/// (`tool_call_message`) to its `tool_result`, medians over
+/// [`TOOL_CONVERSATIONS`] conversations.
+async fn tool_calls(bench: &mut Bench, results: &mut Results) -> anyhow::Result<()> {
+    for network in [true, false] {
+        let images = bench.api.tool_images(TOOL_CONVERSATIONS, network).await?;
+        let (mut first, mut later) = (Vec::new(), Vec::new());
+        for image in &images {
+            first.push(ms(bench.api.tool_turn(image).await?));
+            later.push(ms(bench.api.tool_turn(image).await?));
+        }
+        let labels = format!("{{command=true,network={network}}}");
+        results.add(
+            format!("tool_first_call_ms{labels}"),
+            &bench.name,
+            quantile(&first, 0.5),
+        );
+        results.add(
+            format!("tool_later_call_ms{labels}"),
+            &bench.name,
+            quantile(&later, 0.5),
+        );
+    }
     Ok(())
 }

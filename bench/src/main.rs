@@ -33,7 +33,8 @@ use crate::deploy::{Backing, Deployment, Mode};
 /// Benchmarks AgentVM against a mock LLM: time to first token, CPU per
 /// relayed delta (per process), control-plane requests/s, memory per idle
 /// WebSocket and per idle agent, idle wakeups, wake-from-zero, history
-/// scaling, database writes per token and streams held per core.
+/// scaling, database writes per token, streams held per core and the time
+/// of a tool call.
 #[derive(Debug, Parser)]
 #[command(name = "avm-bench")]
 struct Args {
@@ -98,7 +99,7 @@ struct Args {
     #[arg(
         long = "figure",
         value_delimiter = ',',
-        default_value = "ttft,cpu,control-plane,idle-sockets,idle-http,wake,history,idle-agents,streams"
+        default_value = "ttft,cpu,control-plane,idle-sockets,idle-http,wake,history,idle-agents,streams,tools"
     )]
     figures: Vec<figures::Figure>,
     /// Seconds of each control-plane requests/s measurement.
