@@ -28,6 +28,7 @@ use crate::http::ErrorDocument;
         (name = "resources", description = "Versioned prompts, tools, sandboxes, agents and knowledge"),
         (name = "config", description = "The configuration center"),
         (name = "credentials", description = "Credentials for remote MCP servers, per user or tenant (write-only)"),
+        (name = "secrets", description = "The tenant's secrets for its agents' sandboxes, set by its admins (write-only)"),
         (name = "usage", description = "The usage ledger, budgets, the usage summary and logs"),
         (name = "tenants", description = "Tenants and their users (operators and admins)"),
         (name = "keys", description = "API keys, access tokens and the caller's identity"),

@@ -18,7 +18,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::http::{RequestId, request_id_from_headers};
-use crate::rest::{self, auth, conversations as conv, credentials, groups, resources, settings, usage, workspace};
+use crate::rest::{
+    self, auth, conversations as conv, credentials, groups, resources, secrets, settings, usage, workspace,
+};
 use crate::state::GatewayState;
 
 /// Returns every route (with the OpenAPI document they make) before state is given.
@@ -95,6 +97,9 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
         // MCP servers' credentials.
         .routes(routes!(credentials::list_credentials))
         .routes(routes!(credentials::put_credential, credentials::delete_credential))
+        // The tenant's secrets for its agents' sandboxes.
+        .routes(routes!(secrets::list_secrets))
+        .routes(routes!(secrets::put_secret, secrets::delete_secret))
         // Usage, budgets, the summary and logs.
         .routes(routes!(usage::query_usage))
         .routes(routes!(usage::list_usage_records))

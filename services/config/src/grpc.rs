@@ -173,6 +173,49 @@ impl ConfigApi for ConfigGrpc {
             headers: headers.unwrap_or_default().into_iter().collect(),
         }))
     }
+
+    async fn set_secret(
+        &self,
+        request: Request<pb::SetSecretRequest>,
+    ) -> Result<Response<pb::SetSecretResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        self.service.set_secret(&ctx, &request.name, &request.value).await?;
+        Ok(Response::new(pb::SetSecretResponse { name: request.name }))
+    }
+
+    async fn list_secrets(
+        &self,
+        request: Request<pb::ListSecretsRequest>,
+    ) -> Result<Response<pb::ListSecretsResponse>, Status> {
+        let ctx = caller(&request)?;
+        let names = self.service.list_secrets(&ctx).await?;
+        Ok(Response::new(pb::ListSecretsResponse { names }))
+    }
+
+    async fn delete_secret(
+        &self,
+        request: Request<pb::DeleteSecretRequest>,
+    ) -> Result<Response<pb::DeleteSecretResponse>, Status> {
+        let ctx = caller(&request)?;
+        self.service.delete_secret(&ctx, &request.get_ref().name).await?;
+        Ok(Response::new(pb::DeleteSecretResponse {}))
+    }
+
+    async fn resolve_secrets(
+        &self,
+        request: Request<pb::ResolveSecretsRequest>,
+    ) -> Result<Response<pb::ResolveSecretsResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.get_ref();
+        let values = self
+            .service
+            .resolve_secrets(&ctx, &request.tenant_id, &request.names)
+            .await?;
+        Ok(Response::new(pb::ResolveSecretsResponse {
+            values: values.into_iter().collect(),
+        }))
+    }
 }
 
 /// Returns the scope a request names; unset means the caller's own.

@@ -9,6 +9,7 @@
 //! schema.rs   every key of the tree: what it holds, who may change it, checks
 //! cipher.rs   sealing of stored secrets
 //! credentials.rs  MCP servers' credentials per user or tenant, sealed
+//! secrets.rs  a tenant's secrets for its agents' sandboxes, sealed
 //! store.rs    the ConfigStore trait; store/{sqlite,postgres}.rs behind it
 //! ```
 
@@ -18,6 +19,7 @@ mod credentials;
 mod error;
 mod grpc;
 pub mod schema;
+mod secrets;
 mod service;
 mod store;
 
@@ -26,6 +28,7 @@ pub use config::ConfigServiceConfig;
 pub use credentials::{CredentialInfo, CredentialScope, MAX_CREDENTIAL_HEADERS};
 pub use error::ConfigError;
 pub use grpc::{ConfigGrpc, grpc_server};
+pub use secrets::{MAX_SECRET_BYTES, MAX_SECRETS};
 pub use service::{
     ConfigChanged, ConfigService, Deployment, EntryView, MAX_VALUES_PER_UPDATE, Snapshot, Source, UpdateScope,
     WatchStream, WatchUpdate,

@@ -10,7 +10,8 @@
 //! prompt     {template, variables?: [{name, description?, required? (true), default?}]}
 //! tool       {name, description?, inputSchema: {type: "object", …},
 //!             mcpServer: {command, args?, env?} | {type: "sse"|"http", url, headers?}  | builtin: name}
-//! sandbox    {limits: {cpuMillis?, memoryMb?, diskMb?, timeoutSeconds?, network?}}
+//! sandbox    {limits: {cpuMillis?, memoryMb?, diskMb?, timeoutSeconds?, network?},
+//!             env?: {NAME: value | {secret: name}}}
 //! agent      {prompt: prompt uri, model?, tools?: [tool uri], sandbox?: sandbox uri,
 //!             knowledge?: [knowledge uri], variables?: {name: string},
 //!             parameters?: {maxTokens?, temperature? (0..=2)}}
@@ -213,9 +214,82 @@ fn mcp_server(value: &Value, path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Environment variables a sandbox may not set: the fence sets them.
+const RESERVED_ENV: [&str; 11] = [
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "LANG",
+    "PWD",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "NO_PROXY",
+    "no_proxy",
+];
+
+/// Most variables a sandbox's `env` names.
+const MAX_ENV: usize = 32;
+
+/// Checks a sandbox's `env`: names as shells take them, each a plain value
+/// (up to 4 KiB, no NUL) or `{"secret": "<name>"}`, a secret of the tenant.
+fn env(value: &Value) -> Result<(), String> {
+    let path = "content.env";
+    let env = object(value, path)?;
+    if env.len() > MAX_ENV {
+        return Err(at(path, format!("at most {MAX_ENV} variables")));
+    }
+    for (name, value) in env {
+        let at_name = format!("{path}.{}", name.chars().take(64).collect::<String>());
+        let shell_name = !name.is_empty()
+            && name.len() <= 64
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !shell_name {
+            return Err(at(
+                &at_name,
+                "a variable's name is 1 to 64 letters, digits or `_`, not starting with a digit",
+            ));
+        }
+        if RESERVED_ENV.contains(&name.as_str()) {
+            return Err(at(&at_name, "is set by the sandbox itself"));
+        }
+        match value {
+            Value::String(plain) if plain.len() <= 4096 && !plain.contains('\0') => {}
+            Value::String(_) => return Err(at(&at_name, "a value is at most 4096 bytes, without NUL")),
+            Value::Object(secret) => {
+                only(secret, &at_name, &["secret"])?;
+                let name = secret.get("secret").and_then(Value::as_str).ok_or_else(|| {
+                    at(
+                        &format!("{at_name}.secret"),
+                        "is required: the name of one of the tenant's secrets",
+                    )
+                })?;
+                let valid = !name.is_empty()
+                    && name.len() <= 128
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+                if !valid {
+                    return Err(at(
+                        &format!("{at_name}.secret"),
+                        "a secret's name is 1 to 128 letters, digits, `-`, `_` or `.`",
+                    ));
+                }
+            }
+            _ => return Err(at(&at_name, "must be a string or {\"secret\": name}")),
+        }
+    }
+    Ok(())
+}
+
 fn sandbox(value: &Value) -> Result<(), String> {
     let content = object(value, ROOT)?;
-    only(content, ROOT, &["limits"])?;
+    only(content, ROOT, &["limits", "env"])?;
+    if let Some(variables) = content.get("env") {
+        env(variables)?;
+    }
     let path = "content.limits";
     let limits = object(required(content, ROOT, "limits")?, path)?;
     only(
@@ -512,6 +586,8 @@ mod tests {
         let good = r#"{"limits":{"cpuMillis":500,"memoryMb":256,"diskMb":1024,"timeoutSeconds":30,"network":false}}"#;
         assert!(validate(Kind::Sandbox, good).is_ok());
         assert!(validate(Kind::Sandbox, r#"{"limits":{}}"#).is_ok());
+        let with_env = r#"{"limits":{},"env":{"REGION":"eu","GITHUB_TOKEN":{"secret":"github"}}}"#;
+        assert!(validate(Kind::Sandbox, with_env).is_ok());
         for (json, says) in [
             ("{}", "content.limits: is required"),
             (
@@ -527,6 +603,20 @@ mod tests {
                 "content.limits.network: must be true or false",
             ),
             (r#"{"limits":{"gpus":1}}"#, "content.limits.gpus: unknown field"),
+            (r#"{"limits":{},"env":{"1X":"a"}}"#, "content.env.1X: a variable's name"),
+            (
+                r#"{"limits":{},"env":{"PATH":"/x"}}"#,
+                "content.env.PATH: is set by the sandbox itself",
+            ),
+            (
+                r#"{"limits":{},"env":{"A":{"secret":"a/b"}}}"#,
+                "content.env.A.secret: a secret's name",
+            ),
+            (
+                r#"{"limits":{},"env":{"A":{"value":"x"}}}"#,
+                "content.env.A.value: unknown field",
+            ),
+            (r#"{"limits":{},"env":{"A":1}}"#, "content.env.A: must be a string"),
         ] {
             let got = message(Kind::Sandbox, json);
             assert!(got.starts_with(says), "{json}: {got}");

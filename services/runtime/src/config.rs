@@ -224,9 +224,21 @@ impl Default for SandboxLimits {
     }
 }
 
-/// What an agent's `resource://sandboxes/…` asks for (its `limits`).
+/// A variable a sandbox resource's `env` sets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnvValue {
+    /// The value as the resource holds it.
+    Plain(String),
+    /// The value of one of the tenant's secrets, by name (resolved when a
+    /// command first needs it; redacted from what tools return).
+    Secret(String),
+}
+
+/// What an agent's `resource://sandboxes/…` asks for (its `limits`, its `env`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SandboxRequest {
+    /// The variables its commands see, by name.
+    pub env: Vec<(String, EnvValue)>,
     /// CPU time per process, in milliseconds (rlimits count whole seconds).
     pub cpu_millis: Option<u64>,
     pub memory_mb: Option<u64>,
@@ -245,6 +257,20 @@ impl SandboxRequest {
             disk_mb: limits["diskMb"].as_u64(),
             timeout_seconds: limits["timeoutSeconds"].as_u64(),
             network: limits["network"].as_bool(),
+            env: content["env"]
+                .as_object()
+                .map(|env| {
+                    env.iter()
+                        .filter_map(|(name, value)| {
+                            let value = match value {
+                                Value::String(plain) => EnvValue::Plain(plain.clone()),
+                                other => EnvValue::Secret(other["secret"].as_str()?.to_owned()),
+                            };
+                            Some((name.clone(), value))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
 }

@@ -317,6 +317,7 @@ impl AgentPool {
         }
         let workspace = self.workspace(&ctx.tenant_id, image_id);
         let tools = Toolbox::new(
+            &ctx.tenant_id,
             &plan.tools,
             &plan.mcp_servers,
             plan.sandbox.as_ref(),

@@ -37,6 +37,7 @@ mod rest;
 mod resume;
 mod rules;
 mod scale;
+mod secrets;
 mod support;
 mod telemetry;
 mod tools;

@@ -51,7 +51,64 @@ conformance!(
     only_the_right_callers_change_what,
     watchers_see_the_changes_that_concern_them,
     credentials_belong_to_a_user_or_the_tenant,
+    secrets_are_the_tenants_sealed_and_resolved_by_components_only,
 );
+
+/// Issue 27 item 5: a tenant's secrets for its agents' sandboxes.
+async fn secrets_are_the_tenants_sealed_and_resolved_by_components_only(h: Harness) {
+    let names = |list: &[&str]| list.iter().map(|name| (*name).to_owned()).collect::<Vec<_>>();
+    // Admins set them; members may not; values are bounded, never echoed.
+    h.service.set_secret(&admin_ctx(A), "github", CANARY).await.unwrap();
+    let err = api_err(
+        h.service
+            .set_secret(&member_ctx(A, "usr_bob"), "github", "member-value")
+            .await,
+    );
+    assert_eq!(err.code, Code::PermissionDenied);
+    for (name, value, reason) in [
+        ("a/b", "long enough", "INVALID_SECRET_NAME"),
+        ("short", "abc", "INVALID_SECRET"),
+        ("nul", "ab\0cdef", "INVALID_SECRET"),
+    ] {
+        let err = api_err(h.service.set_secret(&admin_ctx(A), name, value).await);
+        assert_eq!(err.reason, reason, "{name}");
+        assert!(!err.message.contains(value), "{}", err.message);
+    }
+    // Listed by name to the tenant's users, not to another tenant's.
+    assert_eq!(
+        h.service.list_secrets(&member_ctx(A, "usr_bob")).await.unwrap(),
+        ["github"]
+    );
+    assert!(h.service.list_secrets(&admin_ctx(B)).await.unwrap().is_empty());
+    // Resolved for components only, within the tenant named.
+    let resolved = h
+        .service
+        .resolve_secrets(&service_ctx(A), A, &names(&["github", "absent"]))
+        .await
+        .unwrap();
+    assert_eq!(
+        resolved.into_iter().collect::<Vec<_>>(),
+        [("github".to_owned(), CANARY.to_owned())]
+    );
+    assert!(
+        h.service
+            .resolve_secrets(&service_ctx(A), B, &names(&["github"]))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    for ctx in [member_ctx(A, "usr_bob"), admin_ctx(A), operator_ctx(OPS)] {
+        let err = api_err(h.service.resolve_secrets(&ctx, A, &names(&["github"])).await);
+        assert_eq!(err.code, Code::PermissionDenied);
+    }
+    // Sealed at rest.
+    let sealed = h.store.overrides(&format!("secrets/{A}")).await.unwrap();
+    assert!(sealed[0].encrypted && !sealed[0].value.contains("canary"));
+    // Removed once; then SECRET_NOT_FOUND.
+    h.service.delete_secret(&admin_ctx(A), "github").await.unwrap();
+    let err = api_err(h.service.delete_secret(&admin_ctx(A), "github").await);
+    assert_eq!((err.code, err.reason.as_ref()), (Code::NotFound, "SECRET_NOT_FOUND"));
+}
 
 /// The server the credentials of these tests are for.
 const SEARCH_URL: &str = "https://search.example/mcp";

@@ -151,4 +151,28 @@ impl crate::tools::CredentialSource for StoredCredentials {
             .into_inner();
         Ok(response.found.then(|| response.headers.into_iter().collect()))
     }
+
+    async fn secrets(
+        &self,
+        tenant_id: &str,
+        names: &[String],
+    ) -> Result<std::collections::BTreeMap<String, String>, String> {
+        let ctx = self
+            .identity
+            .tenant_context(tenant_id)
+            .await
+            .map_err(|err| err.message.clone())?;
+        let request = ctx.request(pb::ResolveSecretsRequest {
+            tenant_id: tenant_id.to_owned(),
+            names: names.to_vec(),
+        });
+        let response = self
+            .configs
+            .service
+            .resolve_secrets(request)
+            .await
+            .map_err(|status| status.message().to_owned())?
+            .into_inner();
+        Ok(response.values.into_iter().collect())
+    }
 }

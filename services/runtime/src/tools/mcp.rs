@@ -235,6 +235,10 @@ pub trait CredentialSource: Send + Sync {
         server: &str,
         url: &str,
     ) -> Result<Option<BTreeMap<String, String>>, String>;
+
+    /// Returns the values of `tenant_id`'s secrets named in `names` that are
+    /// stored, for its agent's sandbox. The error says why none could be read.
+    async fn secrets(&self, tenant_id: &str, names: &[String]) -> Result<BTreeMap<String, String>, String>;
 }
 
 /// No stored credentials, for tests.
@@ -246,6 +250,10 @@ pub struct NoCredentials;
 impl CredentialSource for NoCredentials {
     async fn headers(&self, _: &str, _: &str, _: &str, _: &str) -> Result<Option<BTreeMap<String, String>>, String> {
         Ok(None)
+    }
+
+    async fn secrets(&self, _: &str, _: &[String]) -> Result<BTreeMap<String, String>, String> {
+        Ok(BTreeMap::new())
     }
 }
 
@@ -264,6 +272,9 @@ pub struct Reach<'a> {
     pub config: &'a McpConfig,
     pub credentials: &'a dyn CredentialSource,
     pub caller: Caller<'a>,
+    /// The variables of the agent's sandbox, for a stdio server (or why
+    /// they could not be read).
+    pub env: Result<&'a [(String, String)], &'a str>,
 }
 
 impl McpServer {
@@ -392,6 +403,7 @@ impl McpServer {
                     .await
                     .map_err(|why| (why, false))?;
                 let file_bytes = reach.limits.file_mb.saturating_mul(1024 * 1024);
+                let sandbox_env = reach.env.map_err(|why| (why.to_owned(), false))?;
                 let egress = way_out(reach.limits, reach.fetcher.guard()).map_err(|why| (why, false))?;
                 let (mut process, cgroup) = sandboxed(
                     reach.workspace.dir(),
@@ -400,6 +412,7 @@ impl McpServer {
                     command,
                     args,
                     egress.as_ref(),
+                    sandbox_env,
                 );
                 process
                     .envs(env)

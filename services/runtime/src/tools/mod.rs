@@ -24,7 +24,7 @@ mod mcp_sse;
 mod process;
 mod workspace;
 
-pub use crate::config::{McpConfig, SandboxLimits, SandboxRequest};
+pub use crate::config::{EnvValue, McpConfig, SandboxLimits, SandboxRequest};
 pub use disk::WorkspaceStore;
 pub use fetch::{AddressGuard, Fetcher};
 pub(crate) use isolation::check_config as check_sandbox_config;
@@ -223,6 +223,32 @@ pub struct Toolbox {
     specs: Mutex<Arc<Vec<ToolSpec>>>,
     workspace: Workspace,
     context: ToolContext,
+    /// The tenant whose secrets the sandbox's `env` names.
+    tenant_id: String,
+    /// The variables its sandbox resource sets.
+    env: Vec<(String, EnvValue)>,
+    /// Those variables with their secrets' values, once a tool needed them.
+    environment: tokio::sync::OnceCell<Arc<Environment>>,
+}
+
+/// The variables a toolbox's commands see, its secrets resolved.
+#[derive(Debug, Default)]
+struct Environment {
+    vars: Vec<(String, String)>,
+    /// Each secret's name and value, longest value first: what tools return
+    /// has every value replaced by `[secret <name>]`.
+    secrets: Vec<(String, String)>,
+}
+
+impl Environment {
+    fn redacted(&self, mut text: String) -> String {
+        for (name, value) in &self.secrets {
+            if text.contains(value.as_str()) {
+                text = text.replace(value.as_str(), &format!("[secret {name}]"));
+            }
+        }
+        text
+    }
 }
 
 impl Toolbox {
@@ -230,6 +256,7 @@ impl Toolbox {
     /// `None` for none (a tool-free agent). An unknown name, a stdio server
     /// no operator approved and an internal server address are refused.
     pub fn new(
+        tenant_id: &str,
         names: &[String],
         servers: &[McpServerSpec],
         sandbox: Option<&SandboxRequest>,
@@ -262,7 +289,62 @@ impl Toolbox {
             specs,
             workspace,
             context: context.clone(),
+            tenant_id: tenant_id.to_owned(),
+            env: sandbox.map(|request| request.env.clone()).unwrap_or_default(),
+            environment: tokio::sync::OnceCell::new(),
         }))
+    }
+
+    /// Returns the variables the sandbox's commands see, reading the
+    /// tenant's secrets they name the first time (a failure is tried again
+    /// on the next call).
+    async fn environment(&self) -> Result<Arc<Environment>, String> {
+        let resolved = self
+            .environment
+            .get_or_try_init(|| async {
+                let mut names: Vec<String> = self
+                    .env
+                    .iter()
+                    .filter_map(|(_, value)| match value {
+                        EnvValue::Secret(name) => Some(name.clone()),
+                        EnvValue::Plain(_) => None,
+                    })
+                    .collect();
+                names.sort();
+                names.dedup();
+                let values = if names.is_empty() {
+                    std::collections::BTreeMap::new()
+                } else {
+                    self.context
+                        .credentials
+                        .secrets(&self.tenant_id, &names)
+                        .await
+                        .map_err(|why| format!("cannot read this agent's secrets: {why}"))?
+                };
+                let mut environment = Environment::default();
+                for (variable, value) in &self.env {
+                    match value {
+                        EnvValue::Plain(plain) => environment.vars.push((variable.clone(), plain.clone())),
+                        EnvValue::Secret(name) => {
+                            let value = values.get(name).ok_or_else(|| {
+                                format!(
+                                    "this agent's sandbox sets {variable} from the secret {name:?}, which its tenant \
+                                     does not have (an admin stores it: PUT /v1/secrets/{name})"
+                                )
+                            })?;
+                            environment.vars.push((variable.clone(), value.clone()));
+                            environment.secrets.push((name.clone(), value.clone()));
+                        }
+                    }
+                }
+                environment
+                    .secrets
+                    .sort_by_key(|(_, value)| std::cmp::Reverse(value.len()));
+                environment.secrets.dedup();
+                Ok::<_, String>(Arc::new(environment))
+            })
+            .await?;
+        Ok(Arc::clone(resolved))
     }
 
     /// Returns the tools as the model sees them.
@@ -278,6 +360,7 @@ impl Toolbox {
         if self.servers.is_empty() {
             return Vec::new();
         }
+        let environment = self.environment().await;
         let reach = mcp::Reach {
             workspace: &self.workspace,
             limits: &self.limits,
@@ -285,6 +368,10 @@ impl Toolbox {
             config: &self.context.mcp,
             credentials: self.context.credentials.as_ref(),
             caller,
+            env: environment
+                .as_ref()
+                .map(|env| env.vars.as_slice())
+                .map_err(String::as_str),
         };
         let changed = futures::future::join_all(self.servers.iter().map(|server| server.prepare(&reach))).await;
         let unavailable = self
@@ -309,8 +396,24 @@ impl Toolbox {
         &self.workspace
     }
 
-    /// Runs a call; every failure is a result the model reads.
+    /// Runs a call; every failure is a result the model reads. With secrets
+    /// in the sandbox's `env`, their values never reach it: each is
+    /// replaced by `[secret <name>]` in what any tool returns.
     pub async fn call(&self, call: &ToolCall) -> ToolReply {
+        let reply = self.run(call).await;
+        if !self.env.iter().any(|(_, value)| matches!(value, EnvValue::Secret(_))) {
+            return reply;
+        }
+        match self.environment().await {
+            Ok(environment) => ToolReply {
+                text: environment.redacted(reply.text),
+                is_error: reply.is_error,
+            },
+            Err(why) => ToolReply::error(why),
+        }
+    }
+
+    async fn run(&self, call: &ToolCall) -> ToolReply {
         if call.name.starts_with(mcp::MCP_TOOL_PREFIX)
             && let Some(server) = self.servers.iter().find(|server| server.serves(&call.name))
         {
@@ -335,7 +438,15 @@ impl Toolbox {
                     self.workspace.load().await?;
                     self.workspace.ensure()?;
                     let command = text_field(&call.input, "command")?;
-                    process::run_command(&self.workspace, command, &self.limits, self.context.fetcher.guard()).await
+                    let environment = self.environment().await?;
+                    process::run_command(
+                        &self.workspace,
+                        command,
+                        &self.limits,
+                        self.context.fetcher.guard(),
+                        &environment.vars,
+                    )
+                    .await
                 }
                 .await,
             ),
@@ -416,11 +527,19 @@ mod tests {
             store: None,
         };
         assert!(
-            Toolbox::new(&[], &[], None, workspace.clone(), &context)
+            Toolbox::new("ten_a", &[], &[], None, workspace.clone(), &context)
                 .unwrap()
                 .is_none()
         );
-        let err = Toolbox::new(&["read_file".into(), "rm_rf".into()], &[], None, workspace, &context).unwrap_err();
+        let err = Toolbox::new(
+            "ten_a",
+            &["read_file".into(), "rm_rf".into()],
+            &[],
+            None,
+            workspace,
+            &context,
+        )
+        .unwrap_err();
         assert!(
             matches!(
                 err,

@@ -55,6 +55,7 @@ pub(super) fn sandboxed(
     program: &str,
     args: &[String],
     egress: Option<&Egress>,
+    env: &[(String, String)],
 ) -> (Command, Option<Cgroup>) {
     let cgroup = Cgroup::create(limits);
     let mut words = isolation::words(limits, dir, egress);
@@ -93,9 +94,11 @@ pub(super) fn sandboxed(
     } else {
         (dir, dir)
     };
+    // The sandbox's own variables first: the fence's are set after them.
     command
         .current_dir(dir)
         .env_clear()
+        .envs(env.iter().map(|(name, value)| (name, value)))
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("HOME", home)
         .env("TMPDIR", tmp)
@@ -153,6 +156,7 @@ pub async fn run_command(
     command: &str,
     limits: &SandboxLimits,
     guard: &Arc<AddressGuard>,
+    env: &[(String, String)],
 ) -> Result<(String, bool), ToolFailure> {
     if command.trim().is_empty() {
         return Err("`command` must not be empty".to_owned());
@@ -167,7 +171,15 @@ pub async fn run_command(
     let script = ["-c".to_owned(), command.to_owned()];
     // Kept while the command runs: what it started goes out through it.
     let egress = way_out(limits, guard)?;
-    let (mut command, cgroup) = sandboxed(workspace.dir(), limits, file_bytes, "/bin/sh", &script, egress.as_ref());
+    let (mut command, cgroup) = sandboxed(
+        workspace.dir(),
+        limits,
+        file_bytes,
+        "/bin/sh",
+        &script,
+        egress.as_ref(),
+        env,
+    );
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -262,7 +274,7 @@ mod tests {
             network: false,
             ..limits.clone()
         };
-        super::run_command(workspace, command, &offline, &Arc::new(AddressGuard::default())).await
+        super::run_command(workspace, command, &offline, &Arc::new(AddressGuard::default()), &[]).await
     }
 
     use crate::tools::workspace::temporary as workspace;
