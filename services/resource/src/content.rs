@@ -11,7 +11,7 @@
 //! tool       {name, description?, inputSchema: {type: "object", …},
 //!             mcpServer: {command, args?, env?} | {type: "sse"|"http", url, headers?}  | builtin: name}
 //! sandbox    {limits: {cpuMillis?, memoryMb?, diskMb?, timeoutSeconds?, network?},
-//!             env?: {NAME: value | {secret: name}}}
+//!             environment?: shell|python|node, env?: {NAME: value | {secret: name}}}
 //! agent      {prompt: prompt uri, model?, tools?: [tool uri], sandbox?: sandbox uri,
 //!             knowledge?: [knowledge uri], variables?: {name: string},
 //!             parameters?: {maxTokens?, temperature? (0..=2)}}
@@ -286,7 +286,12 @@ fn env(value: &Value) -> Result<(), String> {
 
 fn sandbox(value: &Value) -> Result<(), String> {
     let content = object(value, ROOT)?;
-    only(content, ROOT, &["limits", "env"])?;
+    only(content, ROOT, &["limits", "environment", "env"])?;
+    if let Some(environment) = content.get("environment")
+        && !matches!(environment.as_str(), Some("shell" | "python" | "node"))
+    {
+        return Err(at("content.environment", "must be one of shell, python, node"));
+    }
     if let Some(variables) = content.get("env") {
         env(variables)?;
     }
@@ -586,7 +591,8 @@ mod tests {
         let good = r#"{"limits":{"cpuMillis":500,"memoryMb":256,"diskMb":1024,"timeoutSeconds":30,"network":false}}"#;
         assert!(validate(Kind::Sandbox, good).is_ok());
         assert!(validate(Kind::Sandbox, r#"{"limits":{}}"#).is_ok());
-        let with_env = r#"{"limits":{},"env":{"REGION":"eu","GITHUB_TOKEN":{"secret":"github"}}}"#;
+        let with_env =
+            r#"{"limits":{},"environment":"python","env":{"REGION":"eu","GITHUB_TOKEN":{"secret":"github"}}}"#;
         assert!(validate(Kind::Sandbox, with_env).is_ok());
         for (json, says) in [
             ("{}", "content.limits: is required"),
@@ -604,6 +610,10 @@ mod tests {
             ),
             (r#"{"limits":{"gpus":1}}"#, "content.limits.gpus: unknown field"),
             (r#"{"limits":{},"env":{"1X":"a"}}"#, "content.env.1X: a variable's name"),
+            (
+                r#"{"limits":{},"environment":"ruby"}"#,
+                "content.environment: must be one of",
+            ),
             (
                 r#"{"limits":{},"env":{"PATH":"/x"}}"#,
                 "content.env.PATH: is set by the sandbox itself",

@@ -224,6 +224,70 @@ impl Default for SandboxLimits {
     }
 }
 
+/// What a sandbox's commands are given besides a shell (`"environment"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SandboxEnvironment {
+    #[default]
+    Shell,
+    Python,
+    Node,
+}
+
+/// Where a command's `PATH` looks, in order (inside the fence and out).
+pub const COMMAND_PATH: [&str; 3] = ["/usr/local/bin", "/usr/bin", "/bin"];
+
+impl SandboxEnvironment {
+    /// Returns the environment a sandbox resource names.
+    pub fn named(name: &str) -> Option<Self> {
+        match name {
+            "shell" => Some(Self::Shell),
+            "python" => Some(Self::Python),
+            "node" => Some(Self::Node),
+            _ => None,
+        }
+    }
+
+    /// Returns the name a sandbox resource gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Shell => "shell",
+            Self::Python => "python",
+            Self::Node => "node",
+        }
+    }
+
+    /// Returns the interpreter it promises, as a command's `PATH` finds it.
+    pub fn interpreter(self) -> Option<&'static str> {
+        match self {
+            Self::Shell => None,
+            Self::Python => Some("python3"),
+            Self::Node => Some("node"),
+        }
+    }
+
+    /// Refuses the environment where the server has not its interpreter in
+    /// any of `dirs` (the command's `PATH`, from the host's system directories).
+    pub fn check(self, dirs: &[&str]) -> Result<(), String> {
+        use std::os::unix::fs::PermissionsExt;
+        let Some(interpreter) = self.interpreter() else {
+            return Ok(());
+        };
+        let found = dirs.iter().any(|dir| {
+            std::fs::metadata(std::path::Path::new(dir).join(interpreter))
+                .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        });
+        if found {
+            return Ok(());
+        }
+        Err(format!(
+            "this agent's sandbox asks for the {} environment, and this server has no {interpreter} in {}: \
+             an operator installs it there, or the sandbox resource names another environment",
+            self.name(),
+            dirs.join(", ")
+        ))
+    }
+}
+
 /// A variable a sandbox resource's `env` sets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EnvValue {
@@ -237,6 +301,8 @@ pub enum EnvValue {
 /// What an agent's `resource://sandboxes/…` asks for (its `limits`, its `env`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SandboxRequest {
+    /// What its commands are given besides a shell.
+    pub environment: SandboxEnvironment,
     /// The variables its commands see, by name.
     pub env: Vec<(String, EnvValue)>,
     /// CPU time per process, in milliseconds (rlimits count whole seconds).
@@ -257,6 +323,10 @@ impl SandboxRequest {
             disk_mb: limits["diskMb"].as_u64(),
             timeout_seconds: limits["timeoutSeconds"].as_u64(),
             network: limits["network"].as_bool(),
+            environment: content["environment"]
+                .as_str()
+                .and_then(SandboxEnvironment::named)
+                .unwrap_or_default(),
             env: content["env"]
                 .as_object()
                 .map(|env| {
@@ -593,6 +663,28 @@ impl RuntimeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_environment_is_read_from_its_resource_and_refused_without_its_interpreter() {
+        use std::os::unix::fs::PermissionsExt;
+        let request = SandboxRequest::from_content(&serde_json::json!({"limits": {}, "environment": "python"}));
+        assert_eq!(request.environment, SandboxEnvironment::Python);
+        assert_eq!(
+            SandboxRequest::from_content(&serde_json::json!({"limits": {}})).environment,
+            SandboxEnvironment::Shell
+        );
+        let bin = tempfile::tempdir().unwrap();
+        let dir = bin.path().to_str().unwrap();
+        let err = SandboxEnvironment::Node.check(&[dir]).unwrap_err();
+        assert!(err.contains("no node in") && err.contains(dir), "{err}");
+        assert!(SandboxEnvironment::Shell.check(&[dir]).is_ok());
+        // Present but not executable is missing too.
+        let node = bin.path().join("node");
+        std::fs::write(&node, "#!/bin/sh\n").unwrap();
+        assert!(SandboxEnvironment::Node.check(&[dir]).is_err());
+        std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(SandboxEnvironment::Node.check(&[dir]).is_ok());
+    }
 
     #[test]
     fn a_hide_list_is_refused_with_what_replaced_it() {

@@ -769,6 +769,56 @@ async fn fetch_refused(mode: Mode) -> anyhow::Result<()> {
     Ok(())
 }
 
+both_modes!(a_sandbox_environment_gives_its_interpreter, sandbox_environment);
+
+/// Issue 27 item 4, locally: a sandbox resource naming the `python` or
+/// `node` environment gets the host's interpreter, and the model is told.
+async fn sandbox_environment(mode: Mode) -> anyhow::Result<()> {
+    let (mock, cluster) = start(mode, MockApi::OpenAi).await?;
+    for (environment, command, said) in [
+        ("python", "python3 -c 'print(6 * 7)'", "Python 3 is installed"),
+        ("node", "node -e 'console.log(6 * 7)'", "Node.js is installed"),
+    ] {
+        let sandbox = json!({"kind": "sandbox", "name": environment, "version": "1.0.0",
+            "content": {"limits": {"network": false}, "environment": environment}});
+        let prompt = json!({"kind": "prompt", "name": environment, "version": "1.0.0",
+            "content": {"template": "You run code."}});
+        for body in [sandbox, prompt] {
+            let (status, created) = call(&cluster, "POST", "/v1/resources", Some(body)).await?;
+            anyhow::ensure!(status == 201, "{created}");
+        }
+        let agent = json!({"kind": "agent", "name": environment, "version": "1.0.0", "content": {
+            "prompt": format!("resource://prompts/{environment}@1"),
+            "sandbox": format!("resource://sandboxes/{environment}@1")}});
+        let (status, created) = call(&cluster, "POST", "/v1/resources", Some(agent)).await?;
+        anyhow::ensure!(status == 201, "{created}");
+        let (mut client, chat) = open_chat(
+            &cluster,
+            json!({"agent": format!("resource://agents/{environment}@1"), "tools": ["run_command"]}),
+        )
+        .await?;
+        let call = json!({ "command": command }).to_string().replace('\'', "\\'");
+        let frames = send_and_finish(
+            &mut client,
+            &chat.image_id,
+            json!(format!("[mock call='run_command:{call}']")),
+        )
+        .await?;
+        let result = frames
+            .iter()
+            .find(|f| f["type"] == "tool_result")
+            .context("the command's result")?;
+        assert_eq!(
+            result["data"]["result"], "exit code 0\nstdout:\n42\n",
+            "{environment}: {result}"
+        );
+        let request = mock.requests().pop().context("the provider was called")?;
+        let tools = request.body["tools"].to_string();
+        assert!(tools.contains(said), "{environment}: {tools}");
+    }
+    Ok(())
+}
+
 both_modes!(an_agents_sandbox_resource_sets_its_limits, sandbox_limits);
 
 async fn sandbox_limits(mode: Mode) -> anyhow::Result<()> {

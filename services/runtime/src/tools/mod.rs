@@ -24,7 +24,7 @@ mod mcp_sse;
 mod process;
 mod workspace;
 
-pub use crate::config::{EnvValue, McpConfig, SandboxLimits, SandboxRequest};
+pub use crate::config::{EnvValue, McpConfig, SandboxEnvironment, SandboxLimits, SandboxRequest};
 pub use disk::WorkspaceStore;
 pub use fetch::{AddressGuard, Fetcher};
 pub(crate) use isolation::check_config as check_sandbox_config;
@@ -229,6 +229,27 @@ pub struct Toolbox {
     env: Vec<(String, EnvValue)>,
     /// Those variables with their secrets' values, once a tool needed them.
     environment: tokio::sync::OnceCell<Arc<Environment>>,
+    /// What its commands are given besides a shell.
+    kind: SandboxEnvironment,
+}
+
+/// Returns a built-in tool as the model sees it; `run_command` says what its
+/// sandbox's environment gives.
+fn builtin_spec(tool: Builtin, environment: SandboxEnvironment) -> ToolSpec {
+    let mut spec = tool.spec();
+    let given = match environment {
+        SandboxEnvironment::Shell => None,
+        SandboxEnvironment::Python => {
+            Some(" Python 3 is installed (python3; pip reaches public indexes when the sandbox has network).")
+        }
+        SandboxEnvironment::Node => {
+            Some(" Node.js is installed (node; npm reaches the public registry when the sandbox has network).")
+        }
+    };
+    if let (Builtin::RunCommand, Some(given)) = (tool, given) {
+        spec.description.push_str(given);
+    }
+    spec
 }
 
 /// The variables a toolbox's commands see, its secrets resolved.
@@ -276,7 +297,10 @@ impl Toolbox {
         for server in servers {
             server.check(&context.mcp, &context.fetcher)?;
         }
-        let specs = Mutex::new(Arc::new(tools.iter().map(|tool| tool.spec()).collect()));
+        let environment = sandbox.map(|request| request.environment).unwrap_or_default();
+        let specs = Mutex::new(Arc::new(
+            tools.iter().map(|tool| builtin_spec(*tool, environment)).collect(),
+        ));
         let limits = match sandbox {
             Some(request) => context.limits.narrowed(request),
             None => context.limits.clone(),
@@ -291,6 +315,7 @@ impl Toolbox {
             context: context.clone(),
             tenant_id: tenant_id.to_owned(),
             env: sandbox.map(|request| request.env.clone()).unwrap_or_default(),
+            kind: environment,
             environment: tokio::sync::OnceCell::new(),
         }))
     }
@@ -382,7 +407,7 @@ impl Toolbox {
             .map(|(server, _)| (server.name().to_owned(), server.state()))
             .collect();
         if changed.contains(&true) {
-            let mut specs: Vec<ToolSpec> = self.tools.iter().map(|tool| tool.spec()).collect();
+            let mut specs: Vec<ToolSpec> = self.tools.iter().map(|tool| builtin_spec(*tool, self.kind)).collect();
             for server in &self.servers {
                 specs.extend(server.specs());
             }
@@ -438,6 +463,7 @@ impl Toolbox {
                     self.workspace.load().await?;
                     self.workspace.ensure()?;
                     let command = text_field(&call.input, "command")?;
+                    self.kind.check(&crate::config::COMMAND_PATH)?;
                     let environment = self.environment().await?;
                     process::run_command(
                         &self.workspace,

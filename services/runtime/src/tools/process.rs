@@ -99,7 +99,7 @@ pub(super) fn sandboxed(
         .current_dir(dir)
         .env_clear()
         .envs(env.iter().map(|(name, value)| (name, value)))
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("PATH", crate::config::COMMAND_PATH.join(":"))
         .env("HOME", home)
         .env("TMPDIR", tmp)
         .env("LANG", "C.UTF-8")
