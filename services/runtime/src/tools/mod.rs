@@ -228,9 +228,9 @@ pub struct Toolbox {
     /// The variables its sandbox resource sets.
     env: Vec<(String, EnvValue)>,
     /// Those variables with their secrets' values, once a tool needed them.
-    environment: tokio::sync::OnceCell<Arc<Environment>>,
+    variables: tokio::sync::OnceCell<Arc<Variables>>,
     /// What its commands are given besides a shell.
-    kind: SandboxEnvironment,
+    environment: SandboxEnvironment,
 }
 
 /// Returns a built-in tool as the model sees it; `run_command` says what its
@@ -254,14 +254,14 @@ fn builtin_spec(tool: Builtin, environment: SandboxEnvironment) -> ToolSpec {
 
 /// The variables a toolbox's commands see, its secrets resolved.
 #[derive(Debug, Default)]
-struct Environment {
+struct Variables {
     vars: Vec<(String, String)>,
     /// Each secret's name and value, longest value first: what tools return
     /// has every value replaced by `[secret <name>]`.
     secrets: Vec<(String, String)>,
 }
 
-impl Environment {
+impl Variables {
     fn redacted(&self, mut text: String) -> String {
         for (name, value) in &self.secrets {
             if text.contains(value.as_str()) {
@@ -315,17 +315,17 @@ impl Toolbox {
             context: context.clone(),
             tenant_id: tenant_id.to_owned(),
             env: sandbox.map(|request| request.env.clone()).unwrap_or_default(),
-            kind: environment,
-            environment: tokio::sync::OnceCell::new(),
+            environment,
+            variables: tokio::sync::OnceCell::new(),
         }))
     }
 
     /// Returns the variables the sandbox's commands see, reading the
     /// tenant's secrets they name the first time (a failure is tried again
     /// on the next call).
-    async fn environment(&self) -> Result<Arc<Environment>, String> {
+    async fn variables(&self) -> Result<Arc<Variables>, String> {
         let resolved = self
-            .environment
+            .variables
             .get_or_try_init(|| async {
                 let mut names: Vec<String> = self
                     .env
@@ -346,10 +346,10 @@ impl Toolbox {
                         .await
                         .map_err(|why| format!("cannot read this agent's secrets: {why}"))?
                 };
-                let mut environment = Environment::default();
+                let mut variables = Variables::default();
                 for (variable, value) in &self.env {
                     match value {
-                        EnvValue::Plain(plain) => environment.vars.push((variable.clone(), plain.clone())),
+                        EnvValue::Plain(plain) => variables.vars.push((variable.clone(), plain.clone())),
                         EnvValue::Secret(name) => {
                             let value = values.get(name).ok_or_else(|| {
                                 format!(
@@ -357,16 +357,16 @@ impl Toolbox {
                                      does not have (an admin stores it: PUT /v1/secrets/{name})"
                                 )
                             })?;
-                            environment.vars.push((variable.clone(), value.clone()));
-                            environment.secrets.push((name.clone(), value.clone()));
+                            variables.vars.push((variable.clone(), value.clone()));
+                            variables.secrets.push((name.clone(), value.clone()));
                         }
                     }
                 }
-                environment
+                variables
                     .secrets
                     .sort_by_key(|(_, value)| std::cmp::Reverse(value.len()));
-                environment.secrets.dedup();
-                Ok::<_, String>(Arc::new(environment))
+                variables.secrets.dedup();
+                Ok::<_, String>(Arc::new(variables))
             })
             .await?;
         Ok(Arc::clone(resolved))
@@ -385,7 +385,7 @@ impl Toolbox {
         if self.servers.is_empty() {
             return Vec::new();
         }
-        let environment = self.environment().await;
+        let variables = self.variables().await;
         let reach = mcp::Reach {
             workspace: &self.workspace,
             limits: &self.limits,
@@ -393,9 +393,9 @@ impl Toolbox {
             config: &self.context.mcp,
             credentials: self.context.credentials.as_ref(),
             caller,
-            env: environment
+            env: variables
                 .as_ref()
-                .map(|env| env.vars.as_slice())
+                .map(|variables| variables.vars.as_slice())
                 .map_err(String::as_str),
         };
         let changed = futures::future::join_all(self.servers.iter().map(|server| server.prepare(&reach))).await;
@@ -407,7 +407,11 @@ impl Toolbox {
             .map(|(server, _)| (server.name().to_owned(), server.state()))
             .collect();
         if changed.contains(&true) {
-            let mut specs: Vec<ToolSpec> = self.tools.iter().map(|tool| builtin_spec(*tool, self.kind)).collect();
+            let mut specs: Vec<ToolSpec> = self
+                .tools
+                .iter()
+                .map(|tool| builtin_spec(*tool, self.environment))
+                .collect();
             for server in &self.servers {
                 specs.extend(server.specs());
             }
@@ -429,9 +433,9 @@ impl Toolbox {
         if !self.env.iter().any(|(_, value)| matches!(value, EnvValue::Secret(_))) {
             return reply;
         }
-        match self.environment().await {
-            Ok(environment) => ToolReply {
-                text: environment.redacted(reply.text),
+        match self.variables().await {
+            Ok(variables) => ToolReply {
+                text: variables.redacted(reply.text),
                 is_error: reply.is_error,
             },
             Err(why) => ToolReply::error(why),
@@ -463,14 +467,14 @@ impl Toolbox {
                     self.workspace.load().await?;
                     self.workspace.ensure()?;
                     let command = text_field(&call.input, "command")?;
-                    self.kind.check(&crate::config::COMMAND_PATH)?;
-                    let environment = self.environment().await?;
+                    self.environment.check(&crate::config::COMMAND_PATH)?;
+                    let variables = self.variables().await?;
                     process::run_command(
                         &self.workspace,
                         command,
                         &self.limits,
                         self.context.fetcher.guard(),
-                        &environment.vars,
+                        &variables.vars,
                     )
                     .await
                 }
