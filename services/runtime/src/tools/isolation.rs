@@ -228,7 +228,7 @@ pub(super) fn words(limits: &SandboxLimits, dir: &Path, egress: Option<&Egress>)
         words.extend([
             "/bin/sh".to_owned(),
             "-c".to_owned(),
-            Root::plan(limits, egress).script(dir, limits, egress.is_some()),
+            Root::plan(limits, egress).script(dir),
             "avm-sandbox".to_owned(),
         ]);
     }
@@ -247,6 +247,8 @@ struct Root {
     /// What is mounted in it, as fstab lines with the new root's paths
     /// relative (the script puts the root's mount point before them).
     mounts: Vec<(String, PathBuf, &'static str, String)>,
+    /// The executable of the network relay, when the command has a way out.
+    relay: Option<PathBuf>,
 }
 
 impl Root {
@@ -298,6 +300,7 @@ impl Root {
             root.bind_existing(path, "ro,nosuid,nodev");
         }
         if let Some(egress) = egress {
+            root.relay = Some(limits.relay_binary());
             let inside = Path::new(egress::SOCKET_INSIDE);
             root.dirs.extend(inside.parent().map(Path::to_owned));
             root.files.push(inside.to_owned());
@@ -342,9 +345,9 @@ impl Root {
 
     /// Returns the script that makes this root over the workspace `dir`
     /// (the shell's working directory), starts the network relay when the
-    /// command has a way out (`relay`), enters the root and runs its
-    /// arguments without any capability.
-    fn script(&self, dir: &Path, limits: &SandboxLimits, relay: bool) -> String {
+    /// command has a way out, enters the root and runs its arguments
+    /// without any capability.
+    fn script(&self, dir: &Path) -> String {
         // The root's mount point is the workspace's own path: it surely
         // exists, and the shell still stands in the directory it covers.
         let inside = |path: &Path| quoted_path(&dir.join(path.strip_prefix("/").unwrap_or(path)));
@@ -387,14 +390,14 @@ impl Root {
             quoted(&table)
         ));
         script.push_str(&format!("cd {}; ", quoted_path(dir)));
-        if relay {
+        if let Some(relay) = &self.relay {
             // The relay, standing in the new root with one capability (to
             // bring the loopback up); the command starts once it listens.
             script.push_str(&format!(
                 "mkfifo .relay; setpriv --bounding-set=-all,+net_admin --inh-caps=-all --ambient-caps=-all \
                  --no-new-privs -- {} sandbox-relay {} > .relay & read ready < .relay; rm .relay; \
                  [ \"$ready\" = ready ]; ",
-                quoted_path(&limits.relay_binary()),
+                quoted_path(relay),
                 quoted(egress::SOCKET_INSIDE)
             ));
         }
@@ -459,7 +462,7 @@ mod tests {
         ] {
             assert!(!targets.iter().any(|target| target.starts_with(secret)), "{secret}");
         }
-        let script = root.script(&ws, &limits, false);
+        let script = root.script(&ws);
         assert!(script.contains("opt\\040tools"), "fstab escapes spaces: {script}");
         assert!(script.contains("pivot_root . .; umount -l .;"), "{script}");
         assert!(script.ends_with("--no-new-privs -- \"$@\""), "{script}");
@@ -468,8 +471,31 @@ mod tests {
             isolate: false,
             ..SandboxLimits::default()
         };
-        let open = SandboxLimits { network: true, ..open };
         assert!(words(&open, &ws, None).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_command_with_a_way_out_gets_the_proxys_socket_and_its_relay_before_the_root_is_entered() {
+        let limits = SandboxLimits {
+            relay: Some(PathBuf::from("/opt/avm/bin/avm")),
+            ..SandboxLimits::default()
+        };
+        let egress = Egress::open(std::sync::Arc::new(avm_common::address::AddressGuard::default())).unwrap();
+        let root = Root::plan(&limits, Some(&egress));
+        assert!(root.mounts.iter().any(
+            |(source, target, _, _)| *source == egress.socket().display().to_string()
+                && target == Path::new(egress::SOCKET_INSIDE)
+        ));
+        let script = root.script(Path::new("/data/workspaces/t/i"));
+        let relay = script
+            .find("'/opt/avm/bin/avm' sandbox-relay '/run/avm/egress.sock'")
+            .unwrap();
+        assert!(relay < script.find("pivot_root").unwrap(), "{script}");
+        assert!(script.contains("--bounding-set=-all,+net_admin"), "{script}");
+        let without = Root::plan(&limits, None).script(Path::new("/data/workspaces/t/i"));
+        assert!(!without.contains("sandbox-relay"), "{without}");
+        let flags = words(&limits, Path::new("/w"), Some(&egress));
+        assert!(flags.contains(&"--net".to_owned()), "{flags:?}");
     }
 
     #[test]
