@@ -140,17 +140,23 @@ impl Api {
     }
 
     /// Runs one turn over REST + SSE, to its `conversation_end`.
+    pub async fn turn(&self, image: &str) -> anyhow::Result<Streamed> {
+        let started = Instant::now();
+        let response = self.send(image, "hello").await?;
+        stream(response, started, b"event: text_delta", b"event: conversation_end").await
+    }
+
+    /// Sends a message and returns its event stream.
     ///
     /// A server that still holds the image's previous turn for a moment after
     /// its `conversation_end` (409 `AGENT_BUSY`; builds before aa2dfb0) is
     /// asked again, as a client would, and the wait counts in the figures.
-    pub async fn turn(&self, image: &str) -> anyhow::Result<Streamed> {
-        let started = Instant::now();
+    async fn send(&self, image: &str, content: &str) -> anyhow::Result<reqwest::Response> {
         let mut attempts = 0;
         let response = loop {
             let response = self
                 .post(&format!("/v1/images/{image}/messages"))
-                .json(&json!({"content": "hello"}))
+                .json(&json!({ "content": content }))
                 .send()
                 .await?;
             attempts += 1;
@@ -167,7 +173,7 @@ impl Api {
             self.url,
             response.text().await.unwrap_or_default()
         );
-        stream(response, started, b"event: text_delta", b"event: conversation_end").await
+        Ok(response)
     }
 
     /// Makes `count` conversations whose agent may call `run_command`, with
@@ -216,17 +222,8 @@ impl Api {
     pub async fn tool_turn(&self, image: &str) -> anyhow::Result<Duration> {
         let started = Instant::now();
         let response = self
-            .post(&format!("/v1/images/{image}/messages"))
-            .json(&json!({"content": r#"[mock call='run_command:{"command": "true"}']"#}))
-            .send()
+            .send(image, r#"[mock call='run_command:{"command": "true"}']"#)
             .await?;
-        let status = response.status();
-        ensure!(
-            status.is_success(),
-            "{}: message refused: {status} {}",
-            self.url,
-            response.text().await.unwrap_or_default()
-        );
         // To the turn's end, so the next message finds the agent free.
         let mut body = response.bytes_stream();
         let mut seen = Vec::new();

@@ -35,12 +35,7 @@ fn scope(tenant_id: &str) -> String {
 
 /// Checks a secret's name: 1 to 128 letters, digits, `-`, `_` or `.`.
 pub fn check_name(name: &str) -> Result<(), ConfigError> {
-    let valid = !name.is_empty()
-        && name.len() <= 128
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if valid {
+    if crate::credentials::is_name(name) {
         Ok(())
     } else {
         Err(ConfigError::invalid(
