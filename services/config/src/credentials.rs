@@ -100,19 +100,9 @@ fn store_scope(ctx: &RequestContext, scope: CredentialScope) -> String {
     }
 }
 
-/// Returns whether `name` is 1 to 128 letters, digits, `-`, `_` or `.`:
-/// how servers (tool resources) and secrets are named.
-pub(crate) fn is_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 128
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-}
-
 /// Checks a server's name: a tool resource's name.
 fn check_server(server: &str) -> Result<(), ConfigError> {
-    if is_name(server) {
+    if avm_common::ids::is_plain_name(server) {
         Ok(())
     } else {
         Err(ConfigError::invalid(

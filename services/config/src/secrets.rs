@@ -35,7 +35,7 @@ fn scope(tenant_id: &str) -> String {
 
 /// Checks a secret's name: 1 to 128 letters, digits, `-`, `_` or `.`.
 pub fn check_name(name: &str) -> Result<(), ConfigError> {
-    if crate::credentials::is_name(name) {
+    if avm_common::ids::is_plain_name(name) {
         Ok(())
     } else {
         Err(ConfigError::invalid(

@@ -242,11 +242,7 @@ fn env(value: &Value) -> Result<(), String> {
     }
     for (name, value) in env {
         let at_name = format!("{path}.{}", name.chars().take(64).collect::<String>());
-        let shell_name = !name.is_empty()
-            && name.len() <= 64
-            && !name.starts_with(|c: char| c.is_ascii_digit())
-            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-        if !shell_name {
+        if name.len() > 64 || !is_identifier(name) {
             return Err(at(
                 &at_name,
                 "a variable's name is 1 to 64 letters, digits or `_`, not starting with a digit",
@@ -266,12 +262,7 @@ fn env(value: &Value) -> Result<(), String> {
                         "is required: the name of one of the tenant's secrets",
                     )
                 })?;
-                let valid = !name.is_empty()
-                    && name.len() <= 128
-                    && name
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-                if !valid {
+                if !avm_common::ids::is_plain_name(name) {
                     return Err(at(
                         &format!("{at_name}.secret"),
                         "a secret's name is 1 to 128 letters, digits, `-`, `_` or `.`",
