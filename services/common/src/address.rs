@@ -12,6 +12,17 @@ use url::Url;
 
 use crate::ApiError;
 
+/// Why a name cannot be reached.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unreachable {
+    /// It did not resolve.
+    #[error("{0}")]
+    Lookup(String),
+    /// An address of it is internal; the text says which and why.
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// What the allow-list names: a host, or a network.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Allowed {
@@ -51,6 +62,27 @@ impl AddressGuard {
             Allowed::Host(_) => false,
         });
         (!allowed).then_some(reason)
+    }
+
+    /// Resolves `host` and returns its addresses if the guard lets them all
+    /// through (or the allow-list names the host); a connection goes to the
+    /// addresses returned, so a second resolution cannot swap them. One
+    /// internal address among public ones refuses the name: which one a
+    /// connection would use is not ours to pick.
+    pub async fn resolve(&self, host: &str) -> Result<Vec<std::net::SocketAddr>, Unreachable> {
+        let found: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host, 0))
+            .await
+            .map_err(|err| Unreachable::Lookup(err.to_string()))?
+            .collect();
+        if self.host_allowed(host) {
+            return Ok(found);
+        }
+        for addr in &found {
+            if let Some(reason) = self.refusal(addr.ip()) {
+                return Err(Unreachable::Refused(refused(host, addr.ip(), reason)));
+            }
+        }
+        Ok(found)
     }
 
     /// Checks a URL before it is requested: its scheme, and its host when

@@ -110,7 +110,8 @@ impl AgentPool {
         identity: ServiceIdentity,
         replicas: Option<Replicas>,
     ) -> Result<Self, RuntimeError> {
-        crate::tools::check_sandbox_config(&config.sandbox)?;
+        avm_sandbox::isolation::check_config(&config.sandbox)
+            .map_err(|why| RuntimeError::invalid("INVALID_CONFIG", why))?;
         let tools = ToolContext {
             limits: config.sandbox.clone(),
             fetcher: Fetcher::new(&config.fetch)?,

@@ -54,9 +54,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::runtime::Handle;
 
-use super::workspace::{Keeper, MAX_COUNTED_ENTRIES, Workspace, WorkspaceDir, WorkspaceError};
 use crate::config::RuntimeConfig;
 use crate::error::RuntimeError;
+use avm_sandbox::Disk as Keeper;
+use avm_sandbox::workspace::{MAX_COUNTED_ENTRIES, Workspace, WorkspaceDir, WorkspaceError};
 
 /// The manifest's name under an image's prefix.
 const MANIFEST: &str = "manifest.json";

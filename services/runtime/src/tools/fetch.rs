@@ -11,7 +11,7 @@
 //! anyway. No proxy is used: a proxy would resolve names out of the guard's
 //! sight.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,48 +20,24 @@ use reqwest::Url;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 pub use avm_common::address::AddressGuard;
-use avm_common::address::refused;
+use avm_common::address::Unreachable;
 
-use super::workspace::ToolFailure;
 use crate::config::FetchConfig;
 use crate::error::RuntimeError;
+use avm_sandbox::ToolFailure;
 
 /// Resolves names for the HTTP client, keeping only the addresses the guard
 /// lets through; a name with none left fails with the refusal.
 struct GuardedResolver(Arc<AddressGuard>);
 
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Refused(String);
-
 impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let guard = Arc::clone(&self.0);
         Box::pin(async move {
-            let addrs = resolve_checked(&guard, name.as_str()).await?;
+            let addrs = guard.resolve(name.as_str()).await?;
             Ok(Box::new(addrs.into_iter()) as Addrs)
         })
     }
-}
-
-/// Resolves a host name and returns its addresses if the guard lets them all
-/// through (or the name is allowed).
-pub(super) async fn resolve_checked(
-    guard: &AddressGuard,
-    host: &str,
-) -> Result<Vec<SocketAddr>, Box<dyn std::error::Error + Send + Sync>> {
-    let found: Vec<SocketAddr> = tokio::net::lookup_host((host, 0)).await?.collect();
-    if guard.host_allowed(host) {
-        return Ok(found);
-    }
-    // One internal address among public ones still refuses the name: which
-    // one a connection would use is not ours to pick.
-    for addr in &found {
-        if let Some(reason) = guard.refusal(addr.ip()) {
-            return Err(Box::new(Refused(refused(host, addr.ip(), reason))));
-        }
-    }
-    Ok(found)
 }
 
 /// Fetches URLs for agents: one HTTP client for the runtime.
@@ -118,9 +94,10 @@ impl Fetcher {
         if host.starts_with('[') || host.parse::<IpAddr>().is_ok() {
             return Ok(());
         }
-        match resolve_checked(&self.guard, host).await {
+        match self.guard.resolve(host).await {
             Ok(_) => Ok(()),
-            Err(err) => Err(refusal_in(err.as_ref()).unwrap_or_else(|| format!("{url}: {err}"))),
+            Err(Unreachable::Refused(refusal)) => Err(refusal),
+            Err(Unreachable::Lookup(err)) => Err(format!("{url}: {err}")),
         }
     }
 
@@ -226,8 +203,8 @@ fn failure(url: &Url, err: &reqwest::Error) -> String {
 pub fn refusal_in(err: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut source = Some(err);
     while let Some(cause) = source {
-        if let Some(refused) = cause.downcast_ref::<Refused>() {
-            return Some(refused.0.clone());
+        if let Some(Unreachable::Refused(refusal)) = cause.downcast_ref::<Unreachable>() {
+            return Some(refusal.clone());
         }
         source = cause.source();
     }
@@ -245,7 +222,7 @@ mod tests {
 
     /// A bare HTTP server answering every request with `response`, counting
     /// the connections it accepts.
-    async fn server(ip: &str, response: String) -> (SocketAddr, Arc<AtomicUsize>) {
+    async fn server(ip: &str, response: String) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
         let listener = TcpListener::bind((ip, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));

@@ -29,16 +29,13 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
-use super::cgroup::Cgroup;
-use super::egress::Egress;
 use super::fetch::{Fetcher, refusal_in};
-use super::isolation;
 use super::mcp_sse::SseTransport;
-use super::process::{GroupGuard, sandboxed, spawn_failure, way_out};
-use super::workspace::Workspace;
 use crate::config::{McpConfig, SandboxLimits};
 use crate::error::RuntimeError;
 use crate::llm::ToolSpec;
+use avm_sandbox::Workspace;
+use avm_sandbox::process;
 
 /// What the model's name of an MCP tool starts with.
 pub const MCP_TOOL_PREFIX: &str = "mcp__";
@@ -183,11 +180,8 @@ struct Session {
     service: RunningService<RoleClient, Listener>,
     /// The user whose credentials opened it (HTTP servers).
     user_id: Option<String>,
-    _group: Option<GroupGuard>,
-    _cgroup: Option<Cgroup>,
-    /// The network proxy of a fenced stdio server, open while it runs.
-    _egress: Option<Egress>,
-    _child: Option<tokio::process::Child>,
+    /// The process of a stdio server, killed with everything it started when dropped.
+    _server: Option<process::Server>,
 }
 
 /// A tool a server listed: the model's name for it and the server's.
@@ -398,31 +392,19 @@ impl McpServer {
         match &self.spec.transport {
             McpTransport::Stdio { command, args, env } => {
                 reach.workspace.load().await.map_err(|why| (why, false))?;
-                reach.workspace.ensure().map_err(|why| (why, false))?;
-                isolation::check(reach.limits, reach.workspace.dir())
-                    .await
-                    .map_err(|why| (why, false))?;
-                let file_bytes = reach.limits.file_mb.saturating_mul(1024 * 1024);
                 let sandbox_env = reach.env.map_err(|why| (why.to_owned(), false))?;
-                let egress = way_out(reach.limits, reach.fetcher.guard()).map_err(|why| (why, false))?;
-                let (mut process, cgroup) = sandboxed(
-                    reach.workspace.dir(),
-                    reach.limits,
-                    file_bytes,
+                let mut server = process::serve(
+                    reach.workspace,
                     command,
                     args,
-                    egress.as_ref(),
+                    reach.limits,
+                    reach.fetcher.guard(),
                     sandbox_env,
-                );
-                process
-                    .envs(env)
-                    .stdin(std::process::Stdio::piped())
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped());
-                let mut child = process
-                    .spawn()
-                    .map_err(|err| (spawn_failure("an MCP server", &err), false))?;
-                let group = GroupGuard::of(&child);
+                    env,
+                )
+                .await
+                .map_err(|why| (why, false))?;
+                let child = &mut server.child;
                 let (Some(stdout), Some(stdin), stderr) =
                     (child.stdout.take(), child.stdin.take(), child.stderr.take())
                 else {
@@ -432,10 +414,7 @@ impl McpServer {
                     Ok(service) => Ok(Session {
                         service,
                         user_id: None,
-                        _group: Some(group),
-                        _cgroup: cgroup,
-                        _egress: egress,
-                        _child: Some(child),
+                        _server: Some(server),
                     }),
                     Err(err) => {
                         // What the server said before it went away explains more than the protocol error.
@@ -492,10 +471,7 @@ impl McpServer {
                 Ok(Session {
                     service,
                     user_id: Some(reach.caller.user_id.to_owned()),
-                    _group: None,
-                    _cgroup: None,
-                    _egress: None,
-                    _child: None,
+                    _server: None,
                 })
             }
         }

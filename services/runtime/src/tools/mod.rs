@@ -12,25 +12,18 @@ use serde_json::{Value, json};
 use crate::error::RuntimeError;
 use crate::llm::{ToolCall, ToolSpec};
 
-pub mod access;
-mod cgroup;
 pub(crate) mod disk;
-pub mod egress;
 mod fetch;
-mod files;
-mod isolation;
 mod mcp;
 mod mcp_sse;
-mod process;
-mod workspace;
+
+pub use avm_sandbox::{Env, FileSystem, Process, Workspace, access, egress};
 
 pub use crate::config::{EnvValue, McpConfig, SandboxEnvironment, SandboxLimits, SandboxRequest};
 pub use disk::WorkspaceStore;
 pub use fetch::{AddressGuard, Fetcher};
-pub(crate) use isolation::check_config as check_sandbox_config;
 use mcp::McpServer;
 pub use mcp::{Caller, CredentialSource, McpServerSpec, McpTransport, ServerState};
-pub use workspace::Workspace;
 
 /// Most bytes of a tool result the model is sent; the rest is cut with a marker.
 pub const MAX_RESULT_BYTES: usize = 64 * 1024;
@@ -228,7 +221,7 @@ pub struct Toolbox {
     /// The variables its sandbox resource sets.
     env: Vec<(String, EnvValue)>,
     /// Those variables with their secrets' values, once a tool needed them.
-    variables: tokio::sync::OnceCell<Arc<Variables>>,
+    variables: tokio::sync::OnceCell<Arc<Env>>,
     /// What its commands are given besides a shell.
     environment: SandboxEnvironment,
 }
@@ -250,26 +243,6 @@ fn builtin_spec(tool: Builtin, environment: SandboxEnvironment) -> ToolSpec {
         spec.description.push_str(given);
     }
     spec
-}
-
-/// The variables a toolbox's commands see, its secrets resolved.
-#[derive(Debug, Default)]
-struct Variables {
-    vars: Vec<(String, String)>,
-    /// Each secret's name and value, longest value first: what tools return
-    /// has every value replaced by `[secret <name>]`.
-    secrets: Vec<(String, String)>,
-}
-
-impl Variables {
-    fn redacted(&self, mut text: String) -> String {
-        for (name, value) in &self.secrets {
-            if text.contains(value.as_str()) {
-                text = text.replace(value.as_str(), &format!("[secret {name}]"));
-            }
-        }
-        text
-    }
 }
 
 impl Toolbox {
@@ -323,7 +296,7 @@ impl Toolbox {
     /// Returns the variables the sandbox's commands see, reading the
     /// tenant's secrets they name the first time (a failure is tried again
     /// on the next call).
-    async fn variables(&self) -> Result<Arc<Variables>, String> {
+    async fn variables(&self) -> Result<Arc<Env>, String> {
         let resolved = self
             .variables
             .get_or_try_init(|| async {
@@ -346,10 +319,10 @@ impl Toolbox {
                         .await
                         .map_err(|why| format!("cannot read this agent's secrets: {why}"))?
                 };
-                let mut variables = Variables::default();
+                let mut variables = Env::default();
                 for (variable, value) in &self.env {
                     match value {
-                        EnvValue::Plain(plain) => variables.vars.push((variable.clone(), plain.clone())),
+                        EnvValue::Plain(plain) => variables.set(variable, plain),
                         EnvValue::Secret(name) => {
                             let value = values.get(name).ok_or_else(|| {
                                 format!(
@@ -357,15 +330,10 @@ impl Toolbox {
                                      does not have (an admin stores it: PUT /v1/secrets/{name})"
                                 )
                             })?;
-                            variables.vars.push((variable.clone(), value.clone()));
-                            variables.secrets.push((name.clone(), value.clone()));
+                            variables.set_secret(variable, name, value);
                         }
                     }
                 }
-                variables
-                    .secrets
-                    .sort_by_key(|(_, value)| std::cmp::Reverse(value.len()));
-                variables.secrets.dedup();
                 Ok::<_, String>(Arc::new(variables))
             })
             .await?;
@@ -465,23 +433,21 @@ impl Toolbox {
             Builtin::RunCommand => ToolReply::of(
                 async {
                     self.workspace.load().await?;
-                    self.workspace.ensure()?;
-                    let command = text_field(&call.input, "command")?;
+                    let script = text_field(&call.input, "command")?;
                     self.environment.check(&crate::config::COMMAND_PATH)?;
                     let variables = self.variables().await?;
-                    process::run_command(
-                        &self.workspace,
-                        command,
-                        &self.limits,
-                        self.context.fetcher.guard(),
-                        &variables.vars,
-                    )
-                    .await
+                    let command = avm_sandbox::Command {
+                        script,
+                        limits: &self.limits,
+                        guard: self.context.fetcher.guard(),
+                        env: &variables.vars,
+                    };
+                    self.workspace.run(command).await
                 }
                 .await,
             ),
             Builtin::SpawnAgent => ToolReply::error("spawn_agent is run by the agent's turn".to_owned()),
-            _ => self.call_file_tool(tool, call).await,
+            _ => ToolReply::of(self.call_file_tool(tool, &call.input).await.map(|text| (text, false))),
         }
     }
 
@@ -490,21 +456,38 @@ impl Toolbox {
         self.tools.contains(&tool)
     }
 
-    /// Runs a file tool, off the async threads.
-    async fn call_file_tool(&self, tool: Builtin, call: &ToolCall) -> ToolReply {
-        if let Err(failure) = self.workspace.load().await {
-            return ToolReply::error(failure);
-        }
-        let workspace = self.workspace.clone();
-        let input = call.input.clone();
-        let run = tokio::task::spawn_blocking(move || {
-            workspace.ensure()?;
-            files::run(tool, &workspace, &input)
-        });
-        match run.await {
-            Ok(Ok(text)) => ToolReply::ok(text),
-            Ok(Err(failure)) => ToolReply::error(failure),
-            Err(err) => ToolReply::error(format!("the tool stopped unexpectedly: {err}")),
+    /// Runs a file tool; the text is what the model reads.
+    async fn call_file_tool(&self, tool: Builtin, input: &Value) -> Result<String, String> {
+        self.workspace.load().await?;
+        let files: &dyn FileSystem = &self.workspace;
+        match tool {
+            Builtin::ReadFile => files.read(text_field(input, "path")?).await,
+            Builtin::WriteFile => {
+                let (path, content) = (text_field(input, "path")?, text_field(input, "content")?);
+                files.write(path, content).await?;
+                Ok(format!("wrote {} bytes to {path}", content.len()))
+            }
+            Builtin::EditFile => {
+                let path = text_field(input, "path")?;
+                files
+                    .edit(path, text_field(input, "old")?, text_field(input, "new")?)
+                    .await?;
+                Ok(format!("edited {path}"))
+            }
+            Builtin::ListFiles => {
+                files
+                    .list(input.get("path").and_then(Value::as_str).unwrap_or(""))
+                    .await
+            }
+            Builtin::SearchFiles => {
+                let text = text_field(input, "text")?;
+                files
+                    .search(input.get("path").and_then(Value::as_str).unwrap_or(""), text)
+                    .await
+            }
+            Builtin::RunCommand | Builtin::FetchUrl | Builtin::SpawnAgent => {
+                Err(format!("{} is not a file tool", tool.name()))
+            }
         }
     }
 }

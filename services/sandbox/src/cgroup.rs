@@ -16,7 +16,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::config::SandboxLimits;
+use crate::SandboxLimits;
 
 /// Where the v1 hierarchies are mounted.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";

@@ -27,9 +27,8 @@ use std::process::Stdio;
 
 use tokio::process::Command;
 
-use super::egress::{self, Egress};
-use crate::config::SandboxLimits;
-use crate::error::RuntimeError;
+use crate::SandboxLimits;
+use crate::egress::{self, Egress};
 
 /// Says why a command cannot be isolated here.
 pub(super) const NO_ISOLATION: &str = "this server cannot isolate commands (no user, mount or PID \
@@ -93,7 +92,7 @@ const OWN: [&str; 4] = [WORKSPACE, TMP, "/proc", "/dev"];
 
 /// Refuses `[runtime.sandbox] expose` paths that are not absolute, hold
 /// `..`, or would expose the whole host or cover the command's own places.
-pub(crate) fn check_config(limits: &SandboxLimits) -> Result<(), RuntimeError> {
+pub fn check_config(limits: &SandboxLimits) -> Result<(), String> {
     for path in &limits.expose {
         let plain = path.is_absolute() && path.components().all(|part| !matches!(part, Component::ParentDir));
         let why = if !plain {
@@ -106,9 +105,9 @@ pub(crate) fn check_config(limits: &SandboxLimits) -> Result<(), RuntimeError> {
             None
         };
         if let Some(why) = why {
-            return Err(RuntimeError::invalid(
-                "INVALID_CONFIG",
-                format!("[runtime.sandbox] expose: {:?} {why}", path.display().to_string()),
+            return Err(format!(
+                "[runtime.sandbox] expose: {:?} {why}",
+                path.display().to_string()
             ));
         }
     }
@@ -150,7 +149,7 @@ async fn probe(words: Vec<String>, dir: &Path) -> bool {
 /// Refuses a command these limits cannot be kept for on this server; `dir`
 /// is its workspace, made already (the first call makes a command there
 /// that does nothing, once).
-pub(super) async fn check(limits: &SandboxLimits, dir: &Path) -> Result<(), String> {
+pub async fn check(limits: &SandboxLimits, dir: &Path) -> Result<(), String> {
     static ISOLATED: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
     static RELAYED: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
     static OFFLINE: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();

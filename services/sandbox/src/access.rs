@@ -5,7 +5,7 @@ use std::io::Read;
 
 use nix::sys::stat::{FileStat, SFlag};
 
-use super::workspace::{Workspace, WorkspaceError, checked_path, entries, kind};
+use crate::workspace::{Workspace, WorkspaceError, checked_path, entries, kind};
 
 /// Largest file a client reads or writes through the workspace routes.
 pub const MAX_TRANSFER_BYTES: u64 = 1024 * 1024;
@@ -172,10 +172,8 @@ mod tests {
     /// tools', opens beneath the workspace through no link at all.
     #[test]
     fn a_directory_swapped_for_a_link_never_redirects_a_file_operation() {
+        use crate::files;
         use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
-        use serde_json::json;
-
-        use crate::tools::{Builtin, files};
 
         let temp = tempfile::tempdir().unwrap();
         let data = temp.path().join("data");
@@ -213,17 +211,14 @@ mod tests {
                 served += 1;
             }
             let _ = write(&ws, "w/x", b"planted");
-            let tool = |tool, input| files::run(tool, &ws, &input).unwrap_or_else(|failure| failure);
-            let read_by_tool = tool(Builtin::ReadFile, json!({"path": "d/admin.key"}));
+            let or_failure = |result: Result<String, String>| result.unwrap_or_else(|failure| failure);
+            let read_by_tool = or_failure(files::read_file(&ws, "d/admin.key"));
             assert!(!read_by_tool.contains("the-admin-key"), "round {round}: {read_by_tool}");
-            let _ = tool(Builtin::WriteFile, json!({"path": "w/y", "content": "planted"}));
-            let _ = tool(
-                Builtin::EditFile,
-                json!({"path": "d/admin.key", "old": "the", "new": "a"}),
-            );
-            let searched = tool(Builtin::SearchFiles, json!({"text": "admin"}));
+            let _ = files::write_file(&ws, "w/y", "planted");
+            let _ = files::edit_file(&ws, "d/admin.key", "the", "a");
+            let searched = or_failure(files::search_files(&ws, "", "admin"));
             assert!(!searched.contains("the-admin-key"), "round {round}: {searched}");
-            let listed = tool(Builtin::ListFiles, json!({"path": "d"}));
+            let listed = or_failure(files::list_files(&ws, "d"));
             assert!(
                 !listed.contains("workspaces"),
                 "round {round}: a listing followed the link: {listed}"

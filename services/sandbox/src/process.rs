@@ -22,22 +22,22 @@ use tokio::process::Command;
 
 use avm_common::address::AddressGuard;
 
-use super::cgroup::Cgroup;
-use super::egress::Egress;
-use super::isolation;
-use super::workspace::{ToolFailure, Workspace};
-use crate::config::SandboxLimits;
+use crate::SandboxLimits;
 #[cfg(test)]
-use crate::config::SandboxRequest;
+use crate::SandboxRequest;
+use crate::cgroup::Cgroup;
+use crate::egress::Egress;
+use crate::isolation;
+use crate::workspace::{ToolFailure, Workspace};
 
 /// Kills the command's process group when the call ends, however it ends
 /// (done, timed out, or dropped by an interrupted turn).
 #[derive(Debug)]
-pub(super) struct GroupGuard(Option<Pid>);
+struct GroupGuard(Option<Pid>);
 
 impl GroupGuard {
     /// Guards the process group a sandboxed child leads.
-    pub(super) fn of(child: &tokio::process::Child) -> Self {
+    fn of(child: &tokio::process::Child) -> Self {
         Self(child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw))
     }
 }
@@ -48,7 +48,7 @@ impl GroupGuard {
 /// runs), behind the fence `limits` ask for (check [`isolation::check`]
 /// first), with a clean environment, in a process group of its own, killed
 /// when dropped; the caller sets its standard streams.
-pub(super) fn sandboxed(
+fn sandboxed(
     dir: &Path,
     limits: &SandboxLimits,
     file_bytes: u64,
@@ -99,7 +99,7 @@ pub(super) fn sandboxed(
         .current_dir(dir)
         .env_clear()
         .envs(env.iter().map(|(name, value)| (name, value)))
-        .env("PATH", crate::config::COMMAND_PATH.join(":"))
+        .env("PATH", crate::COMMAND_PATH.join(":"))
         .env("HOME", home)
         .env("TMPDIR", tmp)
         .env("LANG", "C.UTF-8")
@@ -116,7 +116,7 @@ pub(super) fn sandboxed(
 
 /// Opens the network proxy of a fenced program with network (`None` for
 /// one that has none, or is not fenced and so uses the server's network).
-pub(super) fn way_out(limits: &SandboxLimits, guard: &Arc<AddressGuard>) -> Result<Option<Egress>, ToolFailure> {
+fn way_out(limits: &SandboxLimits, guard: &Arc<AddressGuard>) -> Result<Option<Egress>, ToolFailure> {
     if !(limits.isolate && limits.network) {
         return Ok(None);
     }
@@ -126,7 +126,7 @@ pub(super) fn way_out(limits: &SandboxLimits, guard: &Arc<AddressGuard>) -> Resu
 }
 
 /// Says why a sandboxed program could not start.
-pub(super) fn spawn_failure(what: &str, err: &std::io::Error) -> String {
+fn spawn_failure(what: &str, err: &std::io::Error) -> String {
     match err.kind() {
         std::io::ErrorKind::NotFound => format!("{what} needs `prlimit` (util-linux) on the server"),
         _ => format!("cannot start {what}: {err}"),
@@ -135,7 +135,7 @@ pub(super) fn spawn_failure(what: &str, err: &std::io::Error) -> String {
 
 impl GroupGuard {
     /// Kills the group now (again when dropped: harmless).
-    pub(super) fn kill(&self) {
+    fn kill(&self) {
         if let Some(group) = self.0 {
             // ESRCH: the group is gone already.
             let _ = killpg(group, Signal::SIGKILL);
@@ -147,6 +147,48 @@ impl Drop for GroupGuard {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A long-lived program run in a workspace behind the same fence as a
+/// command (a stdio MCP server): its standard streams are piped; it and
+/// everything it started are killed when this is dropped.
+#[derive(Debug)]
+pub struct Server {
+    pub child: tokio::process::Child,
+    _group: GroupGuard,
+    _cgroup: Option<Cgroup>,
+    /// Its network proxy, open while it runs.
+    _egress: Option<Egress>,
+}
+
+/// Starts `program` with `args` in the (made) workspace under `limits`; it
+/// sees `env` (the sandbox's variables) and then `own` (its own).
+pub async fn serve(
+    workspace: &Workspace,
+    program: &str,
+    args: &[String],
+    limits: &SandboxLimits,
+    guard: &Arc<AddressGuard>,
+    env: &[(String, String)],
+    own: &std::collections::BTreeMap<String, String>,
+) -> Result<Server, ToolFailure> {
+    workspace.ensure()?;
+    isolation::check(limits, workspace.dir()).await?;
+    let file_bytes = limits.file_mb.saturating_mul(1024 * 1024);
+    let egress = way_out(limits, guard)?;
+    let (mut command, cgroup) = sandboxed(workspace.dir(), limits, file_bytes, program, args, egress.as_ref(), env);
+    command
+        .envs(own)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = command.spawn().map_err(|err| spawn_failure("an MCP server", &err))?;
+    Ok(Server {
+        _group: GroupGuard::of(&child),
+        child,
+        _cgroup: cgroup,
+        _egress: egress,
+    })
 }
 
 /// Runs `command` in the workspace; the text says how it exited and what it
@@ -277,7 +319,7 @@ mod tests {
         super::run_command(workspace, command, &offline, &Arc::new(AddressGuard::default()), &[]).await
     }
 
-    use crate::tools::workspace::temporary as workspace;
+    use crate::workspace::temporary as workspace;
 
     #[tokio::test]
     async fn runs_in_the_workspace_with_a_clean_environment() {

@@ -4,57 +4,30 @@ use std::fs;
 use std::io::Read;
 
 use nix::sys::stat::SFlag;
-use serde_json::Value;
 
-use super::workspace::{ToolFailure, Workspace, WorkspaceDir, WorkspaceError, checked_path, entries, joined, kind};
-use super::{Builtin, text_field};
+use crate::workspace::{ToolFailure, Workspace, WorkspaceDir, WorkspaceError, checked_path, entries, joined, kind};
 
 /// Largest file `read_file` and `edit_file` read, and `write_file` writes.
 pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
 /// Most entries `list_files` shows.
 const MAX_ENTRIES: usize = 1000;
 
-/// Runs a file tool; the text is what the model reads.
-pub fn run(tool: Builtin, workspace: &Workspace, input: &Value) -> Result<String, ToolFailure> {
-    match tool {
-        Builtin::ReadFile => read_file(workspace, text_field(input, "path")?),
-        Builtin::WriteFile => {
-            let (path, content) = (text_field(input, "path")?, text_field(input, "content")?);
-            write_file(workspace, path, content)?;
-            Ok(format!("wrote {} bytes to {path}", content.len()))
-        }
-        Builtin::EditFile => {
-            let path = text_field(input, "path")?;
-            let (old, new) = (text_field(input, "old")?, text_field(input, "new")?);
-            let text = read_file(workspace, path)?;
-            if old.is_empty() {
-                return Err("`old` must not be empty".to_owned());
-            }
-            match text.matches(old).count() {
-                0 => return Err(format!("{path}: `old` was not found")),
-                1 => {}
-                count => {
-                    return Err(format!(
-                        "{path}: `old` occurs {count} times; give more context so that it occurs once"
-                    ));
-                }
-            }
-            write_file(workspace, path, &text.replacen(old, new, 1))?;
-            Ok(format!("edited {path}"))
-        }
-        Builtin::ListFiles => {
-            let path = input.get("path").and_then(Value::as_str).unwrap_or("");
-            list_files(workspace, path)
-        }
-        Builtin::SearchFiles => {
-            let text = text_field(input, "text")?;
-            let path = input.get("path").and_then(Value::as_str).unwrap_or("");
-            search_files(workspace, path, text)
-        }
-        Builtin::RunCommand | Builtin::FetchUrl | Builtin::SpawnAgent => {
-            Err(format!("{} is not a file tool", tool.name()))
+/// Replaces the one occurrence of `old` in the text file at `path` with `new`.
+pub fn edit_file(workspace: &Workspace, path: &str, old: &str, new: &str) -> Result<(), ToolFailure> {
+    let text = read_file(workspace, path)?;
+    if old.is_empty() {
+        return Err("`old` must not be empty".to_owned());
+    }
+    match text.matches(old).count() {
+        0 => return Err(format!("{path}: `old` was not found")),
+        1 => {}
+        count => {
+            return Err(format!(
+                "{path}: `old` occurs {count} times; give more context so that it occurs once"
+            ));
         }
     }
+    write_file(workspace, path, &text.replacen(old, new, 1))
 }
 
 /// Opens the workspace; a tool runs after it was made.
@@ -77,7 +50,7 @@ fn read_capped(file: fs::File, limit: u64, path: &str) -> Result<Vec<u8>, ToolFa
     Ok(bytes)
 }
 
-fn read_file(workspace: &Workspace, path: &str) -> Result<String, ToolFailure> {
+pub fn read_file(workspace: &Workspace, path: &str) -> Result<String, ToolFailure> {
     let relative = checked_path(path).map_err(|refusal| refusal.describe(path))?;
     let root = opened(workspace, path)?;
     let (file, stat) = root.open_file(&relative).map_err(|refusal| refusal.describe(path))?;
@@ -91,7 +64,7 @@ fn read_file(workspace: &Workspace, path: &str) -> Result<String, ToolFailure> {
     String::from_utf8(bytes).map_err(|_| format!("{path}: not UTF-8 text"))
 }
 
-fn write_file(workspace: &Workspace, path: &str, content: &str) -> Result<(), ToolFailure> {
+pub fn write_file(workspace: &Workspace, path: &str, content: &str) -> Result<(), ToolFailure> {
     if content.len() as u64 > MAX_FILE_BYTES {
         return Err(format!(
             "content of {} bytes is more than the {MAX_FILE_BYTES} bytes a file may have",
@@ -109,7 +82,7 @@ fn write_file(workspace: &Workspace, path: &str, content: &str) -> Result<(), To
     Ok(())
 }
 
-fn list_files(workspace: &Workspace, path: &str) -> Result<String, ToolFailure> {
+pub fn list_files(workspace: &Workspace, path: &str) -> Result<String, ToolFailure> {
     let relative = checked_path(path).map_err(|refusal| refusal.describe(path))?;
     let root = opened(workspace, path)?;
     let shown = if relative.is_empty() { "." } else { relative.as_str() };
@@ -156,7 +129,7 @@ const MAX_VISITED: usize = 10_000;
 /// Every directory and file is opened beneath the workspace's descriptor;
 /// symbolic links, files with several hard links, files over
 /// [`MAX_FILE_BYTES`] and files that are not UTF-8 are passed over.
-fn search_files(workspace: &Workspace, path: &str, needle: &str) -> Result<String, ToolFailure> {
+pub fn search_files(workspace: &Workspace, path: &str, needle: &str) -> Result<String, ToolFailure> {
     if needle.is_empty() {
         return Err("`text` must not be empty".to_owned());
     }
@@ -241,46 +214,29 @@ fn answer(matches: &[String], needle: &str, more: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn write_read_edit_and_list() {
-        let (_temp, ws) = crate::tools::workspace::temporary();
-        let run = |tool, input: Value| run(tool, &ws, &input);
-        assert_eq!(
-            run(Builtin::WriteFile, json!({"path": "notes/a.txt", "content": "one two"})).unwrap(),
-            "wrote 7 bytes to notes/a.txt"
-        );
-        assert_eq!(
-            run(Builtin::ReadFile, json!({"path": "notes/a.txt"})).unwrap(),
-            "one two"
-        );
-        run(
-            Builtin::EditFile,
-            json!({"path": "notes/a.txt", "old": "two", "new": "2"}),
-        )
-        .unwrap();
-        assert_eq!(run(Builtin::ReadFile, json!({"path": "notes/a.txt"})).unwrap(), "one 2");
-        let err = run(
-            Builtin::EditFile,
-            json!({"path": "notes/a.txt", "old": "three", "new": "3"}),
-        )
-        .unwrap_err();
+        let (_temp, ws) = crate::workspace::temporary();
+        write_file(&ws, "notes/a.txt", "one two").unwrap();
+        assert_eq!(read_file(&ws, "notes/a.txt").unwrap(), "one two");
+        edit_file(&ws, "notes/a.txt", "two", "2").unwrap();
+        assert_eq!(read_file(&ws, "notes/a.txt").unwrap(), "one 2");
+        let err = edit_file(&ws, "notes/a.txt", "three", "3").unwrap_err();
         assert!(err.contains("not found"), "{err}");
-        assert_eq!(run(Builtin::ListFiles, json!({})).unwrap(), "notes/");
-        assert_eq!(run(Builtin::ListFiles, json!({"path": "notes"})).unwrap(), "a.txt");
-        assert_eq!(
-            run(Builtin::ReadFile, json!({"path": 3})).unwrap_err(),
-            "`path` must be a string"
-        );
-        assert!(run(Builtin::ReadFile, json!({"path": "../ws/notes/a.txt"})).is_err());
-        assert!(run(Builtin::WriteFile, json!({"path": "/tmp/x", "content": ""})).is_err());
+        write_file(&ws, "notes/b.txt", "x x").unwrap();
+        let err = edit_file(&ws, "notes/b.txt", "x", "y").unwrap_err();
+        assert!(err.contains("occurs 2 times"), "{err}");
+        assert!(edit_file(&ws, "notes/b.txt", "", "y").is_err());
+        assert_eq!(list_files(&ws, "").unwrap(), "notes/");
+        assert_eq!(list_files(&ws, "notes").unwrap(), "a.txt\nb.txt");
+        assert!(read_file(&ws, "../ws/notes/a.txt").is_err());
+        assert!(write_file(&ws, "/tmp/x", "").is_err());
     }
 
     #[test]
     fn search_finds_lines_inside_and_passes_links_over() {
-        let (temp, ws) = crate::tools::workspace::temporary();
-        let run = |input: Value| run(Builtin::SearchFiles, &ws, &input);
+        let (temp, ws) = crate::workspace::temporary();
         std::fs::create_dir_all(ws.dir().join("src/deep")).unwrap();
         std::fs::write(ws.dir().join("src/a.rs"), "fn main() {}\n// TODO: tidy\n").unwrap();
         std::fs::write(ws.dir().join("src/deep/b.rs"), "no\nTODO twice\n").unwrap();
@@ -288,15 +244,15 @@ mod tests {
         std::os::unix::fs::symlink(temp.path(), ws.dir().join("out")).unwrap();
         std::fs::hard_link(temp.path().join("outside.txt"), ws.dir().join("hard.txt")).unwrap();
         assert_eq!(
-            run(json!({"text": "TODO"})).unwrap(),
+            search_files(&ws, "", "TODO").unwrap(),
             "src/a.rs:2: // TODO: tidy\nsrc/deep/b.rs:2: TODO twice"
         );
         assert_eq!(
-            run(json!({"text": "TODO", "path": "src/deep"})).unwrap(),
+            search_files(&ws, "src/deep", "TODO").unwrap(),
             "src/deep/b.rs:2: TODO twice"
         );
-        assert_eq!(run(json!({"text": "absent"})).unwrap(), "no line contains \"absent\"");
-        assert!(run(json!({"text": "TODO", "path": "out"})).is_err());
-        assert!(run(json!({"text": ""})).is_err());
+        assert_eq!(search_files(&ws, "", "absent").unwrap(), "no line contains \"absent\"");
+        assert!(search_files(&ws, "out", "TODO").is_err());
+        assert!(search_files(&ws, "", "").is_err());
     }
 }

@@ -260,9 +260,7 @@ fn host_port(authority: &str, default: Option<u16>) -> Result<(String, u16), Str
 
 /// Connects to `host:port` if the guard lets every address of it through.
 async fn connect(guard: &AddressGuard, host: &str, port: u16) -> Result<TcpStream, (u16, String)> {
-    let addrs = super::fetch::resolve_checked(guard, host)
-        .await
-        .map_err(|err| (403, err.to_string()))?;
+    let addrs = guard.resolve(host).await.map_err(|err| (403, err.to_string()))?;
     let addrs: Vec<SocketAddr> = addrs.into_iter().map(|addr| SocketAddr::new(addr.ip(), port)).collect();
     if addrs.is_empty() {
         return Err((502, format!("{host} has no address")));

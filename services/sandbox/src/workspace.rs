@@ -23,6 +23,8 @@ use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag};
 
+use crate::Disk;
+
 /// A refused path or a failed file operation, as the model is told it.
 pub type ToolFailure = String;
 
@@ -33,22 +35,11 @@ pub struct Workspace {
     /// The most bytes its files may take together.
     quota: Option<u64>,
     /// Where it persists between agents, when a workspace store is configured.
-    keeper: Option<Arc<dyn Keeper>>,
-}
-
-/// What keeps a workspace between agents (the workspace store's hold on it,
-/// which lets go when the last clone of the workspace is dropped).
-#[async_trait::async_trait]
-pub trait Keeper: Send + Sync + std::fmt::Debug {
-    /// Makes the directory hold what is kept of it, once.
-    async fn load(&self) -> Result<(), String>;
-    /// Keeps what changed since it was loaded or last saved; `false` when
-    /// nothing was written.
-    async fn save(&self) -> Result<bool, String>;
+    keeper: Option<Arc<dyn Disk>>,
 }
 
 /// Most entries a usage count visits; a workspace with more is over any quota.
-pub(super) const MAX_COUNTED_ENTRIES: usize = 100_000;
+pub const MAX_COUNTED_ENTRIES: usize = 100_000;
 
 /// Longest path a client or a tool may name, in bytes.
 const MAX_PATH_BYTES: usize = 4096;
@@ -64,7 +55,7 @@ impl Workspace {
     }
 
     /// Returns the workspace kept by `keeper` (held by its clones).
-    pub fn kept_by(mut self, keeper: impl Keeper + 'static) -> Self {
+    pub fn kept_by(mut self, keeper: impl Disk + 'static) -> Self {
         self.keeper = Some(Arc::new(keeper));
         self
     }
@@ -445,7 +436,7 @@ pub fn entries(dir: impl AsFd) -> Result<Vec<(String, FileStat)>, WorkspaceError
 
 /// Returns a made workspace in a temporary directory (kept while the guard lives).
 #[cfg(test)]
-pub(crate) fn temporary() -> (tempfile::TempDir, Workspace) {
+pub fn temporary() -> (tempfile::TempDir, Workspace) {
     let temp = tempfile::tempdir().unwrap_or_else(|err| panic!("no temporary directory: {err}"));
     let workspace = Workspace::new(temp.path().join("ws"));
     workspace.ensure().unwrap_or_else(|err| panic!("{err}"));
