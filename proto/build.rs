@@ -17,6 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "avm/resource/v1/resource.proto",
         "avm/config/v1/config.proto",
         "avm/observability/v1/observability.proto",
+        "avm/sandbox/v1/sandbox.proto",
     ];
     let fds = protox::compile(files, ["."])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);

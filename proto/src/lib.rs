@@ -118,5 +118,14 @@ pub mod observability {
     }
 }
 
+/// Sandbox service contracts (`avm.sandbox.v1`).
+pub mod sandbox {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("avm.sandbox.v1");
+        include!(concat!(env!("OUT_DIR"), "/avm.sandbox.v1.peers.rs"));
+    }
+}
+
 /// Returns the encoded descriptor set of every AgentVM service, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/avm_descriptor.bin"));

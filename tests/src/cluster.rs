@@ -82,6 +82,9 @@ pub struct Options {
     pub workspace_store: Option<String>,
     /// More host paths commands' roots hold, read-only (`[runtime.sandbox] expose`).
     pub expose: Vec<PathBuf>,
+    /// Runs commands in an `avm sandbox` child per image
+    /// (`[runtime.sandbox] provider = "process"`).
+    pub sandbox_process: bool,
     /// A configuration file a spawned `avm serve` reads (`--config`), as an
     /// operator names it on the command line.
     pub config_file: Option<PathBuf>,
@@ -115,6 +118,7 @@ impl Default for Options {
             runtimes: 1,
             workspace_store: None,
             expose: Vec::new(),
+            sandbox_process: false,
             config_file: None,
             run_as: None,
         }
@@ -577,6 +581,9 @@ impl Cluster {
         }
         config.runtime.fetch.allow.clone_from(&self.options.network_allow);
         config.runtime.sandbox.expose.clone_from(&self.options.expose);
+        if self.options.sandbox_process {
+            config.runtime.sandbox.provider = avm_sandbox::Provider::Process;
+        }
         // The executable in this process is the test's: the relay is avm's.
         config.runtime.sandbox.relay = avm_binary().ok();
         config.runtime.workspace_store.clone_from(&self.options.workspace_store);
@@ -701,6 +708,7 @@ impl Cluster {
         if !self.options.network_allow.is_empty()
             || !self.options.mcp_commands.is_empty()
             || !self.options.expose.is_empty()
+            || self.options.sandbox_process
         {
             let mut file = toml::Table::new();
             let mut runtime = toml::Table::new();
@@ -718,13 +726,14 @@ impl Cluster {
                     toml::Value::try_from(&self.options.mcp_commands).unwrap_or(toml::Value::Array(Vec::new())),
                 )])),
             );
-            runtime.insert(
-                "sandbox".into(),
-                toml::Value::Table(toml::Table::from_iter([(
-                    "expose".to_owned(),
-                    toml::Value::try_from(&self.options.expose).unwrap_or(toml::Value::Array(Vec::new())),
-                )])),
-            );
+            let mut sandbox = toml::Table::from_iter([(
+                "expose".to_owned(),
+                toml::Value::try_from(&self.options.expose).unwrap_or(toml::Value::Array(Vec::new())),
+            )]);
+            if self.options.sandbox_process {
+                sandbox.insert("provider".into(), toml::Value::String("process".into()));
+            }
+            runtime.insert("sandbox".into(), toml::Value::Table(sandbox));
             file.insert("runtime".into(), toml::Value::Table(runtime));
             let path = self.data_dir.join("avm.toml");
             if std::fs::write(&path, file.to_string()).is_ok() {

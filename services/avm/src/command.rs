@@ -81,6 +81,11 @@ pub enum Command {
     /// Check a running process's health: exit 0 when healthy, else 1 with the reason
     /// (for container health checks; default: gRPC health of 127.0.0.1:7000).
     Health(crate::health::HealthArgs),
+    /// Run a sandbox: hold images' workspaces and run their commands for a
+    /// runtime (`[runtime.sandbox] provider = "process"` starts one per image
+    /// itself). It reads no configuration file and holds no platform secret:
+    /// only the runtime's public token key.
+    Sandbox(crate::sandbox::SandboxArgs),
     /// Inside a fenced command's namespaces: relay the command's connections
     /// to its network proxy (started by the runtime, never by hand).
     #[command(hide = true)]
@@ -118,6 +123,7 @@ impl Command {
             | Command::Whoami(_)
             | Command::Openapi
             | Command::Health(_)
+            | Command::Sandbox(_)
             | Command::SandboxRelay { .. } => {
                 return None;
             }
@@ -160,6 +166,7 @@ pub fn load_config(cli: &Cli) -> anyhow::Result<AvmConfig> {
         | Command::Whoami(_)
         | Command::Openapi
         | Command::Health(_)
+        | Command::Sandbox(_)
         | Command::SandboxRelay { .. } => {}
     }
     if !server.is_empty() {

@@ -21,6 +21,7 @@ mod command;
 pub mod config;
 mod health;
 mod roles;
+mod sandbox;
 mod storage;
 mod telemetry;
 
@@ -61,6 +62,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         println!("{}", health::check(args).await?);
         return Ok(());
     }
+    // A sandbox reads no configuration: what it needs is on its command line.
+    if let Command::Sandbox(args) = cli.command {
+        return sandbox::run(args).await;
+    }
     let config = command::load_config(&cli)?;
     if cli.print_config {
         print!("{}", avm_common::config::render(&config)?);
@@ -94,7 +99,7 @@ fn sandbox_relay(socket: &std::path::Path) -> ExitCode {
         .enable_all()
         .build()
         .map_err(anyhow::Error::from)
-        .and_then(|runtime| Ok(runtime.block_on(avm_runtime::tools::egress::relay(socket))?));
+        .and_then(|runtime| Ok(runtime.block_on(avm_sandbox::egress::relay(socket))?));
     match relayed {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

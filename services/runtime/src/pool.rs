@@ -118,6 +118,13 @@ impl AgentPool {
             mcp: config.mcp.clone(),
             credentials: Arc::new(crate::peers::StoredCredentials::new(llm.configs(), identity.clone())),
             store: crate::tools::disk::open(&config)?,
+            sandboxes: (config.sandbox.provider == avm_sandbox::Provider::Process).then(|| {
+                Arc::new(crate::tools::Launcher::new(
+                    &config.sandbox,
+                    &config.fetch.allow,
+                    &workspace_root(&config),
+                ))
+            }),
         };
         let hubs = Arc::new(Hubs::new(
             config.event_retention,
@@ -236,13 +243,7 @@ impl AgentPool {
 
     /// Returns an image's workspace (not created until a tool needs it).
     fn workspace(&self, tenant_id: &str, image_id: &str) -> Workspace {
-        let root = self
-            .inner
-            .config
-            .workspace_root
-            .clone()
-            .unwrap_or_else(|| std::env::temp_dir().join("avm-workspaces"));
-        let dir = root.join(tenant_id).join(image_id);
+        let dir = workspace_root(&self.inner.config).join(tenant_id).join(image_id);
         match &self.inner.tools.store {
             Some(store) => store.workspace(tenant_id, image_id, dir),
             None => Workspace::new(dir),
@@ -318,7 +319,7 @@ impl AgentPool {
         }
         let workspace = self.workspace(&ctx.tenant_id, image_id);
         let tools = Toolbox::new(
-            &ctx.tenant_id,
+            (&ctx.tenant_id, image_id),
             &plan.tools,
             &plan.mcp_servers,
             plan.sandbox.as_ref(),
@@ -1352,6 +1353,14 @@ fn validate_id(reason: &'static str, what: &'static str, id: &str) -> Result<(),
         return Err(RuntimeError::TooLongId { reason, what });
     }
     Ok(())
+}
+
+/// Returns where images' workspaces live.
+fn workspace_root(config: &RuntimeConfig) -> std::path::PathBuf {
+    config
+        .workspace_root
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("avm-workspaces"))
 }
 
 /// Runs a workspace access off the async threads.

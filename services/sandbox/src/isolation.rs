@@ -214,7 +214,15 @@ fn quoted_path(path: &Path) -> String {
 pub(super) fn words(limits: &SandboxLimits, dir: &Path, egress: Option<&Egress>) -> Vec<String> {
     let mut flags: Vec<&str> = Vec::new();
     if limits.isolate {
-        flags.extend(["--user", "--map-root-user", "--mount", "--pid", "--fork", "--net"]);
+        flags.extend([
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--net",
+        ]);
     } else if !limits.network {
         flags.extend(["--user", "--map-root-user", "--net"]);
     }

@@ -28,9 +28,14 @@ pub mod files;
 pub mod isolation;
 mod limits;
 pub mod process;
+pub mod service;
+pub mod sync;
+pub mod token;
 pub mod workspace;
 
-pub use limits::{COMMAND_PATH, EnvValue, HIDE_REMOVED, Removed, SandboxEnvironment, SandboxLimits, SandboxRequest};
+pub use limits::{
+    COMMAND_PATH, EnvValue, HIDE_REMOVED, Provider, Removed, SandboxEnvironment, SandboxLimits, SandboxRequest,
+};
 pub use workspace::{ToolFailure, Workspace, WorkspaceError};
 
 /// The files of one workspace, as an agent's file tools reach them. Every

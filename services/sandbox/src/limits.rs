@@ -36,13 +36,28 @@ pub struct SandboxLimits {
     /// same place: tools an operator installed outside `/usr`, say.
     pub expose: Vec<std::path::PathBuf>,
     /// The `avm` executable whose `sandbox-relay` is a fenced command's way
-    /// out to the network proxy (default: the running executable).
+    /// out to the network proxy, and whose `sandbox` is the `process`
+    /// provider's sandbox (default: the running executable).
     pub relay: Option<std::path::PathBuf>,
+    /// Where commands (and stdio MCP servers) run: `local`, in the
+    /// runtime's own process behind the fence; `process`, in an `avm
+    /// sandbox` child per image, started on its first command and stopped
+    /// when its agent goes, holding none of the runtime's secrets.
+    pub provider: Provider,
     /// Removed: a command's root holds nothing of the host's but what it is
     /// given, so there is nothing to hide. An empty list is accepted (older
     /// example files have one); any path is refused with what replaced it.
     #[serde(skip_serializing)]
     pub hide: Removed,
+}
+
+/// Where commands run (`[runtime.sandbox] provider`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    #[default]
+    Local,
+    Process,
 }
 
 /// A removed setting: absent or empty, it reads as nothing; with anything
@@ -79,6 +94,7 @@ impl Default for SandboxLimits {
             isolate: true,
             expose: Vec::new(),
             relay: None,
+            provider: Provider::Local,
             hide: Removed,
         }
     }

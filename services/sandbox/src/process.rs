@@ -58,7 +58,13 @@ fn sandboxed(
     env: &[(String, String)],
 ) -> (Command, Option<Cgroup>) {
     let cgroup = Cgroup::create(limits);
-    let mut words = isolation::words(limits, dir, egress);
+    // Killed when what started it dies (a sandbox killed mid-command): the
+    // fence's `--kill-child` takes everything behind it along.
+    let mut words: Vec<String> = ["setpriv", "--pdeathsig", "KILL", "--"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    words.extend(isolation::words(limits, dir, egress));
     words.extend([
         "prlimit".to_owned(),
         format!("--cpu={}", limits.cpu_seconds),

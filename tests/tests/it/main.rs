@@ -36,6 +36,7 @@ mod resources;
 mod rest;
 mod resume;
 mod rules;
+mod sandbox_tier;
 mod scale;
 mod secrets;
 mod support;

@@ -390,6 +390,12 @@ impl McpServer {
             stale: Arc::clone(&self.stale),
         };
         match &self.spec.transport {
+            McpTransport::Stdio { .. } if reach.limits.provider != avm_sandbox::Provider::Local => Err((
+                "stdio MCP servers run only with [runtime.sandbox] provider = \"local\" for now: with a sandbox \
+                 provider they would run in the runtime, beside its secrets; use an HTTP MCP server"
+                    .to_owned(),
+                false,
+            )),
             McpTransport::Stdio { command, args, env } => {
                 reach.workspace.load().await.map_err(|why| (why, false))?;
                 let sandbox_env = reach.env.map_err(|why| (why.to_owned(), false))?;

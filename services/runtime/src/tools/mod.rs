@@ -16,6 +16,9 @@ pub(crate) mod disk;
 mod fetch;
 mod mcp;
 mod mcp_sse;
+mod remote;
+
+pub use remote::{Launcher, sandboxes_started};
 
 pub use avm_sandbox::{Env, FileSystem, Process, Workspace, access, egress};
 
@@ -197,6 +200,9 @@ pub struct ToolContext {
     /// Where workspaces persist between agents (`[runtime] workspace_store`);
     /// `None`: on this replica's disk only.
     pub store: Option<WorkspaceStore>,
+    /// What starts sandboxes (`[runtime.sandbox] provider = "process"`);
+    /// `None`: commands run in this process, behind the fence.
+    pub sandboxes: Option<Arc<Launcher>>,
 }
 
 impl std::fmt::Debug for dyn CredentialSource {
@@ -215,6 +221,8 @@ pub struct Toolbox {
     /// The built-in tools' specs, then every reachable server's tools.
     specs: Mutex<Arc<Vec<ToolSpec>>>,
     workspace: Workspace,
+    /// Where its commands run: the workspace itself, or a sandbox.
+    process: Arc<dyn Process>,
     context: ToolContext,
     /// The tenant whose secrets the sandbox's `env` names.
     tenant_id: String,
@@ -250,7 +258,7 @@ impl Toolbox {
     /// `None` for none (a tool-free agent). An unknown name, a stdio server
     /// no operator approved and an internal server address are refused.
     pub fn new(
-        tenant_id: &str,
+        (tenant_id, image_id): (&str, &str),
         names: &[String],
         servers: &[McpServerSpec],
         sandbox: Option<&SandboxRequest>,
@@ -279,7 +287,16 @@ impl Toolbox {
             None => context.limits.clone(),
         };
         let workspace = workspace.with_quota_mb(limits.disk_mb);
+        let process: Arc<dyn Process> = match &context.sandboxes {
+            Some(launcher) => Arc::new(remote::RemoteProcess::new(
+                Arc::clone(launcher),
+                image_id,
+                workspace.clone(),
+            )),
+            None => Arc::new(workspace.clone()),
+        };
         Ok(Some(Self {
+            process,
             tools,
             limits,
             servers: servers.iter().cloned().map(McpServer::new).collect(),
@@ -442,7 +459,7 @@ impl Toolbox {
                         guard: self.context.fetcher.guard(),
                         env: &variables.vars,
                     };
-                    self.workspace.run(command).await
+                    self.process.run(command).await
                 }
                 .await,
             ),
@@ -538,14 +555,15 @@ mod tests {
             mcp: McpConfig::default(),
             credentials: Arc::new(mcp::NoCredentials),
             store: None,
+            sandboxes: None,
         };
         assert!(
-            Toolbox::new("ten_a", &[], &[], None, workspace.clone(), &context)
+            Toolbox::new(("ten_a", "img_a"), &[], &[], None, workspace.clone(), &context)
                 .unwrap()
                 .is_none()
         );
         let err = Toolbox::new(
-            "ten_a",
+            ("ten_a", "img_a"),
             &["read_file".into(), "rm_rf".into()],
             &[],
             None,

@@ -1,0 +1,333 @@
+//! The `process` provider: an image's commands run in an `avm sandbox`
+//! child of the runtime, started on the image's first command and stopped
+//! (its workspace copy removed) when the agent's toolbox goes.
+//!
+//! The child holds none of the runtime's secrets: it starts with an empty
+//! environment, reads no configuration file, and is given only the public
+//! half of the runtime's token key. The runtime keeps the workspace (the
+//! file tools, clients and the workspace store use its copy): before a
+//! command it puts into the sandbox what changed in its copy since they were
+//! last alike (everything, into a new sandbox), and after it takes back what
+//! the command changed. A sandbox lost mid-command leaves the runtime's copy
+//! as it was after the last command; the next command starts a new one.
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use avm_proto::sandbox::v1::sandbox_service_client::SandboxServiceClient;
+use avm_proto::sandbox::v1::{EnvironmentVariable, PutFilesRequest, RunCommandRequest, TakeChangesRequest};
+use avm_sandbox::service::{command_limits, joined_changes, pieces};
+use avm_sandbox::sync::{self, Changes, Snapshot};
+use avm_sandbox::token::TokenSigner;
+use avm_sandbox::{Command, Process, SandboxLimits, ToolFailure, Workspace};
+use futures::StreamExt;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tonic::transport::Channel;
+
+/// How long a new sandbox may take to say where it listens.
+const START_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Largest message to or from a sandbox (pieces are 1 MiB).
+const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Sandboxes started by this process, for tests and the benchmark.
+static STARTED: AtomicU64 = AtomicU64::new(0);
+
+/// Returns how many sandboxes this process has started.
+pub fn sandboxes_started() -> u64 {
+    STARTED.load(Ordering::Relaxed)
+}
+
+/// What starts sandboxes: the `avm` executable and the token key.
+#[derive(Debug)]
+pub struct Launcher {
+    binary: PathBuf,
+    signer: TokenSigner,
+    /// The fence sandboxes apply (`isolate`, `expose`).
+    fence: SandboxLimits,
+    /// What commands' network proxy lets through although internal.
+    allow: Vec<String>,
+    /// Where sandboxes keep their workspaces, one directory each.
+    root: PathBuf,
+}
+
+impl Launcher {
+    /// Returns the launcher of the `[runtime.sandbox]` settings, with a new
+    /// token key; sandboxes keep their workspaces beside the runtime's
+    /// (`<workspace root>-sandboxes/`).
+    pub fn new(fence: &SandboxLimits, allow: &[String], workspace_root: &std::path::Path) -> Self {
+        let mut name = workspace_root.file_name().unwrap_or_default().to_owned();
+        name.push("-sandboxes");
+        Self {
+            binary: fence.relay_binary(),
+            signer: TokenSigner::random(),
+            fence: fence.clone(),
+            allow: allow.to_vec(),
+            root: workspace_root.with_file_name(name),
+        }
+    }
+
+    /// Starts a sandbox and connects to it.
+    async fn start(&self) -> Result<Live, ToolFailure> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.root)
+            .map_err(|err| format!("cannot make the sandboxes' directory: {err}"))?;
+        let root = tempfile::Builder::new()
+            .prefix("sandbox-")
+            .tempdir_in(&self.root)
+            .map_err(|err| format!("cannot make the sandbox's directory: {err}"))?;
+        let mut command = tokio::process::Command::new(&self.binary);
+        command
+            .arg("sandbox")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--root")
+            .arg(root.path())
+            .arg("--stop-with-stdin")
+            .env_clear()
+            .env("PATH", avm_sandbox::COMMAND_PATH.join(":"))
+            .env("AVM_SANDBOX_TOKEN_KEY", self.signer.public_key())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        if !self.fence.isolate {
+            command.arg("--no-isolate");
+        }
+        for path in &self.fence.expose {
+            command.arg("--expose").arg(path);
+        }
+        command.arg("--relay").arg(&self.binary);
+        let mut child = command
+            .spawn()
+            .map_err(|err| format!("cannot start a sandbox ({} sandbox): {err}", self.binary.display()))?;
+        let stdout = child.stdout.take().ok_or("the sandbox's output is missing")?;
+        let stdin = child.stdin.take().ok_or("the sandbox's input is missing")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let announced = tokio::time::timeout(START_TIMEOUT, async {
+            while let Some(line) = lines.next_line().await.ok().flatten() {
+                if let Some(url) = line.strip_prefix("listening: grpc ") {
+                    return Some(url.to_owned());
+                }
+            }
+            None
+        })
+        .await;
+        let url = match announced {
+            Ok(Some(url)) => url,
+            Ok(None) => return Err("the sandbox stopped as it started (its log says why)".to_owned()),
+            Err(_) => return Err(format!("the sandbox did not start within {START_TIMEOUT:?}")),
+        };
+        // What it prints later is drained, so it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let channel = Channel::from_shared(url)
+            .map_err(|err| format!("the sandbox announced a bad address: {err}"))?
+            .connect()
+            .await
+            .map_err(|err| format!("cannot reach the sandbox: {err}"))?;
+        STARTED.fetch_add(1, Ordering::Relaxed);
+        Ok(Live {
+            client: SandboxServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            _child: child,
+            _stdin: stdin,
+            _root: root,
+            synced: None,
+        })
+    }
+}
+
+/// A started sandbox.
+#[derive(Debug)]
+struct Live {
+    client: SandboxServiceClient<Channel>,
+    /// Killed when dropped.
+    _child: tokio::process::Child,
+    /// Held open: the sandbox stops when it closes (when this process ends,
+    /// however it ends).
+    _stdin: tokio::process::ChildStdin,
+    /// Its workspaces, removed when dropped.
+    _root: tempfile::TempDir,
+    /// What the runtime's copy held when the two were last alike; `None`
+    /// before the first put.
+    synced: Option<Snapshot>,
+}
+
+/// One image's commands, run in a sandbox of its own.
+#[derive(Debug)]
+pub struct RemoteProcess {
+    launcher: Arc<Launcher>,
+    image_id: String,
+    /// The runtime's copy.
+    workspace: Workspace,
+    live: tokio::sync::Mutex<Option<Live>>,
+}
+
+impl RemoteProcess {
+    /// Returns the commands of `image_id`'s workspace; no sandbox is started yet.
+    pub fn new(launcher: Arc<Launcher>, image_id: &str, workspace: Workspace) -> Self {
+        Self {
+            launcher,
+            image_id: image_id.to_owned(),
+            workspace,
+            live: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Returns `message` with this image's token.
+    fn signed<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        let token = format!("Bearer {}", self.launcher.signer.issue(&self.image_id));
+        if let Ok(value) = token.parse() {
+            request.metadata_mut().insert("authorization", value);
+        }
+        request
+    }
+
+    /// Puts into the sandbox what changed in the runtime's copy since they
+    /// were last alike (everything, the first time).
+    async fn put(&self, live: &mut Live) -> Result<(), Lost> {
+        let workspace = self.workspace.clone();
+        let before = live.synced.clone();
+        let (changes, now) = blocking(move || {
+            let now = sync::snapshot(&workspace)?;
+            let changes = sync::changes(&workspace, before.as_ref().unwrap_or(&Snapshot::new()), &now)?;
+            Ok((changes, now))
+        })
+        .await
+        .map_err(Lost)?;
+        let reset = live.synced.is_none();
+        if changes.is_empty() && !reset {
+            return Ok(());
+        }
+        for (index, (files, removed)) in pieces(changes).into_iter().enumerate() {
+            let request = self.signed(PutFilesRequest {
+                image_id: self.image_id.clone(),
+                reset: reset && index == 0,
+                files,
+                removed,
+            });
+            live.client.put_files(request).await.map_err(lost)?;
+        }
+        live.synced = Some(now);
+        Ok(())
+    }
+
+    /// Takes back what the command changed into the runtime's copy.
+    async fn take(&self, live: &mut Live) -> Result<(), Lost> {
+        let mut stream = live
+            .client
+            .take_changes(self.signed(TakeChangesRequest {
+                image_id: self.image_id.clone(),
+            }))
+            .await
+            .map_err(lost)?
+            .into_inner();
+        let (mut files, mut removed) = (Vec::new(), Vec::new());
+        while let Some(piece) = stream.next().await {
+            let piece = piece.map_err(lost)?;
+            files.extend(piece.files);
+            removed.extend(piece.removed);
+        }
+        let changes: Changes = joined_changes(files, removed);
+        let workspace = self.workspace.clone();
+        let now = blocking(move || {
+            if !changes.is_empty() {
+                sync::apply(&workspace, &changes, false)?;
+            }
+            sync::snapshot(&workspace)
+        })
+        .await
+        .map_err(Lost)?;
+        live.synced = Some(now);
+        Ok(())
+    }
+
+    /// Runs a command; `Err` when the sandbox failed (the command's own
+    /// failures are `Ok(Err(..))`).
+    async fn run_in(&self, live: &mut Live, command: Command<'_>) -> Result<Result<(String, bool), ToolFailure>, Lost> {
+        self.put(live).await?;
+        let request = RunCommandRequest {
+            image_id: self.image_id.clone(),
+            command: command.script.to_owned(),
+            limits: Some(command_limits(command.limits, &self.launcher.allow)),
+            env: command
+                .env
+                .iter()
+                .map(|(name, value)| EnvironmentVariable {
+                    name: name.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+        };
+        let mut request = self.signed(request);
+        request.set_timeout(Duration::from_secs(command.limits.timeout_seconds.max(1) + 30));
+        let ran = live.client.run_command(request).await.map_err(lost)?.into_inner();
+        self.take(live).await?;
+        if ran.refused {
+            return Ok(Err(ran.text));
+        }
+        Ok(Ok((ran.text, ran.failed)))
+    }
+}
+
+#[async_trait::async_trait]
+impl Process for RemoteProcess {
+    async fn run(&self, command: Command<'_>) -> Result<(String, bool), ToolFailure> {
+        if command.script.trim().is_empty() {
+            return Err("`command` must not be empty".to_owned());
+        }
+        let mut live = self.live.lock().await;
+        if live.is_none() {
+            *live = Some(self.launcher.start().await?);
+        }
+        let Some(sandbox) = live.as_mut() else {
+            return Err("the sandbox is not there".to_owned());
+        };
+        match self.run_in(sandbox, command).await {
+            Ok(ran) => ran,
+            Err(Lost(why)) => {
+                // Killed with its copy of the workspace: the next command starts another.
+                *live = None;
+                Err(why)
+            }
+        }
+    }
+}
+
+/// A sandbox that failed a call: it is stopped; the text is what the model reads.
+#[derive(Debug)]
+struct Lost(ToolFailure);
+
+/// Says a sandbox failed a call.
+fn lost(status: tonic::Status) -> Lost {
+    Lost(lost_text(&status))
+}
+
+fn lost_text(status: &tonic::Status) -> ToolFailure {
+    match status.code() {
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Internal => format!(
+            "the command's sandbox stopped ({}); the workspace is as it was after the last command, and the next \
+             command gets a new sandbox",
+            status.message()
+        ),
+        tonic::Code::DeadlineExceeded => "the command's sandbox did not answer in time and was stopped".to_owned(),
+        _ => format!("the command's sandbox refused it: {}", status.message()),
+    }
+}
+
+/// Runs file work off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ToolFailure> + Send + 'static,
+) -> Result<T, ToolFailure> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|err| Err(format!("the workspace sync stopped: {err}")))
+}

@@ -1,0 +1,397 @@
+//! The `avm.sandbox.v1` service: an `avm sandbox` process's workspaces and
+//! the commands run in them. It answers the runtime only (every call needs
+//! a token for the image it names) and reaches nothing itself but the
+//! network its commands' proxy lets through.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use avm_common::address::AddressGuard;
+use avm_proto::sandbox::v1::sandbox_service_server::SandboxService;
+use avm_proto::sandbox::v1::{
+    CommandLimits, PutFilesRequest, PutFilesResponse, ReleaseWorkspaceRequest, ReleaseWorkspaceResponse,
+    RunCommandRequest, RunCommandResponse, TakeChangesRequest, TakeChangesResponse, WorkspaceFile,
+};
+use tonic::{Request, Response, Status};
+
+use crate::sync::{self, Changes, Made, Snapshot};
+use crate::token::TokenVerifier;
+use crate::{Command, Process, SandboxLimits, Workspace};
+
+/// Largest piece of a file in one message.
+pub const PIECE_BYTES: usize = 1024 * 1024;
+
+/// One image's workspace here, and what it held when it was last alike
+/// with the runtime's copy.
+#[derive(Debug)]
+struct Held {
+    workspace: Workspace,
+    synced: Snapshot,
+}
+
+/// The sandbox service.
+#[derive(Debug)]
+pub struct Sandbox {
+    /// Where workspaces are made, one directory per image.
+    root: PathBuf,
+    verifier: TokenVerifier,
+    /// This sandbox's fence (`isolate`, `expose`, `relay`); a command's
+    /// limits are the runtime's.
+    fence: SandboxLimits,
+    held: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Held>>>>,
+}
+
+impl Sandbox {
+    /// Returns the sandbox keeping workspaces under `root`, serving tokens
+    /// `verifier` accepts, fencing commands as `fence` says.
+    pub fn new(root: PathBuf, verifier: TokenVerifier, fence: SandboxLimits) -> Self {
+        Self {
+            root,
+            verifier,
+            fence,
+            held: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Returns the number of workspaces held.
+    pub fn workspaces(&self) -> usize {
+        self.held.lock().unwrap_or_else(|poison| poison.into_inner()).len()
+    }
+
+    /// Checks the call's token for `image_id` and returns its workspace.
+    fn authorized<T>(&self, request: &Request<T>, image_id: &str) -> Result<Arc<tokio::sync::Mutex<Held>>, Status> {
+        if !avm_common::ids::is_plain_name(image_id) || image_id.starts_with('.') {
+            return Err(Status::invalid_argument("image_id must be an image id"));
+        }
+        let token = request
+            .metadata()
+            .get("authorization")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .ok_or_else(|| Status::unauthenticated("a sandbox token is required"))?;
+        self.verifier
+            .check(token, image_id)
+            .map_err(Status::permission_denied)?;
+        let mut held = self.held.lock().unwrap_or_else(|poison| poison.into_inner());
+        let entry = held.entry(image_id.to_owned()).or_insert_with(|| {
+            Arc::new(tokio::sync::Mutex::new(Held {
+                workspace: Workspace::new(self.root.join(image_id)),
+                synced: Snapshot::new(),
+            }))
+        });
+        Ok(Arc::clone(entry))
+    }
+}
+
+/// Returns the changes pieces of files carry (pieces of one file joined).
+pub fn joined_changes(files: Vec<WorkspaceFile>, removed: Vec<String>) -> Changes {
+    let mut made: Vec<Made> = Vec::with_capacity(files.len());
+    for file in files {
+        match made.last_mut() {
+            Some(last) if file.append && last.path == file.path && !last.directory => {
+                last.content.extend_from_slice(&file.content);
+            }
+            _ => made.push(Made {
+                path: file.path,
+                directory: file.directory,
+                content: file.content,
+                executable: file.executable,
+            }),
+        }
+    }
+    Changes { made, removed }
+}
+
+/// Returns changes as messages of at most about [`PIECE_BYTES`] each.
+pub fn pieces(changes: Changes) -> Vec<(Vec<WorkspaceFile>, Vec<String>)> {
+    let mut messages = Vec::new();
+    let mut files = Vec::new();
+    let mut bytes = 0_usize;
+    for made in changes.made {
+        let mut chunks: Vec<&[u8]> = made.content.chunks(PIECE_BYTES).collect();
+        if chunks.is_empty() {
+            chunks.push(&[]);
+        }
+        for (index, chunk) in chunks.into_iter().enumerate() {
+            if bytes + chunk.len() > PIECE_BYTES && !files.is_empty() {
+                messages.push((std::mem::take(&mut files), Vec::new()));
+                bytes = 0;
+            }
+            bytes += chunk.len();
+            files.push(WorkspaceFile {
+                path: made.path.clone(),
+                directory: made.directory,
+                content: chunk.to_vec(),
+                append: index > 0,
+                executable: made.executable,
+            });
+        }
+    }
+    messages.push((files, changes.removed));
+    messages
+}
+
+/// Returns the limits of a command: the runtime's, within this sandbox's fence.
+pub fn limits_of(fence: &SandboxLimits, limits: Option<&CommandLimits>) -> SandboxLimits {
+    let Some(limits) = limits else { return fence.clone() };
+    let or = |asked: u64, default: u64| if asked == 0 { default } else { asked };
+    SandboxLimits {
+        timeout_seconds: or(limits.timeout_seconds, fence.timeout_seconds),
+        cpu_seconds: or(limits.cpu_seconds, fence.cpu_seconds),
+        memory_mb: or(limits.memory_mb, fence.memory_mb),
+        processes: or(limits.processes, fence.processes),
+        file_mb: or(limits.file_mb, fence.file_mb),
+        output_bytes: usize::try_from(limits.output_bytes)
+            .map_or(fence.output_bytes, |bytes| or_usize(bytes, fence.output_bytes)),
+        disk_mb: or(limits.disk_mb, fence.disk_mb),
+        network: limits.network,
+        ..fence.clone()
+    }
+}
+
+fn or_usize(asked: usize, default: usize) -> usize {
+    if asked == 0 { default } else { asked }
+}
+
+/// Returns a command's limits as the runtime sends them.
+pub fn command_limits(limits: &SandboxLimits, allow: &[String]) -> CommandLimits {
+    CommandLimits {
+        timeout_seconds: limits.timeout_seconds,
+        cpu_seconds: limits.cpu_seconds,
+        memory_mb: limits.memory_mb,
+        processes: limits.processes,
+        file_mb: limits.file_mb,
+        output_bytes: limits.output_bytes as u64,
+        disk_mb: limits.disk_mb,
+        network: limits.network,
+        allow: allow.to_vec(),
+    }
+}
+
+/// Runs blocking file work off the async threads.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, Status> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|err| Status::internal(format!("the sandbox's file work stopped: {err}")))?
+        .map_err(Status::failed_precondition)
+}
+
+#[tonic::async_trait]
+impl SandboxService for Sandbox {
+    type TakeChangesStream = avm_proto::BoxStream<TakeChangesResponse>;
+
+    async fn put_files(&self, request: Request<PutFilesRequest>) -> Result<Response<PutFilesResponse>, Status> {
+        let held = self.authorized(&request, &request.get_ref().image_id)?;
+        let request = request.into_inner();
+        let mut held = held.lock_owned().await;
+        let workspace = held.workspace.clone();
+        let changes = joined_changes(request.files, request.removed);
+        let reset = request.reset;
+        let synced = blocking(move || {
+            sync::apply(&workspace, &changes, reset)?;
+            sync::snapshot(&workspace)
+        })
+        .await?;
+        held.synced = synced;
+        Ok(Response::new(PutFilesResponse {}))
+    }
+
+    async fn run_command(&self, request: Request<RunCommandRequest>) -> Result<Response<RunCommandResponse>, Status> {
+        let held = self.authorized(&request, &request.get_ref().image_id)?;
+        let request = request.into_inner();
+        let limits = limits_of(&self.fence, request.limits.as_ref());
+        let allow = request.limits.map(|limits| limits.allow).unwrap_or_default();
+        let guard = Arc::new(AddressGuard::new(&allow).map_err(|err| Status::invalid_argument(err.message))?);
+        let env: Vec<(String, String)> = request.env.into_iter().map(|var| (var.name, var.value)).collect();
+        let workspace = held.lock().await.workspace.clone().with_quota_mb(limits.disk_mb);
+        let command = Command {
+            script: &request.command,
+            limits: &limits,
+            guard: &guard,
+            env: &env,
+        };
+        let response = match workspace.run(command).await {
+            Ok((text, failed)) => RunCommandResponse {
+                text,
+                failed,
+                refused: false,
+            },
+            Err(why) => RunCommandResponse {
+                text: why,
+                failed: true,
+                refused: true,
+            },
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn take_changes(
+        &self,
+        request: Request<TakeChangesRequest>,
+    ) -> Result<Response<Self::TakeChangesStream>, Status> {
+        let held = self.authorized(&request, &request.get_ref().image_id)?;
+        let mut held = held.lock_owned().await;
+        let workspace = held.workspace.clone();
+        let before = held.synced.clone();
+        let (changes, now) = blocking(move || {
+            let now = sync::snapshot(&workspace)?;
+            Ok((sync::changes(&workspace, &before, &now)?, now))
+        })
+        .await?;
+        held.synced = now;
+        let messages = pieces(changes)
+            .into_iter()
+            .map(|(files, removed)| Ok(TakeChangesResponse { files, removed }));
+        Ok(Response::new(Box::pin(futures::stream::iter(messages))))
+    }
+
+    async fn release_workspace(
+        &self,
+        request: Request<ReleaseWorkspaceRequest>,
+    ) -> Result<Response<ReleaseWorkspaceResponse>, Status> {
+        let image_id = request.get_ref().image_id.clone();
+        let held = self.authorized(&request, &image_id)?;
+        let held = held.lock_owned().await;
+        let dir = held.workspace.dir().to_owned();
+        blocking(move || match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(err) => Err(format!("cannot remove the workspace: {err}")),
+        })
+        .await?;
+        self.held
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .remove(&image_id);
+        Ok(Response::new(ReleaseWorkspaceResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+    use crate::token::TokenSigner;
+
+    fn signed<T>(message: T, token: &str) -> Request<T> {
+        let mut request = Request::new(message);
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        request
+    }
+
+    fn file(path: &str, content: &str) -> WorkspaceFile {
+        WorkspaceFile {
+            path: path.to_owned(),
+            content: content.as_bytes().to_vec(),
+            ..WorkspaceFile::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn each_call_needs_a_token_for_its_own_image() {
+        let temp = tempfile::tempdir().unwrap();
+        let signer = TokenSigner::random();
+        let verifier = TokenVerifier::from_public_key(&signer.public_key()).unwrap();
+        let sandbox = Sandbox::new(temp.path().to_owned(), verifier, SandboxLimits::default());
+        let (a, b) = (signer.issue("img_a"), signer.issue("img_b"));
+        let put = |image: &str, path: &str| PutFilesRequest {
+            image_id: image.to_owned(),
+            reset: false,
+            files: vec![file(path, "kept")],
+            removed: Vec::new(),
+        };
+        sandbox.put_files(signed(put("img_a", "a.txt"), &a)).await.unwrap();
+
+        // Another image's token, no token, another runtime's token, a bad id.
+        let refused = sandbox.put_files(signed(put("img_a", "x.txt"), &b)).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+        let refused = sandbox
+            .put_files(Request::new(put("img_a", "x.txt")))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+        let foreign = TokenSigner::random().issue("img_a");
+        let refused = sandbox
+            .put_files(signed(put("img_a", "x.txt"), &foreign))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        for bad in ["..", "../img_a", "img_a/x", "", &"i".repeat(20_000), "img\0a"] {
+            let token = signer.issue(bad);
+            let refused = sandbox.put_files(signed(put(bad, "x.txt"), &token)).await.unwrap_err();
+            assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{bad:?}");
+        }
+        assert!(!temp.path().join("img_a/x.txt").exists());
+
+        // Image B's workspace holds nothing of A's, and A's changes are A's.
+        let take = |image: &str, token: &str| {
+            signed(
+                TakeChangesRequest {
+                    image_id: image.to_owned(),
+                },
+                token,
+            )
+        };
+        let mut changes = sandbox.take_changes(take("img_b", &b)).await.unwrap().into_inner();
+        let piece = changes.next().await.unwrap().unwrap();
+        assert!(piece.files.is_empty() && piece.removed.is_empty(), "{piece:?}");
+        let refused = sandbox
+            .take_changes(take("img_a", &b))
+            .await
+            .err()
+            .map(|status| status.code());
+        assert_eq!(refused, Some(tonic::Code::PermissionDenied));
+        std::fs::write(temp.path().join("img_a/made.txt"), "by a command").unwrap();
+        let mut changes = sandbox.take_changes(take("img_a", &a)).await.unwrap().into_inner();
+        let piece = changes.next().await.unwrap().unwrap();
+        let paths: Vec<&str> = piece.files.iter().map(|file| file.path.as_str()).collect();
+        assert_eq!(paths, ["made.txt"], "only what changed since the put comes back");
+
+        let release = |image: &str, token: &str| {
+            signed(
+                ReleaseWorkspaceRequest {
+                    image_id: image.to_owned(),
+                },
+                token,
+            )
+        };
+        assert!(sandbox.release_workspace(release("img_a", &b)).await.is_err());
+        assert!(temp.path().join("img_a").exists());
+        sandbox.release_workspace(release("img_a", &a)).await.unwrap();
+        assert!(!temp.path().join("img_a").exists());
+    }
+
+    #[test]
+    fn large_files_travel_in_pieces_and_are_joined_whole() {
+        let content: Vec<u8> = (0..(PIECE_BYTES * 2 + 10)).map(|i| (i % 251) as u8).collect();
+        let changes = Changes {
+            made: vec![
+                Made {
+                    path: "big.bin".to_owned(),
+                    directory: false,
+                    content: content.clone(),
+                    executable: true,
+                },
+                Made {
+                    path: "empty".to_owned(),
+                    directory: false,
+                    content: Vec::new(),
+                    executable: false,
+                },
+            ],
+            removed: vec!["gone".to_owned()],
+        };
+        let messages = pieces(changes.clone());
+        assert!(messages.len() >= 3, "{}", messages.len());
+        for (files, _) in &messages {
+            assert!(files.iter().map(|file| file.content.len()).sum::<usize>() <= PIECE_BYTES);
+        }
+        let (files, removed): (Vec<_>, Vec<_>) = messages.into_iter().unzip();
+        let joined = joined_changes(files.concat(), removed.concat());
+        assert_eq!(joined, changes);
+    }
+}

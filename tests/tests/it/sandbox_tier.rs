@@ -1,0 +1,212 @@
+//! The sandbox tier's `process` provider: an image's commands run in an
+//! `avm sandbox` child holding none of the runtime's secrets, started on the
+//! first command, stopped when the agent goes; a chat never starts one; a
+//! sandbox killed mid-command costs the command, not the workspace.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use avm_tests::cluster::{Cluster, Mode, Options};
+use avm_tests::mock_llm::MockApi;
+use serde_json::{Value, json};
+
+use crate::both_modes;
+use crate::support::{call, poll, send_and_finish, streamed_text, types};
+use crate::tools::{open_chat, start_with};
+
+/// Returns where the cluster's sandboxes keep their workspaces.
+fn sandboxes_root(cluster: &Cluster) -> PathBuf {
+    cluster.data_dir().join("workspaces-sandboxes")
+}
+
+/// Returns the live `avm sandbox` processes of this cluster (their `/proc` directories).
+fn sandboxes(cluster: &Cluster) -> Vec<PathBuf> {
+    let root = sandboxes_root(cluster);
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|proc_dir| {
+            let Ok(cmdline) = std::fs::read(proc_dir.join("cmdline")) else {
+                return false;
+            };
+            let args: Vec<&[u8]> = cmdline.split(|byte| *byte == 0).collect();
+            args.get(1) == Some(&b"sandbox".as_slice())
+                && args.windows(2).any(|pair| {
+                    pair[0] == b"--root" && Path::new(std::str::from_utf8(pair[1]).unwrap_or("")).starts_with(&root)
+                })
+                && crate::tools::is_running(proc_dir)
+        })
+        .collect()
+}
+
+/// Publishes an agent with file tools and `run_command`; returns its URI.
+async fn sandboxed_agent(cluster: &Cluster) -> anyhow::Result<String> {
+    let prompt = json!({"kind": "prompt", "name": "worker", "version": "1.0.0",
+        "content": {"template": "You work in your workspace."}});
+    let (status, created) = call(cluster, "POST", "/v1/resources", Some(prompt)).await?;
+    anyhow::ensure!(status == 201, "prompt: {created}");
+    let agent = json!({"kind": "agent", "name": "worker", "version": "1.0.0",
+        "content": {"prompt": "resource://prompts/worker@1"}});
+    let (status, created) = call(cluster, "POST", "/v1/resources", Some(agent)).await?;
+    anyhow::ensure!(status == 201, "agent: {created}");
+    Ok("resource://agents/worker@1".to_owned())
+}
+
+/// Returns the text of a turn's first tool result and whether it is an error.
+fn tool_result(frames: &[Value]) -> anyhow::Result<(String, bool)> {
+    let result = frames
+        .iter()
+        .find(|frame| frame["type"] == "tool_result")
+        .context("a tool result")?;
+    Ok((
+        result["data"]["result"].as_str().context("result text")?.to_owned(),
+        result["data"]["isError"] == true,
+    ))
+}
+
+fn run(command: &str) -> Value {
+    let input = json!({ "command": command })
+        .to_string()
+        .replace('\\', "\\\\")
+        .replace('\'', "\\'");
+    json!(format!("[mock call='run_command:{input}']"))
+}
+
+both_modes!(commands_run_in_a_sandbox_process_that_holds_no_secret, process_provider);
+
+async fn process_provider(mode: Mode) -> anyhow::Result<()> {
+    let options = Options {
+        sandbox_process: true,
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
+    let agent = sandboxed_agent(&cluster).await?;
+
+    // A chat without tools starts no sandbox.
+    let (mut chat_client, chat) = open_chat(&cluster, json!({"agent": agent})).await?;
+    send_and_finish(&mut chat_client, &chat.image_id, json!("hello")).await?;
+    assert!(sandboxes(&cluster).is_empty(), "a chat started a sandbox");
+
+    let tools = json!(["write_file", "read_file", "run_command"]);
+    let (mut client, work) = open_chat(&cluster, json!({"agent": agent, "tools": tools})).await?;
+    // What a file tool wrote reaches the command; what the command made comes back.
+    let script = r#"[mock call='write_file:{"path": "in.txt", "content": "forty two"}' call='2:run_command:{"command": "tr a-z A-Z < in.txt > out.txt && cat out.txt"}' call='3:read_file:{"path": "out.txt"}']"#;
+    let frames = send_and_finish(&mut client, &work.image_id, json!(script)).await?;
+    assert_eq!(
+        streamed_text(&frames),
+        "Tool results: FORTY TWO",
+        "{:?}",
+        types(&frames)
+    );
+    let started = sandboxes(&cluster);
+    assert_eq!(started.len(), 1, "one sandbox for the image");
+    // Clients see what the command made.
+    let over_ws = client
+        .request("workspace_read", json!({"imageId": work.image_id, "path": "out.txt"}))
+        .await?;
+    assert_eq!(over_ws["content"], "FORTY TWO", "{over_ws}");
+
+    // The sandbox's own environment holds no key, no URL, no secret of the runtime's.
+    let environ = std::fs::read(started[0].join("environ"))?;
+    let environ = String::from_utf8_lossy(&environ);
+    for secret in [
+        "AVM_AUTH",
+        "AVM_DATABASE",
+        "AVM_REDIS",
+        "LLM_",
+        avm_tests::cluster::TEST_API_KEY,
+        avm_tests::cluster::TEST_SERVICE_KEY,
+    ] {
+        assert!(!environ.contains(secret), "the sandbox holds {secret}: {environ}");
+    }
+    let admin_key = std::fs::read_to_string(cluster.data_dir().join("admin.key"))?;
+    assert!(!environ.contains(admin_key.trim()));
+    // Nor do its commands see any of it, or the data directory.
+    let peek = format!(
+        "env; cat {data}/admin.key; cat /proc/*/environ 2>/dev/null | grep -ac LLM_",
+        data = cluster.data_dir().display()
+    );
+    let frames = send_and_finish(&mut client, &work.image_id, run(&peek)).await?;
+    let (seen, _) = tool_result(&frames)?;
+    assert!(!seen.contains(admin_key.trim()), "{seen}");
+    assert!(
+        !seen.contains("AVM_") && !seen.contains(avm_tests::cluster::TEST_SERVICE_KEY),
+        "{seen}"
+    );
+    assert!(seen.contains("No such file"), "{seen}");
+    assert_eq!(
+        sandboxes(&cluster),
+        started,
+        "the same sandbox serves the image's commands"
+    );
+
+    // The agent goes: its sandbox stops, and its copy of the workspace goes with it.
+    let (status, stopped) = call(&cluster, "POST", &format!("/v1/images/{}/stop", work.image_id), None).await?;
+    assert_eq!(status, 200, "{stopped}");
+    poll(Duration::from_secs(20), "the sandbox stops with its agent", || async {
+        Ok(sandboxes(&cluster).is_empty().then_some(()))
+    })
+    .await?;
+    let left: Vec<_> = std::fs::read_dir(sandboxes_root(&cluster))?.flatten().collect();
+    assert!(left.is_empty(), "a stopped sandbox left {left:?}");
+    Ok(())
+}
+
+both_modes!(
+    a_sandbox_killed_mid_command_costs_the_command_not_the_workspace,
+    killed_sandbox
+);
+
+async fn killed_sandbox(mode: Mode) -> anyhow::Result<()> {
+    let options = Options {
+        sandbox_process: true,
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(mode, MockApi::Anthropic, options).await?;
+    let agent = sandboxed_agent(&cluster).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"agent": agent, "tools": ["run_command"]})).await?;
+    let frames = send_and_finish(&mut client, &chat.image_id, run("echo kept > kept.txt")).await?;
+    assert_eq!(tool_result(&frames)?, ("exit code 0".to_owned(), false));
+
+    client
+        .send_request(
+            "message_send",
+            json!({"imageId": chat.image_id, "content": run("echo lost > lost.txt; sleep 60")}),
+        )
+        .await?;
+    // The command runs once its file is in the sandbox's copy; then the sandbox dies.
+    poll(Duration::from_secs(20), "the command starts", || async {
+        let found = std::fs::read_dir(sandboxes_root(&cluster))?
+            .flatten()
+            .any(|sandbox| sandbox.path().join(&chat.image_id).join("lost.txt").exists());
+        Ok(found.then_some(()))
+    })
+    .await?;
+    let killed = sandboxes(&cluster);
+    assert_eq!(killed.len(), 1);
+    let pid: i32 = killed[0]
+        .file_name()
+        .and_then(|name| name.to_str())
+        .and_then(|name| name.parse().ok())
+        .context("the sandbox's pid")?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)?;
+    let frames = client.frames_until("conversation_end").await?;
+    let (text, is_error) = tool_result(&frames)?;
+    assert!(is_error, "{text}");
+    assert!(text.contains("sandbox stopped"), "{text}");
+
+    // The workspace is as the last command left it; the next command gets a new sandbox.
+    let frames = send_and_finish(&mut client, &chat.image_id, run("ls; cat kept.txt")).await?;
+    assert_eq!(
+        tool_result(&frames)?,
+        ("exit code 0\nstdout:\nkept.txt\nkept\n".to_owned(), false)
+    );
+    let now = sandboxes(&cluster);
+    assert_eq!(now.len(), 1);
+    assert_ne!(now, killed, "a new sandbox");
+    Ok(())
+}
