@@ -85,6 +85,9 @@ pub struct Options {
     /// Runs commands in an `avm sandbox` child per image
     /// (`[runtime.sandbox] provider = "process"`).
     pub sandbox_process: bool,
+    /// Claims commands' sandboxes from these `avm sandbox` addresses
+    /// (`[runtime.sandbox] provider = "pool"`, `pool`).
+    pub sandbox_pool: Vec<String>,
     /// A configuration file a spawned `avm serve` reads (`--config`), as an
     /// operator names it on the command line.
     pub config_file: Option<PathBuf>,
@@ -119,6 +122,7 @@ impl Default for Options {
             workspace_store: None,
             expose: Vec::new(),
             sandbox_process: false,
+            sandbox_pool: Vec::new(),
             config_file: None,
             run_as: None,
         }
@@ -584,6 +588,10 @@ impl Cluster {
         if self.options.sandbox_process {
             config.runtime.sandbox.provider = avm_sandbox::Provider::Process;
         }
+        if !self.options.sandbox_pool.is_empty() {
+            config.runtime.sandbox.provider = avm_sandbox::Provider::Pool;
+            config.runtime.sandbox.pool.clone_from(&self.options.sandbox_pool);
+        }
         // The executable in this process is the test's: the relay is avm's.
         config.runtime.sandbox.relay = avm_binary().ok();
         config.runtime.workspace_store.clone_from(&self.options.workspace_store);
@@ -709,6 +717,7 @@ impl Cluster {
             || !self.options.mcp_commands.is_empty()
             || !self.options.expose.is_empty()
             || self.options.sandbox_process
+            || !self.options.sandbox_pool.is_empty()
         {
             let mut file = toml::Table::new();
             let mut runtime = toml::Table::new();
@@ -732,6 +741,13 @@ impl Cluster {
             )]);
             if self.options.sandbox_process {
                 sandbox.insert("provider".into(), toml::Value::String("process".into()));
+            }
+            if !self.options.sandbox_pool.is_empty() {
+                sandbox.insert("provider".into(), toml::Value::String("pool".into()));
+                sandbox.insert(
+                    "pool".into(),
+                    toml::Value::try_from(&self.options.sandbox_pool).unwrap_or(toml::Value::Array(Vec::new())),
+                );
             }
             runtime.insert("sandbox".into(), toml::Value::Table(sandbox));
             file.insert("runtime".into(), toml::Value::Table(runtime));

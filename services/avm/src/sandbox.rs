@@ -4,13 +4,14 @@
 //! and calls no other service.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use avm_common::config::GrpcConfig;
 use avm_common::grpc::GrpcServer;
 use avm_proto::sandbox::v1::sandbox_service_server::SandboxServiceServer;
 use avm_sandbox::SandboxLimits;
-use avm_sandbox::service::Sandbox;
+use avm_sandbox::service::{Sandbox, Trust};
 use avm_sandbox::token::TokenVerifier;
 use tokio::net::TcpListener;
 
@@ -24,9 +25,15 @@ pub struct SandboxArgs {
     /// directory under the system's temporary directory).
     #[arg(long, env = "AVM_SANDBOX_ROOT")]
     root: Option<PathBuf>,
-    /// The runtime's public token key: calls must carry a token it signed.
-    #[arg(long, env = "AVM_SANDBOX_TOKEN_KEY", hide_env_values = true)]
-    token_key: String,
+    /// The public token key of the runtime this sandbox serves (a runtime
+    /// starting its own sandboxes gives it). Without it the sandbox is a
+    /// pool's: the first runtime to claim it gives its key and one image.
+    #[arg(long, env = "AVM_SANDBOX_TOKEN_KEY")]
+    token_key: Option<String>,
+    /// How long a pool's sandbox stays claimed with no call (its runtime
+    /// gone without releasing it), e.g. `10m`.
+    #[arg(long, env = "AVM_SANDBOX_CLAIM_IDLE", default_value = "10m", value_parser = humantime::parse_duration)]
+    claim_idle: std::time::Duration,
     /// Run commands without the namespace fence (only where the sandbox
     /// itself is the fence: a pod of its own, a VM).
     #[arg(long, env = "AVM_SANDBOX_NO_ISOLATE")]
@@ -47,7 +54,10 @@ pub struct SandboxArgs {
 /// Serves until a signal asks it to stop.
 pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
     let telemetry = crate::telemetry::init(&avm_common::config::LogConfig::default(), "sandbox");
-    let verifier = TokenVerifier::from_public_key(&args.token_key).map_err(anyhow::Error::msg)?;
+    let trust = match &args.token_key {
+        Some(key) => Trust::Runtime(TokenVerifier::from_public_key(key).map_err(anyhow::Error::msg)?),
+        None => Trust::Claimable { idle: args.claim_idle },
+    };
     let fence = SandboxLimits {
         isolate: !args.no_isolate,
         expose: args.expose,
@@ -62,7 +72,18 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     let config = GrpcConfig::default();
-    let service = SandboxServiceServer::new(Sandbox::new(root, verifier, fence))
+    let sandbox = Arc::new(Sandbox::new(root, trust, fence));
+    if args.token_key.is_none() {
+        let sandbox = Arc::clone(&sandbox);
+        let every = (args.claim_idle / 4).clamp(std::time::Duration::from_secs(1), std::time::Duration::from_secs(60));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                sandbox.expire_idle().await;
+            }
+        });
+    }
+    let service = SandboxServiceServer::from_arc(sandbox)
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
     let server = GrpcServer::new(&config).add_service(service);

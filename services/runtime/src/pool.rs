@@ -118,13 +118,13 @@ impl AgentPool {
             mcp: config.mcp.clone(),
             credentials: Arc::new(crate::peers::StoredCredentials::new(llm.configs(), identity.clone())),
             store: crate::tools::disk::open(&config)?,
-            sandboxes: (config.sandbox.provider == avm_sandbox::Provider::Process).then(|| {
-                Arc::new(crate::tools::Launcher::new(
-                    &config.sandbox,
-                    &config.fetch.allow,
-                    &workspace_root(&config),
-                ))
-            }),
+            sandboxes: match config.sandbox.provider {
+                avm_sandbox::Provider::Local => None,
+                avm_sandbox::Provider::Process | avm_sandbox::Provider::Pool => Some(Arc::new(
+                    crate::tools::Launcher::new(&config.sandbox, &config.fetch.allow, &workspace_root(&config))
+                        .map_err(|why| RuntimeError::invalid("INVALID_CONFIG", why))?,
+                )),
+            },
         };
         let hubs = Arc::new(Hubs::new(
             config.event_retention,

@@ -42,8 +42,13 @@ pub struct SandboxLimits {
     /// Where commands (and stdio MCP servers) run: `local`, in the
     /// runtime's own process behind the fence; `process`, in an `avm
     /// sandbox` child per image, started on its first command and stopped
-    /// when its agent goes, holding none of the runtime's secrets.
+    /// when its agent goes, holding none of the runtime's secrets; `pool`,
+    /// in one of the `avm sandbox` processes of `pool`, claimed for one image
+    /// at a time.
     pub provider: Provider,
+    /// The `pool` provider's sandboxes: `http://host:port` addresses, each
+    /// name standing for every address it resolves to (a headless Service).
+    pub pool: Vec<String>,
     /// Removed: a command's root holds nothing of the host's but what it is
     /// given, so there is nothing to hide. An empty list is accepted (older
     /// example files have one); any path is refused with what replaced it.
@@ -58,6 +63,7 @@ pub enum Provider {
     #[default]
     Local,
     Process,
+    Pool,
 }
 
 /// A removed setting: absent or empty, it reads as nothing; with anything
@@ -95,6 +101,7 @@ impl Default for SandboxLimits {
             expose: Vec::new(),
             relay: None,
             provider: Provider::Local,
+            pool: Vec::new(),
             hide: Removed,
         }
     }

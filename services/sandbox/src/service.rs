@@ -6,12 +6,14 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use avm_common::address::AddressGuard;
 use avm_proto::sandbox::v1::sandbox_service_server::SandboxService;
 use avm_proto::sandbox::v1::{
-    CommandLimits, PutFilesRequest, PutFilesResponse, ReleaseWorkspaceRequest, ReleaseWorkspaceResponse,
-    RunCommandRequest, RunCommandResponse, TakeChangesRequest, TakeChangesResponse, WorkspaceFile,
+    ClaimRequest, ClaimResponse, CommandLimits, PutFilesRequest, PutFilesResponse, ReleaseWorkspaceRequest,
+    ReleaseWorkspaceResponse, RunCommandRequest, RunCommandResponse, TakeChangesRequest, TakeChangesResponse,
+    WorkspaceFile,
 };
 use tonic::{Request, Response, Status};
 
@@ -30,12 +32,32 @@ struct Held {
     synced: Snapshot,
 }
 
+/// Whose tokens a sandbox takes.
+#[derive(Debug)]
+pub enum Trust {
+    /// The key of the runtime that started it, for any of its images.
+    Runtime(TokenVerifier),
+    /// A pool's: the key and the one image of whoever claimed it, until
+    /// they release it or it goes unused for `idle`.
+    Claimable { idle: Duration },
+}
+
+/// Who a pool's sandbox serves.
+#[derive(Debug)]
+struct Claimed {
+    key: String,
+    verifier: TokenVerifier,
+    image_id: String,
+    last_used: Instant,
+}
+
 /// The sandbox service.
 #[derive(Debug)]
 pub struct Sandbox {
     /// Where workspaces are made, one directory per image.
     root: PathBuf,
-    verifier: TokenVerifier,
+    trust: Trust,
+    claimed: Mutex<Option<Claimed>>,
     /// This sandbox's fence (`isolate`, `expose`, `relay`); a command's
     /// limits are the runtime's.
     fence: SandboxLimits,
@@ -44,13 +66,45 @@ pub struct Sandbox {
 
 impl Sandbox {
     /// Returns the sandbox keeping workspaces under `root`, serving tokens
-    /// `verifier` accepts, fencing commands as `fence` says.
-    pub fn new(root: PathBuf, verifier: TokenVerifier, fence: SandboxLimits) -> Self {
+    /// as `trust` says, fencing commands as `fence` says.
+    pub fn new(root: PathBuf, trust: Trust, fence: SandboxLimits) -> Self {
         Self {
             root,
-            verifier,
+            trust,
+            claimed: Mutex::new(None),
             fence,
             held: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Frees a pool's sandbox whose claim went unused for its idle time
+    /// (its runtime gone without releasing it): its workspaces are removed.
+    pub async fn expire_idle(&self) {
+        let Trust::Claimable { idle } = self.trust else { return };
+        let expired = {
+            let mut claimed = self.claimed.lock().unwrap_or_else(|poison| poison.into_inner());
+            match claimed.as_ref() {
+                Some(claim) if claim.last_used.elapsed() >= idle => claimed.take(),
+                _ => None,
+            }
+        };
+        if let Some(claim) = expired {
+            tracing::info!(image_id = %claim.image_id, "a claim went unused: the sandbox is free again");
+            self.forget_all().await;
+        }
+    }
+
+    /// Removes every workspace held.
+    async fn forget_all(&self) {
+        let held: Vec<_> = self
+            .held
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .drain()
+            .collect();
+        for (_, workspace) in held {
+            let dir = workspace.lock().await.workspace.dir().to_owned();
+            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
         }
     }
 
@@ -70,9 +124,21 @@ impl Sandbox {
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.strip_prefix("Bearer "))
             .ok_or_else(|| Status::unauthenticated("a sandbox token is required"))?;
-        self.verifier
-            .check(token, image_id)
-            .map_err(Status::permission_denied)?;
+        let verifier = match &self.trust {
+            Trust::Runtime(verifier) => verifier.clone(),
+            Trust::Claimable { .. } => {
+                let mut claimed = self.claimed.lock().unwrap_or_else(|poison| poison.into_inner());
+                match claimed.as_mut() {
+                    Some(claim) if claim.image_id == image_id => {
+                        claim.last_used = Instant::now();
+                        claim.verifier.clone()
+                    }
+                    Some(_) => return Err(Status::permission_denied("this sandbox serves another image")),
+                    None => return Err(Status::failed_precondition("this sandbox is not claimed")),
+                }
+            }
+        };
+        verifier.check(token, image_id).map_err(Status::permission_denied)?;
         let mut held = self.held.lock().unwrap_or_else(|poison| poison.into_inner());
         let entry = held.entry(image_id.to_owned()).or_insert_with(|| {
             Arc::new(tokio::sync::Mutex::new(Held {
@@ -181,6 +247,35 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, String> + 
 impl SandboxService for Sandbox {
     type TakeChangesStream = avm_proto::BoxStream<TakeChangesResponse>;
 
+    async fn claim(&self, request: Request<ClaimRequest>) -> Result<Response<ClaimResponse>, Status> {
+        let Trust::Claimable { .. } = self.trust else {
+            return Err(Status::failed_precondition(
+                "this sandbox serves the runtime that started it: it is not claimed",
+            ));
+        };
+        let ClaimRequest { image_id, public_key } = request.into_inner();
+        if !avm_common::ids::is_plain_name(&image_id) || image_id.starts_with('.') {
+            return Err(Status::invalid_argument("image_id must be an image id"));
+        }
+        let verifier = TokenVerifier::from_public_key(&public_key).map_err(Status::invalid_argument)?;
+        let mut claimed = self.claimed.lock().unwrap_or_else(|poison| poison.into_inner());
+        match claimed.as_mut() {
+            Some(claim) if claim.key == public_key && claim.image_id == image_id => {
+                claim.last_used = Instant::now();
+            }
+            Some(_) => return Err(Status::resource_exhausted("this sandbox serves another image")),
+            None => {
+                *claimed = Some(Claimed {
+                    key: public_key,
+                    verifier,
+                    image_id,
+                    last_used: Instant::now(),
+                });
+            }
+        }
+        Ok(Response::new(ClaimResponse {}))
+    }
+
     async fn put_files(&self, request: Request<PutFilesRequest>) -> Result<Response<PutFilesResponse>, Status> {
         let held = self.authorized(&request, &request.get_ref().image_id)?;
         let request = request.into_inner();
@@ -264,6 +359,9 @@ impl SandboxService for Sandbox {
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
             .remove(&image_id);
+        if let Trust::Claimable { .. } = self.trust {
+            *self.claimed.lock().unwrap_or_else(|poison| poison.into_inner()) = None;
+        }
         Ok(Response::new(ReleaseWorkspaceResponse {}))
     }
 }
@@ -296,7 +394,11 @@ mod tests {
         let temp = tempfile::tempdir().unwrap();
         let signer = TokenSigner::random();
         let verifier = TokenVerifier::from_public_key(&signer.public_key()).unwrap();
-        let sandbox = Sandbox::new(temp.path().to_owned(), verifier, SandboxLimits::default());
+        let sandbox = Sandbox::new(
+            temp.path().to_owned(),
+            Trust::Runtime(verifier),
+            SandboxLimits::default(),
+        );
         let (a, b) = (signer.issue("img_a"), signer.issue("img_b"));
         let put = |image: &str, path: &str| PutFilesRequest {
             image_id: image.to_owned(),
@@ -363,6 +465,87 @@ mod tests {
         assert!(temp.path().join("img_a").exists());
         sandbox.release_workspace(release("img_a", &a)).await.unwrap();
         assert!(!temp.path().join("img_a").exists());
+    }
+
+    #[tokio::test]
+    async fn a_pools_sandbox_serves_one_image_of_one_runtime_at_a_time() {
+        let temp = tempfile::tempdir().unwrap();
+        let idle = Duration::from_secs(3600);
+        let sandbox = Sandbox::new(
+            temp.path().to_owned(),
+            Trust::Claimable { idle },
+            SandboxLimits::default(),
+        );
+        let (ours, theirs) = (TokenSigner::random(), TokenSigner::random());
+        let claim = |image: &str, key: &TokenSigner| {
+            Request::new(ClaimRequest {
+                image_id: image.to_owned(),
+                public_key: key.public_key(),
+            })
+        };
+        let put = |image: &str| PutFilesRequest {
+            image_id: image.to_owned(),
+            reset: true,
+            files: vec![file("a.txt", "a")],
+            removed: Vec::new(),
+        };
+        // Unclaimed, it serves nobody.
+        let refused = sandbox
+            .put_files(signed(put("img_a"), &ours.issue("img_a")))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        sandbox.claim(claim("img_a", &ours)).await.unwrap();
+        sandbox.claim(claim("img_a", &ours)).await.unwrap();
+        sandbox
+            .put_files(signed(put("img_a"), &ours.issue("img_a")))
+            .await
+            .unwrap();
+        // Another image, another runtime: busy; a token of another key: refused.
+        for (image, key) in [("img_b", &ours), ("img_a", &theirs), ("img_b", &theirs)] {
+            let refused = sandbox.claim(claim(image, key)).await.unwrap_err();
+            assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{image}");
+        }
+        let refused = sandbox
+            .put_files(signed(put("img_a"), &theirs.issue("img_a")))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        let refused = sandbox
+            .put_files(signed(put("img_b"), &ours.issue("img_b")))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        // Released, it is free for anyone, and holds nothing of the last image.
+        let release = ReleaseWorkspaceRequest {
+            image_id: "img_a".to_owned(),
+        };
+        sandbox
+            .release_workspace(signed(release, &ours.issue("img_a")))
+            .await
+            .unwrap();
+        assert!(!temp.path().join("img_a").exists());
+        sandbox.claim(claim("img_b", &theirs)).await.unwrap();
+        sandbox
+            .put_files(signed(put("img_b"), &theirs.issue("img_b")))
+            .await
+            .unwrap();
+
+        // A claim left unused goes, its workspace with it.
+        let quick = Sandbox::new(
+            temp.path().join("q"),
+            Trust::Claimable { idle: Duration::ZERO },
+            SandboxLimits::default(),
+        );
+        quick.claim(claim("img_c", &ours)).await.unwrap();
+        quick
+            .put_files(signed(put("img_c"), &ours.issue("img_c")))
+            .await
+            .unwrap();
+        assert!(temp.path().join("q/img_c/a.txt").exists());
+        quick.expire_idle().await;
+        assert!(!temp.path().join("q/img_c").exists());
+        quick.claim(claim("img_d", &theirs)).await.unwrap();
     }
 
     #[test]

@@ -210,3 +210,98 @@ async fn killed_sandbox(mode: Mode) -> anyhow::Result<()> {
     assert_ne!(now, killed, "a new sandbox");
     Ok(())
 }
+
+/// A pool's sandbox, started as an operator's Deployment would: no key, no
+/// configuration, claimed by whichever runtime asks first.
+struct PoolSandbox {
+    address: String,
+    root: tempfile::TempDir,
+    _child: tokio::process::Child,
+}
+
+async fn pool_sandbox() -> anyhow::Result<PoolSandbox> {
+    use tokio::io::AsyncBufReadExt;
+    let root = tempfile::tempdir()?;
+    let binary = avm_tests::cluster::avm_binary()?;
+    let mut child = tokio::process::Command::new(&binary)
+        .args(["sandbox", "--listen", "127.0.0.1:0", "--root"])
+        .arg(root.path())
+        .arg("--relay")
+        .arg(&binary)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let address = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(url) = line.strip_prefix("listening: grpc ") {
+                return Ok(url.to_owned());
+            }
+        }
+        anyhow::bail!("the sandbox stopped before it listened")
+    })
+    .await??;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok(PoolSandbox {
+        address,
+        root,
+        _child: child,
+    })
+}
+
+both_modes!(
+    a_pools_sandboxes_serve_one_image_each_and_are_released_with_it,
+    pool_provider
+);
+
+async fn pool_provider(mode: Mode) -> anyhow::Result<()> {
+    let pool = [pool_sandbox().await?, pool_sandbox().await?];
+    let options = Options {
+        sandbox_pool: pool.iter().map(|sandbox| sandbox.address.clone()).collect(),
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
+    let agent = sandboxed_agent(&cluster).await?;
+    let config = json!({"agent": agent, "tools": ["run_command"]});
+    let holding = |image: &str| {
+        pool.iter()
+            .filter(|sandbox| sandbox.root.path().join(image).exists())
+            .count()
+    };
+
+    let (mut first, one) = open_chat(&cluster, config.clone()).await?;
+    let (mut second, two) = open_chat(&cluster, config.clone()).await?;
+    let (mut third, three) = open_chat(&cluster, config.clone()).await?;
+    for (client, chat) in [(&mut first, &one), (&mut second, &two)] {
+        let frames = send_and_finish(client, &chat.image_id, run("echo mine > mine.txt; cat mine.txt")).await?;
+        assert_eq!(
+            tool_result(&frames)?,
+            ("exit code 0\nstdout:\nmine\n".to_owned(), false)
+        );
+        assert_eq!(holding(&chat.image_id), 1, "one sandbox holds the image");
+    }
+    // Both are claimed: a third image waits for one, told why.
+    let frames = send_and_finish(&mut third, &three.image_id, run("true")).await?;
+    let (text, is_error) = tool_result(&frames)?;
+    assert!(is_error && text.contains("no sandbox of the pool is free"), "{text}");
+
+    // The first agent goes: its sandbox is released, emptied, and serves the third.
+    let (status, stopped) = call(&cluster, "POST", &format!("/v1/images/{}/stop", one.image_id), None).await?;
+    assert_eq!(status, 200, "{stopped}");
+    poll(Duration::from_secs(20), "the sandbox is released", || async {
+        Ok((holding(&one.image_id) == 0).then_some(()))
+    })
+    .await?;
+    let frames = send_and_finish(&mut third, &three.image_id, run("ls; echo ok")).await?;
+    assert_eq!(
+        tool_result(&frames)?,
+        ("exit code 0\nstdout:\nok\n".to_owned(), false),
+        "nothing of the first image is left"
+    );
+    assert_eq!(holding(&three.image_id), 1);
+    assert_eq!(holding(&two.image_id), 1);
+    Ok(())
+}

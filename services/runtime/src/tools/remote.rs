@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use avm_proto::sandbox::v1::sandbox_service_client::SandboxServiceClient;
-use avm_proto::sandbox::v1::{EnvironmentVariable, PutFilesRequest, RunCommandRequest, TakeChangesRequest};
+use avm_proto::sandbox::v1::{
+    ClaimRequest, EnvironmentVariable, PutFilesRequest, ReleaseWorkspaceRequest, RunCommandRequest, TakeChangesRequest,
+};
 use avm_sandbox::service::{command_limits, joined_changes, pieces};
 use avm_sandbox::sync::{self, Changes, Snapshot};
 use avm_sandbox::token::TokenSigner;
@@ -42,47 +44,130 @@ pub fn sandboxes_started() -> u64 {
     STARTED.load(Ordering::Relaxed)
 }
 
-/// What starts sandboxes: the `avm` executable and the token key.
+/// Where sandboxes come from.
+#[derive(Debug)]
+enum Placement {
+    /// Started as children of this process: the `avm` executable, and where
+    /// their workspaces go.
+    Process { binary: PathBuf, root: PathBuf },
+    /// Claimed from a pool of running sandboxes, at these addresses.
+    Pool { addresses: Vec<String> },
+}
+
+/// What gets sandboxes: where they come from, and the token key.
 #[derive(Debug)]
 pub struct Launcher {
-    binary: PathBuf,
+    placement: Placement,
     signer: TokenSigner,
     /// The fence sandboxes apply (`isolate`, `expose`).
     fence: SandboxLimits,
     /// What commands' network proxy lets through although internal.
     allow: Vec<String>,
-    /// Where sandboxes keep their workspaces, one directory each.
-    root: PathBuf,
 }
 
 impl Launcher {
     /// Returns the launcher of the `[runtime.sandbox]` settings, with a new
     /// token key; sandboxes keep their workspaces beside the runtime's
     /// (`<workspace root>-sandboxes/`).
-    pub fn new(fence: &SandboxLimits, allow: &[String], workspace_root: &std::path::Path) -> Self {
-        let mut name = workspace_root.file_name().unwrap_or_default().to_owned();
-        name.push("-sandboxes");
-        Self {
-            binary: fence.relay_binary(),
+    /// With `provider = "pool"`, sandboxes are claimed from `pool` instead.
+    pub fn new(fence: &SandboxLimits, allow: &[String], workspace_root: &std::path::Path) -> Result<Self, String> {
+        let placement = if fence.provider == avm_sandbox::Provider::Pool {
+            if fence.pool.is_empty() {
+                return Err(
+                    "[runtime.sandbox] provider = \"pool\" needs the pool's addresses in [runtime.sandbox] pool"
+                        .to_owned(),
+                );
+            }
+            for address in &fence.pool {
+                pool_address(address)?;
+            }
+            Placement::Pool {
+                addresses: fence.pool.clone(),
+            }
+        } else {
+            let mut name = workspace_root.file_name().unwrap_or_default().to_owned();
+            name.push("-sandboxes");
+            Placement::Process {
+                binary: fence.relay_binary(),
+                root: workspace_root.with_file_name(name),
+            }
+        };
+        Ok(Self {
+            placement,
             signer: TokenSigner::random(),
             fence: fence.clone(),
             allow: allow.to_vec(),
-            root: workspace_root.with_file_name(name),
+        })
+    }
+
+    /// Gets a sandbox for `image_id`: starts one, or claims one of the pool.
+    async fn start(&self, image_id: &str) -> Result<Live, ToolFailure> {
+        match &self.placement {
+            Placement::Process { binary, root } => self.spawn(binary, root).await,
+            Placement::Pool { addresses } => self.claim(addresses, image_id).await,
         }
     }
 
-    /// Starts a sandbox and connects to it.
-    async fn start(&self) -> Result<Live, ToolFailure> {
+    /// Claims a free sandbox of the pool for `image_id`, trying its
+    /// addresses in random order.
+    async fn claim(&self, addresses: &[String], image_id: &str) -> Result<Live, ToolFailure> {
+        use rand::seq::SliceRandom;
+        let mut candidates = Vec::new();
+        for address in addresses {
+            let (host, port) = pool_address(address)?;
+            match tokio::net::lookup_host((host.as_str(), port)).await {
+                Ok(found) => candidates.extend(found.map(|addr| format!("http://{addr}"))),
+                Err(err) => tracing::warn!(address, error = %err, "a sandbox pool address does not resolve"),
+            }
+        }
+        candidates.shuffle(&mut rand::rng());
+        let tried = candidates.len();
+        let mut busy = 0;
+        for url in candidates {
+            let Ok(endpoint) = Channel::from_shared(url.clone()) else {
+                continue;
+            };
+            let connected = endpoint.connect_timeout(Duration::from_secs(2)).connect().await;
+            let Ok(channel) = connected else { continue };
+            let mut client = SandboxServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES);
+            let claim = ClaimRequest {
+                image_id: image_id.to_owned(),
+                public_key: self.signer.public_key(),
+            };
+            match client.claim(claim).await {
+                Ok(_) => {
+                    STARTED.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Live {
+                        client,
+                        _process: None,
+                        pooled: true,
+                        synced: None,
+                    });
+                }
+                Err(status) if status.code() == tonic::Code::ResourceExhausted => busy += 1,
+                Err(status) => tracing::warn!(%url, error = %status.message(), "a sandbox of the pool refused a claim"),
+            }
+        }
+        Err(format!(
+            "no sandbox of the pool is free ({busy} busy of {tried} reached): try again shortly; an operator adds \
+             sandboxes to the pool"
+        ))
+    }
+
+    /// Starts a sandbox child and connects to it.
+    async fn spawn(&self, binary: &std::path::Path, base: &std::path::Path) -> Result<Live, ToolFailure> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
-            .create(&self.root)
+            .create(base)
             .map_err(|err| format!("cannot make the sandboxes' directory: {err}"))?;
         let root = tempfile::Builder::new()
             .prefix("sandbox-")
-            .tempdir_in(&self.root)
+            .tempdir_in(base)
             .map_err(|err| format!("cannot make the sandbox's directory: {err}"))?;
-        let mut command = tokio::process::Command::new(&self.binary);
+        let mut command = tokio::process::Command::new(binary);
         command
             .arg("sandbox")
             .arg("--listen")
@@ -103,10 +188,10 @@ impl Launcher {
         for path in &self.fence.expose {
             command.arg("--expose").arg(path);
         }
-        command.arg("--relay").arg(&self.binary);
+        command.arg("--relay").arg(binary);
         let mut child = command
             .spawn()
-            .map_err(|err| format!("cannot start a sandbox ({} sandbox): {err}", self.binary.display()))?;
+            .map_err(|err| format!("cannot start a sandbox ({} sandbox): {err}", binary.display()))?;
         let stdout = child.stdout.take().ok_or("the sandbox's output is missing")?;
         let stdin = child.stdin.take().ok_or("the sandbox's input is missing")?;
         let mut lines = BufReader::new(stdout).lines();
@@ -136,18 +221,20 @@ impl Launcher {
             client: SandboxServiceClient::new(channel)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
-            _child: child,
-            _stdin: stdin,
-            _root: root,
+            _process: Some(Child {
+                _child: child,
+                _stdin: stdin,
+                _root: root,
+            }),
+            pooled: false,
             synced: None,
         })
     }
 }
 
-/// A started sandbox.
+/// A sandbox child of this process.
 #[derive(Debug)]
-struct Live {
-    client: SandboxServiceClient<Channel>,
+struct Child {
     /// Killed when dropped.
     _child: tokio::process::Child,
     /// Held open: the sandbox stops when it closes (when this process ends,
@@ -155,6 +242,16 @@ struct Live {
     _stdin: tokio::process::ChildStdin,
     /// Its workspaces, removed when dropped.
     _root: tempfile::TempDir,
+}
+
+/// A sandbox in use.
+#[derive(Debug)]
+struct Live {
+    client: SandboxServiceClient<Channel>,
+    /// The child process, when this runtime started it.
+    _process: Option<Child>,
+    /// Claimed from a pool: released when no longer used.
+    pooled: bool,
     /// What the runtime's copy held when the two were last alike; `None`
     /// before the first put.
     synced: Option<Snapshot>,
@@ -286,7 +383,7 @@ impl Process for RemoteProcess {
         }
         let mut live = self.live.lock().await;
         if live.is_none() {
-            *live = Some(self.launcher.start().await?);
+            *live = Some(self.launcher.start(&self.image_id).await?);
         }
         let Some(sandbox) = live.as_mut() else {
             return Err("the sandbox is not there".to_owned());
@@ -299,6 +396,39 @@ impl Process for RemoteProcess {
                 Err(why)
             }
         }
+    }
+}
+
+impl Drop for RemoteProcess {
+    /// A pool's sandbox is released (its copy of the workspace removed) for
+    /// the next image; a child is killed with its copy.
+    fn drop(&mut self) {
+        let Some(live) = self.live.get_mut().take() else { return };
+        if !live.pooled {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let request = self.signed(ReleaseWorkspaceRequest {
+            image_id: self.image_id.clone(),
+        });
+        let mut client = live.client;
+        runtime.spawn(async move {
+            if let Err(status) = client.release_workspace(request).await {
+                tracing::warn!(error = %status.message(), "cannot release a sandbox of the pool; it frees itself when idle");
+            }
+        });
+    }
+}
+
+/// Returns the host and port of a pool address (`http://host:port`).
+fn pool_address(address: &str) -> Result<(String, u16), String> {
+    let url =
+        url::Url::parse(address).map_err(|err| format!("[runtime.sandbox] pool: {address:?} is not a URL: {err}"))?;
+    match (url.scheme(), url.host_str(), url.port_or_known_default()) {
+        ("http", Some(host), Some(port)) => Ok((host.trim_start_matches('[').trim_end_matches(']').to_owned(), port)),
+        _ => Err(format!("[runtime.sandbox] pool: {address:?} must be http://host:port")),
     }
 }
 
