@@ -42,7 +42,13 @@ pub struct Backing {
     pub redis_url: Option<String>,
     /// More environment for every process.
     pub env: Vec<(String, String)>,
+    /// The sandbox provider (`process` or `pool`); `None`: local.
+    pub sandbox: Option<String>,
 }
+
+/// Sandboxes of a `pool` deployment: enough for every conversation the
+/// tools figure holds at once.
+const POOL_SANDBOXES: usize = 12;
 
 /// One `avm` process of a deployment.
 pub struct Process {
@@ -93,13 +99,35 @@ impl Deployment {
             ("AVM_GATEWAY_MESSAGES_PER_SECOND".into(), "0".into()),
         ];
         env.extend(backing.env.iter().cloned());
+        let mut processes = Vec::new();
+        if let Some(provider) = &backing.sandbox {
+            let mut pool = Vec::new();
+            if provider == "pool" {
+                for index in 0..POOL_SANDBOXES {
+                    let root = data.path().join(format!("pool-{index}"));
+                    let root = root.display().to_string();
+                    let args = ["sandbox", "--listen", "127.0.0.1:0", "--root", &root];
+                    let (process, urls) = spawn(binary, "sandbox", &args, 1, &[]).await?;
+                    processes.push(process);
+                    pool.push(format!("{:?}", urls[0]));
+                }
+            }
+            let file = data.path().join("avm.toml");
+            std::fs::write(
+                &file,
+                format!(
+                    "[runtime.sandbox]\nprovider = {provider:?}\npool = [{}]\n",
+                    pool.join(", ")
+                ),
+            )?;
+            env.push(("AVM_CONFIG".into(), file.display().to_string()));
+        }
         let llm = [
             ("LLM_PROVIDER".to_owned(), "anthropic".to_owned()),
             ("LLM_BASE_URL".to_owned(), mock_url.to_owned()),
             ("LLM_API_KEY".to_owned(), "bench".to_owned()),
         ];
         let mut database = None;
-        let mut processes = Vec::new();
         let url = match mode {
             Mode::Serve => {
                 env.extend(llm);
@@ -198,6 +226,11 @@ impl Deployment {
     /// The process that relays to clients (the gateway, or `avm serve`).
     pub fn edge_pid(&self) -> u32 {
         self.pids(Some(if self.mode == Mode::Serve { "serve" } else { "gateway" }))[0]
+    }
+
+    /// Returns the data directory (which every sandbox's `--root` is under).
+    pub fn data_dir(&self) -> &Path {
+        self._data.path()
     }
 
     /// The processes that hold agents.

@@ -683,5 +683,40 @@ async fn tool_calls(bench: &mut Bench, results: &mut Results) -> anyhow::Result<
             quantile(&later, 0.5),
         );
     }
+    // What a sandbox holding an image costs while its agent is idle.
+    let held = sandboxes_rss_kib(bench.deployment.data_dir());
+    if !held.is_empty() {
+        let mean = held.iter().sum::<u64>() as f64 / held.len() as f64;
+        results.add("sandbox_idle_rss_mb", &bench.name, mean / 1024.0);
+    }
     Ok(())
+}
+
+/// Returns the resident memory of every `avm sandbox` process whose
+/// workspaces are under `data` (a deployment's own), in KiB.
+fn sandboxes_rss_kib(data: &std::path::Path) -> Vec<u64> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let data = data.display().to_string();
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<String> = cmdline
+                .split(|byte| *byte == 0)
+                .map(|arg| String::from_utf8_lossy(arg).into_owned())
+                .collect();
+            let ours = args.get(1).is_some_and(|arg| arg == "sandbox")
+                && args
+                    .windows(2)
+                    .any(|pair| pair[0] == "--root" && pair[1].starts_with(&data));
+            if !ours {
+                return None;
+            }
+            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+            let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        })
+        .collect()
 }

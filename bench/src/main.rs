@@ -112,6 +112,11 @@ struct Args {
     /// Writes the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Where a target's tenants' commands run, as `label=local|process|pool`
+    /// (repeatable; default `local`): the sandbox tier's `[runtime.sandbox]
+    /// provider`, a pool being `avm sandbox` processes the bench starts.
+    #[arg(long = "sandbox", value_name = "LABEL=PROVIDER")]
+    sandboxes: Vec<String>,
     /// A short run: one repetition, small counts (a smoke test, not figures).
     #[arg(long)]
     quick: bool,
@@ -162,6 +167,7 @@ async fn main() -> anyhow::Result<()> {
                     .with_context(|| format!("--env takes KEY=VALUE, not {pair:?}"))
             })
             .collect::<anyhow::Result<_>>()?,
+        sandbox: None,
     };
     let mock = MockLlm::start(MockBehavior::default()).await?;
     mock.set_recording(false);
@@ -175,6 +181,10 @@ async fn main() -> anyhow::Result<()> {
         }
         let mut benches = Vec::new();
         for (label, binary) in &targets {
+            let backing = Backing {
+                sandbox: sandbox_of(&args.sandboxes, label)?,
+                ..backing.clone()
+            };
             let deployment = Deployment::start(label, binary, mode, &mock_url, &backing).await?;
             benches.push(figures::Bench::prepare(deployment, &mock, &plan, &mut results).await?);
         }
@@ -241,6 +251,23 @@ fn parse_targets(specs: &[String]) -> anyhow::Result<Vec<(String, PathBuf)>> {
             Ok((label.to_owned(), path))
         })
         .collect()
+}
+
+/// Returns the sandbox provider `--sandbox` names for `label` (`None`: local).
+fn sandbox_of(specs: &[String], label: &str) -> anyhow::Result<Option<String>> {
+    for spec in specs {
+        let (named, provider) = spec
+            .split_once('=')
+            .with_context(|| format!("--sandbox takes label=provider, not {spec:?}"))?;
+        ensure!(
+            matches!(provider, "local" | "process" | "pool"),
+            "--sandbox: the providers are local, process and pool, not {provider:?}"
+        );
+        if named == label && provider != "local" {
+            return Ok(Some(provider.to_owned()));
+        }
+    }
+    Ok(None)
 }
 
 /// Returns the `q` quantile (nearest rank) of `values`.

@@ -97,6 +97,25 @@ async fn fence_held(mode: Mode) -> anyhow::Result<()> {
     undo_the_fence(&cluster).await
 }
 
+/// Issue 27: the fence is every provider's: a command in an `avm sandbox`
+/// child, or in a pool's sandbox, undoes it no more than in the runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_in_a_sandbox_process_or_a_pools_cannot_undo_its_fence() -> anyhow::Result<()> {
+    let options = Options {
+        sandbox_process: true,
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(Mode::OneProcess, MockApi::OpenAi, options).await?;
+    undo_the_fence(&cluster).await?;
+    let pool = crate::sandbox_tier::pool_sandbox().await?;
+    let options = Options {
+        sandbox_pool: vec![pool.address.clone()],
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(Mode::PerComponent, MockApi::OpenAi, options).await?;
+    undo_the_fence(&cluster).await
+}
+
 /// Issue 26 item 1, as reproduced with the server running as an
 /// unprivileged user (nobody, owning the data directory).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,6 +273,21 @@ both_modes!(
 /// operator allowed answers through it, plain and tunnelled; internal
 /// addresses get the proxy's 403; a direct connection reaches nothing.
 async fn network_guarded(mode: Mode) -> anyhow::Result<()> {
+    network_guarded_with(mode, Options::default()).await
+}
+
+/// The same from an `avm sandbox` child: the runtime's allow-list travels
+/// with each command to the sandbox's proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_in_a_sandbox_process_reaches_the_network_only_through_the_guarded_proxy() -> anyhow::Result<()> {
+    let options = Options {
+        sandbox_process: true,
+        ..Options::default()
+    };
+    network_guarded_with(Mode::OneProcess, options).await
+}
+
+async fn network_guarded_with(mode: Mode, options: Options) -> anyhow::Result<()> {
     // "Public": an address the operator allowed, as a package index would be.
     let public = tokio::net::TcpListener::bind("127.0.0.2:0").await?;
     let public_port = public.local_addr()?.port();
@@ -280,7 +314,7 @@ async fn network_guarded(mode: Mode) -> anyhow::Result<()> {
     });
     let options = Options {
         network_allow: vec!["127.0.0.2".to_owned()],
-        ..Options::default()
+        ..options
     };
     let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
     let gateway = cluster.gateway_url.trim_start_matches("http://").to_owned();

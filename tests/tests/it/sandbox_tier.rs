@@ -213,13 +213,13 @@ async fn killed_sandbox(mode: Mode) -> anyhow::Result<()> {
 
 /// A pool's sandbox, started as an operator's Deployment would: no key, no
 /// configuration, claimed by whichever runtime asks first.
-struct PoolSandbox {
-    address: String,
+pub(crate) struct PoolSandbox {
+    pub(crate) address: String,
     root: tempfile::TempDir,
     _child: tokio::process::Child,
 }
 
-async fn pool_sandbox() -> anyhow::Result<PoolSandbox> {
+pub(crate) async fn pool_sandbox() -> anyhow::Result<PoolSandbox> {
     use tokio::io::AsyncBufReadExt;
     let root = tempfile::tempdir()?;
     let binary = avm_tests::cluster::avm_binary()?;

@@ -52,9 +52,21 @@ both_modes!(
 );
 
 async fn secret_reaches_the_sandbox_only(mode: Mode) -> anyhow::Result<()> {
+    secret_reaches_the_sandbox_only_with(mode, false).await
+}
+
+/// The same with commands in an `avm sandbox` child: the secret reaches the
+/// command there, and neither the sandbox's log nor anything else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_reaches_a_sandbox_process_and_nothing_else() -> anyhow::Result<()> {
+    secret_reaches_the_sandbox_only_with(Mode::PerComponent, true).await
+}
+
+async fn secret_reaches_the_sandbox_only_with(mode: Mode, sandbox_process: bool) -> anyhow::Result<()> {
     let options = Options {
         log_level: Some("trace".into()),
         capture_logs: mode == Mode::PerComponent,
+        sandbox_process,
         ..Options::default()
     };
     let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
