@@ -12,9 +12,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 
-use nix::sys::stat::SFlag;
-
-use crate::workspace::{MAX_COUNTED_ENTRIES, Workspace, WorkspaceDir, checked_path, entries, joined, kind};
+use crate::workspace::{MAX_COUNTED_ENTRIES, Met, TooMany, Workspace, WorkspaceDir, checked_path, walk};
 use crate::{ToolFailure, WorkspaceError};
 
 /// What a path held: a directory, or a file as its metadata says.
@@ -62,38 +60,33 @@ pub fn snapshot(workspace: &Workspace) -> Result<Snapshot, ToolFailure> {
     let Some(root) = workspace.open().map_err(|err| err.describe(""))? else {
         return Ok(held);
     };
-    let mut pending = vec![String::new()];
-    while let Some(relative) = pending.pop() {
-        let Ok(dir) = root.open_dir(&relative) else { continue };
-        for (name, stat) in entries(&dir).map_err(|err| err.describe(&relative))? {
-            if held.len() >= MAX_COUNTED_ENTRIES {
-                return Err(format!("the workspace holds more than {MAX_COUNTED_ENTRIES} entries"));
+    let walked = walk(&root, MAX_COUNTED_ENTRIES, |met| {
+        match met {
+            Met::Directory(path) => {
+                held.insert(path.to_owned(), Held::Directory);
             }
-            let path = joined(&relative, &name);
-            match kind(&stat) {
-                SFlag::S_IFDIR => {
-                    held.insert(path.clone(), Held::Directory);
-                    pending.push(path);
-                }
-                SFlag::S_IFREG if stat.st_nlink == 1 => {
-                    held.insert(
-                        path,
-                        Held::File {
-                            size: u64::try_from(stat.st_size).unwrap_or(0),
-                            modified_ns: stat
-                                .st_mtime
-                                .saturating_mul(1_000_000_000)
-                                .saturating_add(stat.st_mtime_nsec),
-                            inode: stat.st_ino,
-                            mode: stat.st_mode,
-                        },
-                    );
-                }
-                _ => {}
+            Met::File(path, stat) => {
+                held.insert(
+                    path.to_owned(),
+                    Held::File {
+                        size: u64::try_from(stat.st_size).unwrap_or(0),
+                        modified_ns: stat
+                            .st_mtime
+                            .saturating_mul(1_000_000_000)
+                            .saturating_add(stat.st_mtime_nsec),
+                        inode: stat.st_ino,
+                        mode: stat.st_mode,
+                    },
+                );
             }
+            Met::Other(..) => {}
         }
+        Ok::<_, TooMany>(())
+    });
+    match walked {
+        Ok(()) => Ok(held),
+        Err(TooMany) => Err(format!("the workspace holds more than {MAX_COUNTED_ENTRIES} entries")),
     }
-    Ok(held)
 }
 
 /// Returns what changed from `before` to `now` in the workspace, files read

@@ -101,24 +101,16 @@ impl Workspace {
             return 0;
         };
         let mut total = 0_u64;
-        let mut seen = 0_usize;
-        let mut pending = vec![String::new()];
-        while let Some(relative) = pending.pop() {
-            // Opened from the workspace by its path: one directory open at a time.
-            let Ok(dir) = root.open_dir(&relative) else { continue };
-            for (name, stat) in entries(&dir).unwrap_or_default() {
-                seen += 1;
-                if seen > MAX_COUNTED_ENTRIES {
-                    return u64::MAX;
-                }
-                if kind(&stat) == SFlag::S_IFDIR {
-                    pending.push(joined(&relative, &name));
-                } else {
-                    total = total.saturating_add(u64::try_from(stat.st_size).unwrap_or(0));
-                }
+        let walked = walk(&root, MAX_COUNTED_ENTRIES, |met| {
+            if let Met::File(_, stat) | Met::Other(_, stat) = met {
+                total = total.saturating_add(u64::try_from(stat.st_size).unwrap_or(0));
             }
+            Ok::<_, TooMany>(())
+        });
+        match walked {
+            Ok(()) => total,
+            Err(TooMany) => u64::MAX,
         }
-        total
     }
 
     /// Refuses writing `bytes` over a file of `replaced` bytes when the
@@ -433,6 +425,55 @@ pub fn entries(dir: impl AsFd) -> Result<Vec<(String, FileStat)>, WorkspaceError
     }
     Ok(found)
 }
+
+/// What [`walk`] meets below a workspace.
+#[derive(Debug)]
+pub enum Met<'a> {
+    /// A directory (walked into after).
+    Directory(&'a str),
+    /// A regular file with a single link, as its entry's `fstatat` says.
+    File(&'a str, &'a FileStat),
+    /// Anything else: a link, a hard-linked or special file (never
+    /// followed; its size still counts towards a quota).
+    Other(&'a str, &'a FileStat),
+}
+
+/// Visits every directory and regular file (with a single link) below the
+/// open workspace, each directory opened beneath it by its path, never
+/// through a link; names that are not UTF-8 are passed over. Stops with `Err(TooMany)` past `limit` entries
+/// visited, or with the visitor's error.
+pub fn walk<E: From<TooMany>>(
+    root: &WorkspaceDir,
+    limit: usize,
+    mut visit: impl FnMut(Met<'_>) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut seen = 0_usize;
+    let mut pending = vec![String::new()];
+    while let Some(relative) = pending.pop() {
+        // Replaced since it was listed: what it holds now is not the workspace's.
+        let Ok(dir) = root.open_dir(&relative) else { continue };
+        for (name, stat) in entries(&dir).unwrap_or_default() {
+            seen += 1;
+            if seen > limit {
+                return Err(E::from(TooMany));
+            }
+            let path = joined(&relative, &name);
+            match kind(&stat) {
+                SFlag::S_IFDIR => {
+                    visit(Met::Directory(&path))?;
+                    pending.push(path);
+                }
+                SFlag::S_IFREG if stat.st_nlink == 1 => visit(Met::File(&path, &stat))?,
+                _ => visit(Met::Other(&path, &stat))?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A walk went past its limit of entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TooMany;
 
 /// Returns a made workspace in a temporary directory (kept while the guard lives).
 #[cfg(test)]

@@ -37,7 +37,6 @@
 //! handle (and a few at once).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ffi::CString;
 use std::fs;
 use std::io::{Read, Seek, Write};
 use std::os::unix::fs::DirBuilderExt;
@@ -47,7 +46,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{StreamExt, TryStreamExt};
-use nix::sys::stat::{FileStat, SFlag};
+use nix::sys::stat::FileStat;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use serde::{Deserialize, Serialize};
@@ -57,7 +56,9 @@ use tokio::runtime::Handle;
 use crate::config::RuntimeConfig;
 use crate::error::RuntimeError;
 use avm_sandbox::Disk as Keeper;
-use avm_sandbox::workspace::{MAX_COUNTED_ENTRIES, Workspace, WorkspaceDir, WorkspaceError};
+use avm_sandbox::workspace::{
+    MAX_COUNTED_ENTRIES, Met, TooMany, Workspace, WorkspaceDir, WorkspaceError, checked_path, walk,
+};
 
 /// The manifest's name under an image's prefix.
 const MANIFEST: &str = "manifest.json";
@@ -124,6 +125,12 @@ pub enum DiskError {
 impl From<WorkspaceError> for DiskError {
     fn from(refusal: WorkspaceError) -> Self {
         DiskError::Io(refusal.into())
+    }
+}
+
+impl From<TooMany> for DiskError {
+    fn from(_: TooMany) -> Self {
+        DiskError::TooMany
     }
 }
 
@@ -991,12 +998,8 @@ fn checked(manifest: Manifest, max_bytes: u64) -> Result<BTreeMap<String, Manife
                 path
             }
         };
-        let plain = !path.is_empty()
-            && path.len() <= 4096
-            && !path.contains('\0')
-            && path
-                .split('/')
-                .all(|part| !part.is_empty() && part != "." && part != "..");
+        // As written, and as the workspace's one rule for paths takes it.
+        let plain = !path.is_empty() && checked_path(path).is_ok_and(|checked| checked == *path);
         if !plain {
             return damaged(format!("{path:?} is not a path inside a workspace"));
         }
@@ -1021,50 +1024,21 @@ fn scan(dir: &LocalPath) -> Result<Scan, DiskError> {
         return Ok(scan);
     };
     let root: &WorkspaceDir = scan.root.insert(root);
-    let mut pending = vec![String::new()];
-    while let Some(relative) = pending.pop() {
-        let fd = match root.open_dir(&relative) {
-            Ok(fd) => fd,
-            // Replaced since it was listed: what it holds now is not the workspace's.
-            Err(_) => continue,
-        };
-        let mut listing = nix::dir::Dir::from_fd(fd)?;
-        let names: Vec<CString> = listing
-            .iter()
-            .filter_map(Result::ok)
-            .map(|entry| entry.file_name().to_owned())
-            .filter(|name| name.as_bytes() != b"." && name.as_bytes() != b"..")
-            .collect();
-        for name in names {
-            let Ok(text) = name.to_str() else {
-                tracing::debug!(dir = %relative, "a name that is not UTF-8 is not saved");
-                continue;
-            };
-            let path = if relative.is_empty() {
-                text.to_owned()
-            } else {
-                format!("{relative}/{text}")
-            };
-            let Ok(stat) = nix::sys::stat::fstatat(&listing, name.as_c_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-            else {
-                continue;
-            };
-            let kind = SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits());
-            if kind == SFlag::S_IFDIR {
-                scan.entries.insert(path.clone(), None);
-                pending.push(path);
-            } else if kind == SFlag::S_IFREG && stat.st_nlink == 1 {
-                let stamp = Stamp::of(&stat);
-                scan.bytes = scan.bytes.saturating_add(stamp.size);
-                scan.entries.insert(path, Some(stamp));
-            } else {
-                continue;
+    let (entries, bytes) = (&mut scan.entries, &mut scan.bytes);
+    walk(root, MAX_COUNTED_ENTRIES, |met| {
+        match met {
+            Met::Directory(path) => {
+                entries.insert(path.to_owned(), None);
             }
-            if scan.entries.len() > MAX_COUNTED_ENTRIES {
-                return Err(DiskError::TooMany);
+            Met::File(path, stat) => {
+                let stamp = Stamp::of(stat);
+                *bytes = bytes.saturating_add(stamp.size);
+                entries.insert(path.to_owned(), Some(stamp));
             }
+            Met::Other(..) => {}
         }
-    }
+        Ok::<_, DiskError>(())
+    })?;
     Ok(scan)
 }
 
