@@ -241,6 +241,13 @@ impl Api {
                 break;
             }
         }
+        // A refused command (a sandbox it could not get, say) is no figure.
+        if find(&seen, br#""isError":true"#).is_some() {
+            anyhow::bail!(
+                "the command failed: {}",
+                String::from_utf8_lossy(&seen).chars().take(2000).collect::<String>()
+            );
+        }
         match (called, answered) {
             (Some(called), Some(answered)) => Ok(answered.saturating_sub(called)),
             _ => anyhow::bail!(

@@ -682,12 +682,16 @@ async fn tool_calls(bench: &mut Bench, results: &mut Results) -> anyhow::Result<
             &bench.name,
             quantile(&later, 0.5),
         );
-    }
-    // What a sandbox holding an image costs while its agent is idle.
-    let held = sandboxes_rss_kib(bench.deployment.data_dir());
-    if !held.is_empty() {
-        let mean = held.iter().sum::<u64>() as f64 / held.len() as f64;
-        results.add("sandbox_idle_rss_mb", &bench.name, mean / 1024.0);
+        // What a sandbox holding an image costs while its agent is idle.
+        let held = sandboxes_rss_kib(bench.deployment.data_dir());
+        if network && !held.is_empty() {
+            let mean = held.iter().sum::<u64>() as f64 / held.len() as f64;
+            results.add("sandbox_idle_rss_mb", &bench.name, mean / 1024.0);
+        }
+        // The agents go, and their sandboxes with them (a pool's are released).
+        for image in &images {
+            bench.api.stop(image).await?;
+        }
     }
     Ok(())
 }

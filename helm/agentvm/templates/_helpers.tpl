@@ -1,5 +1,7 @@
 {{/*
-The components, each one Deployment of `avm <component>`.
+The components, each one Deployment of `avm <component>`, each given the
+service key. Not the sandbox tier (templates/sandbox.yaml): its pods hold no
+secret and are trusted by no component.
 */}}
 {{- define "agentvm.components" -}}
 gateway auth resource session config observability runtime
@@ -46,10 +48,42 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: agentvm
 {{- end }}
 
-{{/* Selector labels of the release's pods: the NetworkPolicies trust these. */}}
+{{/* Selector labels of the release's pods (the sandbox pods' too). */}}
 {{- define "agentvm.releaseSelector" -}}
 app.kubernetes.io/name: {{ include "agentvm.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+A podSelector of the release's pods the NetworkPolicies trust: every
+component's, never the sandbox pods', where tenants' commands run.
+*/}}
+{{- define "agentvm.trustedPods" -}}
+matchLabels:
+  {{- include "agentvm.releaseSelector" . | nindent 2 }}
+matchExpressions:
+  - key: app.kubernetes.io/component
+    operator: NotIn
+    values: [sandbox]
+{{- end }}
+
+{{/* The sandbox tier's Deployment, Service and ServiceAccount: <fullname>-sandbox. */}}
+{{- define "agentvm.sandboxName" -}}
+{{- printf "%s-sandbox" (include "agentvm.fullname" .) }}
+{{- end }}
+
+{{/* The port `avm sandbox` listens on. */}}
+{{- define "agentvm.sandboxPort" -}}
+7010
+{{- end }}
+
+{{/*
+The ServiceAccount of the sandbox pods: sandbox.serviceAccountName, else
+their own (made whatever serviceAccount.create says, and without
+serviceAccount.annotations, which may give the components a cloud identity).
+*/}}
+{{- define "agentvm.sandboxServiceAccountName" -}}
+{{- default (include "agentvm.sandboxName" .) .Values.sandbox.serviceAccountName }}
 {{- end }}
 
 {{/* Selector labels of one component's pods; call with (dict "root" $ "component" $name). */}}
@@ -80,6 +114,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
 {{- else }}
 {{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* The sandbox pods' image: sandbox.image when it names a repository, else the chart's. */}}
+{{- define "agentvm.sandboxImage" -}}
+{{- $image := .Values.sandbox.image | default dict }}
+{{- if not $image.repository }}
+{{- include "agentvm.image" . }}
+{{- else if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) }}
 {{- end }}
 {{- end }}
 
@@ -143,5 +189,23 @@ secretKeyRef:
 {{- end }}
 {{- if and .Values.llm.apiKey.value .Values.llm.apiKey.existingSecret }}
 {{- fail "llm.apiKey: give value or existingSecret, not both" }}
+{{- end }}
+{{- /* Tenants' commands run in the sandbox pool, never in a runtime pod. */}}
+{{- $sandbox := .Values.runtime.sandbox | default dict }}
+{{- if and (hasKey $sandbox "provider") (ne (toString $sandbox.provider) "pool") }}
+{{- fail (printf "runtime.sandbox.provider is %q: the chart runs tenants' commands only in its sandbox pool (provider = \"pool\", set by the chart); \"local\" or \"process\" would run them in the runtime's pods, beside its secrets. Remove runtime.sandbox.provider, and size the pool with sandbox.replicas" (toString $sandbox.provider)) }}
+{{- end }}
+{{- if hasKey $sandbox "pool" }}
+{{- fail "runtime.sandbox.pool is set by the chart (its sandbox Service, http://<release>-agentvm-sandbox:7010): remove it, and size the pool with sandbox.replicas" }}
+{{- end }}
+{{- if regexMatch "(?m)^\\s*\\[\\s*runtime\\s*\\.\\s*sandbox\\s*\\]" (.Values.runtime.extraConfig | default "") }}
+{{- fail "runtime.extraConfig has a [runtime.sandbox] table: the chart renders that one (provider = \"pool\"); give its limits in runtime.sandbox" }}
+{{- end }}
+{{- /* Nor through the runtime's environment, which overrides its configuration file. */}}
+{{- range $variable := concat (.Values.extraEnv | default list) (.Values.runtime.extraEnv | default list) }}
+{{- $name := upper (toString $variable.name) }}
+{{- if or (eq $name "AVM_CONFIG") (eq $name "AVM_RUNTIME") (hasPrefix "AVM_RUNTIME_SANDBOX" $name) }}
+{{- fail (printf "extraEnv %s would replace the runtime's [runtime.sandbox] (provider = \"pool\", set by the chart): set its limits in runtime.sandbox, size the pool with sandbox.*" $variable.name) }}
+{{- end }}
 {{- end }}
 {{- end }}

@@ -11,7 +11,7 @@ use avm_common::config::GrpcConfig;
 use avm_common::grpc::GrpcServer;
 use avm_proto::sandbox::v1::sandbox_service_server::SandboxServiceServer;
 use avm_sandbox::SandboxLimits;
-use avm_sandbox::service::{Sandbox, Trust};
+use avm_sandbox::service::{Sandbox, Scrub, Trust};
 use avm_sandbox::token::TokenVerifier;
 use tokio::net::TcpListener;
 
@@ -45,6 +45,15 @@ pub struct SandboxArgs {
     /// their network (default: this one).
     #[arg(long, env = "AVM_SANDBOX_RELAY")]
     relay: Option<PathBuf>,
+    /// For a pool's sandbox alone in its container: when a claim ends, empty
+    /// these directories too (the container's `/tmp`; repeatable).
+    #[arg(long, env = "AVM_SANDBOX_SCRATCH", value_delimiter = ',')]
+    scratch: Vec<PathBuf>,
+    /// For a pool's sandbox alone in its container: when a claim ends, kill
+    /// every other process of its user (but PID 1), so nothing a command
+    /// left meets the next image. Never where the user runs anything else.
+    #[arg(long, env = "AVM_SANDBOX_KILL_STRAYS")]
+    kill_strays: bool,
     /// Stop when standard input closes: a runtime's child goes when the
     /// runtime does, however it ends.
     #[arg(long, hide = true)]
@@ -72,7 +81,11 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     let config = GrpcConfig::default();
-    let sandbox = Arc::new(Sandbox::new(root, trust, fence));
+    let scrub = Scrub {
+        scratch: args.scratch,
+        strays: args.kill_strays,
+    };
+    let sandbox = Arc::new(Sandbox::new(root, trust, fence).with_scrub(scrub));
     if args.token_key.is_none() {
         let sandbox = Arc::clone(&sandbox);
         let every = (args.claim_idle / 4).clamp(std::time::Duration::from_secs(1), std::time::Duration::from_secs(60));

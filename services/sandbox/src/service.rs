@@ -42,6 +42,17 @@ pub enum Trust {
     Claimable { idle: Duration },
 }
 
+/// What a pool's sandbox clears when a claim ends, so that nothing of one
+/// image meets the next: set where the sandbox is alone in its container.
+#[derive(Clone, Debug, Default)]
+pub struct Scrub {
+    /// Directories whose contents are removed (the container's `/tmp`).
+    pub scratch: Vec<PathBuf>,
+    /// Kill every other process of this sandbox's user (but PID 1 and its
+    /// parent): what a command left running, however it left its group.
+    pub strays: bool,
+}
+
 /// Who a pool's sandbox serves.
 #[derive(Debug)]
 struct Claimed {
@@ -58,6 +69,7 @@ pub struct Sandbox {
     root: PathBuf,
     trust: Trust,
     claimed: Mutex<Option<Claimed>>,
+    scrub: Scrub,
     /// This sandbox's fence (`isolate`, `expose`, `relay`); a command's
     /// limits are the runtime's.
     fence: SandboxLimits,
@@ -72,9 +84,33 @@ impl Sandbox {
             root,
             trust,
             claimed: Mutex::new(None),
+            scrub: Scrub::default(),
             fence,
             held: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Returns the sandbox clearing `scrub` when a claim ends.
+    pub fn with_scrub(mut self, scrub: Scrub) -> Self {
+        self.scrub = scrub;
+        self
+    }
+
+    /// Ends a pool's claim: every workspace removed, and what `scrub` names
+    /// cleared.
+    async fn end_claim(&self) {
+        *self.claimed.lock().unwrap_or_else(|poison| poison.into_inner()) = None;
+        self.forget_all().await;
+        let (root, scrub) = (self.root.clone(), self.scrub.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            if scrub.strays {
+                kill_strays();
+            }
+            for dir in std::iter::once(&root).chain(&scrub.scratch) {
+                empty(dir);
+            }
+        })
+        .await;
     }
 
     /// Frees a pool's sandbox whose claim went unused for its idle time
@@ -90,7 +126,7 @@ impl Sandbox {
         };
         if let Some(claim) = expired {
             tracing::info!(image_id = %claim.image_id, "a claim went unused: the sandbox is free again");
-            self.forget_all().await;
+            self.end_claim().await;
         }
     }
 
@@ -147,6 +183,42 @@ impl Sandbox {
             }))
         });
         Ok(Arc::clone(entry))
+    }
+}
+
+/// Removes what `dir` holds (not `dir`); what cannot be removed is logged.
+fn empty(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let removed = match entry.file_type() {
+            Ok(kind) if kind.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        if let Err(err) = removed {
+            tracing::warn!(path = %path.display(), error = %err, "cannot clear what a claim left");
+        }
+    }
+}
+
+/// Kills every process of this process's user but itself, PID 1 and its parent.
+fn kill_strays() {
+    use std::os::unix::fs::MetadataExt;
+    let (me, parent) = (std::process::id(), nix::unistd::getppid().as_raw());
+    let uid = nix::unistd::getuid().as_raw();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == 1 || pid == parent || u32::try_from(pid).is_ok_and(|pid| pid == me) {
+            continue;
+        }
+        if entry.metadata().is_ok_and(|meta| meta.uid() == uid) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
     }
 }
 
@@ -359,8 +431,9 @@ impl SandboxService for Sandbox {
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
             .remove(&image_id);
+        drop(held);
         if let Trust::Claimable { .. } = self.trust {
-            *self.claimed.lock().unwrap_or_else(|poison| poison.into_inner()) = None;
+            self.end_claim().await;
         }
         Ok(Response::new(ReleaseWorkspaceResponse {}))
     }
@@ -530,6 +603,29 @@ mod tests {
             .put_files(signed(put("img_b"), &theirs.issue("img_b")))
             .await
             .unwrap();
+
+        // Scratch directories are emptied when a claim ends.
+        let scratch = temp.path().join("scratch");
+        std::fs::create_dir_all(scratch.join("left/deep")).unwrap();
+        std::fs::write(scratch.join("left/deep/note"), "from img_b").unwrap();
+        let scrubbed = Sandbox::new(
+            temp.path().join("s"),
+            Trust::Claimable { idle },
+            SandboxLimits::default(),
+        )
+        .with_scrub(Scrub {
+            scratch: vec![scratch.clone()],
+            strays: false,
+        });
+        scrubbed.claim(claim("img_b", &theirs)).await.unwrap();
+        let release = ReleaseWorkspaceRequest {
+            image_id: "img_b".to_owned(),
+        };
+        scrubbed
+            .release_workspace(signed(release, &theirs.issue("img_b")))
+            .await
+            .unwrap();
+        assert!(scratch.exists() && std::fs::read_dir(&scratch).unwrap().next().is_none());
 
         // A claim left unused goes, its workspace with it.
         let quick = Sandbox::new(
