@@ -290,6 +290,19 @@ async fn pool_provider(mode: Mode) -> anyhow::Result<()> {
     let frames = send_and_finish(&mut third, &three.image_id, run("true")).await?;
     let (text, is_error) = tool_result(&frames)?;
     assert!(is_error && text.contains("no sandbox of the pool is free"), "{text}");
+    // Operators see it: the runtime counts claims and an exhausted pool.
+    let metrics = reqwest::get(format!("{}/metrics", cluster.runtime_grpc))
+        .await?
+        .text()
+        .await?;
+    for outcome in ["claimed", "exhausted"] {
+        let counted = metrics.lines().any(|line| {
+            line.starts_with("avm_runtime_sandboxes_total{")
+                && line.contains(r#"provider="pool""#)
+                && line.contains(&format!(r#"outcome="{outcome}""#))
+        });
+        assert!(counted, "no {outcome} count in the runtime's metrics");
+    }
 
     // The first agent goes: its sandbox is released, emptied, and serves the third.
     let (status, stopped) = call(&cluster, "POST", &format!("/v1/images/{}/stop", one.image_id), None).await?;

@@ -18,7 +18,7 @@ mod mcp;
 mod mcp_sse;
 mod remote;
 
-pub use remote::{Launcher, sandboxes_started};
+pub use remote::Launcher;
 
 pub use avm_sandbox::{Env, FileSystem, Process, Workspace, access, egress};
 

@@ -15,7 +15,6 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use avm_proto::sandbox::v1::sandbox_service_client::SandboxServiceClient;
@@ -35,14 +34,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Largest message to or from a sandbox (pieces are 1 MiB).
 const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
-
-/// Sandboxes started by this process, for tests and the benchmark.
-static STARTED: AtomicU64 = AtomicU64::new(0);
-
-/// Returns how many sandboxes this process has started.
-pub fn sandboxes_started() -> u64 {
-    STARTED.load(Ordering::Relaxed)
-}
 
 /// Where sandboxes come from.
 #[derive(Debug)]
@@ -138,7 +129,8 @@ impl Launcher {
             };
             match client.claim(claim).await {
                 Ok(_) => {
-                    STARTED.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("avm_runtime_sandboxes_total", "provider" => "pool", "outcome" => "claimed")
+                        .increment(1);
                     return Ok(Live {
                         client,
                         _process: None,
@@ -150,6 +142,7 @@ impl Launcher {
                 Err(status) => tracing::warn!(%url, error = %status.message(), "a sandbox of the pool refused a claim"),
             }
         }
+        metrics::counter!("avm_runtime_sandboxes_total", "provider" => "pool", "outcome" => "exhausted").increment(1);
         Err(format!(
             "no sandbox of the pool is free ({busy} busy of {tried} reached): try again shortly; an operator adds \
              sandboxes to the pool"
@@ -216,7 +209,7 @@ impl Launcher {
             .connect()
             .await
             .map_err(|err| format!("cannot reach the sandbox: {err}"))?;
-        STARTED.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("avm_runtime_sandboxes_total", "provider" => "process", "outcome" => "started").increment(1);
         Ok(Live {
             client: SandboxServiceClient::new(channel)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
