@@ -321,3 +321,52 @@ async fn pool_provider(mode: Mode) -> anyhow::Result<()> {
     assert_eq!(holding(&two.image_id), 1);
     Ok(())
 }
+
+both_modes!(an_interrupt_kills_a_command_in_its_sandbox, interrupted);
+
+/// An interrupted turn cancels its command's call: the sandbox kills the
+/// command, and the next command runs in the same sandbox, the workspace
+/// alike on both sides.
+async fn interrupted(mode: Mode) -> anyhow::Result<()> {
+    let options = Options {
+        sandbox_process: true,
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(mode, MockApi::Anthropic, options).await?;
+    let agent = sandboxed_agent(&cluster).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"agent": agent, "tools": ["run_command"]})).await?;
+    client
+        .send_request(
+            "message_send",
+            json!({"imageId": chat.image_id, "content": run("sleep 30 & echo $! > sleeper.pid; wait")}),
+        )
+        .await?;
+    let pid_file = crate::tools::find_file_eventually(&sandboxes_root(&cluster), "sleeper.pid").await?;
+    crate::tools::wait_for_content(&pid_file).await?;
+    let workspace = pid_file.parent().context("the sandbox's workspace")?.to_owned();
+    let sleeper = poll(Duration::from_secs(10), "the command runs", || async {
+        Ok(crate::tools::processes_in(&workspace, "sleep").pop())
+    })
+    .await?;
+    let started = sandboxes(&cluster);
+
+    let answer = client
+        .request("agent_interrupt", json!({"imageId": chat.image_id}))
+        .await?;
+    assert_eq!(answer["interrupted"], true, "{answer}");
+    let frames = client.frames_until("conversation_end").await?;
+    assert_eq!(frames.last().context("frames")?["data"]["reason"], "interrupted");
+    poll(Duration::from_secs(10), "the command is killed", || async {
+        Ok((!crate::tools::is_running(&sleeper)).then_some(()))
+    })
+    .await?;
+
+    let frames = send_and_finish(&mut client, &chat.image_id, run("echo after > after.txt; ls")).await?;
+    let (text, is_error) = tool_result(&frames)?;
+    assert!(
+        !is_error && text.contains("after.txt") && text.contains("sleeper.pid"),
+        "{text}"
+    );
+    assert_eq!(sandboxes(&cluster), started, "the same sandbox");
+    Ok(())
+}

@@ -540,7 +540,7 @@ pub(crate) fn is_running(proc_dir: &Path) -> bool {
 }
 
 /// Waits (bounded) for a file a command writes to appear below `dir`.
-async fn find_file_eventually(dir: &Path, name: &str) -> anyhow::Result<std::path::PathBuf> {
+pub(crate) async fn find_file_eventually(dir: &Path, name: &str) -> anyhow::Result<std::path::PathBuf> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         if let Some(found) = find_file(dir, name) {
@@ -552,7 +552,7 @@ async fn find_file_eventually(dir: &Path, name: &str) -> anyhow::Result<std::pat
 }
 
 /// Waits (bounded) for a file to have a complete line.
-async fn wait_for_content(path: &Path) -> anyhow::Result<String> {
+pub(crate) async fn wait_for_content(path: &Path) -> anyhow::Result<String> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let text = std::fs::read_to_string(path).unwrap_or_default();
