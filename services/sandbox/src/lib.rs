@@ -167,11 +167,20 @@ impl Workspace {
         operation: impl FnOnce(&Workspace) -> Result<T, ToolFailure> + Send + 'static,
     ) -> Result<T, ToolFailure> {
         let workspace = self.clone();
-        tokio::task::spawn_blocking(move || {
+        off_thread(move || {
             workspace.ensure()?;
             operation(&workspace)
         })
         .await
-        .unwrap_or_else(|err| Err(format!("the tool stopped unexpectedly: {err}")))
     }
+}
+
+/// Runs blocking file work off the async threads; work that panicked is a
+/// failure like any other.
+pub async fn off_thread<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ToolFailure> + Send + 'static,
+) -> Result<T, ToolFailure> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|err| Err(format!("the workspace work stopped unexpectedly: {err}")))
 }

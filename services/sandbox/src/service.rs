@@ -151,9 +151,7 @@ impl Sandbox {
 
     /// Checks the call's token for `image_id` and returns its workspace.
     fn authorized<T>(&self, request: &Request<T>, image_id: &str) -> Result<Arc<tokio::sync::Mutex<Held>>, Status> {
-        if !avm_common::ids::is_plain_name(image_id) || image_id.starts_with('.') {
-            return Err(Status::invalid_argument("image_id must be an image id"));
-        }
+        checked_image(image_id)?;
         let token = request
             .metadata()
             .get("authorization")
@@ -280,16 +278,11 @@ pub fn limits_of(fence: &SandboxLimits, limits: Option<&CommandLimits>) -> Sandb
         memory_mb: or(limits.memory_mb, fence.memory_mb),
         processes: or(limits.processes, fence.processes),
         file_mb: or(limits.file_mb, fence.file_mb),
-        output_bytes: usize::try_from(limits.output_bytes)
-            .map_or(fence.output_bytes, |bytes| or_usize(bytes, fence.output_bytes)),
+        output_bytes: usize::try_from(or(limits.output_bytes, fence.output_bytes as u64)).unwrap_or(fence.output_bytes),
         disk_mb: or(limits.disk_mb, fence.disk_mb),
         network: limits.network,
         ..fence.clone()
     }
-}
-
-fn or_usize(asked: usize, default: usize) -> usize {
-    if asked == 0 { default } else { asked }
 }
 
 /// Returns a command's limits as the runtime sends them.
@@ -309,10 +302,16 @@ pub fn command_limits(limits: &SandboxLimits, allow: &[String]) -> CommandLimits
 
 /// Runs blocking file work off the async threads.
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, Status> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|err| Status::internal(format!("the sandbox's file work stopped: {err}")))?
-        .map_err(Status::failed_precondition)
+    crate::off_thread(work).await.map_err(Status::failed_precondition)
+}
+
+/// Refuses what is not an image id (it names a directory here).
+fn checked_image(image_id: &str) -> Result<(), Status> {
+    if avm_common::ids::is_plain_name(image_id) && !image_id.starts_with('.') {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument("image_id must be an image id"))
+    }
 }
 
 #[tonic::async_trait]
@@ -326,9 +325,7 @@ impl SandboxService for Sandbox {
             ));
         };
         let ClaimRequest { image_id, public_key } = request.into_inner();
-        if !avm_common::ids::is_plain_name(&image_id) || image_id.starts_with('.') {
-            return Err(Status::invalid_argument("image_id must be an image id"));
-        }
+        checked_image(&image_id)?;
         let verifier = TokenVerifier::from_public_key(&public_key).map_err(Status::invalid_argument)?;
         let mut claimed = self.claimed.lock().unwrap_or_else(|poison| poison.into_inner());
         match claimed.as_mut() {

@@ -286,7 +286,7 @@ impl RemoteProcess {
     async fn put(&self, live: &mut Live) -> Result<(), Lost> {
         let workspace = self.workspace.clone();
         let before = live.synced.clone();
-        let (changes, now) = blocking(move || {
+        let (changes, now) = avm_sandbox::off_thread(move || {
             let now = sync::snapshot(&workspace)?;
             let changes = sync::changes(&workspace, before.as_ref().unwrap_or(&Snapshot::new()), &now)?;
             Ok((changes, now))
@@ -328,7 +328,7 @@ impl RemoteProcess {
         }
         let changes: Changes = joined_changes(files, removed);
         let workspace = self.workspace.clone();
-        let now = blocking(move || {
+        let now = avm_sandbox::off_thread(move || {
             if !changes.is_empty() {
                 sync::apply(&workspace, &changes, false)?;
             }
@@ -444,13 +444,4 @@ fn lost_text(status: &tonic::Status) -> ToolFailure {
         tonic::Code::DeadlineExceeded => "the command's sandbox did not answer in time and was stopped".to_owned(),
         _ => format!("the command's sandbox refused it: {}", status.message()),
     }
-}
-
-/// Runs file work off the async threads.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, ToolFailure> + Send + 'static,
-) -> Result<T, ToolFailure> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .unwrap_or_else(|err| Err(format!("the workspace sync stopped: {err}")))
 }
