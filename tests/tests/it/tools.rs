@@ -822,7 +822,22 @@ async fn sandbox_environment(mode: Mode) -> anyhow::Result<()> {
 both_modes!(an_agents_sandbox_resource_sets_its_limits, sandbox_limits);
 
 async fn sandbox_limits(mode: Mode) -> anyhow::Result<()> {
-    let (_mock, cluster) = start(mode, MockApi::OpenAi).await?;
+    sandbox_limits_with(mode, Options::default()).await
+}
+
+/// The same with commands in an `avm sandbox` child: the limits an agent's
+/// sandbox resource sets travel with each command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_sandbox_resource_sets_its_limits_in_a_sandbox_process() -> anyhow::Result<()> {
+    let options = Options {
+        sandbox_process: true,
+        ..Options::default()
+    };
+    sandbox_limits_with(Mode::PerComponent, options).await
+}
+
+async fn sandbox_limits_with(mode: Mode, options: Options) -> anyhow::Result<()> {
+    let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
     let sandbox = json!({"kind": "sandbox", "name": "offline", "version": "1.0.0",
         "content": {"limits": {"network": false, "timeoutSeconds": 1, "diskMb": 1}}});
     let prompt = json!({"kind": "prompt", "name": "offline", "version": "1.0.0",
