@@ -66,13 +66,44 @@ pub struct Command<'a> {
     pub env: &'a [(String, String)],
 }
 
-/// Runs commands in one workspace.
+/// A long-lived program for [`Process::serve`] (a stdio MCP server).
+#[derive(Clone, Copy, Debug)]
+pub struct Program<'a> {
+    pub program: &'a str,
+    pub args: &'a [String],
+    pub limits: &'a SandboxLimits,
+    pub guard: &'a Arc<AddressGuard>,
+    /// The sandbox's variables, then the program's own.
+    pub env: &'a [(String, String)],
+    pub own: &'a std::collections::BTreeMap<String, String>,
+}
+
+/// A served program's standard streams, and what keeps it running.
+pub struct Served {
+    pub stdout: std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>>,
+    pub stdin: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    /// What it writes to standard error (read when it fails to start).
+    pub stderr: Option<std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>>>,
+    /// Kills it, and everything it started, when dropped.
+    pub keep: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl Debug for Served {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Served")
+    }
+}
+
+/// Runs commands and programs in one workspace.
 #[async_trait::async_trait]
 pub trait Process: Send + Sync + Debug {
     /// Runs `command` to its end (or its wall timeout); the text says how it
     /// exited and what it printed, the flag whether it failed. `Err` is for a
     /// command that could not run, ran out of time or lost its sandbox.
     async fn run(&self, command: Command<'_>) -> Result<(String, bool), ToolFailure>;
+
+    /// Starts `program`, its standard streams piped to the caller.
+    async fn serve(&self, program: Program<'_>) -> Result<Served, ToolFailure>;
 }
 
 /// What keeps a workspace between agents (the workspace store's hold on it,
@@ -157,6 +188,29 @@ impl Process for Workspace {
     async fn run(&self, command: Command<'_>) -> Result<(String, bool), ToolFailure> {
         self.ensure()?;
         process::run_command(self, command.script, command.limits, command.guard, command.env).await
+    }
+
+    async fn serve(&self, program: Program<'_>) -> Result<Served, ToolFailure> {
+        let mut server = process::serve(
+            self,
+            program.program,
+            program.args,
+            program.limits,
+            program.guard,
+            program.env,
+            program.own,
+        )
+        .await?;
+        let child = &mut server.child;
+        let (Some(stdout), Some(stdin), stderr) = (child.stdout.take(), child.stdin.take(), child.stderr.take()) else {
+            return Err("the program's standard streams are missing".to_owned());
+        };
+        Ok(Served {
+            stdout: Box::pin(stdout),
+            stdin: Box::pin(stdin),
+            stderr: stderr.map(|stderr| Box::pin(stderr) as std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>>),
+            keep: Box::new(server),
+        })
     }
 }
 

@@ -12,8 +12,8 @@ use avm_common::address::AddressGuard;
 use avm_proto::sandbox::v1::sandbox_service_server::SandboxService;
 use avm_proto::sandbox::v1::{
     ClaimRequest, ClaimResponse, CommandLimits, PutFilesRequest, PutFilesResponse, ReleaseWorkspaceRequest,
-    ReleaseWorkspaceResponse, RunCommandRequest, RunCommandResponse, TakeChangesRequest, TakeChangesResponse,
-    WorkspaceFile,
+    ReleaseWorkspaceResponse, RunCommandRequest, RunCommandResponse, ServeProgramRequest, ServeProgramResponse,
+    TakeChangesRequest, TakeChangesResponse, WorkspaceFile, WriteProgramRequest, WriteProgramResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -74,6 +74,65 @@ pub struct Sandbox {
     /// limits are the runtime's.
     fence: SandboxLimits,
     held: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Held>>>>,
+    /// The served programs' standard inputs, by `<image>/<program id>`.
+    programs: Programs,
+}
+
+/// The served programs' standard inputs.
+type Programs = Arc<Mutex<HashMap<String, tokio::sync::mpsc::Sender<Vec<u8>>>>>;
+
+/// A served program while its output is streamed: dropped (the call
+/// cancelled, or the program done), it is killed and forgotten.
+struct Running {
+    stdout: tokio::process::ChildStdout,
+    stderr: Option<tokio::process::ChildStderr>,
+    _server: crate::process::Server,
+    programs: Programs,
+    key: String,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.programs
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .remove(&self.key);
+    }
+}
+
+impl Running {
+    /// Returns the next piece of output, or why the program ended.
+    async fn next(mut self) -> Option<(Result<ServeProgramResponse, Status>, Option<Running>)> {
+        use tokio::io::AsyncReadExt;
+        let mut buffer = vec![0_u8; 16 * 1024];
+        match self.stdout.read(&mut buffer).await {
+            Ok(read) if read > 0 => {
+                buffer.truncate(read);
+                let piece = ServeProgramResponse {
+                    stdout: buffer,
+                    ended: String::new(),
+                };
+                Some((Ok(piece), Some(self)))
+            }
+            _ => {
+                let mut said = vec![0_u8; 2048];
+                let read = match self.stderr.as_mut() {
+                    Some(stderr) => tokio::time::timeout(Duration::from_millis(200), stderr.read(&mut said))
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .unwrap_or(0),
+                    None => 0,
+                };
+                let said = String::from_utf8_lossy(&said[..read]).trim().to_owned();
+                let ended = ServeProgramResponse {
+                    stdout: Vec::new(),
+                    ended: format!("it ended; it said: {said:?}"),
+                };
+                Some((Ok(ended), None))
+            }
+        }
+    }
 }
 
 impl Sandbox {
@@ -85,6 +144,7 @@ impl Sandbox {
             trust,
             claimed: Mutex::new(None),
             scrub: Scrub::default(),
+            programs: Arc::new(Mutex::new(HashMap::new())),
             fence,
             held: Mutex::new(HashMap::new()),
         }
@@ -410,6 +470,87 @@ impl SandboxService for Sandbox {
         Ok(Response::new(Box::pin(futures::stream::iter(messages))))
     }
 
+    type ServeProgramStream = avm_proto::BoxStream<ServeProgramResponse>;
+
+    async fn serve_program(
+        &self,
+        request: Request<ServeProgramRequest>,
+    ) -> Result<Response<Self::ServeProgramStream>, Status> {
+        let held = self.authorized(&request, &request.get_ref().image_id)?;
+        let request = request.into_inner();
+        if !avm_common::ids::is_plain_name(&request.program_id) {
+            return Err(Status::invalid_argument("program_id must be a plain name"));
+        }
+        let limits = limits_of(&self.fence, request.limits.as_ref());
+        let allow = request.limits.map(|limits| limits.allow).unwrap_or_default();
+        let guard = Arc::new(AddressGuard::new(&allow).map_err(|err| Status::invalid_argument(err.message))?);
+        let env: Vec<(String, String)> = request.env.into_iter().map(|var| (var.name, var.value)).collect();
+        let own: std::collections::BTreeMap<String, String> =
+            request.own_env.into_iter().map(|var| (var.name, var.value)).collect();
+        let workspace = held.lock().await.workspace.clone().with_quota_mb(limits.disk_mb);
+        let served =
+            crate::process::serve(&workspace, &request.program, &request.args, &limits, &guard, &env, &own).await;
+        let mut server = match served {
+            Ok(server) => server,
+            Err(why) => {
+                let ended = ServeProgramResponse {
+                    stdout: Vec::new(),
+                    ended: why,
+                };
+                return Ok(Response::new(Box::pin(futures::stream::iter([Ok(ended)]))));
+            }
+        };
+        let child = &mut server.child;
+        let (Some(stdout), Some(mut stdin), stderr) = (child.stdout.take(), child.stdin.take(), child.stderr.take())
+        else {
+            return Err(Status::internal("the program's standard streams are missing"));
+        };
+        let key = format!("{}/{}", request.image_id, request.program_id);
+        let (sender, mut received) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
+        self.programs
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .insert(key.clone(), sender);
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            while let Some(bytes) = received.recv().await {
+                if stdin.write_all(&bytes).await.is_err() || stdin.flush().await.is_err() {
+                    break;
+                }
+            }
+        });
+        let running = Running {
+            stdout,
+            stderr,
+            _server: server,
+            programs: Arc::clone(&self.programs),
+            key,
+        };
+        let stream = futures::stream::unfold(Some(running), |running| async move { running?.next().await });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn write_program(
+        &self,
+        request: Request<WriteProgramRequest>,
+    ) -> Result<Response<WriteProgramResponse>, Status> {
+        self.authorized(&request, &request.get_ref().image_id)?;
+        let request = request.into_inner();
+        let key = format!("{}/{}", request.image_id, request.program_id);
+        let sender = self
+            .programs
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| Status::failed_precondition("the program has ended"))?;
+        sender
+            .send(request.stdin)
+            .await
+            .map_err(|_| Status::failed_precondition("the program has ended"))?;
+        Ok(Response::new(WriteProgramResponse {}))
+    }
+
     async fn release_workspace(
         &self,
         request: Request<ReleaseWorkspaceRequest>,
@@ -639,6 +780,53 @@ mod tests {
         quick.expire_idle().await;
         assert!(!temp.path().join("q/img_c").exists());
         quick.claim(claim("img_d", &theirs)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_served_program_reads_what_is_written_and_goes_with_its_call() {
+        let temp = tempfile::tempdir().unwrap();
+        let signer = TokenSigner::random();
+        let verifier = TokenVerifier::from_public_key(&signer.public_key()).unwrap();
+        let fence = SandboxLimits {
+            isolate: false,
+            ..SandboxLimits::default()
+        };
+        let sandbox = Sandbox::new(temp.path().to_owned(), Trust::Runtime(verifier), fence);
+        let token = signer.issue("img_a");
+        let serve = ServeProgramRequest {
+            image_id: "img_a".to_owned(),
+            program_id: "prog_1".to_owned(),
+            program: "/bin/cat".to_owned(),
+            limits: Some(CommandLimits {
+                network: false,
+                ..CommandLimits::default()
+            }),
+            ..ServeProgramRequest::default()
+        };
+        let mut output = sandbox.serve_program(signed(serve, &token)).await.unwrap().into_inner();
+        let write = |image: &str, token: &str| {
+            signed(
+                WriteProgramRequest {
+                    image_id: image.to_owned(),
+                    program_id: "prog_1".to_owned(),
+                    stdin: b"ping\n".to_vec(),
+                },
+                token,
+            )
+        };
+        // Another image's token writes nothing to it.
+        let refused = sandbox
+            .write_program(write("img_a", &signer.issue("img_b")))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        sandbox.write_program(write("img_a", &token)).await.unwrap();
+        let piece = output.next().await.unwrap().unwrap();
+        assert_eq!(piece.stdout, b"ping\n");
+        // The call cancelled, the program is gone.
+        drop(output);
+        let gone = sandbox.write_program(write("img_a", &token)).await.unwrap_err();
+        assert_eq!(gone.code(), tonic::Code::FailedPrecondition);
     }
 
     #[test]

@@ -96,6 +96,73 @@ fn results(frames: &[Value]) -> Vec<(String, bool)> {
 
 both_modes!(an_operators_stdio_server_serves_tools_in_the_sandbox, stdio);
 
+/// Issue 27: with a sandbox provider, a stdio server runs in the image's
+/// sandbox, as commands do, never in the runtime: its standard streams
+/// travel over the sandbox's gRPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_stdio_server_serves_tools_in_a_sandbox_process() -> anyhow::Result<()> {
+    let options = Options {
+        sandbox_process: true,
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(Mode::PerComponent, MockApi::Anthropic, mock_exposed(options)).await?;
+    let server = json!({"command": MOCK_MCP, "env": {"GREETING": "hi"}});
+    let tool = mcp_tool(&cluster, "mock", server, true).await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"tools": [tool]})).await?;
+    let script = r#"[mock call='mcp__mock__echo:{"text": "hello"}' call='mcp__mock__whereami:{}']"#;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
+    assert_eq!(
+        results(&frames),
+        [
+            ("echo: hello".to_owned(), false),
+            (
+                "cwd=/workspace env=GREETING,HOME,HTTPS_PROXY,HTTP_PROXY,LANG,PATH,TMPDIR,http_proxy,https_proxy"
+                    .to_owned(),
+                false
+            ),
+        ],
+        "{:?}",
+        types(&frames)
+    );
+    // It is a child of the sandbox, not of the runtime.
+    let sandbox_root = cluster.data_dir().join("workspaces-sandboxes");
+    let workspace = std::fs::read_dir(&sandbox_root)?
+        .flatten()
+        .map(|sandbox| sandbox.path().join(&chat.image_id))
+        .find(|dir| dir.is_dir())
+        .context("the sandbox's copy of the workspace")?;
+    let program = std::path::Path::new(MOCK_MCP)
+        .file_name()
+        .and_then(|name| name.to_str())
+        .context("the server's name")?;
+    let served = crate::tools::processes_in(&workspace, program);
+    assert_eq!(served.len(), 1, "the server runs in the sandbox's workspace");
+
+    // A tool it adds mid-turn is offered on the next call, and failures are results.
+    let script = r#"[mock call='mcp__mock__unlock:{}' call='2:mcp__mock__door:{}' call='3:mcp__mock__fail:{}']"#;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
+    assert_eq!(
+        results(&frames),
+        [
+            ("unlocked".to_owned(), false),
+            ("opened".to_owned(), false),
+            ("it failed on purpose".to_owned(), true),
+        ],
+        "{:?}",
+        types(&frames)
+    );
+
+    // The agent goes: the server goes with its sandbox.
+    let (status, stopped) = call(&cluster, "POST", &format!("/v1/images/{}/stop", chat.image_id), None).await?;
+    assert_eq!(status, 200, "{stopped}");
+    let proc_dir = served[0].clone();
+    crate::support::poll(std::time::Duration::from_secs(20), "the server stops", || async {
+        Ok((!crate::tools::is_running(&proc_dir)).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
 async fn stdio(mode: Mode) -> anyhow::Result<()> {
     let (mock, cluster) = start_with(mode, MockApi::Anthropic, mock_exposed(Options::default())).await?;
     let server = json!({"command": MOCK_MCP, "env": {"GREETING": "hi"}});

@@ -35,7 +35,6 @@ use crate::config::{McpConfig, SandboxLimits};
 use crate::error::RuntimeError;
 use crate::llm::ToolSpec;
 use avm_sandbox::Workspace;
-use avm_sandbox::process;
 
 /// What the model's name of an MCP tool starts with.
 pub const MCP_TOOL_PREFIX: &str = "mcp__";
@@ -181,7 +180,7 @@ struct Session {
     /// The user whose credentials opened it (HTTP servers).
     user_id: Option<String>,
     /// The process of a stdio server, killed with everything it started when dropped.
-    _server: Option<process::Server>,
+    _server: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 /// A tool a server listed: the model's name for it and the server's.
@@ -261,6 +260,8 @@ pub struct Caller<'a> {
 /// What reaching a server needs from its agent.
 pub struct Reach<'a> {
     pub workspace: &'a Workspace,
+    /// Where a stdio server runs: the workspace itself, or its sandbox.
+    pub process: &'a dyn avm_sandbox::Process,
     pub limits: &'a SandboxLimits,
     pub fetcher: &'a Fetcher,
     pub config: &'a McpConfig,
@@ -390,37 +391,24 @@ impl McpServer {
             stale: Arc::clone(&self.stale),
         };
         match &self.spec.transport {
-            McpTransport::Stdio { .. } if reach.limits.provider != avm_sandbox::Provider::Local => Err((
-                "stdio MCP servers run only with [runtime.sandbox] provider = \"local\" for now: with a sandbox \
-                 provider they would run in the runtime, beside its secrets; use an HTTP MCP server"
-                    .to_owned(),
-                false,
-            )),
             McpTransport::Stdio { command, args, env } => {
                 reach.workspace.load().await.map_err(|why| (why, false))?;
                 let sandbox_env = reach.env.map_err(|why| (why.to_owned(), false))?;
-                let mut server = process::serve(
-                    reach.workspace,
-                    command,
+                let program = avm_sandbox::Program {
+                    program: command,
                     args,
-                    reach.limits,
-                    reach.fetcher.guard(),
-                    sandbox_env,
-                    env,
-                )
-                .await
-                .map_err(|why| (why, false))?;
-                let child = &mut server.child;
-                let (Some(stdout), Some(stdin), stderr) =
-                    (child.stdout.take(), child.stdin.take(), child.stderr.take())
-                else {
-                    return Err(("the server's standard streams are missing".to_owned(), false));
+                    limits: reach.limits,
+                    guard: reach.fetcher.guard(),
+                    env: sandbox_env,
+                    own: env,
                 };
+                let served = reach.process.serve(program).await.map_err(|why| (why, false))?;
+                let (stdout, stdin, stderr, keep) = (served.stdout, served.stdin, served.stderr, served.keep);
                 match listener.serve((stdout, stdin)).await {
                     Ok(service) => Ok(Session {
                         service,
                         user_id: None,
-                        _server: Some(server),
+                        _server: Some(keep),
                     }),
                     Err(err) => {
                         // What the server said before it went away explains more than the protocol error.

@@ -373,6 +373,7 @@ impl Toolbox {
         let variables = self.variables().await;
         let reach = mcp::Reach {
             workspace: &self.workspace,
+            process: self.process.as_ref(),
             limits: &self.limits,
             fetcher: &self.context.fetcher,
             config: &self.context.mcp,

@@ -19,12 +19,13 @@ use std::time::Duration;
 
 use avm_proto::sandbox::v1::sandbox_service_client::SandboxServiceClient;
 use avm_proto::sandbox::v1::{
-    ClaimRequest, EnvironmentVariable, PutFilesRequest, ReleaseWorkspaceRequest, RunCommandRequest, TakeChangesRequest,
+    ClaimRequest, EnvironmentVariable, PutFilesRequest, ReleaseWorkspaceRequest, RunCommandRequest,
+    ServeProgramRequest, TakeChangesRequest, WriteProgramRequest,
 };
 use avm_sandbox::service::{command_limits, joined_changes, pieces};
 use avm_sandbox::sync::{self, Changes, Snapshot};
 use avm_sandbox::token::TokenSigner;
-use avm_sandbox::{Command, Process, SandboxLimits, ToolFailure, Workspace};
+use avm_sandbox::{Command, Process, Program, SandboxLimits, Served, ToolFailure, Workspace};
 use futures::StreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tonic::transport::Channel;
@@ -370,6 +371,10 @@ impl RemoteProcess {
 
 #[async_trait::async_trait]
 impl Process for RemoteProcess {
+    async fn serve(&self, program: Program<'_>) -> Result<Served, ToolFailure> {
+        self.serve_remote(program).await
+    }
+
     async fn run(&self, command: Command<'_>) -> Result<(String, bool), ToolFailure> {
         if command.script.trim().is_empty() {
             return Err("`command` must not be empty".to_owned());
@@ -389,6 +394,111 @@ impl Process for RemoteProcess {
                 Err(why)
             }
         }
+    }
+}
+
+/// A program served by a sandbox: its output and input pumped between the
+/// call and local pipes; dropped, the pumps stop and the call is cancelled,
+/// which kills the program there.
+#[derive(Debug)]
+struct RemoteProgram {
+    pumps: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for RemoteProgram {
+    fn drop(&mut self) {
+        for pump in &self.pumps {
+            pump.abort();
+        }
+    }
+}
+
+/// Buffered between a served program's call and its local pipes.
+const PIPE_BYTES: usize = 64 * 1024;
+
+impl RemoteProcess {
+    /// Starts a program in the sandbox (started or claimed if need be, the
+    /// workspace put in first).
+    async fn serve_remote(&self, program: Program<'_>) -> Result<Served, ToolFailure> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut client = {
+            let mut live = self.live.lock().await;
+            if live.is_none() {
+                *live = Some(self.launcher.start(&self.image_id).await?);
+            }
+            let Some(sandbox) = live.as_mut() else {
+                return Err("the sandbox is not there".to_owned());
+            };
+            if let Err(Lost(why)) = self.put(sandbox).await {
+                *live = None;
+                return Err(why);
+            }
+            sandbox.client.clone()
+        };
+        let variables = |vars: &mut dyn Iterator<Item = (&String, &String)>| -> Vec<EnvironmentVariable> {
+            vars.map(|(name, value)| EnvironmentVariable {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect()
+        };
+        let program_id = format!("prog_{:032x}", rand::random::<u128>());
+        let request = ServeProgramRequest {
+            image_id: self.image_id.clone(),
+            program_id: program_id.clone(),
+            program: program.program.to_owned(),
+            args: program.args.to_vec(),
+            limits: Some(command_limits(program.limits, &self.launcher.allow)),
+            env: variables(&mut program.env.iter().map(|(name, value)| (name, value))),
+            own_env: variables(&mut program.own.iter()),
+        };
+        let mut output = client
+            .serve_program(self.signed(request))
+            .await
+            .map_err(|status| lost(status).0)?
+            .into_inner();
+        let (mut stdout_in, stdout) = tokio::io::duplex(PIPE_BYTES);
+        let (stdin, mut stdin_out) = tokio::io::duplex(PIPE_BYTES);
+        let (mut stderr_in, stderr) = tokio::io::duplex(4096);
+        let reading = tokio::spawn(async move {
+            while let Some(Ok(piece)) = output.next().await {
+                if !piece.ended.is_empty() {
+                    let _ = stderr_in.write_all(piece.ended.as_bytes()).await;
+                    break;
+                }
+                if stdout_in.write_all(&piece.stdout).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let (image_id, signer) = (self.image_id.clone(), Arc::clone(&self.launcher));
+        let writing = tokio::spawn(async move {
+            let mut buffer = vec![0_u8; PIPE_BYTES];
+            while let Ok(read) = stdin_out.read(&mut buffer).await {
+                if read == 0 {
+                    break;
+                }
+                let mut request = tonic::Request::new(WriteProgramRequest {
+                    image_id: image_id.clone(),
+                    program_id: program_id.clone(),
+                    stdin: buffer[..read].to_vec(),
+                });
+                if let Ok(value) = format!("Bearer {}", signer.signer.issue(&image_id)).parse() {
+                    request.metadata_mut().insert("authorization", value);
+                }
+                if client.write_program(request).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Served {
+            stdout: Box::pin(stdout),
+            stdin: Box::pin(stdin),
+            stderr: Some(Box::pin(stderr)),
+            keep: Box::new(RemoteProgram {
+                pumps: vec![reading, writing],
+            }),
+        })
     }
 }
 
