@@ -274,12 +274,7 @@ impl RemoteProcess {
 
     /// Returns `message` with this image's token.
     fn signed<T>(&self, message: T) -> tonic::Request<T> {
-        let mut request = tonic::Request::new(message);
-        let token = format!("Bearer {}", self.launcher.signer.issue(&self.image_id));
-        if let Ok(value) = token.parse() {
-            request.metadata_mut().insert("authorization", value);
-        }
-        request
+        signed(&self.launcher, &self.image_id, message)
     }
 
     /// Puts into the sandbox what changed in the runtime's copy since they
@@ -471,21 +466,19 @@ impl RemoteProcess {
                 }
             }
         });
-        let (image_id, signer) = (self.image_id.clone(), Arc::clone(&self.launcher));
+        let (image_id, launcher) = (self.image_id.clone(), Arc::clone(&self.launcher));
         let writing = tokio::spawn(async move {
             let mut buffer = vec![0_u8; PIPE_BYTES];
             while let Ok(read) = stdin_out.read(&mut buffer).await {
                 if read == 0 {
                     break;
                 }
-                let mut request = tonic::Request::new(WriteProgramRequest {
+                let write = WriteProgramRequest {
                     image_id: image_id.clone(),
                     program_id: program_id.clone(),
                     stdin: buffer[..read].to_vec(),
-                });
-                if let Ok(value) = format!("Bearer {}", signer.signer.issue(&image_id)).parse() {
-                    request.metadata_mut().insert("authorization", value);
-                }
+                };
+                let request = signed(&launcher, &image_id, write);
                 if client.write_program(request).await.is_err() {
                     break;
                 }
@@ -523,6 +516,15 @@ impl Drop for RemoteProcess {
             }
         });
     }
+}
+
+/// Returns `message` with a token of `launcher`'s for `image_id`.
+fn signed<T>(launcher: &Launcher, image_id: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Ok(value) = format!("Bearer {}", launcher.signer.issue(image_id)).parse() {
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
 }
 
 /// Returns the host and port of a pool address (`http://host:port`).
