@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use avm_tests::cluster::{Cluster, Mode, Options};
-use avm_tests::mock_llm::MockApi;
+use avm_tests::mock_llm::{MockApi, MockLlm};
 use serde_json::{Value, json};
 
 use crate::both_modes;
@@ -56,6 +56,18 @@ async fn sandboxed_agent(cluster: &Cluster) -> anyhow::Result<String> {
     Ok("resource://agents/worker@1".to_owned())
 }
 
+/// Starts a cluster whose commands run in sandbox processes, and publishes
+/// the agent of [`sandboxed_agent`].
+async fn process_cluster(mode: Mode, api: MockApi) -> anyhow::Result<(MockLlm, Cluster, String)> {
+    let options = Options {
+        sandbox_process: true,
+        ..Options::default()
+    };
+    let (mock, cluster) = start_with(mode, api, options).await?;
+    let agent = sandboxed_agent(&cluster).await?;
+    Ok((mock, cluster, agent))
+}
+
 /// Returns the text of a turn's first tool result and whether it is an error.
 fn tool_result(frames: &[Value]) -> anyhow::Result<(String, bool)> {
     let result = frames
@@ -79,12 +91,7 @@ fn run(command: &str) -> Value {
 both_modes!(commands_run_in_a_sandbox_process_that_holds_no_secret, process_provider);
 
 async fn process_provider(mode: Mode) -> anyhow::Result<()> {
-    let options = Options {
-        sandbox_process: true,
-        ..Options::default()
-    };
-    let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
-    let agent = sandboxed_agent(&cluster).await?;
+    let (_mock, cluster, agent) = process_cluster(mode, MockApi::OpenAi).await?;
 
     // A chat without tools starts no sandbox.
     let (mut chat_client, chat) = open_chat(&cluster, json!({"agent": agent})).await?;
@@ -165,12 +172,7 @@ both_modes!(
 );
 
 async fn killed_sandbox(mode: Mode) -> anyhow::Result<()> {
-    let options = Options {
-        sandbox_process: true,
-        ..Options::default()
-    };
-    let (_mock, cluster) = start_with(mode, MockApi::Anthropic, options).await?;
-    let agent = sandboxed_agent(&cluster).await?;
+    let (_mock, cluster, agent) = process_cluster(mode, MockApi::Anthropic).await?;
     let (mut client, chat) = open_chat(&cluster, json!({"agent": agent, "tools": ["run_command"]})).await?;
     let frames = send_and_finish(&mut client, &chat.image_id, run("echo kept > kept.txt")).await?;
     assert_eq!(tool_result(&frames)?, ("exit code 0".to_owned(), false));
@@ -328,12 +330,7 @@ both_modes!(an_interrupt_kills_a_command_in_its_sandbox, interrupted);
 /// command, and the next command runs in the same sandbox, the workspace
 /// alike on both sides.
 async fn interrupted(mode: Mode) -> anyhow::Result<()> {
-    let options = Options {
-        sandbox_process: true,
-        ..Options::default()
-    };
-    let (_mock, cluster) = start_with(mode, MockApi::Anthropic, options).await?;
-    let agent = sandboxed_agent(&cluster).await?;
+    let (_mock, cluster, agent) = process_cluster(mode, MockApi::Anthropic).await?;
     let (mut client, chat) = open_chat(&cluster, json!({"agent": agent, "tools": ["run_command"]})).await?;
     client
         .send_request(
