@@ -96,6 +96,30 @@ fn results(frames: &[Value]) -> Vec<(String, bool)> {
 
 both_modes!(an_operators_stdio_server_serves_tools_in_the_sandbox, stdio);
 
+/// What the mock server's `whereami` says from a fenced workspace: its
+/// place, and its variables (its own, the fence's, its network proxy's).
+const WHEREAMI: &str =
+    "cwd=/workspace env=GREETING,HOME,HTTPS_PROXY,HTTP_PROXY,LANG,PATH,TMPDIR,http_proxy,https_proxy";
+
+/// Has the mock server add a tool mid-turn (`unlock`), calls it (`door`)
+/// and a failing one: each answered on the turn's next call, the failure a
+/// result. Returns the turn's frames.
+async fn unlock_the_door(client: &mut WsClient, image_id: &str) -> anyhow::Result<Vec<Value>> {
+    let script = r#"[mock call='mcp__mock__unlock:{}' call='2:mcp__mock__door:{}' call='3:mcp__mock__fail:{}']"#;
+    let frames = send_and_finish(client, image_id, json!(script)).await?;
+    assert_eq!(
+        results(&frames),
+        [
+            ("unlocked".to_owned(), false),
+            ("opened".to_owned(), false),
+            ("it failed on purpose".to_owned(), true),
+        ],
+        "{:?}",
+        types(&frames)
+    );
+    Ok(frames)
+}
+
 /// Issue 27: with a sandbox provider, a stdio server runs in the image's
 /// sandbox, as commands do, never in the runtime: its standard streams
 /// travel over the sandbox's gRPC.
@@ -113,14 +137,7 @@ async fn an_operators_stdio_server_serves_tools_in_a_sandbox_process() -> anyhow
     let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
     assert_eq!(
         results(&frames),
-        [
-            ("echo: hello".to_owned(), false),
-            (
-                "cwd=/workspace env=GREETING,HOME,HTTPS_PROXY,HTTP_PROXY,LANG,PATH,TMPDIR,http_proxy,https_proxy"
-                    .to_owned(),
-                false
-            ),
-        ],
+        [("echo: hello".to_owned(), false), (WHEREAMI.to_owned(), false),],
         "{:?}",
         types(&frames)
     );
@@ -139,18 +156,7 @@ async fn an_operators_stdio_server_serves_tools_in_a_sandbox_process() -> anyhow
     assert_eq!(served.len(), 1, "the server runs in the sandbox's workspace");
 
     // A tool it adds mid-turn is offered on the next call, and failures are results.
-    let script = r#"[mock call='mcp__mock__unlock:{}' call='2:mcp__mock__door:{}' call='3:mcp__mock__fail:{}']"#;
-    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
-    assert_eq!(
-        results(&frames),
-        [
-            ("unlocked".to_owned(), false),
-            ("opened".to_owned(), false),
-            ("it failed on purpose".to_owned(), true),
-        ],
-        "{:?}",
-        types(&frames)
-    );
+    unlock_the_door(&mut client, &chat.image_id).await?;
 
     // The agent goes: the server goes with its sandbox.
     let (status, stopped) = call(&cluster, "POST", &format!("/v1/images/{}/stop", chat.image_id), None).await?;
@@ -179,7 +185,7 @@ async fn stdio(mode: Mode) -> anyhow::Result<()> {
     assert!(!failed, "{whereami}");
     assert!(workspace_of(&cluster, &chat.image_id).is_some(), "the workspace");
     assert_eq!(
-        whereami, "cwd=/workspace env=GREETING,HOME,HTTPS_PROXY,HTTP_PROXY,LANG,PATH,TMPDIR,http_proxy,https_proxy",
+        whereami, WHEREAMI,
         "the server runs in the workspace with a clean environment, its own variables and its network proxy"
     );
     let requests = mock.requests();
@@ -201,18 +207,7 @@ async fn stdio(mode: Mode) -> anyhow::Result<()> {
     );
 
     // A tool the server adds mid-turn is offered on the next call of the turn.
-    let script = r#"[mock call='mcp__mock__unlock:{}' call='2:mcp__mock__door:{}' call='3:mcp__mock__fail:{}']"#;
-    let frames = send_and_finish(&mut client, &chat.image_id, json!(script)).await?;
-    assert_eq!(
-        results(&frames),
-        [
-            ("unlocked".to_owned(), false),
-            ("opened".to_owned(), false),
-            ("it failed on purpose".to_owned(), true),
-        ],
-        "{:?}",
-        types(&frames)
-    );
+    let frames = unlock_the_door(&mut client, &chat.image_id).await?;
     assert_eq!(frames.last().context("frames")?["type"], "conversation_end");
     let last = mock.requests().last().context("requests")?.body["tools"].clone();
     assert!(
