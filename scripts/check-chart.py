@@ -10,22 +10,35 @@ Service, ServiceAccount, PodDisruptionBudget, NetworkPolicy (and HPA when
 autoscaled); every container with liveness and readiness probes, resource
 requests and limits, the restricted security context and emptyDirs for its
 writable paths; the environment each component needs. And that no tenant
-code runs in a runtime pod: the runtime's [runtime.sandbox] says provider =
-"pool" with the chart's sandbox Service as the pool; the sandbox pods mount
-no token and no Secret, take no Secret into their environment, carry none of
-the components' labels, annotations or environment, have a NetworkPolicy of
-their own (ingress from the runtimes only; egress to DNS and the internet,
-never the cloud metadata range), and no component's NetworkPolicy admits
-them. Values the chart must refuse are tried too (a runtime.sandbox.provider
-other than pool among them). Prints every problem and exits 1 if there is any.
+code runs in a runtime pod, in either sandbox mode: the runtime's
+[runtime.sandbox] says provider = "pool" with the chart's sandbox Service as
+the pool, or provider = "kubernetes" with [runtime.sandbox.kubernetes]
+naming the chart's SandboxWarmPools (agent-sandbox v0.5.6,
+extensions.agents.x-k8s.io/v1beta1), each referring to a rendered
+SandboxTemplate; never local or process. The sandbox pods (the pool's
+Deployment or the SandboxTemplates' pods, whose pod spec is validated as a
+Pod) mount no token and no Secret, take no Secret into their environment,
+carry none of the components' labels, annotations or environment, run
+hardened (read-only root, no capabilities, RuntimeDefault seccomp) under
+sandbox.runtimeClassName when set, have a NetworkPolicy of their own
+(ingress from the runtimes only; egress to DNS and the internet, never the
+cloud metadata range nor networkPolicy.kubernetesApi), and no component's
+NetworkPolicy admits them. Only the runtime's pods mount a ServiceAccount
+token, and only in kubernetes mode, where its Role grants exactly create,
+get and delete on sandboxclaims, bound to the runtime's ServiceAccount
+alone. Values the chart must refuse are tried too (a provider other than
+pool or kubernetes among them). Prints every problem and exits 1 if there
+is any.
 
 With `--avm PATH`, each rendered container's command line and environment
 (secrets replaced by stand-ins, the runtime's ConfigMap as its AVM_CONFIG)
 are also given to that `avm` binary with `--print-config`, which must accept
-them: the chart and the binary agree on every variable and flag. `avm
-sandbox` reads no configuration (and has no --print-config): it is started
-with the rendered flags (on 127.0.0.1:0, its root in a scratch directory) and
-must answer gRPC health, `ready` included, as the probes ask.
+them: the chart and the binary agree on every variable and flag, the
+[runtime.sandbox.kubernetes] table included. `avm sandbox` reads no
+configuration (and has no --print-config): it is started with the rendered
+flags of each sandbox pod, the pool's and the SandboxTemplates' (on
+127.0.0.1:0, its root in a scratch directory) and must answer gRPC health,
+`ready` included, as the probes ask.
 
 Needs `pip install helm-python-sdk kubernetes-validate pyyaml` (Helm's
 renderer and linter as a library, and the schemas, offline).
@@ -76,8 +89,17 @@ METADATA_RANGE = "169.254.0.0/16"
 # Labels the release's namespace carries for certain (NetworkPolicy
 # namespaceSelectors are evaluated against these).
 NAMESPACE_LABELS = {"kubernetes.io/metadata.name": NAMESPACE}
-# Custom resources: no schema is bundled, so only their shape is checked here.
-CUSTOM_KINDS = {"ServiceMonitor": "monitoring.coreos.com/v1", "HTTPRoute": "gateway.networking.k8s.io/v1"}
+# agent-sandbox (v0.5.6): the kubernetes mode's SandboxTemplates and
+# SandboxWarmPools, and the claims the runtime may make.
+AGENT_SANDBOX = "extensions.agents.x-k8s.io/v1beta1"
+ENVIRONMENTS = ["shell", "python", "node"]
+# The runtime's Role in kubernetes mode, exactly.
+CLAIM_RULES = [{"apiGroups": ["extensions.agents.x-k8s.io"], "resources": ["sandboxclaims"],
+                "verbs": ["create", "get", "delete"]}]
+# Custom resources: no schema is bundled, so only their shape is checked here
+# (a SandboxTemplate's pod is validated as a Pod).
+CUSTOM_KINDS = {"ServiceMonitor": "monitoring.coreos.com/v1", "HTTPRoute": "gateway.networking.k8s.io/v1",
+                "SandboxTemplate": AGENT_SANDBOX, "SandboxWarmPool": AGENT_SANDBOX}
 
 # Everything the chart can switch on, over the production values.
 EVERYTHING = {
@@ -89,7 +111,8 @@ EVERYTHING = {
     "secrets": {"serviceKey": {"existingSecret": "mine", "existingSecretKey": "service-key"}},
     "otel": {"endpoint": "http://collector:4317"},
     "listenHost": "::",
-    "networkPolicy": {"extraGrpcFrom": [{"namespaceSelector": {"matchLabels": {"team": "internal"}}}],
+    "networkPolicy": {"kubernetesApi": ["203.0.113.10/32", "2001:db8::10/128"],
+                      "extraGrpcFrom": [{"namespaceSelector": {"matchLabels": {"team": "internal"}}}],
                       "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
     "httpRoute": {"enabled": True, "parentRefs": [{"name": "public", "namespace": "gateway-system"}],
                   "hostnames": ["agentvm.example.com"], "timeouts": {"request": "0s"}},
@@ -101,6 +124,9 @@ EVERYTHING = {
     "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/agentvm"}},
     "sandbox": {
         "image": {"repository": "registry.example.com/agentvm-python", "tag": "0.1.0"},
+        "environments": {"python": {"image": {"repository": "registry.example.com/python",
+                                              "digest": "sha256:" + "1" * 64}, "warm": 3},
+                         "node": {"image": {"repository": "registry.example.com/node", "tag": ""}, "warm": 0}},
         "isolate": True,
         "claimIdle": "15m",
         "expose": ["/opt/tools"],
@@ -147,6 +173,25 @@ REFUSED = [
      "would replace the runtime's [runtime.sandbox]"),
     ({"runtime": {"extraConfig": "[runtime.sandbox]\nprovider = \"local\"\n"}}, "runtime.extraConfig has a [runtime.sandbox]"),
     ({"sandbox": {"replicas": -1}}, "replicas"),
+    # Only the two modes whose sandboxes are pods of their own.
+    ({"sandbox": {"provider": "local"}}, "value must be one of 'pool', 'kubernetes'"),
+    ({"sandbox": {"provider": "process"}}, "value must be one of 'pool', 'kubernetes'"),
+    ({"sandbox": {"provider": "agent-sandbox"}}, "value must be one of 'pool', 'kubernetes'"),
+    ({"sandbox": {"provider": "kubernetes"}, "runtime": {"sandbox": {"provider": "local"}}},
+     'runtime.sandbox.provider is "local"'),
+    ({"sandbox": {"provider": "kubernetes"}, "runtime": {"sandbox": {"provider": "pool"}}},
+     'runtime.sandbox.provider is "pool"'),
+    ({"runtime": {"sandbox": {"kubernetes": {"namespace": "elsewhere"}}}}, "runtime.sandbox.kubernetes is set by the chart"),
+    ({"runtime": {"extraConfig": "[runtime.sandbox.kubernetes]\nkubeconfig = \"/tmp/k\"\n"}},
+     "runtime.extraConfig has a [runtime.sandbox]"),
+    ({"sandbox": {"environments": {"ruby": {"image": {}, "warm": 1}}}}, "additional properties 'ruby' not allowed"),
+    ({"sandbox": {"environments": {"python": {"warm": -1}}}}, "/sandbox/environments/python/warm"),
+    ({"sandbox": {"runtimeClassName": "g Visor"}}, "/sandbox/runtimeClassName"),
+    ({"networkPolicy": {"kubernetesApi": ["kubernetes.default"]}}, "/networkPolicy/kubernetesApi/0"),
+    # The Role that claims sandboxes goes to the runtime's own ServiceAccount only.
+    ({"sandbox": {"provider": "kubernetes"}, "serviceAccount": {"create": False}}, 'not "default"'),
+    ({"sandbox": {"provider": "kubernetes", "serviceAccountName": f"{FULLNAME}-runtime"}},
+     "the sandbox pods, where tenants' commands run, need one of their own"),
 ]
 
 
@@ -205,7 +250,14 @@ def validate_schemas(check: Check, name: str, docs: list[dict], versions: list[s
         if doc.get("kind") in CUSTOM_KINDS:
             check.expect(doc.get("apiVersion") == CUSTOM_KINDS[doc["kind"]], where, "unexpected apiVersion")
             check.expect(bool(doc.get("spec")), where, "no spec")
-            continue
+            if doc.get("kind") != "SandboxTemplate":
+                continue
+            # Its pod, as the controller will make it.
+            template = doc.get("spec", {}).get("podTemplate", {})
+            doc = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": doc["metadata"]["name"], **template.get("metadata", {})},
+                   "spec": template.get("spec", {})}
+            where += " podTemplate"
         for version in versions:
             try:
                 kubernetes_validate.validate(doc, version, strict=True)
@@ -347,6 +399,8 @@ def check_release(check: Check, name: str, values: dict, docs: list[dict], notes
     check.expect(headless is not None and headless["spec"].get("clusterIP") == "None", name, "no headless runtime Service")
     check_runtime_config(check, name, merged, by_kind)
     check_sandbox(check, name, merged, by_kind)
+    check_tokens(check, name, merged, by_kind)
+    check_rbac(check, name, merged, by_kind)
     # Only the gateway is open to everyone.
     for (kind, object_name), doc in by_kind.items():
         if kind != "NetworkPolicy":
@@ -355,6 +409,11 @@ def check_release(check: Check, name: str, values: dict, docs: list[dict], notes
         check.expect(not open_rules or object_name == f"{FULLNAME}-gateway", f"{name}: {object_name}",
                      "accepts traffic from anywhere")
     check.expect("created the operator tenant" in notes, name, "NOTES.txt does not say how to get the admin key")
+    if merged["sandbox"]["provider"] == "kubernetes":
+        check.expect("agent-sandbox v0.5.6" in notes and "extensions" in notes, name,
+                     "NOTES.txt does not say agent-sandbox v0.5.6 with its extensions must be installed")
+        check.expect(re.search(r"create, get and\s+delete sandboxclaims", notes) is not None, name,
+                     "NOTES.txt does not say what the runtime's Role may do")
     for kind, enabled in (("Ingress", "ingress"), ("HTTPRoute", "httpRoute"), ("ServiceMonitor", "serviceMonitor")):
         present = any(k == kind for k, _ in by_kind)
         check.expect(present == bool(merged[enabled]["enabled"]), name, f"{kind} rendered: {present}")
@@ -370,14 +429,30 @@ def runtime_sandbox(by_kind: dict) -> dict | None:
 
 
 def check_runtime_config(check: Check, name: str, values: dict, by_kind: dict) -> None:
-    """The runtime runs no tenant command: [runtime.sandbox] sends them all to the chart's pool."""
+    """The runtime runs no tenant command: [runtime.sandbox] sends them all to sandbox pods, the chart's pool or
+    the pods claimed from its warm pools."""
     where = f"{name}: ConfigMap {FULLNAME}-runtime"
     sandbox = runtime_sandbox(by_kind)
     if sandbox is None:
         check.problems.append(f"{where}: avm.toml is not TOML")
         return
-    check.expect(sandbox.get("provider") == "pool", where, f"[runtime.sandbox] provider is {sandbox.get('provider')!r}, not \"pool\"")
-    check.expect(sandbox.get("pool") == POOL, where, f"[runtime.sandbox] pool is {sandbox.get('pool')!r}, not {POOL}")
+    provider = values["sandbox"]["provider"]
+    check.expect(sandbox.get("provider") in ("pool", "kubernetes"), where,
+                 f"[runtime.sandbox] provider is {sandbox.get('provider')!r}: tenants' commands would run in a runtime pod")
+    check.expect(sandbox.get("provider") == provider, where,
+                 f"[runtime.sandbox] provider is {sandbox.get('provider')!r}, not sandbox.provider {provider!r}")
+    if provider == "pool":
+        check.expect(sandbox.get("pool") == POOL, where, f"[runtime.sandbox] pool is {sandbox.get('pool')!r}, not {POOL}")
+        check.expect("kubernetes" not in sandbox, where, "[runtime.sandbox.kubernetes] in pool mode")
+    else:
+        check.expect("pool" not in sandbox, where, "[runtime.sandbox] pool in kubernetes mode")
+        # The pod's own namespace and service account: no namespace, no kubeconfig.
+        wanted = {"port": SANDBOX_PORT, "warm_pools": {e: f"{SANDBOX}-{e}" for e in ENVIRONMENTS}}
+        check.expect(sandbox.get("kubernetes") == wanted, where,
+                     f"[runtime.sandbox.kubernetes] is {sandbox.get('kubernetes')!r}, not {wanted!r}")
+        for environment, pool in (sandbox.get("kubernetes") or {}).get("warm_pools", {}).items():
+            check.expect(("SandboxWarmPool", pool) in by_kind, where,
+                         f"warm_pools.{environment} names {pool}, which the chart does not render")
     for address in sandbox.get("pool") or []:
         url = urllib.parse.urlsplit(address)
         check.expect(url.scheme == "http" and bool(url.hostname) and url.port is not None, where,
@@ -417,116 +492,89 @@ def admits(peer: dict, labels: dict, cluster_ranges: list) -> bool:
     return selects(peer.get("podSelector"), labels)
 
 
+def chart_image(values: dict, image: dict | None = None, default_tag: str | None = None) -> str:
+    """Returns an image reference as the chart makes it: image (with default_tag when it has none), or the
+    chart's own when image names no repository."""
+    if not image or not image.get("repository"):
+        image, default_tag = values["image"], yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    if image.get("digest"):
+        return f"{image['repository']}@{image['digest']}"
+    tag = image.get("tag") or default_tag
+    return f"{image['repository']}:{tag}" if tag else image["repository"]
+
+
+def sandbox_pods(by_kind: dict) -> list[tuple[str, dict]]:
+    """Returns every sandbox pod template the release renders: the pool's and the SandboxTemplates'."""
+    pods = []
+    for (kind, object_name), doc in by_kind.items():
+        if kind == "Deployment" and object_name == SANDBOX:
+            pods.append((object_name, doc["spec"]["template"]))
+        elif kind == "SandboxTemplate":
+            pods.append((object_name, doc["spec"].get("podTemplate", {})))
+    return pods
+
+
+def pod_specs(by_kind: dict) -> list[tuple[str, str, dict]]:
+    """Returns (kind, name, pod spec) of everything rendered that makes pods."""
+    specs = []
+    for (kind, object_name), doc in by_kind.items():
+        if kind == "Deployment":
+            specs.append((kind, object_name, doc["spec"]["template"]["spec"]))
+        elif kind == "SandboxTemplate":
+            specs.append((kind, object_name, doc["spec"].get("podTemplate", {}).get("spec", {})))
+    return specs
+
+
 def check_sandbox(check: Check, name: str, values: dict, by_kind: dict) -> None:
     """The sandbox tier: where tenants' commands run, with no secret and no way into the release."""
     sandbox = values["sandbox"]
+    provider = sandbox["provider"]
     where = f"{name}: {SANDBOX}"
-    kinds = ["Deployment", "Service"]
+    kinds = []
     if not sandbox["serviceAccountName"]:
         kinds.append("ServiceAccount")
-    if sandbox["pdb"]["enabled"]:
-        kinds.append("PodDisruptionBudget")
     if values["networkPolicy"]["enabled"]:
         kinds.append("NetworkPolicy")
+    pool_kinds = ["Deployment", "Service"] + (["PodDisruptionBudget"] if sandbox["pdb"]["enabled"] else [])
+    if provider == "pool":
+        kinds += pool_kinds
+    else:
+        for kind in pool_kinds:
+            check.expect((kind, SANDBOX) not in by_kind, name, f"{kind} {SANDBOX} rendered in {provider} mode")
     for kind in kinds:
         check.expect((kind, SANDBOX) in by_kind, name, f"no {kind} {SANDBOX}")
-    deployment = by_kind.get(("Deployment", SANDBOX))
-    if not deployment:
-        return
-    check.expect(deployment["spec"].get("replicas") == sandbox["replicas"], where,
-                 f"replicas are {deployment['spec'].get('replicas')}, not {sandbox['replicas']}")
-    template = deployment["spec"]["template"]
-    pod, labels = template["spec"], template["metadata"].get("labels", {})
     selector = {"app.kubernetes.io/name": "agentvm", "app.kubernetes.io/instance": RELEASE,
                 "app.kubernetes.io/component": "sandbox"}
-    check.expect(all(labels.get(k) == v for k, v in selector.items()), where, f"pod labels are {labels}")
-    check.expect(deployment["spec"]["selector"].get("matchLabels") == selector, where, "selector")
-    # Nothing of the components': their labels and annotations may bring secrets or identities.
-    annotations = template["metadata"].get("annotations", {})
-    for key in values["podLabels"]:
-        check.expect(key not in labels or key in sandbox["podLabels"], where, f"takes the common pod label {key}")
-    for key in values["podAnnotations"]:
-        check.expect(key not in annotations or key in sandbox["podAnnotations"], where,
-                     f"takes the common pod annotation {key}")
-    # No token, no Secret.
-    check.expect(pod.get("automountServiceAccountToken") is False, where, "automountServiceAccountToken is not false")
-    check.expect(pod.get("enableServiceLinks") is False, where, "service links are on")
-    for volume in pod.get("volumes", []):
-        check.expect(set(volume) == {"name", "emptyDir"}, where, f"volume {volume['name']} is not an emptyDir: {volume}")
-    for flag in ("hostNetwork", "hostPID", "hostIPC"):
-        check.expect(not pod.get(flag), where, f"{flag} is on")
-    if sandbox["runtimeClassName"]:
-        check.expect(pod.get("runtimeClassName") == sandbox["runtimeClassName"], where, "runtimeClassName")
-    account = pod.get("serviceAccountName", "default")
-    components = {f"{FULLNAME}-{c}" for c in COMPONENTS}
-    check.expect(account not in components, where, f"uses the component ServiceAccount {account}")
-    rendered = by_kind.get(("ServiceAccount", account))
-    if rendered is not None:
-        check.expect(rendered.get("automountServiceAccountToken") is False, where,
-                     f"its ServiceAccount {account} automounts a token")
-        check.expect(not rendered["metadata"].get("annotations"), where,
-                     f"its ServiceAccount {account} has annotations {rendered['metadata'].get('annotations')}")
+    if provider == "pool":
+        check.expect(not any(k in ("SandboxTemplate", "SandboxWarmPool") for k, _ in by_kind), where,
+                     "agent-sandbox objects rendered in pool mode")
+        deployment = by_kind.get(("Deployment", SANDBOX))
+        if deployment:
+            check.expect(deployment["spec"].get("replicas") == sandbox["replicas"], where,
+                         f"replicas are {deployment['spec'].get('replicas')}, not {sandbox['replicas']}")
+            check.expect(deployment["spec"]["selector"].get("matchLabels") == selector, where, "selector")
+            check_sandbox_pod(check, where, values, by_kind, deployment["spec"]["template"], selector, None)
+        # Found through its headless Service, ready pods only.
+        service = by_kind.get(("Service", SANDBOX), {}).get("spec", {})
+        check.expect(service.get("clusterIP") == "None" and service.get("publishNotReadyAddresses") is False, where,
+                     "the Service is not headless of ready pods")
+        check.expect([(p.get("name"), p.get("port")) for p in service.get("ports", [])] == [("grpc", SANDBOX_PORT)],
+                     where, "the Service's ports")
+        check.expect(service.get("selector") == selector, where, "the Service's selector")
     else:
-        check.expect(account == sandbox["serviceAccountName"] != "", where, f"its ServiceAccount {account} is not rendered")
-    containers = pod.get("initContainers", []) + pod["containers"]
-    check.expect(len(pod["containers"]) == 1, where, "not one container")
-    pod_sc = pod.get("securityContext", {})
-    for container in containers:
-        at = f"{where} container {container['name']}"
-        for variable in container.get("env", []):
-            ref = variable.get("valueFrom", {})
-            check.expect("secretKeyRef" not in ref, at, f"{variable['name']} comes from a Secret")
-            check.expect(not variable["name"].startswith("AVM_") or variable["name"].startswith("AVM_SANDBOX_"), at,
-                         f"{variable['name']} in the environment")
-        check.expect(not any("secretRef" in source for source in container.get("envFrom", [])), at, "envFrom a Secret")
-        check.expect(not container.get("envFrom"), at, "envFrom")
-        args = container.get("args", [])
-        check.expect(args[:2] == ["sandbox", "--listen"] and len(args) > 2 and args[2].endswith(f":{SANDBOX_PORT}")
-                     and args[3:5] == ["--root", "/workspaces"], at, f"args are {args}")
-        check.expect(("--no-isolate" in args) != sandbox["isolate"], at, f"--no-isolate with isolate {sandbox['isolate']}")
-        check.expect("--claim-idle" in args and args[args.index("--claim-idle") + 1] == sandbox["claimIdle"], at,
-                     "--claim-idle")
-        check.expect("--token-key" not in args, at, "--token-key: a pool's sandbox learns its runtime's key when claimed")
-        ports = [(p.get("name"), p.get("containerPort")) for p in container.get("ports", [])]
-        check.expect(ports == [("grpc", SANDBOX_PORT)], at, f"ports are {ports}")
-        for probe, service in (("startupProbe", None), ("livenessProbe", None), ("readinessProbe", "ready")):
-            grpc = container.get(probe, {}).get("grpc", {})
-            check.expect(grpc.get("port") == SANDBOX_PORT and grpc.get("service") == service, at,
-                         f"{probe} is not gRPC health{' of ' + service if service else ''} on {SANDBOX_PORT}")
-        resources = container.get("resources", {})
-        for kind in ("requests", "limits"):
-            for resource in ("cpu", "memory"):
-                check.expect(resource in resources.get(kind, {}), at, f"no {resource} in resources.{kind}")
-        sc = container.get("securityContext", {})
-        check.expect(sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True, at, "runAsNonRoot is not true")
-        check.expect(sc.get("readOnlyRootFilesystem") is True, at, "readOnlyRootFilesystem is not true")
-        check.expect(sc.get("allowPrivilegeEscalation") is False, at, "allowPrivilegeEscalation is not false")
-        check.expect(not sc.get("privileged"), at, "privileged")
-        check.expect(sc.get("capabilities") == {"drop": ["ALL"]}, at, f"capabilities are {sc.get('capabilities')}")
-        uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
-        check.expect(isinstance(uid, int) and uid > 0, at, f"runAsUser is {uid}")
-        # RuntimeDefault, unless the values give a profile that allows what isolate needs.
-        wanted = (sandbox["securityContext"].get("seccompProfile") or sandbox["podSecurityContext"].get("seccompProfile")
-                  or {"type": "RuntimeDefault"})
-        seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {}))
-        check.expect(seccomp == wanted, at, f"seccompProfile is {seccomp}, not {wanted}")
-        volumes = {v["name"]: v for v in pod.get("volumes", [])}
-        mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
-        for path in ("/workspaces", "/tmp"):
-            check.expect("emptyDir" in volumes.get(mounts.get(path, ""), {}), at, f"{path} is not an emptyDir")
-    # Found through its headless Service, ready pods only.
-    service = by_kind.get(("Service", SANDBOX), {}).get("spec", {})
-    check.expect(service.get("clusterIP") == "None" and service.get("publishNotReadyAddresses") is False, where,
-                 "the Service is not headless of ready pods")
-    check.expect([(p.get("name"), p.get("port")) for p in service.get("ports", [])] == [("grpc", SANDBOX_PORT)], where,
-                 "the Service's ports")
-    check.expect(service.get("selector") == selector, where, "the Service's selector")
+        check_sandbox_templates(check, name, values, by_kind, selector)
+    pods = sandbox_pods(by_kind)
+    check.expect(bool(pods), where, "no sandbox pod is rendered")
     if not values["networkPolicy"]["enabled"]:
         return
     # Its NetworkPolicy: only the runtimes in; DNS and the internet out.
     denied = [ipaddress.ip_network(c) for c in sandbox["networkPolicy"]["deniedCidrs"]]
+    api_server = [ipaddress.ip_network(c) for c in values["networkPolicy"]["kubernetesApi"]]
     policy = by_kind.get(("NetworkPolicy", SANDBOX), {}).get("spec", {})
     check.expect(policy.get("podSelector", {}).get("matchLabels") == selector, where, "the NetworkPolicy's podSelector")
+    for object_name, template in pods:
+        check.expect(selects(policy.get("podSelector"), template.get("metadata", {}).get("labels", {})), where,
+                     f"the NetworkPolicy does not select the pods of {object_name}")
     check.expect(sorted(policy.get("policyTypes", [])) == ["Egress", "Ingress"], where,
                  f"NetworkPolicy policyTypes are {policy.get('policyTypes')}")
     runtime = dict(selector, **{"app.kubernetes.io/component": "runtime"})
@@ -536,6 +584,19 @@ def check_sandbox(check: Check, name: str, values: dict, by_kind: dict) -> None:
                      where, f"NetworkPolicy ingress admits more than the runtimes: {rule}")
         check.expect([p.get("port") for p in rule.get("ports", [])] in (["grpc"], [SANDBOX_PORT]), where,
                      f"NetworkPolicy ingress ports {rule.get('ports')}")
+    # The runtimes do get in (on the sandbox's gRPC port), and out to them and, in kubernetes mode, to the API server.
+    check.expect(any(any(admits(p, runtime, []) for p in rule.get("from") or [{}]) for rule in policy.get("ingress", [])),
+                 where, "NetworkPolicy ingress does not admit the runtimes")
+    check.expect(egress_allowed(by_kind, runtime, SANDBOX_PORT, labels=selector), where,
+                 f"the runtimes' egress to the sandbox pods' port {SANDBOX_PORT} is not allowed")
+    if provider == "kubernetes":
+        for network in api_server or [ipaddress.ip_network("10.96.0.1/32")]:
+            for port in (443, 6443):
+                check.expect(egress_allowed(by_kind, runtime, port, address=network.network_address), where,
+                             f"the runtimes' egress to the Kubernetes API server {network}:{port} is not allowed")
+    for network in api_server:
+        check.expect(not egress_allowed(by_kind, selector, 443, address=network.network_address), where,
+                     f"the sandbox pods may reach the Kubernetes API server {network}")
     extra = sandbox["networkPolicy"]["extraEgress"]
     egress = [rule for rule in policy.get("egress", []) if rule not in extra]
     metadata = ipaddress.ip_network(METADATA_RANGE)
@@ -552,7 +613,7 @@ def check_sandbox(check: Check, name: str, values: dict, by_kind: dict) -> None:
             excepted = [ipaddress.ip_network(c) for c in peer["ipBlock"].get("except", [])]
             if block.prefixlen == 0:
                 wide += 1
-                for cidr in (c for c in denied if c.version == block.version):
+                for cidr in (c for c in denied + api_server if c.version == block.version):
                     check.expect(cidr in excepted, where, f"NetworkPolicy egress to {block} does not except {cidr}")
             if block.version == 4 and block.overlaps(metadata):
                 check.expect(any(metadata.subnet_of(e) for e in excepted), where,
@@ -560,16 +621,243 @@ def check_sandbox(check: Check, name: str, values: dict, by_kind: dict) -> None:
     check.expect(wide == 2, where, "NetworkPolicy egress is not to 0.0.0.0/0 and ::/0")
     # No component's NetworkPolicy admits the sandbox pods (the gateway's open
     # port aside: the sandbox's egress keeps its pods off the cluster's addresses).
-    for (kind, object_name), doc in by_kind.items():
-        if kind != "NetworkPolicy" or object_name == SANDBOX:
-            continue
-        for rule in doc["spec"].get("ingress", []):
-            if not rule.get("from"):
-                check.expect(object_name == f"{FULLNAME}-gateway", f"{name}: {object_name}", "admits the sandbox pods")
+    for _, template in pods:
+        labels = template.get("metadata", {}).get("labels", {})
+        for (kind, object_name), doc in by_kind.items():
+            if kind != "NetworkPolicy" or object_name == SANDBOX:
                 continue
-            for peer in rule["from"]:
-                check.expect(not admits(peer, labels, denied), f"{name}: {object_name}",
-                             f"ingress admits the sandbox pods: {peer}")
+            for rule in doc["spec"].get("ingress", []):
+                if not rule.get("from"):
+                    check.expect(object_name == f"{FULLNAME}-gateway", f"{name}: {object_name}", "admits the sandbox pods")
+                    continue
+                for peer in rule["from"]:
+                    check.expect(not admits(peer, labels, denied), f"{name}: {object_name}",
+                                 f"ingress admits the sandbox pods: {peer}")
+
+
+def check_sandbox_templates(check: Check, name: str, values: dict, by_kind: dict, selector: dict) -> None:
+    """kubernetes mode: a SandboxTemplate and a SandboxWarmPool per environment, whose pods are the pool's in all
+    but their image (and the init container that gives it `avm`)."""
+    templates = {n: d for (k, n), d in by_kind.items() if k == "SandboxTemplate"}
+    pools = {n: d for (k, n), d in by_kind.items() if k == "SandboxWarmPool"}
+    wanted = {f"{SANDBOX}-{e}" for e in ENVIRONMENTS}
+    check.expect(set(templates) == wanted, name, f"SandboxTemplates are {sorted(templates)}, not {sorted(wanted)}")
+    check.expect(set(pools) == wanted, name, f"SandboxWarmPools are {sorted(pools)}, not {sorted(wanted)}")
+    for pool_name, pool in pools.items():
+        where = f"{name}: SandboxWarmPool {pool_name}"
+        check.expect(pool.get("apiVersion") == AGENT_SANDBOX, where, f"apiVersion is {pool.get('apiVersion')}")
+        reference = pool.get("spec", {}).get("sandboxTemplateRef")
+        check.expect(reference == {"name": pool_name} and pool_name in templates, where,
+                     f"sandboxTemplateRef {reference} is not its rendered SandboxTemplate")
+    for environment in ENVIRONMENTS:
+        object_name = f"{SANDBOX}-{environment}"
+        settings = values["sandbox"]["environments"][environment]
+        where = f"{name}: {object_name}"
+        replicas = pools.get(object_name, {}).get("spec", {}).get("replicas")
+        check.expect(replicas == settings["warm"], where, f"warm pool replicas are {replicas}, not {settings['warm']}")
+        template = templates.get(object_name)
+        if not template:
+            continue
+        spec = template.get("spec", {})
+        check.expect(template.get("apiVersion") == AGENT_SANDBOX, where, f"apiVersion is {template.get('apiVersion')}")
+        # The chart's NetworkPolicy governs the pods; claims add nothing to them.
+        check.expect(spec.get("networkPolicyManagement") == "Unmanaged", where,
+                     f"networkPolicyManagement is {spec.get('networkPolicyManagement')!r}, not Unmanaged")
+        check.expect("networkPolicy" not in spec, where, "a networkPolicy agent-sandbox would ignore")
+        check.expect(spec.get("envVarsInjectionPolicy", "Disallowed") == "Disallowed", where,
+                     f"envVarsInjectionPolicy is {spec.get('envVarsInjectionPolicy')!r}: claims could set variables")
+        check.expect(spec.get("volumeClaimTemplatesPolicy", "Disallowed") == "Disallowed", where,
+                     f"volumeClaimTemplatesPolicy is {spec.get('volumeClaimTemplatesPolicy')!r}")
+        check.expect(not spec.get("volumeClaimTemplates"), where, "volumeClaimTemplates")
+        check.expect(set(spec) <= {"podTemplate", "networkPolicyManagement", "envVarsInjectionPolicy",
+                                   "volumeClaimTemplatesPolicy", "service"}, where, f"spec has {sorted(spec)}")
+        check_sandbox_pod(check, where, values, by_kind, spec.get("podTemplate", {}), selector, environment)
+
+
+def check_sandbox_pod(check: Check, where: str, values: dict, by_kind: dict, template: dict, selector: dict,
+                      environment: str | None) -> None:
+    """A sandbox pod (the pool's, or an environment's SandboxTemplate's): hardened, with no token and no Secret."""
+    sandbox = values["sandbox"]
+    pod, labels = template.get("spec", {}), template.get("metadata", {}).get("labels", {})
+    check.expect(all(labels.get(k) == v for k, v in selector.items()), where, f"pod labels are {labels}")
+    # Nothing of the components': their labels and annotations may bring secrets or identities.
+    annotations = template.get("metadata", {}).get("annotations", {})
+    for key in values["podLabels"]:
+        check.expect(key not in labels or key in sandbox["podLabels"], where, f"takes the common pod label {key}")
+    for key in values["podAnnotations"]:
+        check.expect(key not in annotations or key in sandbox["podAnnotations"], where,
+                     f"takes the common pod annotation {key}")
+    # No token, no Secret.
+    check.expect(pod.get("automountServiceAccountToken") is False, where, "automountServiceAccountToken is not false")
+    check.expect(pod.get("enableServiceLinks") is False, where, "service links are on")
+    for volume in pod.get("volumes", []):
+        check.expect(set(volume) == {"name", "emptyDir"}, where, f"volume {volume['name']} is not an emptyDir: {volume}")
+    for flag in ("hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace"):
+        check.expect(not pod.get(flag), where, f"{flag} is on")
+    check.expect(pod.get("runtimeClassName") == (sandbox["runtimeClassName"] or None), where,
+                 f"runtimeClassName is {pod.get('runtimeClassName')!r}, not {sandbox['runtimeClassName']!r}")
+    account = pod.get("serviceAccountName", "default")
+    components = {f"{FULLNAME}-{c}" for c in COMPONENTS}
+    check.expect(account not in components, where, f"uses the component ServiceAccount {account}")
+    rendered = by_kind.get(("ServiceAccount", account))
+    if rendered is not None:
+        check.expect(rendered.get("automountServiceAccountToken") is False, where,
+                     f"its ServiceAccount {account} automounts a token")
+        check.expect(not rendered["metadata"].get("annotations"), where,
+                     f"its ServiceAccount {account} has annotations {rendered['metadata'].get('annotations')}")
+    else:
+        check.expect(account == sandbox["serviceAccountName"] != "", where, f"its ServiceAccount {account} is not rendered")
+    check.expect(len(pod.get("containers", [])) == 1, where, "not one container")
+    if not pod.get("containers"):
+        return
+    pod_sc = pod.get("securityContext", {})
+    container = pod["containers"][0]
+    init = pod.get("initContainers", [])
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for each in init + pod["containers"]:
+        at = f"{where} container {each['name']}"
+        for variable in each.get("env", []):
+            ref = variable.get("valueFrom", {})
+            check.expect("secretKeyRef" not in ref, at, f"{variable['name']} comes from a Secret")
+            check.expect(not variable["name"].startswith("AVM_") or variable["name"].startswith("AVM_SANDBOX_"), at,
+                         f"{variable['name']} in the environment")
+        check.expect(not each.get("env"), at, "env: a sandbox reads no configuration")
+        check.expect(not any("secretRef" in source for source in each.get("envFrom", [])), at, "envFrom a Secret")
+        check.expect(not each.get("envFrom"), at, "envFrom")
+        resources = each.get("resources", {})
+        for kind in ("requests", "limits"):
+            for resource in ("cpu", "memory"):
+                check.expect(resource in resources.get(kind, {}), at, f"no {resource} in resources.{kind}")
+        sc = each.get("securityContext", {})
+        check.expect(sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True, at, "runAsNonRoot is not true")
+        check.expect(sc.get("readOnlyRootFilesystem") is True, at, "readOnlyRootFilesystem is not true")
+        check.expect(sc.get("allowPrivilegeEscalation") is False, at, "allowPrivilegeEscalation is not false")
+        check.expect(not sc.get("privileged"), at, "privileged")
+        check.expect(sc.get("capabilities") == {"drop": ["ALL"]}, at, f"capabilities are {sc.get('capabilities')}")
+        uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+        check.expect(isinstance(uid, int) and uid > 0, at, f"runAsUser is {uid}")
+        # RuntimeDefault, unless the values give a profile that allows what isolate needs.
+        wanted = (sandbox["securityContext"].get("seccompProfile") or sandbox["podSecurityContext"].get("seccompProfile")
+                  or {"type": "RuntimeDefault"})
+        seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {}))
+        check.expect(seccomp == wanted, at, f"seccompProfile is {seccomp}, not {wanted}")
+        for mount in each.get("volumeMounts", []):
+            check.expect("emptyDir" in volumes.get(mount["name"], {}), at, f"{mount['mountPath']} is not an emptyDir")
+    at = f"{where} container {container['name']}"
+    args = container.get("args", [])
+    check.expect(args[:2] == ["sandbox", "--listen"] and len(args) > 2 and args[2].endswith(f":{SANDBOX_PORT}")
+                 and args[3:5] == ["--root", "/workspaces"], at, f"args are {args}")
+    check.expect(("--no-isolate" in args) != sandbox["isolate"], at, f"--no-isolate with isolate {sandbox['isolate']}")
+    check.expect("--claim-idle" in args and args[args.index("--claim-idle") + 1] == sandbox["claimIdle"], at,
+                 "--claim-idle")
+    check.expect("--scratch" in args and args[args.index("--scratch") + 1] == "/tmp" and "--kill-strays" in args, at,
+                 "--scratch /tmp --kill-strays")
+    check.expect("--token-key" not in args, at, "--token-key: a sandbox learns its runtime's key when claimed")
+    ports = [(p.get("name"), p.get("containerPort")) for p in container.get("ports", [])]
+    check.expect(ports == [("grpc", SANDBOX_PORT)], at, f"ports are {ports}")
+    for probe, service in (("startupProbe", None), ("livenessProbe", None), ("readinessProbe", "ready")):
+        grpc = container.get(probe, {}).get("grpc", {})
+        check.expect(grpc.get("port") == SANDBOX_PORT and grpc.get("service") == service, at,
+                     f"{probe} is not gRPC health{' of ' + service if service else ''} on {SANDBOX_PORT}")
+    mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+    for path in ("/workspaces", "/tmp"):
+        check.expect(path in mounts, at, f"{path} is not mounted")
+    if environment is None:
+        check.expect(not init, where, "init containers in a pool's pod")
+        image = chart_image(values, sandbox["image"], yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
+        check.expect(container.get("image") == image, at, f"image is {container.get('image')}, not {image}")
+        return
+    # An environment's image, given `avm` (and tini) by an init container of the chart's image.
+    image = chart_image(values, sandbox["environments"][environment]["image"])
+    check.expect(container.get("image") == image, at, f"image is {container.get('image')}, not {image}")
+    check.expect(container.get("command") == ["/opt/avm/tini", "--", "/opt/avm/avm"], at,
+                 f"command is {container.get('command')}")
+    binary = mounts.get("/opt/avm", {})
+    check.expect(binary.get("readOnly") is True, at, "/opt/avm is not mounted read-only")
+    check.expect(len(init) == 1, where, f"{len(init)} init containers, not the one that copies avm")
+    for copier in init:
+        at = f"{where} container {copier['name']}"
+        check.expect(copier.get("image") == chart_image(values), at, f"image is {copier.get('image')}, not the chart's")
+        command = copier.get("command", [])
+        check.expect(command[:1] == ["cp"] and "/usr/local/bin/avm" in command and "/usr/bin/tini" in command
+                     and command[-1].rstrip("/") == "/opt/avm", at, f"command is {command}")
+        check.expect([(m["name"], m["mountPath"]) for m in copier.get("volumeMounts", [])]
+                     == [(binary.get("name"), "/opt/avm")], at, "mounts more than the avm emptyDir")
+
+
+def egress_allowed(by_kind: dict, source: dict, port: int, labels: dict | None = None,
+                   address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None) -> bool:
+    """Whether the rendered NetworkPolicies let pods with the source labels open TCP `port` of a pod of the
+    release's namespace with `labels`, or of `address` (anything, where no policy isolates their egress)."""
+    policies = [doc["spec"] for (kind, _), doc in by_kind.items() if kind == "NetworkPolicy"
+                and "Egress" in doc["spec"].get("policyTypes", []) and selects(doc["spec"].get("podSelector"), source)]
+    if not policies:
+        return True
+    # The sandbox's port by its name too.
+    names = {None, port} | ({"grpc"} if port == SANDBOX_PORT else set())
+    for rule in (rule for spec in policies for rule in spec.get("egress", [])):
+        if not any(p.get("protocol", "TCP") == "TCP" and p.get("port") in names for p in rule.get("ports") or [{}]):
+            continue
+        for peer in rule.get("to") or [{}]:
+            if labels is not None and "ipBlock" not in peer and admits(peer, labels, []):
+                return True
+            if address is not None and ("ipBlock" in peer or not peer):
+                block = peer.get("ipBlock", {"cidr": "::/0" if address.version == 6 else "0.0.0.0/0"})
+                network = ipaddress.ip_network(block["cidr"])
+                if (network.version == address.version and address in network
+                        and not any(address in ipaddress.ip_network(e) for e in block.get("except", []))):
+                    return True
+    return False
+
+
+def check_tokens(check: Check, name: str, values: dict, by_kind: dict) -> None:
+    """Only the runtime's pods mount a ServiceAccount token, and only in kubernetes mode (to claim sandboxes)."""
+    accounts = {n: d for (k, n), d in by_kind.items() if k == "ServiceAccount"}
+    for account_name, account in accounts.items():
+        check.expect(account.get("automountServiceAccountToken") is False, f"{name}: ServiceAccount {account_name}",
+                     "automountServiceAccountToken is not false")
+    for kind, object_name, pod in pod_specs(by_kind):
+        mounted = pod.get("automountServiceAccountToken")
+        if mounted is None:
+            mounted = accounts.get(pod.get("serviceAccountName", "default"), {}).get("automountServiceAccountToken", True)
+        projected = [v["name"] for v in pod.get("volumes", [])
+                     if any("serviceAccountToken" in source for source in v.get("projected", {}).get("sources", []))]
+        wanted = kind == "Deployment" and object_name == f"{FULLNAME}-runtime" and values["sandbox"]["provider"] == "kubernetes"
+        check.expect(bool(mounted) == wanted, f"{name}: {kind} {object_name}",
+                     f"{'mounts' if mounted else 'does not mount'} a ServiceAccount token")
+        check.expect(not projected, f"{name}: {kind} {object_name}", f"projects a ServiceAccount token: {projected}")
+
+
+def check_rbac(check: Check, name: str, values: dict, by_kind: dict) -> None:
+    """kubernetes mode: the runtime's Role, exactly create, get and delete of sandboxclaims, bound to the runtime's
+    ServiceAccount alone; pool mode: no RBAC at all."""
+    for kind in ("ClusterRole", "ClusterRoleBinding"):
+        check.expect(not any(k == kind for k, _ in by_kind), name, f"a {kind} is rendered")
+    roles = {n: d for (k, n), d in by_kind.items() if k == "Role"}
+    bindings = {n: d for (k, n), d in by_kind.items() if k == "RoleBinding"}
+    if values["sandbox"]["provider"] != "kubernetes":
+        check.expect(not roles and not bindings, name, f"RBAC in pool mode: {sorted(roles)} {sorted(bindings)}")
+        return
+    role = f"{FULLNAME}-runtime"
+    check.expect(set(roles) == {role} and set(bindings) == {role}, name,
+                 f"Roles {sorted(roles)} and RoleBindings {sorted(bindings)}, not {role}")
+    rules = roles.get(role, {}).get("rules")
+    normal = [dict(rule, verbs=sorted(rule.get("verbs", []))) for rule in rules or []]
+    check.expect(normal == [dict(rule, verbs=sorted(rule["verbs"])) for rule in CLAIM_RULES]
+                 and len(rules[0]["verbs"]) == len(set(rules[0]["verbs"])), f"{name}: Role {role}",
+                 f"rules are {rules}, not {CLAIM_RULES}")
+    runtime = by_kind.get(("Deployment", f"{FULLNAME}-runtime"), {})
+    account = runtime.get("spec", {}).get("template", {}).get("spec", {}).get("serviceAccountName")
+    binding = bindings.get(role, {})
+    check.expect(binding.get("roleRef") == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+                 f"{name}: RoleBinding {role}", f"roleRef is {binding.get('roleRef')}")
+    check.expect(binding.get("subjects") == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}],
+                 f"{name}: RoleBinding {role}", f"subjects are {binding.get('subjects')}, not the runtime's {account}")
+    # No other pod of the release has that ServiceAccount.
+    for kind, object_name, pod in pod_specs(by_kind):
+        if (kind, object_name) != ("Deployment", f"{FULLNAME}-runtime"):
+            check.expect(pod.get("serviceAccountName", "default") != account, f"{name}: {kind} {object_name}",
+                         f"uses the runtime's ServiceAccount {account}")
 
 
 # Stand-ins for what Secrets hold, shaped as the binary expects them.
@@ -624,14 +912,12 @@ def check_sandbox_binary(check: Check, where: str, avm: str, container: dict) ->
 
 def check_binary(check: Check, name: str, avm: str, docs: list[dict]) -> None:
     """Runs `avm <args> --print-config` with each container's environment
-    (`avm sandbox`: starts it and asks its health)."""
+    (`avm sandbox`, the pool's or a SandboxTemplate's: starts it and asks its health)."""
     configs = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
-    for doc in docs:
-        if doc["kind"] != "Deployment":
-            continue
-        pod = doc["spec"]["template"]["spec"]
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    for kind, object_name, pod in pod_specs(by_kind):
         for container in pod["containers"]:
-            where = f"{name}: {doc['metadata']['name']} container {container['name']}"
+            where = f"{name}: {kind} {object_name} container {container['name']}"
             if container["args"][0] == "sandbox":
                 check_sandbox_binary(check, where, avm, container)
                 continue
@@ -666,12 +952,25 @@ def check_binary(check: Check, name: str, avm: str, docs: list[dict]) -> None:
             printed = run.stdout
             check.expect(f'listen = "{container["args"][-1]}"' in printed, where, "avm does not show the --listen address")
             if container["name"] == "runtime":
-                # What the ConfigMap says of [runtime.sandbox] is what the runtime runs with: the pool.
+                # What the ConfigMap says of [runtime.sandbox] is what the runtime runs with: the pool, or the
+                # warm pools of kubernetes mode (the defaults of the keys the chart leaves out besides).
                 config = tomllib.loads(configs[f"{FULLNAME}-runtime"]["avm.toml"])["runtime"]["sandbox"]
                 effective = tomllib.loads(printed).get("runtime", {}).get("sandbox", {})
-                check.expect(effective.get("provider") == "pool" and effective.get("pool") == POOL, where,
-                             f"avm runs with provider {effective.get('provider')!r}, pool {effective.get('pool')!r}")
+                if config["provider"] == "pool":
+                    check.expect(effective.get("provider") == "pool" and effective.get("pool") == POOL, where,
+                                 f"avm runs with provider {effective.get('provider')!r}, pool {effective.get('pool')!r}")
+                else:
+                    check.expect(effective.get("provider") == "kubernetes", where,
+                                 f"avm runs with provider {effective.get('provider')!r}, not \"kubernetes\"")
                 for key, value in config.items():
+                    if key == "kubernetes":
+                        claims = effective.get("kubernetes") or {}
+                        for setting, given in value.items():
+                            check.expect(claims.get(setting) == given, where,
+                                         f"avm does not read [runtime.sandbox.kubernetes] {setting} from AVM_CONFIG")
+                        check.expect(not claims.get("namespace") and not claims.get("kubeconfig"), where,
+                                     "avm claims in another namespace or cluster than its pod's")
+                        continue
                     check.expect(effective.get(key) == value, where,
                                  f"avm does not read [runtime.sandbox] {key} from AVM_CONFIG")
 
@@ -684,9 +983,15 @@ def main() -> int:
     versions = kube_versions()
     production = yaml.safe_load((CHART / "values-production.yaml").read_text())
     cases = {
+        # Pool mode (works without agent-sandbox) and kubernetes mode (production's).
         "default": {},
         "production": production,
         "everything": merge(production, EVERYTHING),
+        # Each mode with the other's settings: every option in pool mode, the defaults in kubernetes mode.
+        "everything-pool": merge(merge(production, EVERYTHING), {"sandbox": {"provider": "pool"}}),
+        "default-kubernetes": {"sandbox": {"provider": "kubernetes"}},
+        # --set sandbox.runtimeClassName=gvisor: every sandbox pod runs under it.
+        "gvisor": merge(production, {"sandbox": {"runtimeClassName": "gvisor"}}),
     }
     with helm.Chart.load(str(CHART)) as chart:
         defaults = chart.values

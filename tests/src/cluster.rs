@@ -88,6 +88,9 @@ pub struct Options {
     /// Claims commands' sandboxes from these `avm sandbox` addresses
     /// (`[runtime.sandbox] provider = "pool"`, `pool`).
     pub sandbox_pool: Vec<String>,
+    /// Claims commands' sandboxes as pods of a Kubernetes cluster
+    /// (`[runtime.sandbox] provider = "kubernetes"`, `kubernetes`).
+    pub sandbox_kubernetes: Option<avm_sandbox::KubernetesSandboxes>,
     /// A configuration file a spawned `avm serve` reads (`--config`), as an
     /// operator names it on the command line.
     pub config_file: Option<PathBuf>,
@@ -123,6 +126,7 @@ impl Default for Options {
             expose: Vec::new(),
             sandbox_process: false,
             sandbox_pool: Vec::new(),
+            sandbox_kubernetes: None,
             config_file: None,
             run_as: None,
         }
@@ -592,6 +596,10 @@ impl Cluster {
             config.runtime.sandbox.provider = avm_sandbox::Provider::Pool;
             config.runtime.sandbox.pool.clone_from(&self.options.sandbox_pool);
         }
+        if let Some(kubernetes) = &self.options.sandbox_kubernetes {
+            config.runtime.sandbox.provider = avm_sandbox::Provider::Kubernetes;
+            config.runtime.sandbox.kubernetes = kubernetes.clone();
+        }
         // The executable in this process is the test's: the relay is avm's.
         config.runtime.sandbox.relay = avm_binary().ok();
         config.runtime.workspace_store.clone_from(&self.options.workspace_store);
@@ -718,6 +726,7 @@ impl Cluster {
             || !self.options.expose.is_empty()
             || self.options.sandbox_process
             || !self.options.sandbox_pool.is_empty()
+            || self.options.sandbox_kubernetes.is_some()
         {
             let mut file = toml::Table::new();
             let mut runtime = toml::Table::new();
@@ -748,6 +757,12 @@ impl Cluster {
                     "pool".into(),
                     toml::Value::try_from(&self.options.sandbox_pool).unwrap_or(toml::Value::Array(Vec::new())),
                 );
+            }
+            if let Some(kubernetes) = &self.options.sandbox_kubernetes {
+                sandbox.insert("provider".into(), toml::Value::String("kubernetes".into()));
+                if let Ok(table) = toml::Value::try_from(kubernetes) {
+                    sandbox.insert("kubernetes".into(), table);
+                }
             }
             runtime.insert("sandbox".into(), toml::Value::Table(sandbox));
             file.insert("runtime".into(), toml::Value::Table(runtime));

@@ -2,6 +2,7 @@
 
 pub mod accounts;
 pub mod cluster;
+pub mod fake_kube;
 pub mod mock_llm;
 pub mod mock_mcp;
 pub mod raw_http;

@@ -67,9 +67,207 @@ matchExpressions:
     values: [sandbox]
 {{- end }}
 
-{{/* The sandbox tier's Deployment, Service and ServiceAccount: <fullname>-sandbox. */}}
+{{/*
+The sandbox tier's ServiceAccount and NetworkPolicy, and in pool mode its
+Deployment and Service: <fullname>-sandbox.
+*/}}
 {{- define "agentvm.sandboxName" -}}
 {{- printf "%s-sandbox" (include "agentvm.fullname" .) }}
+{{- end }}
+
+{{/*
+Where the runtime gets sandboxes: "pool" (the chart's Deployment of
+`avm sandbox` pods) or "kubernetes" (a pod per image, claimed through
+agent-sandbox from the warm pools of templates/sandbox-templates.yaml).
+*/}}
+{{- define "agentvm.sandboxProvider" -}}
+{{- .Values.sandbox.provider | default "pool" }}
+{{- end }}
+
+{{/* The environments of kubernetes mode, each with its SandboxTemplate and SandboxWarmPool. */}}
+{{- define "agentvm.sandboxEnvironments" -}}
+shell python node
+{{- end }}
+
+{{/* An environment's SandboxTemplate and SandboxWarmPool; call with (dict "root" $ "environment" $name). */}}
+{{- define "agentvm.sandboxEnvironmentName" -}}
+{{- printf "%s-%s" (include "agentvm.sandboxName" .root) .environment }}
+{{- end }}
+
+{{/*
+An environment's image (sandbox.environments.<name>.image): its
+repository, tag or digest as the chart's image takes them; an empty
+repository is the chart's image. Call with (dict "root" $ "environment" $name).
+*/}}
+{{- define "agentvm.sandboxEnvironmentImage" -}}
+{{- $image := (index .root.Values.sandbox.environments .environment).image | default dict }}
+{{- if not $image.repository }}
+{{- include "agentvm.image" .root }}
+{{- else if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else if $image.tag }}
+{{- printf "%s:%s" $image.repository $image.tag }}
+{{- else }}
+{{- $image.repository }}
+{{- end }}
+{{- end }}
+
+{{/*
+The sandbox pods' labels and annotations (pool and kubernetes modes): the
+selector's, sandbox.podLabels and sandbox.podAnnotations; never the common
+ones, which may be trusted elsewhere or ask a webhook to inject secrets or
+identities.
+*/}}
+{{- define "agentvm.sandboxPodMetadata" -}}
+{{- $v := .Values.sandbox -}}
+labels:
+  {{- /* sandbox.podLabels, never in place of the selector's. */}}
+  {{- with omit ($v.podLabels | default dict) "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+  {{- include "agentvm.selector" (dict "root" . "component" "sandbox") | nindent 2 }}
+{{- with $v.podAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+What every sandbox pod's spec has (pool and kubernetes modes): its own
+ServiceAccount without a token, no service links, the RuntimeClass and
+the scheduling of sandbox.*. Call with (dict "root" $ "matchLabelKeys" list).
+*/}}
+{{- define "agentvm.sandboxPodSpec" -}}
+{{- $root := .root }}
+{{- $v := $root.Values.sandbox }}
+{{- $selector := dict "root" $root "component" "sandbox" -}}
+serviceAccountName: {{ include "agentvm.sandboxServiceAccountName" $root }}
+# No token: tenants' commands run here.
+automountServiceAccountToken: false
+enableServiceLinks: false
+terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+{{- with $v.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with $root.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $root.Values.imagePullSecrets }}
+# Used by the kubelet to pull the image; not in the pod.
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml (merge (dict) (deepCopy ($v.podSecurityContext | default dict)) (deepCopy $root.Values.podSecurityContext)) | nindent 2 }}
+{{- with ($v.nodeSelector | default $root.Values.nodeSelector) }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with ($v.tolerations | default $root.Values.tolerations) }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with ($v.affinity | default $root.Values.affinity) }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if $root.Values.topologySpread.enabled }}
+topologySpreadConstraints:
+  {{- range $key := $root.Values.topologySpread.topologyKeys }}
+  - maxSkew: 1
+    topologyKey: {{ $key }}
+    whenUnsatisfiable: {{ $root.Values.topologySpread.whenUnsatisfiable }}
+    labelSelector:
+      matchLabels:
+        {{- include "agentvm.selector" $selector | nindent 8 }}
+    {{- with $.matchLabelKeys }}
+    matchLabelKeys:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The arguments of `avm sandbox` in every sandbox pod (pool and kubernetes
+modes), after the binary.
+*/}}
+{{- define "agentvm.sandboxArgs" -}}
+{{- $v := .Values.sandbox -}}
+- sandbox
+- --listen
+{{- $host := .Values.listenHost }}
+- {{ printf "%s:%s" (ternary (printf "[%s]" $host) $host (contains ":" $host)) (include "agentvm.sandboxPort" .) | quote }}
+- --root
+- /workspaces
+- --claim-idle
+- {{ $v.claimIdle | quote }}
+# Alone in its container: when a claim ends, its /tmp is emptied
+# and every other process of its user (what a command left) is
+# killed, so nothing of one image meets the next.
+- --scratch
+- /tmp
+- --kill-strays
+{{- if not $v.isolate }}
+- --no-isolate
+{{- end }}
+{{- range $v.expose }}
+- --expose
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+The `avm sandbox` container's port, probes, resources and security context
+(pool and kubernetes modes).
+*/}}
+{{- define "agentvm.sandboxContainer" -}}
+{{- $v := .Values.sandbox }}
+{{- $port := include "agentvm.sandboxPort" . -}}
+ports:
+  - name: grpc
+    containerPort: {{ $port }}
+    protocol: TCP
+# grpc.health.v1: the whole server (startup, liveness) and `ready`
+# (readiness), SERVING once it listens, NOT_SERVING from the moment
+# it starts draining.
+startupProbe:
+  grpc:
+    port: {{ $port }}
+  periodSeconds: 2
+  failureThreshold: 30
+livenessProbe:
+  grpc:
+    port: {{ $port }}
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 3
+readinessProbe:
+  grpc:
+    port: {{ $port }}
+    service: ready
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 2
+# Tenants' commands run in this container: its limits are theirs.
+resources:
+  {{- toYaml $v.resources | nindent 2 }}
+securityContext:
+  {{- include "agentvm.sandboxSecurityContext" . | nindent 2 }}
+{{- end }}
+
+{{/*
+A sandbox pod container's security context: the common securityContext
+with sandbox.securityContext over it, and what no override may loosen.
+*/}}
+{{- define "agentvm.sandboxSecurityContext" -}}
+{{- $sc := merge (dict) (deepCopy (.Values.sandbox.securityContext | default dict)) (deepCopy .Values.securityContext) }}
+{{- $_ := set $sc "runAsNonRoot" true }}
+{{- $_ := set $sc "readOnlyRootFilesystem" true }}
+{{- $_ := set $sc "allowPrivilegeEscalation" false }}
+{{- $_ := set $sc "privileged" false }}
+{{- $_ := set $sc "capabilities" (dict "drop" (list "ALL")) }}
+{{- toYaml $sc }}
 {{- end }}
 
 {{/* The port `avm sandbox` listens on. */}}
@@ -190,22 +388,38 @@ secretKeyRef:
 {{- if and .Values.llm.apiKey.value .Values.llm.apiKey.existingSecret }}
 {{- fail "llm.apiKey: give value or existingSecret, not both" }}
 {{- end }}
-{{- /* Tenants' commands run in the sandbox pool, never in a runtime pod. */}}
+{{- /* Tenants' commands run in sandbox pods (pool or kubernetes), never in a runtime pod. */}}
+{{- $provider := include "agentvm.sandboxProvider" . }}
+{{- if not (has $provider (list "pool" "kubernetes")) }}
+{{- fail (printf "sandbox.provider is %q: it is \"pool\" (the chart's sandbox pool) or \"kubernetes\" (a sandbox pod per image through agent-sandbox); tenants' commands never run in the runtime's pods (\"local\" or \"process\")" $provider) }}
+{{- end }}
 {{- $sandbox := .Values.runtime.sandbox | default dict }}
-{{- if and (hasKey $sandbox "provider") (ne (toString $sandbox.provider) "pool") }}
-{{- fail (printf "runtime.sandbox.provider is %q: the chart runs tenants' commands only in its sandbox pool (provider = \"pool\", set by the chart); \"local\" or \"process\" would run them in the runtime's pods, beside its secrets. Remove runtime.sandbox.provider, and size the pool with sandbox.replicas" (toString $sandbox.provider)) }}
+{{- if and (hasKey $sandbox "provider") (ne (toString $sandbox.provider) $provider) }}
+{{- fail (printf "runtime.sandbox.provider is %q: the chart sets it from sandbox.provider (%q), which runs tenants' commands only in sandbox pods; \"local\" or \"process\" would run them in the runtime's pods, beside its secrets. Remove runtime.sandbox.provider, and choose the mode with sandbox.provider" (toString $sandbox.provider) $provider) }}
 {{- end }}
 {{- if hasKey $sandbox "pool" }}
 {{- fail "runtime.sandbox.pool is set by the chart (its sandbox Service, http://<release>-agentvm-sandbox:7010): remove it, and size the pool with sandbox.replicas" }}
 {{- end }}
-{{- if regexMatch "(?m)^\\s*\\[\\s*runtime\\s*\\.\\s*sandbox\\s*\\]" (.Values.runtime.extraConfig | default "") }}
-{{- fail "runtime.extraConfig has a [runtime.sandbox] table: the chart renders that one (provider = \"pool\"); give its limits in runtime.sandbox" }}
+{{- if hasKey $sandbox "kubernetes" }}
+{{- fail "runtime.sandbox.kubernetes is set by the chart (the warm pools of sandbox.environments): remove it" }}
+{{- end }}
+{{- if regexMatch "(?m)^\\s*\\[\\s*runtime\\s*\\.\\s*sandbox\\s*[\\].]" (.Values.runtime.extraConfig | default "") }}
+{{- fail "runtime.extraConfig has a [runtime.sandbox] table: the chart renders that one (and [runtime.sandbox.kubernetes]); give its limits in runtime.sandbox" }}
+{{- end }}
+{{- if eq $provider "kubernetes" }}
+{{- $account := include "agentvm.serviceAccountName" (dict "root" . "component" "runtime") }}
+{{- if eq $account "default" }}
+{{- fail "sandbox.provider is \"kubernetes\": the runtime's ServiceAccount is given a Role to claim sandboxes, so it must be its own, not \"default\" (which every pod without one uses): set serviceAccount.create, or runtime.serviceAccountName" }}
+{{- end }}
+{{- if eq $account (include "agentvm.sandboxServiceAccountName" .) }}
+{{- fail (printf "sandbox.serviceAccountName is the runtime's ServiceAccount %q: the sandbox pods, where tenants' commands run, need one of their own" $account) }}
+{{- end }}
 {{- end }}
 {{- /* Nor through the runtime's environment, which overrides its configuration file. */}}
 {{- range $variable := concat (.Values.extraEnv | default list) (.Values.runtime.extraEnv | default list) }}
 {{- $name := upper (toString $variable.name) }}
 {{- if or (eq $name "AVM_CONFIG") (eq $name "AVM_RUNTIME") (hasPrefix "AVM_RUNTIME_SANDBOX" $name) }}
-{{- fail (printf "extraEnv %s would replace the runtime's [runtime.sandbox] (provider = \"pool\", set by the chart): set its limits in runtime.sandbox, size the pool with sandbox.*" $variable.name) }}
+{{- fail (printf "extraEnv %s would replace the runtime's [runtime.sandbox] (its provider is the chart's, sandbox.provider): set its limits in runtime.sandbox, the sandboxes with sandbox.*" $variable.name) }}
 {{- end }}
 {{- end }}
 {{- end }}

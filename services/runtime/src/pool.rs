@@ -120,10 +120,12 @@ impl AgentPool {
             store: crate::tools::disk::open(&config)?,
             sandboxes: match config.sandbox.provider {
                 avm_sandbox::Provider::Local => None,
-                avm_sandbox::Provider::Process | avm_sandbox::Provider::Pool => Some(Arc::new(
-                    crate::tools::Launcher::new(&config.sandbox, &config.fetch.allow, &workspace_root(&config))
-                        .map_err(|why| RuntimeError::invalid("INVALID_CONFIG", why))?,
-                )),
+                avm_sandbox::Provider::Process | avm_sandbox::Provider::Pool | avm_sandbox::Provider::Kubernetes => {
+                    Some(Arc::new(
+                        crate::tools::Launcher::new(&config.sandbox, &config.fetch.allow, &workspace_root(&config))
+                            .map_err(|why| RuntimeError::invalid("INVALID_CONFIG", why))?,
+                    ))
+                }
             },
         };
         let hubs = Arc::new(Hubs::new(

@@ -19,7 +19,7 @@ use std::time::Instant;
 use avm_common::auth::ServiceIdentity;
 use avm_common::ids::new_id;
 use avm_common::{Code, RequestContext};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -431,7 +431,14 @@ async fn run_tools(
                             },
                         }
                     }
-                    Some(toolbox) => toolbox.call(&call).await,
+                    // A tool that panics fails its call, not the turn.
+                    Some(toolbox) => std::panic::AssertUnwindSafe(toolbox.call(&call))
+                        .catch_unwind()
+                        .await
+                        .unwrap_or_else(|_| ToolReply {
+                            text: format!("{} failed unexpectedly and did not complete", call.name),
+                            is_error: true,
+                        }),
                     None => ToolReply {
                         text: format!("this agent has no tools; {:?} was not run", call.name),
                         is_error: true,

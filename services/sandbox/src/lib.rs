@@ -34,7 +34,8 @@ pub mod token;
 pub mod workspace;
 
 pub use limits::{
-    COMMAND_PATH, EnvValue, HIDE_REMOVED, Provider, Removed, SandboxEnvironment, SandboxLimits, SandboxRequest,
+    COMMAND_PATH, EnvValue, HIDE_REMOVED, KubernetesSandboxes, Provider, Removed, SandboxEnvironment, SandboxLimits,
+    SandboxRequest, WarmPools,
 };
 pub use workspace::{ToolFailure, Workspace, WorkspaceError};
 

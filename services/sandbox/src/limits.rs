@@ -44,11 +44,14 @@ pub struct SandboxLimits {
     /// sandbox` child per image, started on its first command and stopped
     /// when its agent goes, holding none of the runtime's secrets; `pool`,
     /// in one of the `avm sandbox` processes of `pool`, claimed for one image
-    /// at a time.
+    /// at a time; `kubernetes`, in a sandbox pod per image, claimed through
+    /// the agent-sandbox API (`kubernetes`).
     pub provider: Provider,
     /// The `pool` provider's sandboxes: `http://host:port` addresses, each
     /// name standing for every address it resolves to (a headless Service).
     pub pool: Vec<String>,
+    /// The `kubernetes` provider's claims (`[runtime.sandbox.kubernetes]`).
+    pub kubernetes: KubernetesSandboxes,
     /// Removed: a command's root holds nothing of the host's but what it is
     /// given, so there is nothing to hide. An empty list is accepted (older
     /// example files have one); any path is refused with what replaced it.
@@ -64,6 +67,73 @@ pub enum Provider {
     Local,
     Process,
     Pool,
+    Kubernetes,
+}
+
+/// Where the `kubernetes` provider claims sandbox pods: a `SandboxClaim`
+/// (agent-sandbox, `extensions.agents.x-k8s.io/v1beta1`) naming the
+/// `SandboxWarmPool` of the image's environment, per image.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubernetesSandboxes {
+    /// The namespace claims are made in (default: the runtime pod's own, or
+    /// the kubeconfig's).
+    pub namespace: Option<String>,
+    /// The kubeconfig file to reach the API server with (default: the pod's
+    /// service account, else `KUBECONFIG` or `~/.kube/config`).
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// The warm pool a claim names, per environment.
+    pub warm_pools: WarmPools,
+    /// The port `avm sandbox` listens on in a sandbox pod.
+    pub port: u16,
+    /// How long a claim may take to have a ready pod.
+    pub ready_timeout_seconds: u64,
+    /// How long a claim lives: the controller deletes it (and its pod) then,
+    /// whatever becomes of the runtime; the runtime claims a new one before.
+    pub lifetime_seconds: u64,
+}
+
+/// The `SandboxWarmPool` of each environment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WarmPools {
+    pub shell: String,
+    pub python: String,
+    pub node: String,
+}
+
+impl Default for WarmPools {
+    fn default() -> Self {
+        Self {
+            shell: "avm-sandbox-shell".to_owned(),
+            python: "avm-sandbox-python".to_owned(),
+            node: "avm-sandbox-node".to_owned(),
+        }
+    }
+}
+
+impl WarmPools {
+    /// Returns the warm pool of `environment`.
+    pub fn of(&self, environment: SandboxEnvironment) -> &str {
+        match environment {
+            SandboxEnvironment::Shell => &self.shell,
+            SandboxEnvironment::Python => &self.python,
+            SandboxEnvironment::Node => &self.node,
+        }
+    }
+}
+
+impl Default for KubernetesSandboxes {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            kubeconfig: None,
+            warm_pools: WarmPools::default(),
+            port: 7010,
+            ready_timeout_seconds: 60,
+            lifetime_seconds: 3600,
+        }
+    }
 }
 
 /// A removed setting: absent or empty, it reads as nothing; with anything
@@ -102,6 +172,7 @@ impl Default for SandboxLimits {
             relay: None,
             provider: Provider::Local,
             pool: Vec::new(),
+            kubernetes: KubernetesSandboxes::default(),
             hide: Removed,
         }
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use avm_tests::cluster::{Cluster, Mode, Options};
+use avm_tests::fake_kube::{FakeKube, FakeKubeOptions, SandboxProcess};
 use avm_tests::mock_llm::{MockApi, MockLlm};
 use serde_json::{Value, json};
 
@@ -216,45 +217,9 @@ async fn killed_sandbox(mode: Mode) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A pool's sandbox, started as an operator's Deployment would: no key, no
-/// configuration, claimed by whichever runtime asks first.
-pub(crate) struct PoolSandbox {
-    pub(crate) address: String,
-    root: tempfile::TempDir,
-    _child: tokio::process::Child,
-}
-
-pub(crate) async fn pool_sandbox() -> anyhow::Result<PoolSandbox> {
-    use tokio::io::AsyncBufReadExt;
-    let root = tempfile::tempdir()?;
-    let binary = avm_tests::cluster::avm_binary()?;
-    let mut child = tokio::process::Command::new(&binary)
-        .args(["sandbox", "--listen", "127.0.0.1:0", "--root"])
-        .arg(root.path())
-        .arg("--relay")
-        .arg(&binary)
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let stdout = child.stdout.take().context("stdout")?;
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let address = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Some(line) = lines.next_line().await? {
-            if let Some(url) = line.strip_prefix("listening: grpc ") {
-                return Ok(url.to_owned());
-            }
-        }
-        anyhow::bail!("the sandbox stopped before it listened")
-    })
-    .await??;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(PoolSandbox {
-        address,
-        root,
-        _child: child,
-    })
+/// A pool's sandbox, started as an operator's Deployment would.
+pub(crate) async fn pool_sandbox() -> anyhow::Result<SandboxProcess> {
+    SandboxProcess::start("127.0.0.1:0").await
 }
 
 both_modes!(
@@ -365,5 +330,209 @@ async fn interrupted(mode: Mode) -> anyhow::Result<()> {
         "{text}"
     );
     assert_eq!(sandboxes(&cluster), started, "the same sandbox");
+    Ok(())
+}
+
+/// Starts a cluster whose commands run in pods claimed from `kube`, the
+/// shell environment's warm pool being `shell_pool`.
+async fn kubernetes_cluster(
+    mode: Mode,
+    kube: &FakeKube,
+    shell_pool: &str,
+) -> anyhow::Result<(MockLlm, Cluster, String)> {
+    let options = Options {
+        sandbox_kubernetes: Some(kube.settings(shell_pool)),
+        ..Options::default()
+    };
+    let (mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
+    let agent = sandboxed_agent(&cluster).await?;
+    Ok((mock, cluster, agent))
+}
+
+both_modes!(
+    a_pod_is_claimed_per_image_from_its_environments_warm_pool_and_deleted_with_its_agent,
+    kubernetes_provider
+);
+
+async fn kubernetes_provider(mode: Mode) -> anyhow::Result<()> {
+    let kube = FakeKube::start(FakeKubeOptions {
+        warm_pools: vec![("shells".to_owned(), 1)],
+        forbid: false,
+    })
+    .await?;
+    let (_mock, cluster, agent) = kubernetes_cluster(mode, &kube, "shells").await?;
+
+    // A chat without tools claims nothing.
+    let (mut chat_client, chat) = open_chat(&cluster, json!({"agent": agent})).await?;
+    send_and_finish(&mut chat_client, &chat.image_id, json!("hello")).await?;
+    assert!(kube.claims().is_empty(), "a chat claimed a sandbox");
+
+    // The first command claims a pod of the warm pool; files travel both ways.
+    let config = json!({"agent": agent, "tools": ["write_file", "read_file", "run_command"]});
+    let (mut first, one) = open_chat(&cluster, config.clone()).await?;
+    let script = r#"[mock call='write_file:{"path": "in.txt", "content": "forty two"}' call='2:run_command:{"command": "tr a-z A-Z < in.txt > out.txt && cat out.txt"}' call='3:read_file:{"path": "out.txt"}']"#;
+    let frames = send_and_finish(&mut first, &one.image_id, json!(script)).await?;
+    assert_eq!(
+        streamed_text(&frames),
+        "Tool results: FORTY TWO",
+        "{:?}",
+        types(&frames)
+    );
+    let claims = kube.claims();
+    assert_eq!(claims.len(), 1, "one claim for the image: {claims:?}");
+    let claim = &claims[0];
+    assert_eq!(claim["metadata"]["namespace"], avm_tests::fake_kube::NAMESPACE);
+    assert_eq!(claim["spec"]["warmPoolRef"]["name"], "shells");
+    let labels = &claim["metadata"]["labels"];
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "agentvm");
+    assert_eq!(labels["agentvm.io/environment"], "shell");
+    assert_eq!(labels["agentvm.io/image"], one.image_id.as_str());
+    // Whatever becomes of the runtime, the controller deletes the claim in time.
+    assert_eq!(claim["spec"]["lifecycle"]["shutdownPolicy"], "Delete");
+    let shutdown = claim["spec"]["lifecycle"]["shutdownTime"]
+        .as_str()
+        .context("shutdownTime")?;
+    let shutdown = humantime::parse_rfc3339(shutdown)?;
+    let left = shutdown.duration_since(std::time::SystemTime::now())?;
+    assert!(
+        left > Duration::from_secs(3000) && left <= Duration::from_secs(3600),
+        "{left:?}"
+    );
+    assert_eq!(kube.served(), (1, 0), "the warm pod served the first command");
+    let first_claim = claim["metadata"]["name"].as_str().context("name")?.to_owned();
+
+    // The same pod serves the image's next command.
+    let frames = send_and_finish(&mut first, &one.image_id, run("cat out.txt")).await?;
+    assert_eq!(
+        tool_result(&frames)?,
+        ("exit code 0\nstdout:\nFORTY TWO".to_owned(), false)
+    );
+    assert_eq!(kube.claims().len(), 1);
+
+    // Another image gets a pod of its own, holding nothing of the first's.
+    let (mut second, two) = open_chat(&cluster, config).await?;
+    let frames = send_and_finish(&mut second, &two.image_id, run("ls; echo mine > mine.txt")).await?;
+    assert_eq!(tool_result(&frames)?, ("exit code 0".to_owned(), false));
+    assert_eq!(kube.claims().len(), 2);
+    let (warm, cold) = kube.served();
+    assert_eq!(warm + cold, 2, "each claim got a pod");
+    let holding = |image: &str| {
+        kube.claimed_roots()
+            .iter()
+            .filter(|root| root.join(image).exists())
+            .count()
+    };
+    assert_eq!((holding(&one.image_id), holding(&two.image_id)), (1, 1));
+
+    // Operators see the claims counted.
+    let metrics = reqwest::get(format!("{}/metrics", cluster.runtime_grpc))
+        .await?
+        .text()
+        .await?;
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("avm_runtime_sandboxes_total{")
+                && line.contains(r#"provider="kubernetes""#)
+                && line.contains(r#"outcome="claimed""#)),
+        "no kubernetes claim in the runtime's metrics"
+    );
+
+    // The first agent goes: its claim is deleted, and its pod with it.
+    let (status, stopped) = call(&cluster, "POST", &format!("/v1/images/{}/stop", one.image_id), None).await?;
+    assert_eq!(status, 200, "{stopped}");
+    poll(Duration::from_secs(20), "the claim goes with its agent", || async {
+        Ok(kube.deleted().contains(&first_claim).then_some(()))
+    })
+    .await?;
+    assert_eq!(kube.claims().len(), 1);
+    assert_eq!(holding(&one.image_id), 0);
+    assert_eq!(holding(&two.image_id), 1);
+    Ok(())
+}
+
+both_modes!(
+    kubernetes_refusals_and_a_missing_warm_pool_reach_the_model_clearly,
+    kubernetes_refusals
+);
+
+/// RBAC refusing the runtime's ServiceAccount, and a claim no pod answers
+/// (an environment without its warm pool), are tool errors that say what
+/// an operator does; nothing is left claimed.
+async fn kubernetes_refusals(mode: Mode) -> anyhow::Result<()> {
+    let forbidden = FakeKube::start(FakeKubeOptions {
+        warm_pools: vec![("shells".to_owned(), 0)],
+        forbid: true,
+    })
+    .await?;
+    let (_mock, cluster, agent) = kubernetes_cluster(mode, &forbidden, "shells").await?;
+    let (mut client, chat) = open_chat(&cluster, json!({"agent": agent, "tools": ["run_command"]})).await?;
+    let frames = send_and_finish(&mut client, &chat.image_id, run("true")).await?;
+    let (text, is_error) = tool_result(&frames)?;
+    assert!(is_error, "{text}");
+    for said in [
+        "403 Forbidden",
+        "cannot create resource \"sandboxclaims\"",
+        "needs create, get and delete",
+    ] {
+        assert!(text.contains(said), "{said:?} missing from {text}");
+    }
+    let metrics = reqwest::get(format!("{}/metrics", cluster.runtime_grpc))
+        .await?
+        .text()
+        .await?;
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("avm_runtime_sandboxes_total{")
+                && line.contains(r#"provider="kubernetes""#)
+                && line.contains(r#"outcome="refused""#)),
+        "no refused claim in the runtime's metrics"
+    );
+    drop(cluster);
+
+    // A python agent where the cluster has no python warm pool: the claim
+    // is never ready; the model reads the controller's reason, and the
+    // claim is deleted.
+    let kube = FakeKube::start(FakeKubeOptions {
+        warm_pools: vec![("shells".to_owned(), 0)],
+        forbid: false,
+    })
+    .await?;
+    let (_mock, cluster, shell_agent) = kubernetes_cluster(mode, &kube, "shells").await?;
+    let resources = [
+        json!({"kind": "sandbox", "name": "py", "version": "1.0.0", "content": {"limits": {}, "environment": "python"}}),
+        json!({"kind": "prompt", "name": "py", "version": "1.0.0", "content": {"template": "You run code."}}),
+        json!({"kind": "agent", "name": "py", "version": "1.0.0", "content": {
+            "prompt": "resource://prompts/py@1", "sandbox": "resource://sandboxes/py@1"}}),
+    ];
+    for resource in resources {
+        let (status, body) = call(&cluster, "POST", "/v1/resources", Some(resource)).await?;
+        anyhow::ensure!(status == 201, "{body}");
+    }
+    let (mut client, chat) = open_chat(
+        &cluster,
+        json!({"agent": "resource://agents/py@1", "tools": ["run_command"]}),
+    )
+    .await?;
+    let frames = send_and_finish(&mut client, &chat.image_id, run("python3 -V")).await?;
+    let (text, is_error) = tool_result(&frames)?;
+    assert!(is_error, "{text}");
+    for said in ["warm pool avm-sandbox-python", "WarmPoolNotFound", "not found"] {
+        assert!(text.contains(said), "{said:?} missing from {text}");
+    }
+    poll(Duration::from_secs(20), "the unready claim is deleted", || async {
+        Ok((kube.claims().is_empty() && kube.deleted().len() == 1).then_some(()))
+    })
+    .await?;
+
+    // A shell agent of the same cluster, its pool empty: a cold start serves it.
+    let (mut client, chat) = open_chat(&cluster, json!({"agent": shell_agent, "tools": ["run_command"]})).await?;
+    let frames = send_and_finish(&mut client, &chat.image_id, run("echo cold")).await?;
+    assert_eq!(
+        tool_result(&frames)?,
+        ("exit code 0\nstdout:\ncold\n".to_owned(), false)
+    );
+    assert_eq!(kube.served(), (0, 1));
     Ok(())
 }

@@ -14,6 +14,7 @@ use crate::llm::{ToolCall, ToolSpec};
 
 pub(crate) mod disk;
 mod fetch;
+mod kubernetes;
 mod mcp;
 mod mcp_sse;
 mod remote;
@@ -291,6 +292,7 @@ impl Toolbox {
             Some(launcher) => Arc::new(remote::RemoteProcess::new(
                 Arc::clone(launcher),
                 image_id,
+                environment,
                 workspace.clone(),
             )),
             None => Arc::new(workspace.clone()),
@@ -452,7 +454,14 @@ impl Toolbox {
                 async {
                     self.workspace.load().await?;
                     let script = text_field(&call.input, "command")?;
-                    self.environment.check(&crate::config::COMMAND_PATH)?;
+                    if !self
+                        .context
+                        .sandboxes
+                        .as_ref()
+                        .is_some_and(|sandboxes| sandboxes.picks_environment())
+                    {
+                        self.environment.check(&crate::config::COMMAND_PATH)?;
+                    }
                     let variables = self.variables().await?;
                     let command = avm_sandbox::Command {
                         script,

@@ -25,10 +25,12 @@ use avm_proto::sandbox::v1::{
 use avm_sandbox::service::{command_limits, joined_changes, pieces};
 use avm_sandbox::sync::{self, Changes, Snapshot};
 use avm_sandbox::token::TokenSigner;
-use avm_sandbox::{Command, Process, Program, SandboxLimits, Served, ToolFailure, Workspace};
+use avm_sandbox::{Command, Process, Program, SandboxEnvironment, SandboxLimits, Served, ToolFailure, Workspace};
 use futures::StreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tonic::transport::Channel;
+
+use super::kubernetes::{Claim, Claims};
 
 /// How long a new sandbox may take to say where it listens.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
@@ -44,6 +46,8 @@ enum Placement {
     Process { binary: PathBuf, root: PathBuf },
     /// Claimed from a pool of running sandboxes, at these addresses.
     Pool { addresses: Vec<String> },
+    /// A pod per image, claimed through the agent-sandbox API.
+    Kubernetes(Box<Claims>),
 }
 
 /// What gets sandboxes: where they come from, and the token key.
@@ -63,7 +67,9 @@ impl Launcher {
     /// (`<workspace root>-sandboxes/`).
     /// With `provider = "pool"`, sandboxes are claimed from `pool` instead.
     pub fn new(fence: &SandboxLimits, allow: &[String], workspace_root: &std::path::Path) -> Result<Self, String> {
-        let placement = if fence.provider == avm_sandbox::Provider::Pool {
+        let placement = if fence.provider == avm_sandbox::Provider::Kubernetes {
+            Placement::Kubernetes(Box::new(Claims::new(&fence.kubernetes)?))
+        } else if fence.provider == avm_sandbox::Provider::Pool {
             if fence.pool.is_empty() {
                 return Err(
                     "[runtime.sandbox] provider = \"pool\" needs the pool's addresses in [runtime.sandbox] pool"
@@ -92,12 +98,88 @@ impl Launcher {
         })
     }
 
-    /// Gets a sandbox for `image_id`: starts one, or claims one of the pool.
-    async fn start(&self, image_id: &str) -> Result<Live, ToolFailure> {
+    /// Whether the sandbox, not this host, has the interpreters of an
+    /// image's environment (a pod of the environment's warm pool).
+    pub fn picks_environment(&self) -> bool {
+        matches!(self.placement, Placement::Kubernetes(_))
+    }
+
+    /// Gets a sandbox for `image_id`: starts one, or claims one of the pool
+    /// or of the cluster.
+    async fn start(&self, image_id: &str, environment: SandboxEnvironment) -> Result<Live, ToolFailure> {
         match &self.placement {
             Placement::Process { binary, root } => self.spawn(binary, root).await,
             Placement::Pool { addresses } => self.claim(addresses, image_id).await,
+            Placement::Kubernetes(claims) => self.claim_pod(claims, image_id, environment).await,
         }
+    }
+
+    /// Claims a sandbox pod for `image_id`, then its `avm sandbox`.
+    async fn claim_pod(
+        &self,
+        claims: &Claims,
+        image_id: &str,
+        environment: SandboxEnvironment,
+    ) -> Result<Live, ToolFailure> {
+        let counted = |outcome: &'static str| {
+            metrics::counter!("avm_runtime_sandboxes_total", "provider" => "kubernetes", "outcome" => outcome)
+                .increment(1);
+        };
+        let (claim, url) = claims
+            .claim(image_id, environment)
+            .await
+            .inspect_err(|_| counted("refused"))?;
+        // Ready means its readiness probe passed; a moment's grace for a
+        // listener that lags it.
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        loop {
+            match self.claim_at(&url, image_id).await {
+                Ok(client) => {
+                    counted("claimed");
+                    let expires = claim.expires;
+                    return Ok(Live {
+                        client,
+                        _process: None,
+                        pooled: false,
+                        _claim: Some(claim),
+                        expires: Some(expires),
+                        synced: None,
+                    });
+                }
+                Err(ClaimFailed::Unreachable) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(failed) => {
+                    counted("refused");
+                    return Err(match failed {
+                        ClaimFailed::Unreachable => format!("the sandbox pod at {url} does not answer"),
+                        ClaimFailed::Refused(status) => {
+                            format!("the sandbox pod at {url} refused the claim: {}", status.message())
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// Claims the sandbox at `url` for `image_id`, binding it to this
+    /// runtime's token key.
+    async fn claim_at(&self, url: &str, image_id: &str) -> Result<SandboxServiceClient<Channel>, ClaimFailed> {
+        let endpoint = Channel::from_shared(url.to_owned()).map_err(|_| ClaimFailed::Unreachable)?;
+        let channel = endpoint
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .map_err(|_| ClaimFailed::Unreachable)?;
+        let mut client = SandboxServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let claim = ClaimRequest {
+            image_id: image_id.to_owned(),
+            public_key: self.signer.public_key(),
+        };
+        client.claim(claim).await.map_err(ClaimFailed::Refused)?;
+        Ok(client)
     }
 
     /// Claims a free sandbox of the pool for `image_id`, trying its
@@ -116,31 +198,24 @@ impl Launcher {
         let tried = candidates.len();
         let mut busy = 0;
         for url in candidates {
-            let Ok(endpoint) = Channel::from_shared(url.clone()) else {
-                continue;
-            };
-            let connected = endpoint.connect_timeout(Duration::from_secs(2)).connect().await;
-            let Ok(channel) = connected else { continue };
-            let mut client = SandboxServiceClient::new(channel)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES);
-            let claim = ClaimRequest {
-                image_id: image_id.to_owned(),
-                public_key: self.signer.public_key(),
-            };
-            match client.claim(claim).await {
-                Ok(_) => {
+            match self.claim_at(&url, image_id).await {
+                Ok(client) => {
                     metrics::counter!("avm_runtime_sandboxes_total", "provider" => "pool", "outcome" => "claimed")
                         .increment(1);
                     return Ok(Live {
                         client,
                         _process: None,
                         pooled: true,
+                        _claim: None,
+                        expires: None,
                         synced: None,
                     });
                 }
-                Err(status) if status.code() == tonic::Code::ResourceExhausted => busy += 1,
-                Err(status) => tracing::warn!(%url, error = %status.message(), "a sandbox of the pool refused a claim"),
+                Err(ClaimFailed::Unreachable) => {}
+                Err(ClaimFailed::Refused(status)) if status.code() == tonic::Code::ResourceExhausted => busy += 1,
+                Err(ClaimFailed::Refused(status)) => {
+                    tracing::warn!(%url, error = %status.message(), "a sandbox of the pool refused a claim");
+                }
             }
         }
         metrics::counter!("avm_runtime_sandboxes_total", "provider" => "pool", "outcome" => "exhausted").increment(1);
@@ -221,9 +296,19 @@ impl Launcher {
                 _root: root,
             }),
             pooled: false,
+            _claim: None,
+            expires: None,
             synced: None,
         })
     }
+}
+
+/// Why a sandbox could not be claimed.
+enum ClaimFailed {
+    /// Nothing answers at its address.
+    Unreachable,
+    /// It answered no.
+    Refused(tonic::Status),
 }
 
 /// A sandbox child of this process.
@@ -246,6 +331,10 @@ struct Live {
     _process: Option<Child>,
     /// Claimed from a pool: released when no longer used.
     pooled: bool,
+    /// The pod's claim (`kubernetes`): deleted when no longer used.
+    _claim: Option<Claim>,
+    /// When the sandbox goes on its own (its claim's shutdown time).
+    expires: Option<std::time::Instant>,
     /// What the runtime's copy held when the two were last alike; `None`
     /// before the first put.
     synced: Option<Snapshot>,
@@ -256,6 +345,8 @@ struct Live {
 pub struct RemoteProcess {
     launcher: Arc<Launcher>,
     image_id: String,
+    /// What its commands are given besides a shell.
+    environment: SandboxEnvironment,
     /// The runtime's copy.
     workspace: Workspace,
     live: tokio::sync::Mutex<Option<Live>>,
@@ -263,13 +354,31 @@ pub struct RemoteProcess {
 
 impl RemoteProcess {
     /// Returns the commands of `image_id`'s workspace; no sandbox is started yet.
-    pub fn new(launcher: Arc<Launcher>, image_id: &str, workspace: Workspace) -> Self {
+    pub fn new(launcher: Arc<Launcher>, image_id: &str, environment: SandboxEnvironment, workspace: Workspace) -> Self {
         Self {
             launcher,
             image_id: image_id.to_owned(),
+            environment,
             workspace,
             live: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// Returns the image's sandbox, got if there is none or if the one there
+    /// goes on its own `within` from now (its claim ends).
+    async fn sandbox<'a>(&self, live: &'a mut Option<Live>, within: Duration) -> Result<&'a mut Live, ToolFailure> {
+        let ending = live
+            .as_ref()
+            .and_then(|sandbox| sandbox.expires)
+            .is_some_and(|expires| expires <= std::time::Instant::now() + within);
+        if ending {
+            // Its files are the runtime's: the next one is given them all.
+            *live = None;
+        }
+        if live.is_none() {
+            *live = Some(self.launcher.start(&self.image_id, self.environment).await?);
+        }
+        live.as_mut().ok_or_else(|| "the sandbox is not there".to_owned())
     }
 
     /// Returns `message` with this image's token.
@@ -375,12 +484,8 @@ impl Process for RemoteProcess {
             return Err("`command` must not be empty".to_owned());
         }
         let mut live = self.live.lock().await;
-        if live.is_none() {
-            *live = Some(self.launcher.start(&self.image_id).await?);
-        }
-        let Some(sandbox) = live.as_mut() else {
-            return Err("the sandbox is not there".to_owned());
-        };
+        let within = Duration::from_secs(command.limits.timeout_seconds + 60);
+        let sandbox = self.sandbox(&mut live, within).await?;
         match self.run_in(sandbox, command).await {
             Ok(ran) => ran,
             Err(Lost(why)) => {
@@ -408,6 +513,10 @@ impl Drop for RemoteProgram {
     }
 }
 
+/// How long a served program (a stdio MCP server) is expected to run: a
+/// sandbox whose claim ends sooner is replaced first.
+const SERVED_FOR: Duration = Duration::from_secs(30 * 60);
+
 /// Buffered between a served program's call and its local pipes.
 const PIPE_BYTES: usize = 64 * 1024;
 
@@ -418,12 +527,7 @@ impl RemoteProcess {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut client = {
             let mut live = self.live.lock().await;
-            if live.is_none() {
-                *live = Some(self.launcher.start(&self.image_id).await?);
-            }
-            let Some(sandbox) = live.as_mut() else {
-                return Err("the sandbox is not there".to_owned());
-            };
+            let sandbox = self.sandbox(&mut live, SERVED_FOR).await?;
             if let Err(Lost(why)) = self.put(sandbox).await {
                 *live = None;
                 return Err(why);
