@@ -334,14 +334,17 @@ async fn interrupted(mode: Mode) -> anyhow::Result<()> {
 }
 
 /// Starts a cluster whose commands run in pods claimed from `kube`, the
-/// shell environment's warm pool being `shell_pool`.
+/// shell environment's warm pool being `shell_pool`, its agents stopping
+/// after `idle` without a turn.
 async fn kubernetes_cluster(
     mode: Mode,
     kube: &FakeKube,
     shell_pool: &str,
+    idle: Option<Duration>,
 ) -> anyhow::Result<(MockLlm, Cluster, String)> {
     let options = Options {
         sandbox_kubernetes: Some(kube.settings(shell_pool)),
+        agent_idle_timeout: idle,
         ..Options::default()
     };
     let (mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
@@ -360,7 +363,7 @@ async fn kubernetes_provider(mode: Mode) -> anyhow::Result<()> {
         forbid: false,
     })
     .await?;
-    let (_mock, cluster, agent) = kubernetes_cluster(mode, &kube, "shells").await?;
+    let (_mock, cluster, agent) = kubernetes_cluster(mode, &kube, "shells", None).await?;
 
     // A chat without tools claims nothing.
     let (mut chat_client, chat) = open_chat(&cluster, json!({"agent": agent})).await?;
@@ -452,20 +455,21 @@ async fn kubernetes_provider(mode: Mode) -> anyhow::Result<()> {
 }
 
 both_modes!(
-    kubernetes_refusals_and_a_missing_warm_pool_reach_the_model_clearly,
+    kubernetes_refusals_and_a_missing_warm_pool_reach_the_model_clearly_and_an_idle_agents_claim_goes,
     kubernetes_refusals
 );
 
 /// RBAC refusing the runtime's ServiceAccount, and a claim no pod answers
 /// (an environment without its warm pool), are tool errors that say what
-/// an operator does; nothing is left claimed.
+/// an operator does; nothing is left claimed, and an agent that idles out
+/// leaves no claim either.
 async fn kubernetes_refusals(mode: Mode) -> anyhow::Result<()> {
     let forbidden = FakeKube::start(FakeKubeOptions {
         warm_pools: vec![("shells".to_owned(), 0)],
         forbid: true,
     })
     .await?;
-    let (_mock, cluster, agent) = kubernetes_cluster(mode, &forbidden, "shells").await?;
+    let (_mock, cluster, agent) = kubernetes_cluster(mode, &forbidden, "shells", None).await?;
     let (mut client, chat) = open_chat(&cluster, json!({"agent": agent, "tools": ["run_command"]})).await?;
     let frames = send_and_finish(&mut client, &chat.image_id, run("true")).await?;
     let (text, is_error) = tool_result(&frames)?;
@@ -499,7 +503,8 @@ async fn kubernetes_refusals(mode: Mode) -> anyhow::Result<()> {
         forbid: false,
     })
     .await?;
-    let (_mock, cluster, shell_agent) = kubernetes_cluster(mode, &kube, "shells").await?;
+    let idle = Duration::from_secs(3);
+    let (_mock, cluster, shell_agent) = kubernetes_cluster(mode, &kube, "shells", Some(idle)).await?;
     let resources = [
         json!({"kind": "sandbox", "name": "py", "version": "1.0.0", "content": {"limits": {}, "environment": "python"}}),
         json!({"kind": "prompt", "name": "py", "version": "1.0.0", "content": {"template": "You run code."}}),
@@ -526,7 +531,8 @@ async fn kubernetes_refusals(mode: Mode) -> anyhow::Result<()> {
     })
     .await?;
 
-    // A shell agent of the same cluster, its pool empty: a cold start serves it.
+    // A shell agent of the same cluster, its pool empty: a cold start serves
+    // it; once the agent idles out, its claim is deleted.
     let (mut client, chat) = open_chat(&cluster, json!({"agent": shell_agent, "tools": ["run_command"]})).await?;
     let frames = send_and_finish(&mut client, &chat.image_id, run("echo cold")).await?;
     assert_eq!(
@@ -534,5 +540,10 @@ async fn kubernetes_refusals(mode: Mode) -> anyhow::Result<()> {
         ("exit code 0\nstdout:\ncold\n".to_owned(), false)
     );
     assert_eq!(kube.served(), (0, 1));
+    assert_eq!(kube.claims().len(), 1);
+    poll(Duration::from_secs(30), "the idle agent's claim is deleted", || async {
+        Ok((kube.claims().is_empty() && kube.deleted().len() == 2).then_some(()))
+    })
+    .await?;
     Ok(())
 }
