@@ -50,6 +50,7 @@ import argparse
 import copy
 import functools
 import ipaddress
+import json
 import os
 import pathlib
 import re
@@ -975,11 +976,39 @@ def check_binary(check: Check, name: str, avm: str, docs: list[dict]) -> None:
                                  f"avm does not read [runtime.sandbox] {key} from AVM_CONFIG")
 
 
+# What the namespace fence (`sandbox.isolate: true`) calls: the shipped
+# seccomp profile must refuse none of them.
+FENCE_SYSCALLS = {"unshare", "clone", "clone3", "setns", "mount", "umount2", "pivot_root", "prctl", "execve",
+                  "sethostname", "mount_setattr", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount"}
+
+
+def check_seccomp(check: Check) -> None:
+    """deploy/seccomp/avm-userns.json: a deny-list profile refusing none of the fence's calls, every name a syscall."""
+    where = "deploy/seccomp/avm-userns.json"
+    profile = json.loads((ROOT / where).read_text())
+    check.expect(profile.get("defaultAction") == "SCMP_ACT_ALLOW", where, "the default action must be SCMP_ACT_ALLOW")
+    check.expect("SCMP_ARCH_X86_64" in profile.get("architectures", []), where, "x86-64 must be listed")
+    denied = set()
+    for rule in profile.get("syscalls", []):
+        check.expect(rule.get("action") == "SCMP_ACT_ERRNO", where, f"rule {rule} must refuse with an errno")
+        denied.update(rule.get("names", []))
+    check.expect(not denied & FENCE_SYSCALLS, where, f"refuses what the fence calls: {sorted(denied & FENCE_SYSCALLS)}")
+    check.expect({"bpf", "kexec_load", "init_module", "userfaultfd"} <= denied, where, "must refuse bpf, kexec, modules")
+    table = pathlib.Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")
+    if table.exists():
+        known = set(re.findall(r"#define __NR_(\w+) ", table.read_text()))
+        # Calls of other architectures only (x86-32's vm86, stime, …) are named too.
+        others = {"vm86", "vm86old", "stime", "_sysctl"}
+        unknown = denied - known - others
+        check.expect(not unknown, where, f"not syscalls: {sorted(unknown)}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--avm", help="an avm binary that must accept every container's configuration")
     args = parser.parse_args()
     check = Check()
+    check_seccomp(check)
     versions = kube_versions()
     production = yaml.safe_load((CHART / "values-production.yaml").read_text())
     cases = {

@@ -19,7 +19,11 @@ use crate::http::ErrorDocument;
                        protocol (AgentX 1.9 compatible) is at `/ws`."
     ),
     components(schemas(ErrorDocument)),
-    paths(crate::rest::workspace::read_workspace_file, crate::rest::workspace::write_workspace_file),
+    paths(
+        crate::rest::workspace::read_workspace_file,
+        crate::rest::workspace::write_workspace_file,
+        crate::rest::workspace::remove_workspace_file
+    ),
     tags(
         (name = "containers", description = "A tenant's isolation units and who they are shared with"),
         (name = "images", description = "Conversations: their agents, messages and events"),

@@ -50,7 +50,9 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
         // A file's path may hold `/`: a wildcard, documented in `ApiDoc` as `{path}`.
         .route(
             "/v1/images/{id}/workspace/files/{*path}",
-            get(workspace::read_workspace_file).put(workspace::write_workspace_file),
+            get(workspace::read_workspace_file)
+                .put(workspace::write_workspace_file)
+                .delete(workspace::remove_workspace_file),
         )
         // Groups, their members, messages and read cursors.
         .routes(routes!(groups::create_group, groups::list_groups))

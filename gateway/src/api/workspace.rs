@@ -165,3 +165,32 @@ pub async fn write(
     let entry = peers.runtime.write_workspace_file(request).await?.into_inner().entry;
     Ok(entry.ok_or_else(|| missing("entry"))?.into())
 }
+
+/// What `DELETE /v1/images/{id}/workspace/files/{path}` answers.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceRemoved {
+    pub image_id: String,
+    /// What was removed, relative to the workspace.
+    pub path: String,
+    pub removed: bool,
+}
+
+/// Removes a file or a directory (with what it holds) of an image's workspace.
+pub async fn remove(
+    peers: &Peers,
+    ctx: &RequestContext,
+    image_id: String,
+    path: String,
+) -> Result<WorkspaceRemoved, ApiError> {
+    let request = ctx.request(rt::RemoveWorkspaceFileRequest {
+        image_id: image_id.clone(),
+        path: path.clone(),
+    });
+    peers.runtime.remove_workspace_file(request).await?;
+    Ok(WorkspaceRemoved {
+        image_id,
+        path,
+        removed: true,
+    })
+}

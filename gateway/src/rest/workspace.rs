@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::api::workspace::{self, WorkspaceEntry, WorkspaceListing, WorkspacePath};
+use crate::api::workspace::{self, WorkspaceEntry, WorkspaceListing, WorkspacePath, WorkspaceRemoved};
 use crate::http::{Ctx, Path, Query, RawBody, error_response, ok, with_request_id};
 use crate::state::GatewayState;
 
@@ -62,4 +62,17 @@ pub async fn write_workspace_file(
         &ctx,
         workspace::write(&state.peers, &ctx, id, path, content.to_vec()).await,
     )
+}
+
+/// Serves `DELETE /v1/images/{id}/workspace/files/{*path}`: a file, a link,
+/// or a directory with what it holds.
+#[utoipa::path(delete, path = "/v1/images/{id}/workspace/files/{path}", tag = "images",
+    params(("id" = String, Path), ("path" = String, Path, description = "The file or directory, relative to the workspace; may hold `/`")),
+    responses((status = 200, description = "Removed", body = WorkspaceRemoved)))]
+pub async fn remove_workspace_file(
+    State(state): St,
+    Ctx(ctx): Ctx,
+    Path((id, path)): Path<(String, String)>,
+) -> Response {
+    ok(&ctx, workspace::remove(&state.peers, &ctx, id, path).await)
 }

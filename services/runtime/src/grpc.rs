@@ -401,6 +401,21 @@ impl RuntimeService for RuntimeGrpc {
         }))
     }
 
+    async fn remove_workspace_file(
+        &self,
+        request: Request<pb::RemoveWorkspaceFileRequest>,
+    ) -> Result<Response<pb::RemoveWorkspaceFileResponse>, Status> {
+        let ctx = caller(&request)?;
+        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
+            return remote.remove_workspace_file(relay(&request)).await;
+        }
+        let request = request.into_inner();
+        self.pool
+            .remove_workspace_file(&ctx, &request.image_id, &request.path)
+            .await?;
+        Ok(Response::new(pb::RemoveWorkspaceFileResponse {}))
+    }
+
     async fn get_image(&self, request: Request<pb::GetImageRequest>) -> Result<Response<pb::GetImageResponse>, Status> {
         let ctx = caller(&request)?;
         if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {

@@ -28,6 +28,7 @@ use crate::replicas::{Placement, Replicas, TurnRecord};
 use crate::settings::LlmSettings;
 use crate::tools::{Fetcher, ToolContext, Toolbox, Workspace, access};
 use crate::turn::{self, TurnLimits, TurnPorts};
+use avm_sandbox::FileSystem;
 
 mod children;
 mod gate;
@@ -645,8 +646,7 @@ impl AgentPool {
         path: &str,
     ) -> Result<Vec<access::Entry>, RuntimeError> {
         let workspace = self.workspace_of(ctx, image_id, Scopes::READ, None).await?;
-        let path = path.to_owned();
-        blocking(move || access::list(&workspace, &path)).await
+        accessed(workspace.entries(path).await)
     }
 
     /// Returns a file of an image's workspace (for whoever may see the image).
@@ -658,8 +658,7 @@ impl AgentPool {
         path: &str,
     ) -> Result<(access::Entry, Vec<u8>), RuntimeError> {
         let workspace = self.workspace_of(ctx, image_id, Scopes::READ, None).await?;
-        let path = path.to_owned();
-        blocking(move || access::read(&workspace, &path)).await
+        accessed(workspace.fetch(path).await)
     }
 
     /// Writes a file of an image's workspace (for whoever may use the image).
@@ -672,11 +671,23 @@ impl AgentPool {
         content: Vec<u8>,
     ) -> Result<access::Entry, RuntimeError> {
         let workspace = self.workspace_of(ctx, image_id, Scopes::WRITE, Some(Role::Use)).await?;
-        let path = path.to_owned();
-        let kept = workspace.clone();
-        let entry = blocking(move || access::write(&workspace, &path, &content)).await?;
-        kept.save().await.map_err(|_| crate::tools::disk::unavailable())?;
+        let entry = accessed(workspace.store(path, content).await)?;
+        workspace.save().await.map_err(|_| crate::tools::disk::unavailable())?;
         Ok(entry)
+    }
+
+    /// Removes a file or directory of an image's workspace (for whoever may use the image).
+    #[instrument(name = "runtime.remove_workspace_file", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn remove_workspace_file(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        path: &str,
+    ) -> Result<(), RuntimeError> {
+        let workspace = self.workspace_of(ctx, image_id, Scopes::WRITE, Some(Role::Use)).await?;
+        accessed(workspace.remove(path).await)?;
+        workspace.save().await.map_err(|_| crate::tools::disk::unavailable())?;
+        Ok(())
     }
 
     /// Returns the workspace of an image the caller may reach with `scope`;
@@ -1365,14 +1376,9 @@ fn workspace_root(config: &RuntimeConfig) -> std::path::PathBuf {
         .unwrap_or_else(|| std::env::temp_dir().join("avm-workspaces"))
 }
 
-/// Runs a workspace access off the async threads.
-async fn blocking<T: Send + 'static>(
-    access: impl FnOnce() -> Result<T, access::AccessError> + Send + 'static,
-) -> Result<T, RuntimeError> {
+/// Returns a client's workspace access as the API answers it.
+fn accessed<T>(result: Result<T, access::AccessError>) -> Result<T, RuntimeError> {
     use avm_common::ApiError;
-    let result = tokio::task::spawn_blocking(access)
-        .await
-        .map_err(|err| RuntimeError::Api(ApiError::internal(format!("workspace access stopped: {err}"))))?;
     result.map_err(|err| {
         RuntimeError::Api(match err {
             access::AccessError::Refused(message) => ApiError::invalid("INVALID_WORKSPACE_PATH", message),

@@ -1,5 +1,6 @@
-//! Clients' access to an image's workspace (list, read, write): the same
-//! confinement as the tools'. Reading never creates the workspace.
+//! Clients' access to an image's workspace (list, stat, read, write,
+//! remove): the same confinement as the tools'. Reading never creates the
+//! workspace.
 
 use std::io::Read;
 
@@ -117,6 +118,35 @@ pub fn read(workspace: &Workspace, path: &str) -> Result<(Entry, Vec<u8>), Acces
     Ok((entry(relative, &stat), content))
 }
 
+/// Describes a file or directory (the workspace itself for an empty path).
+pub fn stat(workspace: &Workspace, path: &str) -> Result<Entry, AccessError> {
+    let relative = checked(path)?;
+    let root = workspace
+        .open()
+        .map_err(|refusal| refused(path, refusal))?
+        .ok_or_else(|| refused(path, WorkspaceError::NotFound))?;
+    let stat = match root.open_dir(&relative) {
+        Ok(dir) => nix::sys::stat::fstat(&dir).map_err(|errno| AccessError::Failed(errno.to_string()))?,
+        Err(WorkspaceError::NotADirectory) => root.open_file(&relative).map_err(|refusal| refused(path, refusal))?.1,
+        Err(refusal) => return Err(refused(path, refusal)),
+    };
+    Ok(entry(relative, &stat))
+}
+
+/// Removes a file, a link or a directory with what it holds; the workspace
+/// itself is not removed this way.
+pub fn remove(workspace: &Workspace, path: &str) -> Result<(), AccessError> {
+    let relative = checked(path)?;
+    if relative.is_empty() {
+        return Err(AccessError::Refused("a path in the workspace is required".to_owned()));
+    }
+    let root = workspace
+        .open()
+        .map_err(|refusal| refused(path, refusal))?
+        .ok_or_else(|| refused(path, WorkspaceError::NotFound))?;
+    root.remove(&relative).map_err(|refusal| refused(path, refusal))
+}
+
 /// Writes a file, creating the workspace and the file's directories.
 pub fn write(workspace: &Workspace, path: &str, content: &[u8]) -> Result<Entry, AccessError> {
     if content.len() as u64 > MAX_TRANSFER_BYTES {
@@ -163,6 +193,39 @@ mod tests {
         assert!(matches!(read(&ws, "../ws/docs/a.txt"), Err(AccessError::Refused(_))));
         assert!(matches!(write(&ws, "/etc/x", b""), Err(AccessError::Refused(_))));
         assert!(matches!(list(&ws, "docs/a.txt"), Err(AccessError::Refused(_))));
+    }
+
+    #[test]
+    fn stat_and_remove_stay_inside_and_never_follow_a_link() {
+        let temp = tempfile::tempdir().unwrap();
+        let outside = temp.path().join("outside");
+        std::fs::create_dir_all(outside.join("keep")).unwrap();
+        std::fs::write(outside.join("keep/key"), "secret").unwrap();
+        let ws = Workspace::new(temp.path().join("ws"));
+        assert!(
+            matches!(stat(&ws, ""), Err(AccessError::NotFound(_))),
+            "no workspace yet"
+        );
+        write(&ws, "docs/deep/a.txt", b"hello").unwrap();
+        let file = stat(&ws, "docs/deep/a.txt").unwrap();
+        assert_eq!((file.size, file.directory), (5, false));
+        assert!(stat(&ws, "docs").unwrap().directory);
+        assert!(stat(&ws, "").unwrap().directory);
+        assert!(matches!(stat(&ws, "docs/nothing"), Err(AccessError::NotFound(_))));
+        assert!(matches!(stat(&ws, "../outside"), Err(AccessError::Refused(_))));
+
+        // A link is removed, not what it leads to, alone or inside a directory.
+        std::os::unix::fs::symlink(&outside, ws.dir().join("link")).unwrap();
+        std::os::unix::fs::symlink(&outside, ws.dir().join("docs/deep/link")).unwrap();
+        assert!(matches!(stat(&ws, "link"), Err(AccessError::Refused(_))));
+        remove(&ws, "link").unwrap();
+        remove(&ws, "docs").unwrap();
+        assert_eq!(list(&ws, "").unwrap(), Vec::new());
+        assert_eq!(std::fs::read_to_string(outside.join("keep/key")).unwrap(), "secret");
+        assert!(matches!(remove(&ws, ""), Err(AccessError::Refused(_))));
+        assert!(matches!(remove(&ws, "../outside"), Err(AccessError::Refused(_))));
+        assert!(matches!(remove(&ws, "docs"), Err(AccessError::NotFound(_))));
+        assert!(outside.join("keep/key").exists());
     }
 
     /// Issue 26 item 2: a command swapped a directory and a link to the data

@@ -33,14 +33,16 @@ pub mod sync;
 pub mod token;
 pub mod workspace;
 
+pub use access::{AccessError, Entry};
 pub use limits::{
     COMMAND_PATH, EnvValue, HIDE_REMOVED, KubernetesSandboxes, Provider, Removed, SandboxEnvironment, SandboxLimits,
     SandboxRequest, WarmPools,
 };
 pub use workspace::{ToolFailure, Workspace, WorkspaceError};
 
-/// The files of one workspace, as an agent's file tools reach them. Every
-/// path is relative to the workspace and confined beneath it.
+/// The files of one workspace, as an agent's file tools (text, answers the
+/// model reads) and clients (bytes, typed refusals) reach them. Every path is
+/// relative to the workspace and confined beneath it.
 #[async_trait::async_trait]
 pub trait FileSystem: Send + Sync + Debug {
     /// Returns a text file's content.
@@ -53,6 +55,16 @@ pub trait FileSystem: Send + Sync + Debug {
     async fn list(&self, path: &str) -> Result<String, ToolFailure>;
     /// Returns the lines that hold `text`, beneath a directory.
     async fn search(&self, path: &str, text: &str) -> Result<String, ToolFailure>;
+    /// Returns a directory's entries (none for a workspace never made).
+    async fn entries(&self, path: &str) -> Result<Vec<Entry>, AccessError>;
+    /// Describes a file or directory.
+    async fn stat(&self, path: &str) -> Result<Entry, AccessError>;
+    /// Returns a file's bytes.
+    async fn fetch(&self, path: &str) -> Result<(Entry, Vec<u8>), AccessError>;
+    /// Replaces (or makes) a file with `content`, and the directories to it.
+    async fn store(&self, path: &str, content: Vec<u8>) -> Result<Entry, AccessError>;
+    /// Removes a file, a link or a directory with what it holds.
+    async fn remove(&self, path: &str) -> Result<(), AccessError>;
 }
 
 /// A command for [`Process::run`].
@@ -182,6 +194,32 @@ impl FileSystem for Workspace {
         self.blocking(move |workspace| files::search_files(workspace, &path, &text))
             .await
     }
+
+    async fn entries(&self, path: &str) -> Result<Vec<Entry>, AccessError> {
+        let path = path.to_owned();
+        self.accessed(move |workspace| access::list(workspace, &path)).await
+    }
+
+    async fn stat(&self, path: &str) -> Result<Entry, AccessError> {
+        let path = path.to_owned();
+        self.accessed(move |workspace| access::stat(workspace, &path)).await
+    }
+
+    async fn fetch(&self, path: &str) -> Result<(Entry, Vec<u8>), AccessError> {
+        let path = path.to_owned();
+        self.accessed(move |workspace| access::read(workspace, &path)).await
+    }
+
+    async fn store(&self, path: &str, content: Vec<u8>) -> Result<Entry, AccessError> {
+        let path = path.to_owned();
+        self.accessed(move |workspace| access::write(workspace, &path, &content))
+            .await
+    }
+
+    async fn remove(&self, path: &str) -> Result<(), AccessError> {
+        let path = path.to_owned();
+        self.accessed(move |workspace| access::remove(workspace, &path)).await
+    }
 }
 
 #[async_trait::async_trait]
@@ -216,6 +254,18 @@ impl Process for Workspace {
 }
 
 impl Workspace {
+    /// Runs a client's access off the async threads (it makes the workspace
+    /// only where it writes).
+    async fn accessed<T: Send + 'static>(
+        &self,
+        operation: impl FnOnce(&Workspace) -> Result<T, AccessError> + Send + 'static,
+    ) -> Result<T, AccessError> {
+        let workspace = self.clone();
+        tokio::task::spawn_blocking(move || operation(&workspace))
+            .await
+            .unwrap_or_else(|err| Err(AccessError::Failed(format!("the workspace access stopped: {err}"))))
+    }
+
     /// Runs a file operation off the async threads, in the made workspace.
     async fn blocking<T: Send + 'static>(
         &self,

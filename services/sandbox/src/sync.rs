@@ -188,25 +188,12 @@ fn write_whole(mut file: &std::fs::File, content: &[u8]) -> std::io::Result<()> 
     file.write_all(content)
 }
 
-/// Removes the file or (empty) directory at `path` beneath the workspace; a
-/// path that is not there, or a directory still holding something, is left.
+/// Removes the file, link or directory (with what it holds) at `path`
+/// beneath the workspace; a path that is not there is left.
 fn remove(root: &WorkspaceDir, path: &str) -> Result<(), ToolFailure> {
-    use nix::errno::Errno;
-    use nix::unistd::UnlinkatFlags;
-    let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
-    let parent = match root.open_dir(parent) {
-        Ok(parent) => parent,
-        Err(WorkspaceError::NotFound) => return Ok(()),
-        Err(err) => return Err(err.describe(path)),
-    };
-    let removed = nix::unistd::unlinkat(&parent, name, UnlinkatFlags::NoRemoveDir);
-    let removed = match removed {
-        Err(Errno::EISDIR) => nix::unistd::unlinkat(&parent, name, UnlinkatFlags::RemoveDir),
-        other => other,
-    };
-    match removed {
-        Ok(()) | Err(Errno::ENOENT | Errno::ENOTEMPTY | Errno::EEXIST) => Ok(()),
-        Err(errno) => Err(format!("cannot remove {path}: {errno}")),
+    match root.remove(path) {
+        Ok(()) | Err(WorkspaceError::NotFound) => Ok(()),
+        Err(err) => Err(format!("cannot remove {}", err.describe(path))),
     }
 }
 

@@ -354,6 +354,38 @@ impl WorkspaceDir {
     }
 }
 
+impl WorkspaceDir {
+    /// Removes `path` (checked, relative, not the workspace itself): a file
+    /// or a link (never what it leads to), or a directory with everything
+    /// below it, each entry removed from its parent's descriptor.
+    pub fn remove(&self, path: &str) -> Result<(), WorkspaceError> {
+        let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
+        if name.is_empty() {
+            return Err(WorkspaceError::NotAFile);
+        }
+        remove_entry(&self.open_dir(parent)?, name, 0)
+    }
+}
+
+/// Deepest directory [`WorkspaceDir::remove`] goes into.
+const MAX_REMOVE_DEPTH: usize = 256;
+
+/// Removes the entry `name` of the open directory `parent`, and what it holds.
+fn remove_entry(parent: &OwnedFd, name: &str, depth: usize) -> Result<(), WorkspaceError> {
+    use nix::unistd::{UnlinkatFlags, unlinkat};
+    match unlinkat(parent, name, UnlinkatFlags::NoRemoveDir) {
+        Err(Errno::EISDIR) if depth < MAX_REMOVE_DEPTH => {
+            // Swapped for a link meanwhile, it is refused here, not followed.
+            let dir = open_beneath(parent, name, dir_flags(), Mode::empty())?;
+            for (child, _) in entries(&dir)? {
+                remove_entry(&dir, &child, depth + 1)?;
+            }
+            unlinkat(parent, name, UnlinkatFlags::RemoveDir).map_err(WorkspaceError::of)
+        }
+        removed => removed.map_err(WorkspaceError::of),
+    }
+}
+
 /// Returns `name` in the directory `relative` (empty: the workspace).
 pub fn joined(relative: &str, name: &str) -> String {
     if relative.is_empty() {

@@ -72,6 +72,7 @@ const ROUTES: &[&str] = &[
     "GET /v1/images/{id}/workspace",
     "GET /v1/images/{id}/workspace/files/{path}",
     "PUT /v1/images/{id}/workspace/files/{path}",
+    "DELETE /v1/images/{id}/workspace/files/{path}",
     "POST /v1/auth/signing-keys/rotate",
     "POST /v1/resources",
     "GET /v1/resources",

@@ -707,6 +707,7 @@ const OPS: &[Op] = &[
         "/v1/images/{image}/workspace/files/notes/planted.txt",
         r#"{"planted":true}"#,
     ),
+    Op::Rest("DELETE", "/v1/images/{image}/workspace/files/notes", ""),
     Op::Rest("GET", "/v1/images/{image}/events?after=0", ""),
     Op::Rest("GET", "/v1/agents?containerId={container}", ""),
     Op::Rest("GET", "/v1/agents/{agent}", ""),

@@ -713,6 +713,38 @@ async fn workspace_routes(mode: Mode) -> anyhow::Result<()> {
     assert_eq!(refused["code"], "INVALID_WORKSPACE_PATH", "{refused}");
     assert_eq!(http.get(file_url("docs/none.txt")).send().await?.status().as_u16(), 404);
 
+    // A client removes a file, then a directory with what it holds; the
+    // agent sees them gone. Never the workspace itself, nothing outside it.
+    let removed: Value = http.delete(file_url("docs/brief.txt")).send().await?.json().await?;
+    assert_eq!(
+        removed,
+        json!({"imageId": chat.image_id, "path": "docs/brief.txt", "removed": true})
+    );
+    assert_eq!(
+        http.get(file_url("docs/brief.txt")).send().await?.status().as_u16(),
+        404
+    );
+    assert_eq!(http.delete(file_url("docs")).send().await?.status().as_u16(), 200);
+    let read = "[mock call=read_file:{\"path\":\"docs/answer.txt\"}]";
+    let frames = send_and_finish(&mut client, &chat.image_id, json!(read)).await?;
+    assert!(
+        streamed_text(&frames).contains("no such file"),
+        "{}",
+        streamed_text(&frames)
+    );
+    assert_eq!(http.delete(file_url("docs")).send().await?.status().as_u16(), 404);
+    for outside in ["x%2F..%2F..%2Fadmin.key", "%2Fetc%2Fpasswd", "a%00b"] {
+        let refused = http.delete(file_url(outside)).send().await?;
+        assert_eq!(refused.status().as_u16(), 400, "{outside}");
+    }
+    let root = http
+        .delete(cluster.url(&format!("/v1/images/{}/workspace/files/", chat.image_id)))
+        .send()
+        .await?;
+    assert!(matches!(root.status().as_u16(), 400 | 404), "{}", root.status());
+    assert!(cluster.data_dir().join("admin.key").exists());
+    assert_eq!(http.get(file_url("bin/blob")).send().await?.status().as_u16(), 200);
+
     // Another tenant's admin finds nothing, on every route.
     let other = avm_tests::accounts::create_tenant(&cluster, "other", None).await?;
     let foreign = avm_tests::cluster::http_client(&other.admin.key)?;
@@ -724,6 +756,11 @@ async fn workspace_routes(mode: Mode) -> anyhow::Result<()> {
         foreign.put(file_url("x.txt")).body("x").send().await?.status().as_u16(),
         404
     );
+    assert_eq!(
+        foreign.delete(file_url("bin/blob")).send().await?.status().as_u16(),
+        404
+    );
+    assert_eq!(http.get(file_url("bin/blob")).send().await?.status().as_u16(), 200);
     let listing = foreign
         .get(cluster.url(&format!("/v1/images/{}/workspace", chat.image_id)))
         .send()
