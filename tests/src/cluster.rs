@@ -88,6 +88,8 @@ pub struct Options {
     /// Claims commands' sandboxes from these `avm sandbox` addresses
     /// (`[runtime.sandbox] provider = "pool"`, `pool`).
     pub sandbox_pool: Vec<String>,
+    /// The pools of environments of their own (`[runtime.sandbox] pools`).
+    pub sandbox_pools: avm_sandbox::EnvironmentPools,
     /// Claims commands' sandboxes as pods of a Kubernetes cluster
     /// (`[runtime.sandbox] provider = "kubernetes"`, `kubernetes`).
     pub sandbox_kubernetes: Option<avm_sandbox::KubernetesSandboxes>,
@@ -126,6 +128,7 @@ impl Default for Options {
             expose: Vec::new(),
             sandbox_process: false,
             sandbox_pool: Vec::new(),
+            sandbox_pools: avm_sandbox::EnvironmentPools::default(),
             sandbox_kubernetes: None,
             config_file: None,
             run_as: None,
@@ -595,6 +598,7 @@ impl Cluster {
         if !self.options.sandbox_pool.is_empty() {
             config.runtime.sandbox.provider = avm_sandbox::Provider::Pool;
             config.runtime.sandbox.pool.clone_from(&self.options.sandbox_pool);
+            config.runtime.sandbox.pools.clone_from(&self.options.sandbox_pools);
         }
         if let Some(kubernetes) = &self.options.sandbox_kubernetes {
             config.runtime.sandbox.provider = avm_sandbox::Provider::Kubernetes;
@@ -757,6 +761,9 @@ impl Cluster {
                     "pool".into(),
                     toml::Value::try_from(&self.options.sandbox_pool).unwrap_or(toml::Value::Array(Vec::new())),
                 );
+                if let Ok(pools) = toml::Value::try_from(&self.options.sandbox_pools) {
+                    sandbox.insert("pools".into(), pools);
+                }
             }
             if let Some(kubernetes) = &self.options.sandbox_kubernetes {
                 sandbox.insert("provider".into(), toml::Value::String("kubernetes".into()));

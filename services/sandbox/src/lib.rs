@@ -35,8 +35,8 @@ pub mod workspace;
 
 pub use access::{AccessError, Entry};
 pub use limits::{
-    COMMAND_PATH, EnvValue, HIDE_REMOVED, KubernetesSandboxes, Provider, Removed, SandboxEnvironment, SandboxLimits,
-    SandboxRequest, WarmPools,
+    COMMAND_PATH, EnvValue, EnvironmentPools, HIDE_REMOVED, KubernetesSandboxes, Provider, Removed, SandboxEnvironment,
+    SandboxLimits, SandboxRequest, WarmPools,
 };
 pub use workspace::{ToolFailure, Workspace, WorkspaceError};
 

@@ -50,6 +50,10 @@ pub struct SandboxLimits {
     /// The `pool` provider's sandboxes: `http://host:port` addresses, each
     /// name standing for every address it resolves to (a headless Service).
     pub pool: Vec<String>,
+    /// Pools of their own for the `python` and `node` environments (same
+    /// form as `pool`): an image naming one of them claims from its pool,
+    /// other images from `pool`.
+    pub pools: EnvironmentPools,
     /// The `kubernetes` provider's claims (`[runtime.sandbox.kubernetes]`).
     pub kubernetes: KubernetesSandboxes,
     /// Removed: a command's root holds nothing of the host's but what it is
@@ -91,6 +95,27 @@ pub struct KubernetesSandboxes {
     /// How long a claim lives: the controller deletes it (and its pod) then,
     /// whatever becomes of the runtime; the runtime claims a new one before.
     pub lifetime_seconds: u64,
+}
+
+/// The `pool` provider's pools of the environments that have their own.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnvironmentPools {
+    pub python: Vec<String>,
+    pub node: Vec<String>,
+}
+
+impl SandboxLimits {
+    /// Returns the `pool` provider's addresses for `environment`: its own
+    /// pool where it has one, else `pool`.
+    pub fn pool_of(&self, environment: SandboxEnvironment) -> &[String] {
+        let own = match environment {
+            SandboxEnvironment::Shell => &self.pool,
+            SandboxEnvironment::Python => &self.pools.python,
+            SandboxEnvironment::Node => &self.pools.node,
+        };
+        if own.is_empty() { &self.pool } else { own }
+    }
 }
 
 /// The `SandboxWarmPool` of each environment.
@@ -172,6 +197,7 @@ impl Default for SandboxLimits {
             relay: None,
             provider: Provider::Local,
             pool: Vec::new(),
+            pools: EnvironmentPools::default(),
             kubernetes: KubernetesSandboxes::default(),
             hide: Removed,
         }

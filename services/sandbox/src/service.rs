@@ -384,8 +384,19 @@ impl SandboxService for Sandbox {
                 "this sandbox serves the runtime that started it: it is not claimed",
             ));
         };
-        let ClaimRequest { image_id, public_key } = request.into_inner();
+        let ClaimRequest {
+            image_id,
+            public_key,
+            environment,
+        } = request.into_inner();
         checked_image(&image_id)?;
+        if !environment.is_empty() {
+            let environment = crate::SandboxEnvironment::named(&environment)
+                .ok_or_else(|| Status::invalid_argument(format!("no environment is named {environment:?}")))?;
+            environment.check(&crate::COMMAND_PATH).map_err(|_| {
+                Status::failed_precondition(format!("this sandbox has no {} environment", environment.name()))
+            })?;
+        }
         let verifier = TokenVerifier::from_public_key(&public_key).map_err(Status::invalid_argument)?;
         let mut claimed = self.claimed.lock().unwrap_or_else(|poison| poison.into_inner());
         match claimed.as_mut() {
@@ -692,6 +703,7 @@ mod tests {
             Request::new(ClaimRequest {
                 image_id: image.to_owned(),
                 public_key: key.public_key(),
+                environment: "shell".to_owned(),
             })
         };
         let put = |image: &str| PutFilesRequest {
@@ -700,6 +712,13 @@ mod tests {
             files: vec![file("a.txt", "a")],
             removed: Vec::new(),
         };
+        // An environment it cannot know is refused, claiming nothing.
+        let mut unknown = claim("img_a", &ours);
+        unknown.get_mut().environment = "cobol".to_owned();
+        assert_eq!(
+            sandbox.claim(unknown).await.unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
         // Unclaimed, it serves nobody.
         let refused = sandbox
             .put_files(signed(put("img_a"), &ours.issue("img_a")))

@@ -289,6 +289,52 @@ async fn pool_provider(mode: Mode) -> anyhow::Result<()> {
     Ok(())
 }
 
+both_modes!(an_environments_pool_serves_the_agents_naming_it, environment_pools);
+
+/// With a pool of its own for `python` (`[runtime.sandbox] pools`), an
+/// agent whose sandbox names python claims from that pool, any other from
+/// `pool`; a sandbox checks its own interpreters when claimed.
+async fn environment_pools(mode: Mode) -> anyhow::Result<()> {
+    let (shells, pythons) = (pool_sandbox().await?, pool_sandbox().await?);
+    let options = Options {
+        sandbox_pool: vec![shells.address.clone()],
+        sandbox_pools: avm_sandbox::EnvironmentPools {
+            python: vec![pythons.address.clone()],
+            node: Vec::new(),
+        },
+        ..Options::default()
+    };
+    let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
+    let shell_agent = sandboxed_agent(&cluster).await?;
+    let resources = [
+        json!({"kind": "sandbox", "name": "py", "version": "1.0.0", "content": {"limits": {}, "environment": "python"}}),
+        json!({"kind": "prompt", "name": "py", "version": "1.0.0", "content": {"template": "You run code."}}),
+        json!({"kind": "agent", "name": "py", "version": "1.0.0", "content": {
+            "prompt": "resource://prompts/py@1", "sandbox": "resource://sandboxes/py@1"}}),
+    ];
+    for resource in resources {
+        let (status, body) = call(&cluster, "POST", "/v1/resources", Some(resource)).await?;
+        anyhow::ensure!(status == 201, "{body}");
+    }
+    let (mut py, py_chat) = open_chat(
+        &cluster,
+        json!({"agent": "resource://agents/py@1", "tools": ["run_command"]}),
+    )
+    .await?;
+    let frames = send_and_finish(&mut py, &py_chat.image_id, run("python3 -c 'print(6 * 7)'")).await?;
+    assert_eq!(tool_result(&frames)?, ("exit code 0\nstdout:\n42\n".to_owned(), false));
+    let (mut sh, sh_chat) = open_chat(&cluster, json!({"agent": shell_agent, "tools": ["run_command"]})).await?;
+    let frames = send_and_finish(&mut sh, &sh_chat.image_id, run("echo shell")).await?;
+    assert_eq!(
+        tool_result(&frames)?,
+        ("exit code 0\nstdout:\nshell\n".to_owned(), false)
+    );
+    let holds = |sandbox: &SandboxProcess, image: &str| sandbox.root.path().join(image).exists();
+    assert!(holds(&pythons, &py_chat.image_id) && !holds(&shells, &py_chat.image_id));
+    assert!(holds(&shells, &sh_chat.image_id) && !holds(&pythons, &sh_chat.image_id));
+    Ok(())
+}
+
 both_modes!(an_interrupt_kills_a_command_in_its_sandbox, interrupted);
 
 /// An interrupted turn cancels its command's call: the sandbox kills the

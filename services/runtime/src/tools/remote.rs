@@ -44,8 +44,9 @@ enum Placement {
     /// Started as children of this process: the `avm` executable, and where
     /// their workspaces go.
     Process { binary: PathBuf, root: PathBuf },
-    /// Claimed from a pool of running sandboxes, at these addresses.
-    Pool { addresses: Vec<String> },
+    /// Claimed from a pool of running sandboxes (the environment's, at the
+    /// fence's `pools`, else at its `pool`).
+    Pool,
     /// A pod per image, claimed through the agent-sandbox API.
     Kubernetes(Box<Claims>),
 }
@@ -76,12 +77,10 @@ impl Launcher {
                         .to_owned(),
                 );
             }
-            for address in &fence.pool {
+            for address in fence.pool.iter().chain(&fence.pools.python).chain(&fence.pools.node) {
                 pool_address(address)?;
             }
-            Placement::Pool {
-                addresses: fence.pool.clone(),
-            }
+            Placement::Pool
         } else {
             let mut name = workspace_root.file_name().unwrap_or_default().to_owned();
             name.push("-sandboxes");
@@ -101,7 +100,7 @@ impl Launcher {
     /// Whether the sandbox, not this host, has the interpreters of an
     /// image's environment (a pod of the environment's warm pool).
     pub fn picks_environment(&self) -> bool {
-        matches!(self.placement, Placement::Kubernetes(_))
+        matches!(self.placement, Placement::Pool | Placement::Kubernetes(_))
     }
 
     /// Gets a sandbox for `image_id`: starts one, or claims one of the pool
@@ -109,7 +108,7 @@ impl Launcher {
     async fn start(&self, image_id: &str, environment: SandboxEnvironment) -> Result<Live, ToolFailure> {
         match &self.placement {
             Placement::Process { binary, root } => self.spawn(binary, root).await,
-            Placement::Pool { addresses } => self.claim(addresses, image_id).await,
+            Placement::Pool => self.claim(self.fence.pool_of(environment), image_id, environment).await,
             Placement::Kubernetes(claims) => self.claim_pod(claims, image_id, environment).await,
         }
     }
@@ -133,7 +132,7 @@ impl Launcher {
         // listener that lags it.
         let deadline = tokio::time::Instant::now() + START_TIMEOUT;
         loop {
-            match self.claim_at(&url, image_id).await {
+            match self.claim_at(&url, image_id, environment).await {
                 Ok(client) => {
                     counted("claimed");
                     let expires = claim.expires;
@@ -164,7 +163,12 @@ impl Launcher {
 
     /// Claims the sandbox at `url` for `image_id`, binding it to this
     /// runtime's token key.
-    async fn claim_at(&self, url: &str, image_id: &str) -> Result<SandboxServiceClient<Channel>, ClaimFailed> {
+    async fn claim_at(
+        &self,
+        url: &str,
+        image_id: &str,
+        environment: SandboxEnvironment,
+    ) -> Result<SandboxServiceClient<Channel>, ClaimFailed> {
         let endpoint = Channel::from_shared(url.to_owned()).map_err(|_| ClaimFailed::Unreachable)?;
         let channel = endpoint
             .connect_timeout(Duration::from_secs(2))
@@ -177,6 +181,7 @@ impl Launcher {
         let claim = ClaimRequest {
             image_id: image_id.to_owned(),
             public_key: self.signer.public_key(),
+            environment: environment.name().to_owned(),
         };
         client.claim(claim).await.map_err(ClaimFailed::Refused)?;
         Ok(client)
@@ -184,7 +189,12 @@ impl Launcher {
 
     /// Claims a free sandbox of the pool for `image_id`, trying its
     /// addresses in random order.
-    async fn claim(&self, addresses: &[String], image_id: &str) -> Result<Live, ToolFailure> {
+    async fn claim(
+        &self,
+        addresses: &[String],
+        image_id: &str,
+        environment: SandboxEnvironment,
+    ) -> Result<Live, ToolFailure> {
         use rand::seq::SliceRandom;
         let mut candidates = Vec::new();
         for address in addresses {
@@ -196,9 +206,9 @@ impl Launcher {
         }
         candidates.shuffle(&mut rand::rng());
         let tried = candidates.len();
-        let mut busy = 0;
+        let (mut busy, mut lacking) = (0, 0);
         for url in candidates {
-            match self.claim_at(&url, image_id).await {
+            match self.claim_at(&url, image_id, environment).await {
                 Ok(client) => {
                     metrics::counter!("avm_runtime_sandboxes_total", "provider" => "pool", "outcome" => "claimed")
                         .increment(1);
@@ -213,10 +223,20 @@ impl Launcher {
                 }
                 Err(ClaimFailed::Unreachable) => {}
                 Err(ClaimFailed::Refused(status)) if status.code() == tonic::Code::ResourceExhausted => busy += 1,
+                Err(ClaimFailed::Refused(status)) if status.code() == tonic::Code::FailedPrecondition => lacking += 1,
                 Err(ClaimFailed::Refused(status)) => {
                     tracing::warn!(%url, error = %status.message(), "a sandbox of the pool refused a claim");
                 }
             }
+        }
+        if lacking > 0 && busy == 0 {
+            metrics::counter!("avm_runtime_sandboxes_total", "provider" => "pool", "outcome" => "refused").increment(1);
+            let name = environment.name();
+            return Err(format!(
+                "no sandbox of the pool has the {name} environment ({lacking} of {tried} reached lack it): an \
+                 operator names a pool of {name} sandboxes in [runtime.sandbox] pools.{name}, or the agent's sandbox \
+                 names another environment"
+            ));
         }
         metrics::counter!("avm_runtime_sandboxes_total", "provider" => "pool", "outcome" => "exhausted").increment(1);
         Err(format!(
