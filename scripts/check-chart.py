@@ -12,12 +12,18 @@ requests and limits, the restricted security context and emptyDirs for its
 writable paths; the environment each component needs. And that no tenant
 code runs in a runtime pod, in either sandbox mode: the runtime's
 [runtime.sandbox] says provider = "pool" with the chart's sandbox Service as
-the pool, or provider = "kubernetes" with [runtime.sandbox.kubernetes]
+the pool (and, for python or node given sandbox.environments.<name>.replicas,
+exactly their pools' Services as [runtime.sandbox] pools, no pools key
+without one), or provider = "kubernetes" with [runtime.sandbox.kubernetes]
 naming the chart's SandboxWarmPools (agent-sandbox v0.5.6,
 extensions.agents.x-k8s.io/v1beta1), each referring to a rendered
-SandboxTemplate; never local or process. The sandbox pods (the pool's
-Deployment or the SandboxTemplates' pods, whose pod spec is validated as a
-Pod) mount no token and no Secret, take no Secret into their environment,
+SandboxTemplate; never local or process. Each pool's Service and PDB (and
+an environment's Deployment) selects its own pool's pods only, by the
+agentvm.io/environment label; the shell pool's Deployment keeps the
+selector it has always had (immutable). The sandbox pods (the pools'
+Deployments or the SandboxTemplates' pods, whose pod spec is validated as a
+Pod; an environment's own image given `avm` by the init container that
+copies it) mount no token and no Secret, take no Secret into their environment,
 carry none of the components' labels, annotations or environment, run
 hardened (read-only root, no capabilities, RuntimeDefault seccomp) under
 sandbox.runtimeClassName when set, have a NetworkPolicy of their own
@@ -94,6 +100,10 @@ NAMESPACE_LABELS = {"kubernetes.io/metadata.name": NAMESPACE}
 # SandboxWarmPools, and the claims the runtime may make.
 AGENT_SANDBOX = "extensions.agents.x-k8s.io/v1beta1"
 ENVIRONMENTS = ["shell", "python", "node"]
+# Pool mode: the environments that may have a pool of their own
+# (sandbox.environments.<name>.replicas), and the label telling the pools' pods apart.
+POOL_ENVIRONMENTS = ["python", "node"]
+ENVIRONMENT_LABEL = "agentvm.io/environment"
 # The runtime's Role in kubernetes mode, exactly.
 CLAIM_RULES = [{"apiGroups": ["extensions.agents.x-k8s.io"], "resources": ["sandboxclaims"],
                 "verbs": ["create", "get", "delete"]}]
@@ -187,6 +197,12 @@ REFUSED = [
      "runtime.extraConfig has a [runtime.sandbox]"),
     ({"sandbox": {"environments": {"ruby": {"image": {}, "warm": 1}}}}, "additional properties 'ruby' not allowed"),
     ({"sandbox": {"environments": {"python": {"warm": -1}}}}, "/sandbox/environments/python/warm"),
+    # Pools of their own: python and node only (shell's is sandbox.replicas), and never set by hand.
+    ({"sandbox": {"environments": {"python": {"replicas": -1}}}}, "/sandbox/environments/python/replicas"),
+    ({"sandbox": {"environments": {"node": {"replicas": "two"}}}}, "/sandbox/environments/node/replicas"),
+    ({"sandbox": {"environments": {"shell": {"replicas": 1}}}}, "additional properties 'replicas' not allowed"),
+    ({"runtime": {"sandbox": {"pools": {"python": ["http://elsewhere:7010"]}}}},
+     "runtime.sandbox.pools is set by the chart"),
     ({"sandbox": {"runtimeClassName": "g Visor"}}, "/sandbox/runtimeClassName"),
     ({"networkPolicy": {"kubernetesApi": ["kubernetes.default"]}}, "/networkPolicy/kubernetesApi/0"),
     # The Role that claims sandboxes goes to the runtime's own ServiceAccount only.
@@ -233,6 +249,20 @@ def lint(check: Check, name: str, values: dict) -> None:
         check.problems.append(f"{name}: helm lint: {error}")
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML whose mappings name each key once: a key given twice (a sandbox.podLabels key the chart sets as well)
+    is an error, not the last one winning quietly."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def render(values: dict) -> tuple[list[dict], str]:
     with helm.Chart.load(str(CHART)) as chart:
         manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
@@ -241,7 +271,7 @@ def render(values: dict) -> tuple[list[dict], str]:
         if path.endswith("NOTES.txt"):
             notes = text
             continue
-        docs.extend(doc for doc in yaml.safe_load_all(text) if doc)
+        docs.extend(doc for doc in yaml.load_all(text, Loader=UniqueKeyLoader) if doc)
     return docs, notes
 
 
@@ -420,6 +450,18 @@ def check_release(check: Check, name: str, values: dict, docs: list[dict], notes
         check.expect(present == bool(merged[enabled]["enabled"]), name, f"{kind} rendered: {present}")
 
 
+def own_pools(values: dict) -> list[str]:
+    """Pool mode: the environments given a pool of their own (replicas above 0), in the chart's order."""
+    if values["sandbox"]["provider"] != "pool":
+        return []
+    return [e for e in POOL_ENVIRONMENTS if (values["sandbox"]["environments"][e].get("replicas") or 0) > 0]
+
+
+def pool_name(environment: str | None) -> str:
+    """A pool's Deployment, Service and PDB: the shell pool's (None) or an environment's own."""
+    return f"{SANDBOX}-{environment}" if environment else SANDBOX
+
+
 def runtime_sandbox(by_kind: dict) -> dict | None:
     """Returns [runtime.sandbox] of the runtime's rendered avm.toml, or None when it does not parse."""
     config = by_kind.get(("ConfigMap", f"{FULLNAME}-runtime"), {}).get("data", {}).get("avm.toml", "")
@@ -445,8 +487,27 @@ def check_runtime_config(check: Check, name: str, values: dict, by_kind: dict) -
     if provider == "pool":
         check.expect(sandbox.get("pool") == POOL, where, f"[runtime.sandbox] pool is {sandbox.get('pool')!r}, not {POOL}")
         check.expect("kubernetes" not in sandbox, where, "[runtime.sandbox.kubernetes] in pool mode")
+        # Exactly the environments given a pool of their own, each naming its pool's headless Service on the
+        # sandbox port; no pools key at all without one.
+        wanted_pools = {e: [f"http://{pool_name(e)}:{SANDBOX_PORT}"] for e in own_pools(values)}
+        if wanted_pools:
+            check.expect(sandbox.get("pools") == wanted_pools, where,
+                         f"[runtime.sandbox] pools is {sandbox.get('pools')!r}, not {wanted_pools!r}")
+        else:
+            check.expect("pools" not in sandbox, where,
+                         f"[runtime.sandbox] pools is {sandbox.get('pools')!r} with no environment given replicas")
+        for environment, addresses in (sandbox.get("pools") or {}).items():
+            check.expect(environment in POOL_ENVIRONMENTS, where, f"pools.{environment}: not python or node")
+            for address in addresses:
+                url = urllib.parse.urlsplit(address)
+                service = by_kind.get(("Service", url.hostname or ""), {}).get("spec", {})
+                check.expect(url.scheme == "http" and url.port == SANDBOX_PORT
+                             and [(p.get("name"), p.get("port")) for p in service.get("ports", [])]
+                             == [("grpc", SANDBOX_PORT)], where,
+                             f"pools.{environment} names {address!r}, not a rendered Service on {SANDBOX_PORT}")
     else:
         check.expect("pool" not in sandbox, where, "[runtime.sandbox] pool in kubernetes mode")
+        check.expect("pools" not in sandbox, where, "[runtime.sandbox] pools in kubernetes mode")
         # The pod's own namespace and service account: no namespace, no kubeconfig.
         wanted = {"port": SANDBOX_PORT, "warm_pools": {e: f"{SANDBOX}-{e}" for e in ENVIRONMENTS}}
         check.expect(sandbox.get("kubernetes") == wanted, where,
@@ -507,8 +568,9 @@ def chart_image(values: dict, image: dict | None = None, default_tag: str | None
 def sandbox_pods(by_kind: dict) -> list[tuple[str, dict]]:
     """Returns every sandbox pod template the release renders: the pool's and the SandboxTemplates'."""
     pods = []
+    pools = {pool_name(e) for e in [None, *POOL_ENVIRONMENTS]}
     for (kind, object_name), doc in by_kind.items():
-        if kind == "Deployment" and object_name == SANDBOX:
+        if kind == "Deployment" and object_name in pools:
             pods.append((object_name, doc["spec"]["template"]))
         elif kind == "SandboxTemplate":
             pods.append((object_name, doc["spec"].get("podTemplate", {})))
@@ -546,22 +608,10 @@ def check_sandbox(check: Check, name: str, values: dict, by_kind: dict) -> None:
         check.expect((kind, SANDBOX) in by_kind, name, f"no {kind} {SANDBOX}")
     selector = {"app.kubernetes.io/name": "agentvm", "app.kubernetes.io/instance": RELEASE,
                 "app.kubernetes.io/component": "sandbox"}
+    check_pools(check, name, values, by_kind, selector)
     if provider == "pool":
         check.expect(not any(k in ("SandboxTemplate", "SandboxWarmPool") for k, _ in by_kind), where,
                      "agent-sandbox objects rendered in pool mode")
-        deployment = by_kind.get(("Deployment", SANDBOX))
-        if deployment:
-            check.expect(deployment["spec"].get("replicas") == sandbox["replicas"], where,
-                         f"replicas are {deployment['spec'].get('replicas')}, not {sandbox['replicas']}")
-            check.expect(deployment["spec"]["selector"].get("matchLabels") == selector, where, "selector")
-            check_sandbox_pod(check, where, values, by_kind, deployment["spec"]["template"], selector, None)
-        # Found through its headless Service, ready pods only.
-        service = by_kind.get(("Service", SANDBOX), {}).get("spec", {})
-        check.expect(service.get("clusterIP") == "None" and service.get("publishNotReadyAddresses") is False, where,
-                     "the Service is not headless of ready pods")
-        check.expect([(p.get("name"), p.get("port")) for p in service.get("ports", [])] == [("grpc", SANDBOX_PORT)],
-                     where, "the Service's ports")
-        check.expect(service.get("selector") == selector, where, "the Service's selector")
     else:
         check_sandbox_templates(check, name, values, by_kind, selector)
     pods = sandbox_pods(by_kind)
@@ -588,16 +638,20 @@ def check_sandbox(check: Check, name: str, values: dict, by_kind: dict) -> None:
     # The runtimes do get in (on the sandbox's gRPC port), and out to them and, in kubernetes mode, to the API server.
     check.expect(any(any(admits(p, runtime, []) for p in rule.get("from") or [{}]) for rule in policy.get("ingress", [])),
                  where, "NetworkPolicy ingress does not admit the runtimes")
-    check.expect(egress_allowed(by_kind, runtime, SANDBOX_PORT, labels=selector), where,
-                 f"the runtimes' egress to the sandbox pods' port {SANDBOX_PORT} is not allowed")
+    # To every pool's pods (an environment's own among them) and every SandboxTemplate's.
+    for object_name, template in pods:
+        check.expect(egress_allowed(by_kind, runtime, SANDBOX_PORT, labels=template.get("metadata", {}).get("labels", {})),
+                     where, f"the runtimes' egress to the pods of {object_name} on port {SANDBOX_PORT} is not allowed")
     if provider == "kubernetes":
         for network in api_server or [ipaddress.ip_network("10.96.0.1/32")]:
             for port in (443, 6443):
                 check.expect(egress_allowed(by_kind, runtime, port, address=network.network_address), where,
                              f"the runtimes' egress to the Kubernetes API server {network}:{port} is not allowed")
     for network in api_server:
-        check.expect(not egress_allowed(by_kind, selector, 443, address=network.network_address), where,
-                     f"the sandbox pods may reach the Kubernetes API server {network}")
+        for object_name, template in pods:
+            check.expect(not egress_allowed(by_kind, template.get("metadata", {}).get("labels", {}), 443,
+                                            address=network.network_address), where,
+                         f"the pods of {object_name} may reach the Kubernetes API server {network}")
     extra = sandbox["networkPolicy"]["extraEgress"]
     egress = [rule for rule in policy.get("egress", []) if rule not in extra]
     metadata = ipaddress.ip_network(METADATA_RANGE)
@@ -634,6 +688,77 @@ def check_sandbox(check: Check, name: str, values: dict, by_kind: dict) -> None:
                 for peer in rule["from"]:
                     check.expect(not admits(peer, labels, denied), f"{name}: {object_name}",
                                  f"ingress admits the sandbox pods: {peer}")
+
+
+def check_pools(check: Check, name: str, values: dict, by_kind: dict, selector: dict) -> None:
+    """Pool mode: the shell pool (sandbox.replicas) and a pool of its own per environment given replicas, each a
+    Deployment, a headless Service of its ready pods on the sandbox port and a PDB; each Service and PDB (and an
+    environment's Deployment) selects its own pool's pods only. None of them in kubernetes mode."""
+    sandbox = values["sandbox"]
+    pool_mode = sandbox["provider"] == "pool"
+    pools = own_pools(values)
+    kinds = ["Deployment", "Service"] + (["PodDisruptionBudget"] if sandbox["pdb"]["enabled"] else [])
+    templates: dict[str | None, dict] = {}
+    for environment in [None, *POOL_ENVIRONMENTS]:
+        object_name = pool_name(environment)
+        wanted = pool_mode and (environment is None or environment in pools)
+        for kind in kinds:
+            check.expect(((kind, object_name) in by_kind) == wanted, name,
+                         f"{kind} {object_name} {'not rendered' if wanted else 'rendered'}")
+        deployment = by_kind.get(("Deployment", object_name))
+        if wanted and deployment:
+            templates[environment] = deployment["spec"]["template"]
+    labels_of = {e: t.get("metadata", {}).get("labels", {}) for e, t in templates.items()}
+    for environment, template in templates.items():
+        object_name = pool_name(environment)
+        where = f"{name}: {object_name}"
+        # The pools' pods are told apart once an environment has one of its own; the default is unchanged.
+        label = environment or ("shell" if pools else None)
+        own = dict(selector, **({ENVIRONMENT_LABEL: label} if label else {}))
+        check.expect(labels_of[environment].get(ENVIRONMENT_LABEL) == label, where,
+                     f"pods labelled {ENVIRONMENT_LABEL}={labels_of[environment].get(ENVIRONMENT_LABEL)!r}, not {label!r}")
+        deployment = by_kind[("Deployment", object_name)]["spec"]
+        replicas = sandbox["replicas"] if environment is None else sandbox["environments"][environment]["replicas"]
+        check.expect(deployment.get("replicas") == replicas, where, f"replicas are {deployment.get('replicas')}, not {replicas}")
+        # The shell Deployment keeps the selector it has always had (a Deployment's selector cannot change on
+        # upgrade); it matches the other pools' pods as well, which their own ReplicaSets (selecting by
+        # pod-template-hash) own, so it neither counts nor adopts them. An environment's selects its own.
+        wanted_selector = {"matchLabels": selector if environment is None else own}
+        check.expect(deployment.get("selector") == wanted_selector, where,
+                     f"the Deployment's selector is {deployment.get('selector')}, not {wanted_selector}")
+        check_sandbox_pod(check, where, values, by_kind, template, own, environment)
+        # Found through its headless Service, ready pods only.
+        service = by_kind.get(("Service", object_name), {}).get("spec", {})
+        check.expect(service.get("clusterIP") == "None" and service.get("publishNotReadyAddresses") is False, where,
+                     "the Service is not headless of ready pods")
+        check.expect([(p.get("name"), p.get("port"), p.get("targetPort")) for p in service.get("ports", [])]
+                     == [("grpc", SANDBOX_PORT, "grpc")], where, f"the Service's ports are {service.get('ports')}")
+        check.expect(service.get("selector") == own, where, f"the Service's selector is {service.get('selector')}, not {own}")
+        budget = by_kind.get(("PodDisruptionBudget", object_name), {}).get("spec")
+        if budget is not None:
+            check.expect(budget.get("selector") == {"matchLabels": own}, where,
+                         f"the PDB's selector is {budget.get('selector')}, not {own}")
+            limit = {k: budget[k] for k in ("minAvailable", "maxUnavailable") if k in budget}
+            wanted_limit = {k: v for k, v in sandbox["pdb"].items() if k in ("minAvailable", "maxUnavailable")}
+            wanted_limit = {"minAvailable": wanted_limit["minAvailable"]} if "minAvailable" in wanted_limit else wanted_limit
+            check.expect(limit == wanted_limit, where, f"the PDB allows {limit}, not {wanted_limit}")
+        # Each pool's Service, PDB, Deployment (but the shell one's, above) and topology spread select its own
+        # pool's pods and no other pool's.
+        spread = [c.get("labelSelector") for c in template.get("spec", {}).get("topologySpreadConstraints", [])]
+        for other, labels in labels_of.items():
+            mine = other == environment
+            whose = f"the pods of {pool_name(other)}"
+            check.expect(selects({"matchLabels": service.get("selector") or {"": ""}}, labels) == mine, where,
+                         f"the Service {'does not select' if mine else 'selects'} {whose}")
+            if budget is not None:
+                check.expect(selects(budget.get("selector"), labels) == mine, where,
+                             f"the PDB {'does not select' if mine else 'selects'} {whose}")
+            if environment is not None or mine:
+                check.expect(selects(deployment.get("selector"), labels) == mine, where,
+                             f"the Deployment {'does not select' if mine else 'selects'} {whose}")
+            for selector_of_spread in spread:
+                check.expect(selects(selector_of_spread, labels) == mine, where,
+                             f"a topologySpreadConstraint {'does not count' if mine else 'counts'} {whose}")
 
 
 def check_sandbox_templates(check: Check, name: str, values: dict, by_kind: dict, selector: dict) -> None:
@@ -960,10 +1085,18 @@ def check_binary(check: Check, name: str, avm: str, docs: list[dict]) -> None:
                 if config["provider"] == "pool":
                     check.expect(effective.get("provider") == "pool" and effective.get("pool") == POOL, where,
                                  f"avm runs with provider {effective.get('provider')!r}, pool {effective.get('pool')!r}")
+                    # Each environment's own pool as rendered; an environment without one claims from pool.
+                    ran = effective.get("pools") or {}
+                    for environment in POOL_ENVIRONMENTS:
+                        given = config.get("pools", {}).get(environment, [])
+                        check.expect((ran.get(environment) or []) == given, where,
+                                     f"avm runs with pools.{environment} {ran.get(environment)!r}, not {given!r}")
                 else:
                     check.expect(effective.get("provider") == "kubernetes", where,
                                  f"avm runs with provider {effective.get('provider')!r}, not \"kubernetes\"")
                 for key, value in config.items():
+                    if key == "pools":
+                        continue
                     if key == "kubernetes":
                         claims = effective.get("kubernetes") or {}
                         for setting, given in value.items():
@@ -1019,6 +1152,15 @@ def main() -> int:
         # Each mode with the other's settings: every option in pool mode, the defaults in kubernetes mode.
         "everything-pool": merge(merge(production, EVERYTHING), {"sandbox": {"provider": "pool"}}),
         "default-kubernetes": {"sandbox": {"provider": "kubernetes"}},
+        # Pool mode with pools of their own for python and node (the shell pool serving the rest); every option
+        # with python's alone (a label of the chart's among sandbox.podLabels is ignored); kubernetes mode, where
+        # replicas mean nothing (its warm pools are the environments' pools).
+        "pool-environments": {"sandbox": {"environments": {"python": {"replicas": 2}, "node": {"replicas": 1}}}},
+        "everything-pool-python": merge(merge(production, EVERYTHING), {
+            "sandbox": {"provider": "pool", "podLabels": {ENVIRONMENT_LABEL: "node"},
+                        "environments": {"python": {"replicas": 3}}}}),
+        "kubernetes-environments": {"sandbox": {"provider": "kubernetes",
+                                                "environments": {"python": {"replicas": 2}, "node": {"replicas": 1}}}},
         # --set sandbox.runtimeClassName=gvisor: every sandbox pod runs under it.
         "gvisor": merge(production, {"sandbox": {"runtimeClassName": "gvisor"}}),
     }

@@ -89,7 +89,58 @@ agent-sandbox from the warm pools of templates/sandbox-templates.yaml).
 shell python node
 {{- end }}
 
-{{/* An environment's SandboxTemplate and SandboxWarmPool; call with (dict "root" $ "environment" $name). */}}
+{{/*
+The environments that may have a pool of their own in pool mode
+(sandbox.environments.<name>.replicas): shell's is the pool of
+sandbox.replicas, which serves every environment without one.
+*/}}
+{{- define "agentvm.sandboxPoolEnvironments" -}}
+python node
+{{- end }}
+
+{{/*
+Pool mode: the environments given a pool of their own (replicas above 0),
+space-separated; empty when none, or in kubernetes mode. Each is a
+Deployment, headless Service and PDB <fullname>-sandbox-<environment>,
+named in the runtime's [runtime.sandbox] pools.
+*/}}
+{{- define "agentvm.sandboxOwnPools" -}}
+{{- if eq (include "agentvm.sandboxProvider" .) "pool" }}
+{{- $pools := list }}
+{{- range $environment := splitList " " (include "agentvm.sandboxPoolEnvironments" $) }}
+{{- if gt (int ((index $.Values.sandbox.environments $environment).replicas | default 0)) 0 }}
+{{- $pools = append $pools $environment }}
+{{- end }}
+{{- end }}
+{{- join " " $pools }}
+{{- end }}
+{{- end }}
+
+{{/*
+The label that tells the pools' pods apart (pool mode, once an environment
+has a pool of its own): agentvm.io/environment, shell, python or node.
+*/}}
+{{- define "agentvm.sandboxEnvironmentLabel" -}}
+agentvm.io/environment
+{{- end }}
+
+{{/*
+Selector labels of sandbox pods: every sandbox pod's (the sandbox
+NetworkPolicy's), and with an environment those of that pool's pods only.
+Call with (dict "root" $ "environment" $name), $name empty for every pod.
+*/}}
+{{- define "agentvm.sandboxSelector" -}}
+{{ include "agentvm.selector" (dict "root" .root "component" "sandbox") }}
+{{- with .environment }}
+{{ include "agentvm.sandboxEnvironmentLabel" $.root }}: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/*
+An environment's SandboxTemplate and SandboxWarmPool (kubernetes mode), or
+its pool's Deployment, Service and PDB (pool mode); call with
+(dict "root" $ "environment" $name).
+*/}}
 {{- define "agentvm.sandboxEnvironmentName" -}}
 {{- printf "%s-%s" (include "agentvm.sandboxName" .root) .environment }}
 {{- end }}
@@ -114,18 +165,20 @@ repository is the chart's image. Call with (dict "root" $ "environment" $name).
 
 {{/*
 The sandbox pods' labels and annotations (pool and kubernetes modes): the
-selector's, sandbox.podLabels and sandbox.podAnnotations; never the common
-ones, which may be trusted elsewhere or ask a webhook to inject secrets or
-identities.
+selector's (with the environment's label in pool mode once an environment
+has a pool of its own), sandbox.podLabels and sandbox.podAnnotations; never
+the common ones, which may be trusted elsewhere or ask a webhook to inject
+secrets or identities. Call with (dict "root" $ "environment" $name), $name
+empty for no environment label.
 */}}
 {{- define "agentvm.sandboxPodMetadata" -}}
-{{- $v := .Values.sandbox -}}
+{{- $v := .root.Values.sandbox -}}
 labels:
   {{- /* sandbox.podLabels, never in place of the selector's. */}}
-  {{- with omit ($v.podLabels | default dict) "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" }}
+  {{- with omit ($v.podLabels | default dict) "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" (include "agentvm.sandboxEnvironmentLabel" .root) }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
-  {{- include "agentvm.selector" (dict "root" . "component" "sandbox") | nindent 2 }}
+  {{- include "agentvm.sandboxSelector" . | nindent 2 }}
 {{- with $v.podAnnotations }}
 annotations:
   {{- toYaml . | nindent 2 }}
@@ -135,12 +188,14 @@ annotations:
 {{/*
 What every sandbox pod's spec has (pool and kubernetes modes): its own
 ServiceAccount without a token, no service links, the RuntimeClass and
-the scheduling of sandbox.*. Call with (dict "root" $ "matchLabelKeys" list).
+the scheduling of sandbox.* (spread among the pods of its environment's
+pool, where it has one). Call with (dict "root" $ "matchLabelKeys" list
+"environment" $name).
 */}}
 {{- define "agentvm.sandboxPodSpec" -}}
 {{- $root := .root }}
 {{- $v := $root.Values.sandbox }}
-{{- $selector := dict "root" $root "component" "sandbox" -}}
+{{- $selector := dict "root" $root "environment" .environment -}}
 serviceAccountName: {{ include "agentvm.sandboxServiceAccountName" $root }}
 # No token: tenants' commands run here.
 automountServiceAccountToken: false
@@ -179,13 +234,87 @@ topologySpreadConstraints:
     whenUnsatisfiable: {{ $root.Values.topologySpread.whenUnsatisfiable }}
     labelSelector:
       matchLabels:
-        {{- include "agentvm.selector" $selector | nindent 8 }}
+        {{- include "agentvm.sandboxSelector" $selector | nindent 8 }}
     {{- with $.matchLabelKeys }}
     matchLabelKeys:
       {{- toYaml . | nindent 6 }}
     {{- end }}
   {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+The containers and volumes of a sandbox pod of an environment's image
+(sandbox.environments.<name>.image): its SandboxTemplate's pods (kubernetes
+mode) and its own pool's (pool mode, replicas above 0). The image needs no
+`avm`: an init container copies it, and tini, from the chart's image.
+Call with (dict "root" $ "environment" $name).
+*/}}
+{{- define "agentvm.sandboxEnvironmentPod" -}}
+{{- $root := .root }}
+{{- $v := $root.Values.sandbox }}
+{{- $environment := .environment -}}
+# The environment's image need not have `avm`: this copies it, and
+# tini, out of the chart's image into the `avm` emptyDir. Exec form,
+# no shell: the chart's image (deploy/Dockerfile, debian:bookworm-slim)
+# has coreutils' cp, /usr/local/bin/avm and /usr/bin/tini; cp keeps
+# their 0755 (the umask is 022). Both are linked against bookworm's
+# glibc, so the environment's image must be a glibc one of that
+# Debian release or newer (the python and node images' -bookworm tags
+# are). tini is PID 1, as in the pool's pods: it reaps what commands
+# leave behind and forwards signals.
+initContainers:
+  - name: avm
+    image: {{ include "agentvm.image" $root }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    command:
+      - cp
+      - /usr/local/bin/avm
+      - /usr/bin/tini
+      - /opt/avm/
+    resources:
+      {{- toYaml $v.resources | nindent 6 }}
+    securityContext:
+      {{- include "agentvm.sandboxSecurityContext" $root | nindent 6 }}
+    volumeMounts:
+      - name: avm
+        mountPath: /opt/avm
+containers:
+  - name: sandbox
+    image: {{ include "agentvm.sandboxEnvironmentImage" (dict "root" $root "environment" $environment) }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    # No env, no envFrom: `avm sandbox` reads no configuration and
+    # needs no secret; it learns its runtime's public token key when
+    # it is claimed (no --token-key).
+    command:
+      - /opt/avm/tini
+      - --
+      - /opt/avm/avm
+    args:
+      {{- include "agentvm.sandboxArgs" $root | nindent 6 }}
+    {{- include "agentvm.sandboxContainer" $root | nindent 4 }}
+    volumeMounts:
+      # Read-only: commands run as the sandbox's user, and must not
+      # replace the binary that serves the next claim.
+      - name: avm
+        mountPath: /opt/avm
+        readOnly: true
+      - name: workspaces
+        mountPath: /workspaces
+      - name: tmp
+        mountPath: /tmp
+volumes:
+  - name: avm
+    emptyDir:
+      sizeLimit: 256Mi
+  # The root filesystem is read-only: the claimed image's workspace
+  # and /tmp are emptyDirs.
+  - name: workspaces
+    emptyDir:
+      sizeLimit: {{ $v.workspaces.sizeLimit }}
+  - name: tmp
+    emptyDir:
+      sizeLimit: {{ $v.tmp.sizeLimit }}
 {{- end }}
 
 {{/*
@@ -399,6 +528,9 @@ secretKeyRef:
 {{- end }}
 {{- if hasKey $sandbox "pool" }}
 {{- fail "runtime.sandbox.pool is set by the chart (its sandbox Service, http://<release>-agentvm-sandbox:7010): remove it, and size the pool with sandbox.replicas" }}
+{{- end }}
+{{- if hasKey $sandbox "pools" }}
+{{- fail "runtime.sandbox.pools is set by the chart (the Services of the pools of sandbox.environments.<environment>.replicas, http://<release>-agentvm-sandbox-<environment>:7010): remove it, and give python or node a pool of its own with sandbox.environments.<environment>.replicas" }}
 {{- end }}
 {{- if hasKey $sandbox "kubernetes" }}
 {{- fail "runtime.sandbox.kubernetes is set by the chart (the warm pools of sandbox.environments): remove it" }}
