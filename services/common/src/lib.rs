@@ -5,6 +5,7 @@
 
 pub mod address;
 pub mod auth;
+pub mod backoff;
 pub mod calendar;
 pub mod config;
 pub mod context;

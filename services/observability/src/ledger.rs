@@ -447,14 +447,15 @@ impl Ledger {
     async fn finish(&self) {
         self.state().write_through = true;
         let deadline = Instant::now() + SHUTDOWN_FLUSH_LIMIT;
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = avm_common::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let mut pause = backoff.next_pause();
         loop {
             match self.flush().await {
                 Ok(_) => return,
-                Err(err) if Instant::now() + backoff < deadline => {
+                Err(err) if Instant::now() + pause < deadline => {
                     tracing::warn!(error = %err, "usage records not written at shutdown; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    tokio::time::sleep(pause).await;
+                    pause = backoff.next_pause();
                 }
                 Err(err) => {
                     let waiting = self.state().waiting.len();

@@ -7,7 +7,6 @@
 //! call id, so a call settled early, or a retry, never counts twice.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use avm_common::RequestContext;
 use avm_common::auth::ServiceIdentity;
@@ -168,7 +167,7 @@ async fn report(
             }
         };
         let Some(report) = report else { return };
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = avm_common::backoff::Backoff::default();
         for attempt in 1..=8 {
             let sent = match identity.own_context().await {
                 Ok(ctx) => auth
@@ -182,8 +181,7 @@ async fn report(
                 Ok(()) => break,
                 Err(err) if attempt < 8 && !stop.is_cancelled() => {
                     tracing::warn!(report_id = %report.report_id, attempt, error = %err, "quota report failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    tokio::time::sleep(backoff.next_pause()).await;
                 }
                 Err(err) => {
                     tracing::error!(report_id = %report.report_id, reason = %err.reason, "quota report not sent");

@@ -11,6 +11,7 @@
 //! exception: their records are sent before the turn ends, so the check
 //! before their next call already counts them.
 
+use avm_common::backoff::Backoff;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -358,7 +359,7 @@ impl Metering {
 
     async fn send_queued(&self, mut receiver: mpsc::Receiver<UsageRecord>, shutdown: CancellationToken) {
         let mut batch: Vec<UsageRecord> = Vec::new();
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::default();
         loop {
             if batch.is_empty() {
                 tokio::select! {
@@ -386,15 +387,13 @@ impl Metering {
                     }
                     self.inner.sent.notify_waiters();
                     batch.clear();
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                 }
                 Err(err) => {
                     tracing::warn!(records = batch.len(), error = %err, "usage report failed; retrying");
-                    tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        () = tokio::time::sleep(backoff) => {}
+                    if !backoff.wait(&shutdown).await {
+                        return;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
             }
         }
@@ -402,7 +401,7 @@ impl Metering {
 
     /// Keeps the set of capped tenants and keys, reconnecting with backoff.
     async fn follow_budgets(self, shutdown: CancellationToken) {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::default();
         loop {
             let result = tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -412,11 +411,9 @@ impl Metering {
             if let Err(err) = result {
                 tracing::warn!(error = %err, "budget watch ended; reconnecting");
             }
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
+            if !backoff.wait(&shutdown).await {
+                return;
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 

@@ -23,6 +23,7 @@
 //! messages, oldest first (each the session service's wire form of the
 //! message); `runtime:outbox:bytes`, what the lists hold together.
 
+use avm_common::backoff::Backoff;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -548,15 +549,13 @@ impl Outbox {
         let outbox = self.clone();
         let shared = matches!(outbox.inner.keep, Keep::Redis(_));
         tokio::spawn(async move {
-            let mut backoff = FIRST_BACKOFF;
+            let mut backoff = Backoff::new(FIRST_BACKOFF, LAST_BACKOFF);
             loop {
                 let waiting = outbox.drain_all().await;
                 let pause = if waiting {
-                    let pause = backoff;
-                    backoff = (backoff * 2).min(LAST_BACKOFF);
-                    Some(pause)
+                    Some(backoff.next_pause())
                 } else {
-                    backoff = FIRST_BACKOFF;
+                    backoff.reset();
                     shared.then_some(SHARED_SCAN_EVERY)
                 };
                 let timer = async {

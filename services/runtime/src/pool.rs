@@ -1,6 +1,7 @@
 //! The agent pool: at most one agent per image, started on demand, dropped
 //! when idle or when its image is deleted, each running one turn at a time.
 
+use avm_common::backoff::Backoff;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -989,7 +990,7 @@ impl AgentPool {
     /// Stops the agents of images the session service deleted (whoever asked
     /// it to), reconnecting with backoff until `shutdown`.
     async fn follow_deletions(self, shutdown: CancellationToken) {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::default();
         loop {
             let result = tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -998,21 +999,19 @@ impl AgentPool {
             if let Err(err) = result {
                 tracing::warn!(error = %err, "session deletions watch ended; reconnecting");
             }
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
+            if !backoff.wait(&shutdown).await {
+                return;
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 
-    async fn watch_deletions(&self, backoff: &mut Duration) -> Result<(), RuntimeError> {
+    async fn watch_deletions(&self, backoff: &mut Backoff) -> Result<(), RuntimeError> {
         let ctx = self.inner.ports.identity.own_context().await?;
         let mut stream = self.sessions().watch_deletions(&ctx).await?;
         while let Some(deletion) = stream.next().await.transpose()? {
             match deletion {
                 Deletion::Live => {
-                    *backoff = Duration::from_millis(100);
+                    backoff.reset();
                     // What was deleted while nobody watched: every live agent's image is checked.
                     self.reconcile().await;
                 }

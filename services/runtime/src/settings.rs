@@ -5,6 +5,7 @@
 //! next turn, without a restart, and no turn waits on the config service
 //! once its tenant is known.
 
+use avm_common::backoff::Backoff;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -174,7 +175,7 @@ impl LlmSettings {
     pub fn spawn_watch(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let settings = self.clone();
         tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
+            let mut backoff = Backoff::default();
             loop {
                 let result = tokio::select! {
                     () = shutdown.cancelled() => break,
@@ -185,17 +186,15 @@ impl LlmSettings {
                 if let Err(err) = result {
                     tracing::warn!(error = %err, "config watch ended; reconnecting");
                 }
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = tokio::time::sleep(backoff) => {}
+                if !backoff.wait(&shutdown).await {
+                    break;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         })
     }
 
     /// Applies one watch until it ends.
-    async fn follow(&self, backoff: &mut Duration) -> Result<(), RuntimeError> {
+    async fn follow(&self, backoff: &mut Backoff) -> Result<(), RuntimeError> {
         let ctx = self.inner.identity.own_context().await?;
         let mut stream = self.inner.config.watch(&ctx).await?;
         while let Some(update) = stream.next().await.transpose()? {
@@ -212,7 +211,7 @@ impl LlmSettings {
                     tracing::info!(revision, snapshot, provider, model, "llm settings loaded");
                     self.inner.system.send_replace(Some(Arc::new(tree)));
                     self.invalidate(None);
-                    *backoff = Duration::from_millis(100);
+                    backoff.reset();
                 }
                 ConfigUpdate::TenantChanged { revision, tenant_id } => {
                     tracing::debug!(%tenant_id, revision, "tenant settings changed");

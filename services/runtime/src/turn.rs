@@ -13,6 +13,7 @@
 //! `error_received → error_message → error_occurred`. Every tool call is
 //! stored with a result, an error one when the turn ended before it ran.
 
+use avm_common::backoff::Backoff;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -825,7 +826,8 @@ async fn persist(ports: &TurnPorts, ctx: &RequestContext, message: &Message) -> 
     if ports.outbox.holds(&ctx.tenant_id, &message.session_id) {
         return ports.outbox.keep(&ctx.tenant_id, message).await.is_ok();
     }
-    let mut backoff = std::time::Duration::from_millis(50);
+    let mut backoff = Backoff::new(std::time::Duration::from_millis(50), PERSIST_WITHIN);
+    let mut pause = backoff.next_pause();
     let deadline = tokio::time::Instant::now() + PERSIST_WITHIN;
     for attempt in 1..=5 {
         let appended = tokio::time::timeout_at(deadline, async {
@@ -842,12 +844,12 @@ async fn persist(ports: &TurnPorts, ctx: &RequestContext, message: &Message) -> 
                 avm_common::ApiError::unavailable("PERSIST_TIMEOUT", "the session service did not store it in time")
             }
         };
-        let time_left = tokio::time::Instant::now() + backoff < deadline;
+        let time_left = tokio::time::Instant::now() + pause < deadline;
         let unavailable = matches!(err.code, Code::Unavailable | Code::DeadlineExceeded);
         if attempt < 5 && time_left && unavailable {
             tracing::warn!(message_id = %message.message_id, attempt, error = %err, "retrying message persistence");
-            tokio::time::sleep(backoff).await;
-            backoff *= 2;
+            tokio::time::sleep(pause).await;
+            pause = backoff.next_pause();
         } else if unavailable {
             return ports.outbox.keep(&ctx.tenant_id, message).await.is_ok();
         } else {

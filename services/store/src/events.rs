@@ -166,7 +166,7 @@ where
             let EventTransport::Postgres { pool, channel } = self.transport.clone() else {
                 return;
             };
-            let mut backoff = Duration::from_millis(100);
+            let mut backoff = avm_common::backoff::Backoff::default();
             loop {
                 let listener = tokio::select! {
                     () = shutdown.cancelled() => break,
@@ -174,18 +174,16 @@ where
                 };
                 match listener {
                     Ok(listener) => {
-                        backoff = Duration::from_millis(100);
+                        backoff.reset();
                         if self.relay(listener, &shutdown).await {
                             break;
                         }
                     }
                     Err(error) => tracing::warn!(service = self.name, %error, "cannot listen for events; retrying"),
                 }
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = tokio::time::sleep(backoff) => {}
+                if !backoff.wait(&shutdown).await {
+                    break;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
             self.live.send_replace(false);
         })

@@ -333,7 +333,7 @@ impl TokenVerifier {
     pub fn spawn_watch(&self, identity: ServiceIdentity, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let verifier = self.clone();
         tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
+            let mut backoff = crate::backoff::Backoff::default();
             loop {
                 let result = tokio::select! {
                     () = shutdown.cancelled() => break,
@@ -341,16 +341,14 @@ impl TokenVerifier {
                 };
                 verifier.set_watching(false);
                 match result {
-                    Ok(()) => backoff = Duration::from_millis(100),
+                    Ok(()) => backoff.reset(),
                     Err(err) => {
                         tracing::warn!(reason = %err.reason, error = %err, "auth event stream broken; reconnecting");
                     }
                 }
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = tokio::time::sleep(backoff) => {}
+                if !backoff.wait(&shutdown).await {
+                    break;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         })
     }

@@ -10,7 +10,7 @@
 //! service bills the calls left open for an hour, as no other replica can
 //! tell a dead one's calls from a live one's here.
 
-use std::time::Duration;
+use avm_common::backoff::Backoff;
 
 use tokio_util::sync::CancellationToken;
 
@@ -42,7 +42,7 @@ impl Metering {
     pub fn spawn_settle_previous(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let metering = self.clone();
         tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
+            let mut backoff = Backoff::default();
             loop {
                 let settled = async {
                     let ctx = metering.inner.identity.own_context().await?;
@@ -61,11 +61,9 @@ impl Metering {
                     }
                     Err(err) => tracing::warn!(error = %err, "cannot settle the calls left open; retrying"),
                 }
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(backoff) => {}
+                if !backoff.wait(&shutdown).await {
+                    return;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         })
     }

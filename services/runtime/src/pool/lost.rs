@@ -18,6 +18,7 @@
 //! Agents do not start until this is done (for at most [`RECOVERY_WAIT`]),
 //! so no new turn runs on a history whose marker is still to come.
 
+use avm_common::backoff::Backoff;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,18 +44,16 @@ impl AgentPool {
     /// Ends the turns the previous process left open, retrying while the
     /// session service is away, until `shutdown`; then lets agents start.
     pub(super) async fn end_turns_left_open(self, shutdown: CancellationToken) {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::default();
         let mut kept = Vec::new();
         loop {
             match self.end_open_turns(&mut kept).await {
                 Ok(()) => break,
                 Err(err) => tracing::warn!(error = %err, "cannot list the turns left open; retrying"),
             }
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(backoff) => {}
+            if !backoff.wait(&shutdown).await {
+                break;
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
         self.inner.recovered.send_replace(true);
         if kept.is_empty() {

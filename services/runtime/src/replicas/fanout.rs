@@ -10,6 +10,7 @@
 //! a client resuming with its last cursor on any replica gets what it missed.
 //! Nothing here touches a database.
 
+use avm_common::backoff::Backoff;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -229,7 +230,7 @@ impl Fanout {
         shutdown: CancellationToken,
     ) {
         let mut followed: HashSet<String> = HashSet::new();
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::default();
         loop {
             let connected = tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -239,11 +240,9 @@ impl Fanout {
                 Ok(pubsub) => pubsub.split(),
                 Err(err) => {
                     tracing::warn!(error = %err, "cannot listen to redis for other replicas' events; retrying");
-                    tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        () = tokio::time::sleep(backoff) => {}
+                    if !backoff.wait(&shutdown).await {
+                        return;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 }
             };
@@ -251,7 +250,7 @@ impl Fanout {
             if !channels.is_empty() && sink.subscribe(&channels).await.is_err() {
                 continue;
             }
-            backoff = Duration::from_millis(100);
+            backoff.reset();
             // What was published while nobody listened.
             for session_id in &followed {
                 if let Some(hub) = hubs.get(session_id) {

@@ -14,6 +14,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
+use avm_common::backoff::Backoff;
 use avm_sandbox::{KubernetesSandboxes, SandboxEnvironment, ToolFailure};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -167,7 +168,8 @@ impl Claims {
         };
         let timeout = Duration::from_secs(self.settings.ready_timeout_seconds);
         let deadline = Instant::now() + timeout;
-        let mut pause = Duration::from_millis(25);
+        let mut backoff = Backoff::new(Duration::from_millis(25), Duration::from_millis(400));
+        let mut pause = backoff.next_pause();
         loop {
             let current = api.get(&name).await.map_err(|err| refusal("get", &err))?;
             if let Some(address) = ready_address(&current.data) {
@@ -185,7 +187,7 @@ impl Claims {
                 ));
             }
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(400));
+            pause = backoff.next_pause();
         }
     }
 }
