@@ -69,6 +69,28 @@ async fn process_cluster(mode: Mode, api: MockApi) -> anyhow::Result<(MockLlm, C
     Ok((mock, cluster, agent))
 }
 
+/// Publishes an agent whose sandbox names the python environment, and opens
+/// a conversation with it that may run commands.
+async fn python_chat(
+    cluster: &Cluster,
+) -> anyhow::Result<(avm_tests::ws_client::WsClient, crate::support::Conversation)> {
+    let resources = [
+        json!({"kind": "sandbox", "name": "py", "version": "1.0.0", "content": {"limits": {}, "environment": "python"}}),
+        json!({"kind": "prompt", "name": "py", "version": "1.0.0", "content": {"template": "You run code."}}),
+        json!({"kind": "agent", "name": "py", "version": "1.0.0", "content": {
+            "prompt": "resource://prompts/py@1", "sandbox": "resource://sandboxes/py@1"}}),
+    ];
+    for resource in resources {
+        let (status, body) = call(cluster, "POST", "/v1/resources", Some(resource)).await?;
+        anyhow::ensure!(status == 201, "{body}");
+    }
+    open_chat(
+        cluster,
+        json!({"agent": "resource://agents/py@1", "tools": ["run_command"]}),
+    )
+    .await
+}
+
 /// Returns the text of a turn's first tool result and whether it is an error.
 fn tool_result(frames: &[Value]) -> anyhow::Result<(String, bool)> {
     let result = frames
@@ -306,21 +328,7 @@ async fn environment_pools(mode: Mode) -> anyhow::Result<()> {
     };
     let (_mock, cluster) = start_with(mode, MockApi::OpenAi, options).await?;
     let shell_agent = sandboxed_agent(&cluster).await?;
-    let resources = [
-        json!({"kind": "sandbox", "name": "py", "version": "1.0.0", "content": {"limits": {}, "environment": "python"}}),
-        json!({"kind": "prompt", "name": "py", "version": "1.0.0", "content": {"template": "You run code."}}),
-        json!({"kind": "agent", "name": "py", "version": "1.0.0", "content": {
-            "prompt": "resource://prompts/py@1", "sandbox": "resource://sandboxes/py@1"}}),
-    ];
-    for resource in resources {
-        let (status, body) = call(&cluster, "POST", "/v1/resources", Some(resource)).await?;
-        anyhow::ensure!(status == 201, "{body}");
-    }
-    let (mut py, py_chat) = open_chat(
-        &cluster,
-        json!({"agent": "resource://agents/py@1", "tools": ["run_command"]}),
-    )
-    .await?;
+    let (mut py, py_chat) = python_chat(&cluster).await?;
     let frames = send_and_finish(&mut py, &py_chat.image_id, run("python3 -c 'print(6 * 7)'")).await?;
     assert_eq!(tool_result(&frames)?, ("exit code 0\nstdout:\n42\n".to_owned(), false));
     let (mut sh, sh_chat) = open_chat(&cluster, json!({"agent": shell_agent, "tools": ["run_command"]})).await?;
@@ -551,21 +559,7 @@ async fn kubernetes_refusals(mode: Mode) -> anyhow::Result<()> {
     .await?;
     let idle = Duration::from_secs(3);
     let (_mock, cluster, shell_agent) = kubernetes_cluster(mode, &kube, "shells", Some(idle)).await?;
-    let resources = [
-        json!({"kind": "sandbox", "name": "py", "version": "1.0.0", "content": {"limits": {}, "environment": "python"}}),
-        json!({"kind": "prompt", "name": "py", "version": "1.0.0", "content": {"template": "You run code."}}),
-        json!({"kind": "agent", "name": "py", "version": "1.0.0", "content": {
-            "prompt": "resource://prompts/py@1", "sandbox": "resource://sandboxes/py@1"}}),
-    ];
-    for resource in resources {
-        let (status, body) = call(&cluster, "POST", "/v1/resources", Some(resource)).await?;
-        anyhow::ensure!(status == 201, "{body}");
-    }
-    let (mut client, chat) = open_chat(
-        &cluster,
-        json!({"agent": "resource://agents/py@1", "tools": ["run_command"]}),
-    )
-    .await?;
+    let (mut client, chat) = python_chat(&cluster).await?;
     let frames = send_and_finish(&mut client, &chat.image_id, run("python3 -V")).await?;
     let (text, is_error) = tool_result(&frames)?;
     assert!(is_error, "{text}");
