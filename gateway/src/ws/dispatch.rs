@@ -455,6 +455,10 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, name: &str, data: Val
             let WorkspaceRef { image_id, path } = decode(data)?;
             answer(workspace::read_text(peers, ctx, image_id, path).await?)
         }
+        "workspace_delete" => {
+            let WorkspaceRef { image_id, path } = decode(data)?;
+            answer(workspace::remove(peers, ctx, image_id, path).await?)
+        }
         "workspace_write" => {
             let WorkspaceWrite { image_id, upload } = decode(data)?;
             let path = upload.path.clone();
@@ -612,6 +616,7 @@ mod tests {
         "workspace_list",
         "workspace_read",
         "workspace_write",
+        "workspace_delete",
         "group_create",
         "group_get",
         "group_list",
@@ -645,7 +650,7 @@ mod tests {
             "quota_get" => decode::<QuotaQuery>(data).map(drop),
             "credential_set" => decode::<CredentialSet>(data).map(drop),
             "credential_delete" => decode::<CredentialRef>(data).map(drop),
-            "workspace_list" | "workspace_read" => decode::<WorkspaceRef>(data).map(drop),
+            "workspace_list" | "workspace_read" | "workspace_delete" => decode::<WorkspaceRef>(data).map(drop),
             "workspace_write" => decode::<WorkspaceWrite>(data)?.upload.bytes().map(drop),
             "group_create" => decode::<GroupCreate>(data).map(drop),
             "group_get" | "group_delete" | "group_member_list" => decode::<GroupRef>(data).map(drop),

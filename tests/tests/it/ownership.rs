@@ -824,6 +824,7 @@ const OPS: &[Op] = &[
     Op::Ws("image_stop", r#"{"imageId":"{image}"}"#),
     Op::Ws("image_messages", r#"{"imageId":"{image}"}"#),
     Op::Ws("workspace_list", r#"{"imageId":"{image}"}"#),
+    Op::Ws("workspace_delete", r#"{"imageId":"{image}","path":"notes"}"#),
     Op::Ws("workspace_read", r#"{"imageId":"{image}","path":"notes/planted.txt"}"#),
     Op::Ws(
         "workspace_write",

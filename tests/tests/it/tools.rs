@@ -733,6 +733,23 @@ async fn workspace_routes(mode: Mode) -> anyhow::Result<()> {
         streamed_text(&frames)
     );
     assert_eq!(http.delete(file_url("docs")).send().await?.status().as_u16(), 404);
+    // The same over the WebSocket.
+    http.put(file_url("tmp/scratch.txt")).body("x").send().await?;
+    let over_ws = client
+        .request("workspace_delete", json!({"imageId": chat.image_id, "path": "tmp"}))
+        .await?;
+    assert_eq!(over_ws["removed"], true, "{over_ws}");
+    assert_eq!(
+        http.get(file_url("tmp/scratch.txt")).send().await?.status().as_u16(),
+        404
+    );
+    let refused = client
+        .request(
+            "workspace_delete",
+            json!({"imageId": chat.image_id, "path": "../../admin.key"}),
+        )
+        .await?;
+    assert_eq!(refused["code"], "INVALID_WORKSPACE_PATH", "{refused}");
     for outside in ["x%2F..%2F..%2Fadmin.key", "%2Fetc%2Fpasswd", "a%00b"] {
         let refused = http.delete(file_url(outside)).send().await?;
         assert_eq!(refused.status().as_u16(), 400, "{outside}");
