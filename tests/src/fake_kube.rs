@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -37,7 +37,8 @@ pub struct SandboxProcess {
     pub address: String,
     /// Its workspaces.
     pub root: tempfile::TempDir,
-    child: tokio::process::Child,
+    /// Killed when dropped.
+    _child: tokio::process::Child,
 }
 
 impl SandboxProcess {
@@ -68,12 +69,11 @@ impl SandboxProcess {
         })
         .await??;
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Self { address, root, child })
-    }
-
-    /// Its process id.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+        Ok(Self {
+            address,
+            root,
+            _child: child,
+        })
     }
 }
 
@@ -222,16 +222,6 @@ impl FakeKube {
         cluster.claims.values().map(|claimed| claimed.object.clone()).collect()
     }
 
-    /// The process ids of the claimed pods.
-    pub fn claimed_pods(&self) -> Vec<u32> {
-        let cluster = self.shared.lock();
-        cluster
-            .claims
-            .values()
-            .filter_map(|claimed| claimed.pod.as_ref()?.pid())
-            .collect()
-    }
-
     /// The workspaces' roots of the claimed pods.
     pub fn claimed_roots(&self) -> Vec<PathBuf> {
         let cluster = self.shared.lock();
@@ -251,11 +241,6 @@ impl FakeKube {
     /// The names of the claims deleted so far.
     pub fn deleted(&self) -> Vec<String> {
         self.shared.lock().deleted.clone()
-    }
-
-    /// Whether `root` is a pod's workspaces' root of this cluster.
-    pub fn holds(&self, root: &Path) -> bool {
-        self.claimed_roots().iter().any(|claimed| claimed == root)
     }
 }
 
