@@ -2,10 +2,13 @@
 """Checks that the modules of a Rust crate depend on each other without cycles.
 
 Usage: module-cycles.py <crate src dir>... [--graph]
+       module-cycles.py --self-test
 
 Each `.rs` file is a module (`lib.rs`/`main.rs` the crate root, `x/mod.rs`
 the module `x`). A module depends on another when it names it, or an item
-in it, in a `use` or in a path (`crate::a::b`, `super::c`, a child `d::e`).
+in it, in a `use` or in a path (`crate::a::b`, `super::c`, a child `d::e`); a
+name a module re-exports (`pub use inner::Item;`, the crate root's too)
+counts as a dependency on the module that defines it.
 Declaring a child (`mod x;`) is not a dependency, and the crate root, which
 declares and composes everything, is left out. Exits 1 and prints each cycle
 found; `--graph` prints every edge too.
@@ -16,6 +19,7 @@ import re
 import sys
 
 USE = re.compile(r"\buse\s+([^;]+);", re.S)
+REEXPORT = re.compile(r"\bpub(?:\([^)]*\))?\s+use\s+([^;]+);", re.S)
 PATH = re.compile(r"\b((?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 STRING = re.compile(r'"(?:\\.|[^"\\])*"')
@@ -39,11 +43,14 @@ def modules(src):
 
 
 def expand(tree):
-    """Expands a use tree (`a::{b, c::{d}}`) into its paths."""
+    """Expands a use tree (`a::{b, c::{d as e}}`) into (path, name) pairs,
+    the name being what the path is known as where it is used."""
+    tree = re.sub(r"\s+as\s+", "@", tree.strip())
     tree = re.sub(r"\s+", "", tree)
     brace = tree.find("{")
     if brace < 0:
-        return [tree.split(" as ")[0]]
+        path, _, alias = tree.partition("@")
+        return [(path, alias or path.split("::")[-1])]
     prefix, inner = tree[:brace], tree[brace + 1 : tree.rfind("}")]
     items, depth, current = [], 0, ""
     for char in inner:
@@ -55,11 +62,19 @@ def expand(tree):
         depth -= char == "}"
         current += char
     items.append(current)
-    return [path for item in items if item for path in expand(prefix + item)]
+    found = []
+    for item in items:
+        if item == "self":
+            found.append((prefix.rstrip(":"), prefix.rstrip(":").split("::")[-1]))
+        elif item:
+            found.extend(expand(prefix + item.replace("@", " as ")))
+    return found
 
 
-def resolve(module, path, known):
-    """Returns the deepest known module a path names, seen from `module`."""
+def resolve(module, path, known, exports, depth=0):
+    """Returns the deepest known module a path names, seen from `module`,
+    following re-exports (`pub use inner::Item;`) to the module that defines
+    the item."""
     segments = [s for s in path.split("::") if s]
     if not segments:
         return None
@@ -76,25 +91,38 @@ def resolve(module, path, known):
     else:
         return None
     target = base
-    for segment in rest:
+    for position, segment in enumerate(rest):
         if target + (segment,) in known:
             target = target + (segment,)
-        else:
-            break
+            continue
+        reexported = exports.get(target, {}).get(segment)
+        if reexported is not None and depth < 8:
+            tail = "::".join([reexported] + rest[position + 1 :])
+            return resolve(target, tail, known, exports, depth + 1) or target
+        break
     return target
 
 
+def source(path):
+    """Returns a file's code without comments, strings and its tests."""
+    with open(path, encoding="utf-8") as file:
+        text = STRING.sub('""', COMMENT.sub("", file.read()))
+    # Tests are the module's own business, not its dependencies.
+    return text.split("#[cfg(test)]")[0]
+
+
 def edges(known):
+    texts = {module: source(path) for module, path in known.items()}
+    exports = {
+        module: {alias: path for tree in REEXPORT.findall(text) for path, alias in expand(tree)}
+        for module, text in texts.items()
+    }
     graph = {module: set() for module in known}
-    for module, path in known.items():
-        with open(path, encoding="utf-8") as file:
-            text = STRING.sub('""', COMMENT.sub("", file.read()))
-        # Tests are the module's own business, not its dependencies.
-        text = text.split("#[cfg(test)]")[0]
-        paths = [p for tree in USE.findall(text) for p in expand(tree)]
+    for module, text in texts.items():
+        paths = [p for tree in USE.findall(text) for p, _ in expand(tree)]
         paths += PATH.findall(text)
         for used in paths:
-            target = resolve(module, used, known)
+            target = resolve(module, used, known, exports)
             if target is not None and target != module and target != () and module != ():
                 # A module naming its own descendant is composition, not a dependency back.
                 if target[: len(module)] != module:
@@ -139,7 +167,40 @@ def name(module):
     return "::".join(module) or "crate"
 
 
+def self_test():
+    """Checks the script on small crates: a cycle through a re-export is
+    found, composition and a one-way re-export are not cycles."""
+    import tempfile
+
+    def crate(files):
+        root = tempfile.mkdtemp()
+        for path, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
+            with open(os.path.join(root, path), "w", encoding="utf-8") as file:
+                file.write(text)
+        return cycles(edges(modules(root)))
+
+    through_reexport = crate({
+        "lib.rs": "mod hub; mod replicas; pub use hub::Hubs;",
+        "hub.rs": "use crate::replicas::Fanout; pub struct Hubs;",
+        "replicas/mod.rs": "mod fanout; pub use fanout::Fanout;",
+        "replicas/fanout.rs": "pub struct Fanout; fn f(_: crate::Hubs) {}",
+    })
+    assert [sorted(name(m) for m in c) for c in through_reexport] == [["hub", "replicas::fanout"]], through_reexport
+    one_way = crate({
+        "lib.rs": "mod a; mod b;",
+        "a/mod.rs": "mod inner; pub use inner::{Thing as Renamed, self as x};",
+        "a/inner.rs": "use super::Renamed; pub struct Thing;",
+        "b.rs": "use crate::a::Renamed; // crate::b\nfn g() { let _ = \"crate::b\"; }",
+    })
+    assert one_way == [], one_way
+    print("module-cycles self-test passed")
+    return 0
+
+
 def main(argv):
+    if "--self-test" in argv:
+        return self_test()
     show = "--graph" in argv
     failed = False
     for src in [a for a in argv if not a.startswith("--")]:

@@ -138,7 +138,7 @@ impl FromRequestParts<Arc<GatewayState>> for Ctx {
             .copied()
             .unwrap_or_else(TraceParent::root);
         let ctx = caller.context(request_id).with_trace(trace);
-        avm_common::telemetry::record_caller(&ctx);
+        ctx.record_in_span();
         Ok(Ctx(ctx))
     }
 }

@@ -583,7 +583,7 @@ impl Connection {
         let peers = self.state.peers.clone();
         metrics::counter!("avm_gateway_websocket_requests_total").increment(1);
         let span = avm_common::telemetry::request_span("ws", &format!("{name}_request"), &ctx.trace);
-        span.in_scope(|| avm_common::telemetry::record_caller(&ctx));
+        span.in_scope(|| ctx.record_in_span());
         if name == "message_send" {
             let correlation = ctx.request_id.clone();
             self.pending.insert(

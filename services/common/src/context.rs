@@ -32,6 +32,15 @@ pub struct RequestContext {
 }
 
 impl RequestContext {
+    /// Records this caller on the current request span (see
+    /// `telemetry::request_span`), so the events that follow carry its
+    /// tenant and request id.
+    pub fn record_in_span(&self) {
+        let span = tracing::Span::current();
+        span.record("tenant_id", self.tenant_id.as_str());
+        span.record("request_id", self.request_id.as_str());
+    }
+
     /// Returns the context of a verified principal, starting a new trace.
     pub fn new(principal: Principal, credential: Option<Arc<str>>, request_id: String) -> Self {
         Self {

@@ -346,7 +346,7 @@ pub fn outgoing_trace(trace: &TraceParent) -> TraceParent {
 /// Returns a span for serving one request of `trace`, named `name`, that
 /// joins the caller's trace (its exported span is the caller's child). Its
 /// `tenant_id` and `request_id` are recorded once the caller is known
-/// ([`record_caller`]).
+/// (`RequestContext::record_in_span`).
 pub fn request_span(name: &'static str, operation: &str, trace: &TraceParent) -> tracing::Span {
     let span = tracing::info_span!(
         "request",
@@ -367,14 +367,6 @@ pub fn request_span(name: &'static str, operation: &str, trace: &TraceParent) ->
         let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(parent));
     }
     span
-}
-
-/// Records the caller of the current request span, so the events that
-/// follow carry its tenant and request id.
-pub fn record_caller(ctx: &crate::RequestContext) {
-    let span = tracing::Span::current();
-    span.record("tenant_id", ctx.tenant_id.as_str());
-    span.record("request_id", ctx.request_id.as_str());
 }
 
 static METRICS: OnceLock<Option<PrometheusHandle>> = OnceLock::new();

@@ -24,8 +24,8 @@ use std::fmt::Display;
 use serde_json::{Map, Value};
 
 use crate::error::ResourceError;
-use crate::record::Kind;
-use crate::template;
+use crate::kind::Kind;
+use crate::template::{self, PromptContent, Variable};
 use crate::uri::ResourceUri;
 
 /// Largest content, in bytes of JSON.
@@ -35,22 +35,6 @@ pub const MAX_CONTENT_BYTES: usize = 256 * 1024;
 const ROOT: &str = "content";
 
 type Object = Map<String, Value>;
-
-/// A prompt's content: its template and the variables it declares.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct PromptContent {
-    pub template: String,
-    pub variables: Vec<Variable>,
-}
-
-/// A variable a prompt declares.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Variable {
-    pub name: String,
-    /// Whether rendering needs a value (or a default); true unless declared otherwise.
-    pub required: bool,
-    pub default: Option<String>,
-}
 
 /// What rendering needs of an agent's content.
 #[derive(Clone, Debug, PartialEq, Eq)]

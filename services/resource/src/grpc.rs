@@ -7,8 +7,9 @@ use avm_proto::resource::v1::resource_service_server::{ResourceService as Resour
 use tonic::{Request, Response, Status};
 
 use crate::error::ResourceError;
+use crate::kind::Kind;
 use crate::record::{
-    Kind, ListQuery, NewResource, NewVersion, Published, ResourceRecord, VersionInfo, VersionRecord, Visibility,
+    ListQuery, NewResource, NewVersion, Published, ResourceRecord, VersionInfo, VersionRecord, Visibility,
 };
 use crate::service::ResourceService;
 

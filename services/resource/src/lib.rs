@@ -17,6 +17,7 @@
 mod content;
 mod error;
 mod grpc;
+mod kind;
 mod record;
 mod resolve;
 mod service;
@@ -28,9 +29,10 @@ mod version;
 pub use content::MAX_CONTENT_BYTES;
 pub use error::ResourceError;
 pub use grpc::{ResourceGrpc, grpc_server};
+pub use kind::Kind;
 pub use record::{
-    Deleted, Kind, ListQuery, NewResource, NewVersion, Published, Resolution, ResourceDetail, ResourcePage,
-    ResourceRecord, ResourceUpdate, VersionInfo, VersionRecord, Visibility,
+    Deleted, ListQuery, NewResource, NewVersion, Published, Resolution, ResourceDetail, ResourcePage, ResourceRecord,
+    ResourceUpdate, VersionInfo, VersionRecord, Visibility,
 };
 pub use service::{
     DEFAULT_PAGE_SIZE, MAX_DEPENDENCIES, MAX_DESCRIPTION_CHARS, MAX_PAGE_SIZE, MAX_QUERY_CHARS, MAX_TAG_CHARS,

@@ -12,7 +12,8 @@ use std::collections::HashMap;
 use semver::Version;
 
 use crate::error::ResourceError;
-use crate::record::{Kind, ResourceRecord, VersionRecord};
+use crate::kind::Kind;
+use crate::record::{ResourceRecord, VersionRecord};
 use crate::store::ResourceStore;
 use crate::uri::ResourceUri;
 use crate::version;

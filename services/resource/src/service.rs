@@ -28,15 +28,17 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use semver::Version;
 use tracing::instrument;
 
-use crate::content::{self, AgentContent, PromptContent};
+use crate::content::{self, AgentContent};
 use crate::error::ResourceError;
+use crate::kind::Kind;
 use crate::record::{
-    Deleted, Kind, ListQuery, NewResource, NewVersion, Published, Resolution, ResourceDetail, ResourcePage,
-    ResourceRecord, ResourceUpdate, VersionRecord, Visibility,
+    Deleted, ListQuery, NewResource, NewVersion, Published, Resolution, ResourceDetail, ResourcePage, ResourceRecord,
+    ResourceUpdate, VersionRecord, Visibility,
 };
 use crate::resolve::{Lookup, Resolver};
 use crate::store::{ListFilter, PageKey, ResourceStore};
 use crate::template;
+use crate::template::PromptContent;
 use crate::uri::{self, ResourceUri};
 use crate::version::{self, VersionSpec};
 

@@ -14,7 +14,8 @@ use avm_common::ApiError;
 use avm_store::db::{self, DbPool};
 
 use crate::error::ResourceError;
-use crate::record::{Deleted, Kind, ResourceRecord, ResourceUpdate, VersionInfo, VersionRecord};
+use crate::kind::Kind;
+use crate::record::{Deleted, ResourceRecord, ResourceUpdate, VersionInfo, VersionRecord};
 
 mod postgres;
 mod sql;

@@ -8,8 +8,23 @@
 
 use std::collections::BTreeMap;
 
-use crate::content::PromptContent;
 use crate::error::ResourceError;
+
+/// A prompt's content: its template and the variables it declares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PromptContent {
+    pub template: String,
+    pub variables: Vec<Variable>,
+}
+
+/// A variable a prompt declares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Variable {
+    pub name: String,
+    /// Whether rendering needs a value (or a default); true unless declared otherwise.
+    pub required: bool,
+    pub default: Option<String>,
+}
 
 /// Largest JSON of variable values accepted, in bytes.
 pub const MAX_VARIABLES_BYTES: usize = 64 * 1024;
@@ -162,7 +177,6 @@ pub(crate) fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::content::Variable;
 
     fn prompt(template: &str, variables: &[(&str, bool, Option<&str>)]) -> PromptContent {
         PromptContent {

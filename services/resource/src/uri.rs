@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::record::Kind;
+use crate::kind::Kind;
 use crate::version::VersionSpec;
 
 /// What every resource URI starts with.

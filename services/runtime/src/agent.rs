@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::{self, History};
 use crate::error::RuntimeError;
-use crate::hub::{EventContext, OpenHub};
+use crate::event::EventContext;
+use crate::hub::OpenHub;
 use crate::llm::{LlmContent, LlmRole};
 use crate::peers::ImageInfo;
 use crate::plan::AgentPlan;

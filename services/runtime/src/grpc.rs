@@ -18,7 +18,8 @@ use avm_common::RequestContext;
 
 use crate::agent::AgentInfo;
 use crate::error::{AgentTarget, RuntimeError};
-use crate::hub::{SessionEvent, Subscription};
+use crate::event::SessionEvent;
+use crate::hub::Subscription;
 use crate::peers::{ImageChanges, content};
 use crate::pool::{AgentPool, ImageView};
 

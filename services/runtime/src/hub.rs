@@ -15,35 +15,8 @@ use tokio::sync::{OnceCell, oneshot};
 
 pub use self::queue::{LiveEvents, QueueLimits};
 use self::queue::{Offered, QueueSender};
-use crate::replicas::Fanout;
-
-/// Which conversation an event belongs to.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EventContext {
-    pub container_id: String,
-    pub image_id: String,
-    pub agent_id: String,
-    pub session_id: String,
-}
-
-/// One event of a session, in the protocol's vocabulary.
-#[derive(Debug)]
-pub struct SessionEvent {
-    /// The protocol event type, e.g. `text_delta`.
-    pub kind: &'static str,
-    pub cursor: u64,
-    pub timestamp_ms: i64,
-    pub context: Arc<EventContext>,
-    /// The protocol `data` object, serialized once.
-    pub data_json: String,
-}
-
-impl SessionEvent {
-    /// Returns whether this event ends a turn.
-    pub fn ends_turn(&self) -> bool {
-        matches!(self.kind, "conversation_end" | "error_occurred")
-    }
-}
+use crate::event::{EventContext, SessionEvent};
+use crate::replicas::{Fanout, Followers};
 
 /// The receiving end of a subscription.
 pub struct Subscription {
@@ -387,20 +360,18 @@ impl Hubs {
     }
 }
 
-/// Returns the `&'static` name of an event type another replica sent: the
-/// protocol's few names, each kept once.
-pub(crate) fn intern(kind: &str) -> &'static str {
-    static KINDS: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    let mut kinds = KINDS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(known) = kinds.iter().find(|known| **known == kind) {
-        return known;
+impl Followers for Hubs {
+    fn seed(&self, session_id: &str, events: Vec<(String, SessionEvent)>) {
+        if let Some(hub) = self.get(session_id) {
+            hub.seed(events);
+        }
     }
-    if kinds.len() >= 256 {
-        return "unknown";
+
+    fn inject(&self, origin: &str, event: SessionEvent) {
+        if let Some(hub) = self.get(&event.context.session_id) {
+            hub.inject(origin, Arc::new(event));
+        }
     }
-    let name: &'static str = Box::leak(kind.to_owned().into_boxed_str());
-    kinds.push(name);
-    name
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ mod agent;
 pub mod config;
 mod context;
 mod error;
+pub mod event;
 mod grpc;
 pub mod hub;
 pub mod llm;

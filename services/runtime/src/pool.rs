@@ -20,7 +20,8 @@ use crate::agent::{Agent, AgentInfo};
 use crate::config::RuntimeConfig;
 use crate::context::history_to_llm;
 use crate::error::{AgentTarget, RuntimeError};
-use crate::hub::{EventContext, Hubs, SessionHub, Subscription};
+use crate::event::EventContext;
+use crate::hub::{Hubs, SessionHub, Subscription};
 use crate::message::{Content, Message, MessageBody};
 use crate::metering::Metering;
 use crate::outbox::Outbox;
@@ -965,7 +966,7 @@ impl AgentPool {
         if let Some(replicas) = &self.inner.replicas {
             replicas
                 .fanout()
-                .spawn(replicas.client(), Arc::clone(&self.inner.hubs), shutdown.clone());
+                .spawn(replicas.client(), self.inner.hubs.clone(), shutdown.clone());
             tokio::spawn(self.clone().keep_replica(replicas.clone(), shutdown.clone()));
             tokio::spawn(self.clone().take_wakes(replicas.clone(), shutdown.clone()));
         }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use avm_proto::auth::v1 as pb;
 use avm_proto::auth::v1::AuthServiceHandle;
 
-use super::{Limits, Principal, Role, SERVICE_USER, Scopes, TokenVerifier};
+use super::{Limits, Principal, Role, SERVICE_USER, Scopes};
 use crate::context::RequestContext;
 use crate::{ApiError, Code};
 
@@ -134,37 +134,4 @@ impl ServiceIdentity {
         });
         Ok((token, principal))
     }
-}
-
-/// A dependency a component cannot work soundly without, and why it fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Unready {
-    /// What fails, as readiness names it.
-    pub dependency: &'static str,
-    /// A stable reason.
-    pub reason: &'static str,
-    pub message: &'static str,
-}
-
-/// Returns what keeps a component holding `identity` and following auth
-/// events with `verifier` from being ready: the auth service refusing its
-/// service key (nothing it does on its own account works), or the auth event
-/// stream not being live (revoked keys would keep working here).
-pub fn unready(identity: &ServiceIdentity, verifier: &TokenVerifier) -> Vec<Unready> {
-    let mut unready = Vec::new();
-    if identity.is_refused() {
-        unready.push(Unready {
-            dependency: "auth.credentials",
-            reason: "SERVICE_KEY_REFUSED",
-            message: "the auth service refuses this component's service key (AVM_AUTH_SERVICE_KEY)",
-        });
-    }
-    if !verifier.is_watching() {
-        unready.push(Unready {
-            dependency: "auth.events",
-            reason: "AUTH_EVENTS_DOWN",
-            message: "the auth event stream is not live: revoked keys would not be refused",
-        });
-    }
-    unready
 }

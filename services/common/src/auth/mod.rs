@@ -15,10 +15,10 @@ mod layer;
 mod signing;
 mod verifier;
 
-pub use identity::{ServiceIdentity, Unready, unready};
+pub use identity::ServiceIdentity;
 pub use layer::{Authenticated, caller};
 pub use signing::{SigningKey, StaticKeySource};
-pub use verifier::{AuthKeySource, KeySource, TokenVerifier, parse_bearer};
+pub use verifier::{AuthKeySource, KeySource, TokenVerifier, Unready, parse_bearer, unready};
 
 /// The audience of every access token AgentVM issues.
 pub const AUDIENCE: &str = "agentvm";

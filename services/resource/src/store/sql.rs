@@ -15,7 +15,8 @@ use semver::Version;
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::error::ResourceError;
-use crate::record::{Kind, ResourceRecord, VersionInfo, Visibility};
+use crate::kind::Kind;
+use crate::record::{ResourceRecord, VersionInfo, Visibility};
 use crate::uri::ResourceUri;
 use crate::version;
 
@@ -300,7 +301,7 @@ macro_rules! impl_resource_store {
             async fn find_resource(
                 &self,
                 tenant_id: &str,
-                kind: $crate::record::Kind,
+                kind: $crate::kind::Kind,
                 name: &str,
             ) -> Result<Option<$crate::record::ResourceRecord>, $crate::error::ResourceError> {
                 use $crate::store::sql;
@@ -388,7 +389,7 @@ macro_rules! impl_resource_store {
                 let Some((resource_id, kind, name, version, content_json, created_at_ms, created_by)) = row else {
                     return Ok(None);
                 };
-                let kind = $crate::record::Kind::parse(&kind).ok_or_else(|| {
+                let kind = $crate::kind::Kind::parse(&kind).ok_or_else(|| {
                     $crate::error::ResourceError::corrupt(format!("resource {resource_id} has kind {kind:?}"))
                 })?;
                 let dependencies = sqlx::query_scalar::<$db, String>(sql::VERSION_DEPENDENCIES)
@@ -519,7 +520,7 @@ macro_rules! impl_resource_store {
                 let after = filter.after.as_ref();
                 let rows = sqlx::query(sql::LIST_RESOURCES)
                     .bind(tenant_id)
-                    .bind(filter.kind.map($crate::record::Kind::as_str))
+                    .bind(filter.kind.map($crate::kind::Kind::as_str))
                     .bind(filter.name)
                     .bind(tag)
                     .bind(text)

@@ -337,7 +337,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::hub::EventContext;
+    use crate::event::EventContext;
 
     fn context(session: &str) -> Arc<EventContext> {
         Arc::new(EventContext {

@@ -16,7 +16,8 @@ use serde_json::json;
 use super::AgentPool;
 use crate::agent::Agent;
 use crate::error::RuntimeError;
-use crate::hub::{EventContext, Subscription};
+use crate::event::EventContext;
+use crate::hub::Subscription;
 use crate::message::{Content, Part};
 use crate::peers::{GroupInfo, GroupPost, Member, Role, UnreadGroup};
 
@@ -515,7 +516,7 @@ struct GroupTurn {
 }
 
 /// The failure a turn's last event reports, when retrying would not fix it.
-fn fatal(event: &crate::hub::SessionEvent) -> Option<String> {
+fn fatal(event: &crate::event::SessionEvent) -> Option<String> {
     if event.kind != "error_occurred" {
         return None;
     }

@@ -26,7 +26,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::AgentPool;
 use crate::error::RuntimeError;
-use crate::hub::{EventContext, OpenHub};
+use crate::event::EventContext;
+use crate::hub::OpenHub;
 use crate::peers::OpenTurn;
 
 /// Open turns read per call to the session service.

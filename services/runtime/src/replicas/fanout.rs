@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::hub::{EventContext, Hubs, SessionEvent};
+use crate::event::{EventContext, SessionEvent, intern};
 
 /// Events and turn records waiting for the writer; past this, events are
 /// dropped for other replicas (counted), never held in memory.
@@ -43,6 +43,16 @@ pub(crate) enum Outgoing {
         key: String,
         field: String,
     },
+}
+
+/// Where the listener delivers other replicas' events: this replica's hubs.
+pub(crate) trait Followers: Send + Sync + 'static {
+    /// Adds what was published while nobody listened (oldest first, each with
+    /// its publisher) to the session's hub, if this replica keeps one.
+    fn seed(&self, session_id: &str, events: Vec<(String, SessionEvent)>);
+    /// Offers an event the replica `origin` published to its session's hub,
+    /// if this replica keeps one.
+    fn inject(&self, origin: &str, event: SessionEvent);
 }
 
 /// What the listener is asked to do.
@@ -165,7 +175,7 @@ impl Fanout {
 
     /// Starts the writer and the listener (once); they stop with `shutdown`,
     /// the writer after sending what was queued.
-    pub(crate) fn spawn(&self, client: redis::Client, hubs: Arc<Hubs>, shutdown: CancellationToken) {
+    pub(crate) fn spawn(&self, client: redis::Client, hubs: Arc<dyn Followers>, shutdown: CancellationToken) {
         let Some((outbox, commands)) = self.inner.receivers.lock().unwrap_or_else(|p| p.into_inner()).take() else {
             return;
         };
@@ -225,7 +235,7 @@ impl Fanout {
     async fn listen(
         self,
         client: redis::Client,
-        hubs: Arc<Hubs>,
+        hubs: Arc<dyn Followers>,
         mut commands: mpsc::UnboundedReceiver<Command>,
         shutdown: CancellationToken,
     ) {
@@ -253,9 +263,7 @@ impl Fanout {
             backoff.reset();
             // What was published while nobody listened.
             for session_id in &followed {
-                if let Some(hub) = hubs.get(session_id) {
-                    hub.seed(self.history(session_id).await);
-                }
+                hubs.seed(session_id, self.history(session_id).await);
             }
             loop {
                 tokio::select! {
@@ -290,9 +298,7 @@ impl Fanout {
                         if origin == self.inner.replica_id {
                             continue;
                         }
-                        if let Some(hub) = hubs.get(&event.context.session_id) {
-                            hub.inject(&origin, Arc::new(event));
-                        }
+                        hubs.inject(&origin, event);
                     }
                 }
             }
@@ -323,7 +329,7 @@ fn decode(payload: &str) -> Option<(String, SessionEvent)> {
     let wire: Wire<String> = serde_json::from_str(payload).ok()?;
     let [container_id, image_id, agent_id, session_id] = wire.x;
     let event = SessionEvent {
-        kind: crate::hub::intern(&wire.k),
+        kind: intern(&wire.k),
         cursor: wire.c,
         timestamp_ms: wire.t,
         context: Arc::new(EventContext {

@@ -34,6 +34,7 @@ use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
 pub use fanout::Fanout;
+pub(crate) use fanout::Followers;
 use fanout::Outgoing;
 pub use wakes::{RECLAIM_AFTER, WakeEntry};
 
