@@ -1029,6 +1029,20 @@ async fn spawn_avm_as(
     env: &[(String, String)],
     logs: Option<Arc<Mutex<String>>>,
 ) -> anyhow::Result<(Child, Vec<String>)> {
+    spawn_avm_until(user, args, "listening: ", listeners, env, logs).await
+}
+
+/// Spawns `avm <args>` and returns it with the URLs of its first `count`
+/// lines starting with `prefix` (`listening: ` once it serves, `starting: `
+/// as soon as its port answers).
+async fn spawn_avm_until(
+    user: Option<u32>,
+    args: &[&str],
+    prefix: &str,
+    count: usize,
+    env: &[(String, String)],
+    logs: Option<Arc<Mutex<String>>>,
+) -> anyhow::Result<(Child, Vec<String>)> {
     let component = args.first().copied().unwrap_or_default();
     let mut command = tokio::task::spawn_blocking(move || avm_command_as(user)).await??;
     command.args(args);
@@ -1057,10 +1071,10 @@ async fn spawn_avm_as(
     let urls = tokio::time::timeout(Duration::from_secs(20), async {
         let mut urls = Vec::new();
         while let Some(line) = lines.next_line().await? {
-            if let Some(rest) = line.strip_prefix("listening: ") {
+            if let Some(rest) = line.strip_prefix(prefix) {
                 let url = rest.split_whitespace().nth(1).context("malformed listening line")?;
                 urls.push(url.to_owned());
-                if urls.len() == listeners {
+                if urls.len() == count {
                     return Ok::<_, anyhow::Error>(urls);
                 }
             }
@@ -1101,6 +1115,21 @@ impl Cluster {
     /// on top (say `AVM_AUTH_ADDR` naming another auth replica); returns its
     /// URL. It stops with the cluster.
     pub async fn spawn_replica(&mut self, component: &str, overrides: &[(&str, &str)]) -> anyhow::Result<String> {
+        self.spawn_replica_until(component, overrides, "listening: ").await
+    }
+
+    /// [`Cluster::spawn_replica`], returning as soon as the process's gRPC
+    /// port answers (its `starting:` line), while it may still be starting.
+    pub async fn spawn_starting(&mut self, component: &str, overrides: &[(&str, &str)]) -> anyhow::Result<String> {
+        self.spawn_replica_until(component, overrides, "starting: ").await
+    }
+
+    async fn spawn_replica_until(
+        &mut self,
+        component: &str,
+        overrides: &[(&str, &str)],
+        prefix: &str,
+    ) -> anyhow::Result<String> {
         let mut env = self.process_env();
         let peers = [
             ("AVM_AUTH_ADDR", &self.auth_grpc),
@@ -1125,9 +1154,10 @@ impl Cluster {
         let Some(Running::Processes { children }) = &mut self.running else {
             bail!("replicas need a per-component cluster");
         };
-        let (child, url) = spawn_component(component, &env, logs).await?;
+        let (child, mut urls) =
+            spawn_avm_until(None, &[component, "--listen", "127.0.0.1:0"], prefix, 1, &env, logs).await?;
         children.push(child);
-        Ok(url)
+        Ok(urls.remove(0))
     }
 }
 

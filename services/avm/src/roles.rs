@@ -15,7 +15,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use avm_common::auth::{AuthKeySource, ServiceIdentity, TokenVerifier};
 use avm_common::config::Secret;
-use avm_common::grpc::{GrpcServer, LocalCalls, channel};
+use avm_common::grpc::{GrpcPort, GrpcServer, LocalCalls, channel};
 use avm_common::lifecycle::App;
 use avm_proto::auth::v1::{AuthServiceHandle, AuthServiceLocal, AuthServiceRemote};
 use avm_proto::config::v1::{ConfigServiceHandle, ConfigServiceLocal, ConfigServiceRemote};
@@ -250,21 +250,75 @@ async fn rate_limiter(config: &AvmConfig) -> anyhow::Result<avm_gateway::RateLim
     }
 }
 
-/// Counts the calls the ledger writes against the auth service's token
-/// quotas, until the background stops (after the ledger's last write).
-fn count_quotas(
+/// Opens a component's gRPC port: it answers health from now on, not ready
+/// and refusing calls as `STARTING` until the component's services attach.
+fn open_grpc(app: &mut App, listener: TcpListener, config: &AvmConfig) -> anyhow::Result<(GrpcPort, String)> {
+    let url = local_url(&listener)?;
+    let (port, serving) = GrpcPort::open(listener, &config.grpc, app.servers_stop())?;
+    app.serve("grpc server", serving);
+    println!("starting: grpc {url}");
+    Ok((port, url))
+}
+
+// The components. Each builder opens what its component owns and adds the
+// component's background work to the app. `avm serve` composes every one of
+// them in one process; `avm <component>` runs one over its peers' gRPC.
+
+/// The auth service: its store and background work.
+async fn auth_component(
+    config: &AvmConfig,
+    auth_config: avm_common::auth::AuthConfig,
+    allow_data_dir_key: bool,
     app: &mut App,
-    observability: &avm_observability::ObservabilityService,
+) -> anyhow::Result<avm_auth::AuthService> {
+    let auth = open_auth(config, auth_config, allow_data_dir_key).await?;
+    app.background(auth.spawn_background(app.background_stop()));
+    Ok(auth)
+}
+
+/// The session service, resolving resource references at `resources`.
+async fn session_component(
+    config: &AvmConfig,
+    resources: ResourceServiceHandle,
+    app: &mut App,
+) -> anyhow::Result<avm_session::SessionService> {
+    let sessions = open_session(config)
+        .await?
+        .with_references(avm_session::References::new(resources));
+    app.background(sessions.spawn_background(app.background_stop()));
+    Ok(sessions)
+}
+
+/// The config service.
+async fn config_component(
+    config: &AvmConfig,
+    allow_data_dir_key: bool,
+    app: &mut App,
+) -> anyhow::Result<avm_config::ConfigService> {
+    let settings = open_config(config, allow_data_dir_key).await?;
+    app.background(settings.spawn_background(app.background_stop()));
+    Ok(settings)
+}
+
+/// The observability service. Its ledger writes what it still holds once
+/// the servers stop, and the calls it writes count against the token
+/// quotas of `auth` after it.
+async fn observability_component(
+    config: &AvmConfig,
     auth: AuthServiceHandle,
     identity: &ServiceIdentity,
-) {
+    app: &mut App,
+) -> anyhow::Result<avm_observability::ObservabilityService> {
+    let observability = open_observability(config).await?;
+    app.flush_after_servers("usage ledger", observability.spawn_background(app.background_stop()));
     let stop = CancellationToken::new();
     let (quotas, task) = avm_observability::AuthQuotas::spawn(auth, identity.clone(), stop.clone());
     observability.count_quotas_with(quotas);
     app.flush_after_servers_on("quota reports", stop, task);
+    Ok(observability)
 }
 
-/// The agent pool of a runtime over its peers.
+/// The runtime's peers.
 struct RuntimePeers {
     session: SessionServiceHandle,
     resource: ResourceServiceHandle,
@@ -272,60 +326,79 @@ struct RuntimePeers {
     observability: ObservabilityServiceHandle,
 }
 
-impl RuntimePeers {
-    fn pool(
-        self,
-        config: &AvmConfig,
-        identity: &ServiceIdentity,
-        replicas: Option<avm_runtime::replicas::Replicas>,
-    ) -> anyhow::Result<avm_runtime::AgentPool> {
-        use avm_runtime::peers::{Configs, Resources, Sessions, Usages};
-        let mut runtime = config.runtime.clone();
-        let data_dir = std::path::absolute(config.server.data_dir())?;
-        let workspace_root = match &runtime.workspace_root {
-            Some(root) => std::path::absolute(root)?,
-            None => data_dir.join("workspaces"),
-        };
-        runtime.workspace_root = Some(workspace_root);
-        avm_runtime::AgentPool::new(
-            runtime,
-            avm_runtime::LlmSettings::new(Configs::new(self.config), identity.clone()),
-            avm_runtime::Metering::new(Usages::new(self.observability), identity.clone()),
-            Sessions::new(self.session),
-            Resources::new(self.resource),
-            identity.clone(),
-            replicas,
-        )
-        .map_err(|err| anyhow::anyhow!(err))
-    }
-}
-
-/// Runs the agent pool's background work, and at shutdown lets running turns
-/// finish within the drain timeout (interrupting the rest, so their partial
-/// replies are stored), saves the workspaces kept in
-/// an object store and sends the usage of every call, before the services it
-/// reports to stop.
-fn run_pool(app: &mut App, pool: &avm_runtime::AgentPool, drain_timeout: std::time::Duration) {
+/// The runtime: its agent pool over `peers`, whose background work runs
+/// with the app. At shutdown running turns finish within the drain timeout
+/// (the rest are interrupted, so their partial replies are stored), the
+/// workspaces kept in an object store are saved and the usage of every call
+/// is sent, before the services it reports to stop.
+fn runtime_component(
+    config: &AvmConfig,
+    peers: RuntimePeers,
+    identity: &ServiceIdentity,
+    replicas: Option<avm_runtime::replicas::Replicas>,
+    app: &mut App,
+) -> anyhow::Result<avm_runtime::AgentPool> {
+    use avm_runtime::peers::{Configs, Resources, Sessions, Usages};
+    let mut runtime = config.runtime.clone();
+    let data_dir = std::path::absolute(config.server.data_dir())?;
+    let workspace_root = match &runtime.workspace_root {
+        Some(root) => std::path::absolute(root)?,
+        None => data_dir.join("workspaces"),
+    };
+    runtime.workspace_root = Some(workspace_root);
+    let pool = avm_runtime::AgentPool::new(
+        runtime,
+        avm_runtime::LlmSettings::new(Configs::new(peers.config), identity.clone()),
+        avm_runtime::Metering::new(Usages::new(peers.observability), identity.clone()),
+        Sessions::new(peers.session),
+        Resources::new(peers.resource),
+        identity.clone(),
+        replicas,
+    )
+    .map_err(|err| anyhow::anyhow!(err))?;
     app.background(pool.spawn_background(app.background_stop()));
-    let pool = pool.clone();
+    let drain_timeout = config.grpc.drain_timeout;
+    let draining = pool.clone();
     app.on_drain(move || async move {
-        pool.drain(drain_timeout).await;
+        draining.drain(drain_timeout).await;
         let deadline = tokio::time::Instant::now() + drain_timeout;
-        while pool.any_running() && tokio::time::Instant::now() < deadline {
+        while draining.any_running() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         // Workspaces kept in an object store follow their agents to another replica.
-        pool.save_workspaces(drain_timeout).await;
-        pool.flush_usage(drain_timeout).await;
+        draining.save_workspaces(drain_timeout).await;
+        draining.flush_usage(drain_timeout).await;
     });
+    Ok(pool)
 }
 
-/// Every component in one process, composed of the services' own objects.
+/// The gateway on `listener`, translating the public API for `peers`.
+async fn gateway_component(
+    config: &AvmConfig,
+    listener: TcpListener,
+    peers: avm_gateway::Peers,
+    authenticator: avm_gateway::Authenticator,
+    app: &mut App,
+) -> anyhow::Result<()> {
+    let server = avm_gateway::serve(
+        listener,
+        config.gateway.clone(),
+        peers,
+        authenticator,
+        rate_limiter(config).await?,
+        app.stopping(),
+        app.servers_stop(),
+    );
+    app.serve("gateway", server);
+    Ok(())
+}
+
+/// Every component in one process, each built as its own role builds it,
+/// calling the others through their services' gRPC adapters in process.
 async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Result<App> {
-    let grpc_url = local_url(&listeners.grpc)?;
     let gateway_url = local_url(&listeners.gateway)?;
-    let drain = config.grpc.drain_timeout;
-    let mut app = App::new("serve", drain);
+    let mut app = App::new("serve", config.grpc.drain_timeout);
+    let (port, grpc_url) = open_grpc(&mut app, listeners.grpc, &config)?;
     // One process: the components share a service key made for this run,
     // unless the configuration names one.
     let mut auth_config = config.auth.clone();
@@ -333,43 +406,30 @@ async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Resu
         auth_config.service_key = Secret::new(random_key());
     }
     let key = auth_config.require_service_key()?.to_owned();
-    let auth = open_auth(&config, auth_config, true).await?;
-    let settings = open_config(&config, true).await?;
-    let resources = open_resources(&config).await?;
-    let observability = open_observability(&config).await?;
-
-    // Each service's gRPC adapter, called in process by the others.
+    let auth = auth_component(&config, auth_config, true, &mut app).await?;
     let auth_handle = AuthServiceLocal::new(avm_auth::AuthGrpc::new(auth.clone()), LocalCalls).handle();
+    let credentials = Credentials::new(&config, &key, auth_handle.clone(), &mut app);
+    let resources = open_resources(&config).await?;
     let resource_handle =
         ResourceServiceLocal::new(avm_resource::ResourceGrpc::new(resources.clone()), LocalCalls).handle();
-    let sessions = open_session(&config)
-        .await?
-        .with_references(avm_session::References::new(resource_handle.clone()));
+    let sessions = session_component(&config, resource_handle.clone(), &mut app).await?;
     let session_handle = SessionServiceLocal::new(avm_session::SessionGrpc::new(sessions.clone()), LocalCalls).handle();
+    let settings = config_component(&config, true, &mut app).await?;
     let config_handle = ConfigServiceLocal::new(avm_config::ConfigGrpc::new(settings.clone()), LocalCalls).handle();
+    let observability = observability_component(&config, auth_handle.clone(), &credentials.identity, &mut app).await?;
     let observability_handle = ObservabilityServiceLocal::new(
         avm_observability::ObservabilityGrpc::new(observability.clone()),
         LocalCalls,
     )
     .handle();
-    let credentials = Credentials::new(&config, &key, auth_handle.clone(), &mut app);
-    let pool = RuntimePeers {
+    let peers = RuntimePeers {
         session: session_handle.clone(),
         resource: resource_handle.clone(),
         config: config_handle.clone(),
         observability: observability_handle.clone(),
-    }
-    .pool(&config, &credentials.identity, None)?;
+    };
+    let pool = runtime_component(&config, peers, &credentials.identity, None, &mut app)?;
     let runtime_handle = RuntimeServiceLocal::new(avm_runtime::RuntimeGrpc::new(pool.clone()), LocalCalls).handle();
-
-    app.background(auth.spawn_background(app.background_stop()));
-    app.background(settings.spawn_background(app.background_stop()));
-    app.background(sessions.spawn_background(app.background_stop()));
-    // The ledger writes what it still holds once the servers stop, and the
-    // calls it writes count against token quotas after it.
-    app.flush_after_servers("usage ledger", observability.spawn_background(app.background_stop()));
-    count_quotas(&mut app, &observability, auth_handle.clone(), &credentials.identity);
-    run_pool(&mut app, &pool, drain);
     forward_logs(&mut app, Some(observability_handle.clone()), &credentials.identity);
 
     // The gRPC port serves every service to internal callers.
@@ -385,7 +445,7 @@ async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Resu
             &config.grpc,
         ))
         .add_service(avm_runtime::grpc_server(pool, verifier.clone(), &config.grpc));
-    app.serve("grpc server", grpc.serve(listeners.grpc, app.servers_stop()));
+    port.attach(grpc).await;
 
     let mut authenticator = credentials.authenticator(&config);
     if config.auth.dev {
@@ -401,18 +461,7 @@ async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Resu
         config_handle,
         observability_handle,
     );
-    app.serve(
-        "gateway",
-        avm_gateway::serve(
-            listeners.gateway,
-            config.gateway.clone(),
-            peers,
-            authenticator,
-            rate_limiter(&config).await?,
-            app.stopping(),
-            app.servers_stop(),
-        ),
-    );
+    gateway_component(&config, listeners.gateway, peers, authenticator, &mut app).await?;
     println!("listening: gateway {gateway_url}");
     println!("listening: grpc {grpc_url}");
     tracing::info!(
@@ -429,14 +478,13 @@ async fn auth_app(config: AvmConfig) -> anyhow::Result<App> {
     let listener = bind_component(&config, config.server.grpc_port).await?;
     let key = service_key(&config)?;
     let mut app = App::new("auth", config.grpc.drain_timeout);
-    let auth = open_auth(&config, config.auth.clone(), false).await?;
-    app.background(auth.spawn_background(app.background_stop()));
+    let (port, url) = open_grpc(&mut app, listener, &config)?;
+    let auth = auth_component(&config, config.auth.clone(), false, &mut app).await?;
     let own = AuthServiceLocal::new(avm_auth::AuthGrpc::new(auth.clone()), LocalCalls).handle();
     let identity = ServiceIdentity::new(&key, own);
     forward_logs(&mut app, remote_observability(&config)?, &identity);
-    let server = GrpcServer::new(&config.grpc).add_service(avm_auth::grpc_server(auth, &config.grpc));
-    let url = local_url(&listener)?;
-    app.serve("grpc server", server.serve(listener, app.servers_stop()));
+    port.attach(GrpcServer::new(&config.grpc).add_service(avm_auth::grpc_server(auth, &config.grpc)))
+        .await;
     println!("listening: grpc {url}");
     tracing::info!(addr = %url, store = %redact_url(&store_url(&config, "auth")?), "auth service ready");
     Ok(app)
@@ -446,6 +494,7 @@ async fn auth_app(config: AvmConfig) -> anyhow::Result<App> {
 async fn store_service_app(role: Role, config: AvmConfig) -> anyhow::Result<App> {
     let listener = bind_component(&config, config.server.grpc_port).await?;
     let mut app = App::new(role.name(), config.grpc.drain_timeout);
+    let (port, url) = open_grpc(&mut app, listener, &config)?;
     let credentials = Credentials::remote(&config, &mut app)?;
     let verifier = credentials.verifier.clone();
     let server = GrpcServer::new(&config.grpc).with_readiness(credentials.readiness());
@@ -457,10 +506,7 @@ async fn store_service_app(role: Role, config: AvmConfig) -> anyhow::Result<App>
                 "AVM_RESOURCE_ADDR",
                 |channel, limit| ResourceServiceRemote::new(channel, limit).handle(),
             )?;
-            let sessions = open_session(&config)
-                .await?
-                .with_references(avm_session::References::new(resources));
-            app.background(sessions.spawn_background(app.background_stop()));
+            let sessions = session_component(&config, resources, &mut app).await?;
             (
                 server.add_service(avm_session::grpc_server(sessions, verifier, &config.grpc)),
                 remote_observability(&config)?,
@@ -474,24 +520,15 @@ async fn store_service_app(role: Role, config: AvmConfig) -> anyhow::Result<App>
             )
         }
         Role::Config => {
-            let settings = open_config(&config, false).await?;
-            app.background(settings.spawn_background(app.background_stop()));
+            let settings = config_component(&config, false, &mut app).await?;
             (
                 server.add_service(avm_config::grpc_server(settings, verifier, &config.grpc)),
                 remote_observability(&config)?,
             )
         }
         Role::Observability => {
-            let observability = open_observability(&config).await?;
-            // The ledger writes what it still holds before the process ends,
-            // and the calls it writes count against token quotas after it.
-            app.flush_after_servers("usage ledger", observability.spawn_background(app.background_stop()));
-            count_quotas(
-                &mut app,
-                &observability,
-                credentials.auth.clone(),
-                &credentials.identity,
-            );
+            let observability =
+                observability_component(&config, credentials.auth.clone(), &credentials.identity, &mut app).await?;
             // Its own log events go straight to itself.
             let own = ObservabilityServiceLocal::new(
                 avm_observability::ObservabilityGrpc::new(observability.clone()),
@@ -506,8 +543,7 @@ async fn store_service_app(role: Role, config: AvmConfig) -> anyhow::Result<App>
         Role::Serve | Role::Gateway | Role::Auth | Role::Runtime => bail!("{} does not own a store", role.name()),
     };
     forward_logs(&mut app, observability, &credentials.identity);
-    let url = local_url(&listener)?;
-    app.serve("grpc server", server.serve(listener, app.servers_stop()));
+    port.attach(server).await;
     println!("listening: grpc {url}");
     let store = redact_url(&store_url(&config, role.name())?);
     tracing::info!(addr = %url, %store, "{} service ready", role.name());
@@ -518,6 +554,8 @@ async fn store_service_app(role: Role, config: AvmConfig) -> anyhow::Result<App>
 async fn runtime_app(config: AvmConfig) -> anyhow::Result<App> {
     let listener = bind_component(&config, config.server.grpc_port).await?;
     let mut app = App::new("runtime", config.grpc.drain_timeout);
+    let replicas = runtime_replicas(&config, &listener).await?;
+    let (port, url) = open_grpc(&mut app, listener, &config)?;
     let credentials = Credentials::remote(&config, &mut app)?;
     if config.llm.settings_tree() != avm_runtime::LlmConfig::default().settings_tree() {
         tracing::warn!(
@@ -532,7 +570,7 @@ async fn runtime_app(config: AvmConfig) -> anyhow::Result<App> {
         "AVM_OBSERVABILITY_ADDR",
         |channel, limit| ObservabilityServiceRemote::new(channel, limit).handle(),
     )?;
-    let pool = RuntimePeers {
+    let peers = RuntimePeers {
         session: remote(&config, &peers.session, "AVM_SESSION_ADDR", |channel, limit| {
             SessionServiceRemote::new(channel, limit).handle()
         })?,
@@ -543,23 +581,23 @@ async fn runtime_app(config: AvmConfig) -> anyhow::Result<App> {
             ConfigServiceRemote::new(channel, limit).handle()
         })?,
         observability: observability.clone(),
-    }
-    .pool(
-        &config,
-        &credentials.identity,
-        runtime_replicas(&config, &listener).await?,
-    )?;
-    run_pool(&mut app, &pool, config.grpc.drain_timeout);
+    };
+    let pool = runtime_component(&config, peers, &credentials.identity, replicas, &mut app)?;
     forward_logs(&mut app, Some(observability), &credentials.identity);
+    let credentials_ready = credentials.readiness();
+    let starting = pool.clone();
     let server = GrpcServer::new(&config.grpc)
-        .with_readiness(credentials.readiness())
+        .with_readiness(move || {
+            let mut unready = credentials_ready();
+            unready.extend(starting.starting());
+            unready
+        })
         .add_service(avm_runtime::grpc_server(
             pool,
             credentials.verifier.clone(),
             &config.grpc,
         ));
-    let url = local_url(&listener)?;
-    app.serve("grpc server", server.serve(listener, app.servers_stop()));
+    port.attach(server).await;
     println!("listening: grpc {url}");
     tracing::info!(addr = %url, "runtime ready");
     Ok(app)
@@ -624,18 +662,8 @@ async fn gateway_app(config: AvmConfig) -> anyhow::Result<App> {
     };
     forward_logs(&mut app, remote_observability(&config)?, &credentials.identity);
     let url = local_url(&listener)?;
-    app.serve(
-        "gateway",
-        avm_gateway::serve(
-            listener,
-            config.gateway.clone(),
-            avm_gateway::Peers::remote(channels, &config.grpc)?,
-            credentials.authenticator(&config),
-            rate_limiter(&config).await?,
-            app.stopping(),
-            app.servers_stop(),
-        ),
-    );
+    let peers = avm_gateway::Peers::remote(channels, &config.grpc)?;
+    gateway_component(&config, listener, peers, credentials.authenticator(&config), &mut app).await?;
     println!("listening: gateway {url}");
     tracing::info!(addr = %url, "gateway ready");
     Ok(app)

@@ -89,43 +89,69 @@ impl GrpcServer {
     /// Serves until `shutdown` is cancelled, then flips health to NOT_SERVING,
     /// stops accepting, and gives in-flight calls `drain_timeout` to finish.
     pub async fn serve(self, listener: TcpListener, shutdown: CancellationToken) -> Result<(), GrpcError> {
+        let (port, serving) = GrpcPort::open(listener, &self.config, shutdown)?;
+        port.attach(self).await;
+        serving.await
+    }
+}
+
+/// A gRPC port that answers from the moment it is bound, while its component
+/// starts (opens and migrates its store, finds its peers): health says the
+/// process lives (the empty name SERVING) and is not ready ([`READY`]
+/// NOT_SERVING, its services' names unknown), and any other call is
+/// UNAVAILABLE (`STARTING`), which callers retry. [`GrpcPort::attach`] then
+/// serves the component's services. A probe thus never waits on a port
+/// nobody answers, and a long migration is not taken for a hung process.
+pub struct GrpcPort {
+    reporter: HealthReporter,
+    attached: Arc<OnceLock<Attached>>,
+}
+
+/// What a port serves once its component has started.
+struct Attached {
+    router: axum::Router,
+    names: Vec<&'static str>,
+    probed: Option<Arc<Probed>>,
+}
+
+impl GrpcPort {
+    /// Starts answering on `listener`; returns the port and the server,
+    /// which runs until `shutdown` is cancelled, then flips health to
+    /// NOT_SERVING, stops accepting, and gives in-flight calls
+    /// `drain_timeout` to finish.
+    pub fn open(
+        listener: TcpListener,
+        config: &GrpcConfig,
+        shutdown: CancellationToken,
+    ) -> Result<(Self, impl Future<Output = Result<(), GrpcError>> + Send + 'static), GrpcError> {
+        // Metrics recorded before the recorder exists are lost: install it now.
+        crate::telemetry::metrics();
         let (reporter, health) = tonic_health::server::health_reporter();
-        for name in &self.names {
-            reporter.set_service_status(*name, ServingStatus::Serving).await;
-        }
-        if self.readiness.is_some() {
-            // Ready once the first check passes.
-            reporter.set_service_status(READY, ServingStatus::NotServing).await;
-        }
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(avm_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
-        let mut routes = self.routes;
+        let mut routes = RoutesBuilder::default();
         routes.add_service(health).add_service(reflection);
-        let draining = CancellationToken::new();
+        let attached: Arc<OnceLock<Attached>> = Arc::new(OnceLock::new());
         // Each call runs in a span of its caller's trace and is counted;
         // `GET /metrics` answers Prometheus on the same port (HTTP/1.1).
-        let mut router = routes
+        let router = routes
             .routes()
             .into_axum_router()
             .route("/metrics", axum::routing::get(crate::telemetry::metrics_endpoint))
+            .fallback({
+                let attached = Arc::clone(&attached);
+                move |request: axum::extract::Request| dispatch(Arc::clone(&attached), request)
+            })
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&attached),
+                check_on_probe,
+            ))
             .layer(axum::middleware::from_fn(observe_call))
             .layer(axum::middleware::from_fn(bound_statuses));
-        let probed = self.readiness.map(|check| {
-            Arc::new(Probed {
-                check,
-                reporter: reporter.clone(),
-                draining: draining.clone(),
-                started: std::time::Instant::now(),
-                state: tokio::sync::Mutex::new(ProbeState::default()),
-            })
-        });
-        if let Some(probed) = &probed {
-            router = router.layer(axum::middleware::from_fn_with_state(Arc::clone(probed), check_on_probe));
-        }
 
-        let config = self.config;
+        let config = config.clone();
         let incoming = TcpIncoming::from(listener)
             .with_nodelay(Some(true))
             .with_keepalive(Some(config.keepalive_interval));
@@ -138,25 +164,83 @@ impl GrpcServer {
             .http2_keepalive_timeout(Some(config.keepalive_timeout))
             .add_routes(tonic::service::Routes::from(router))
             .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await });
-        tokio::pin!(server);
-        tokio::select! {
-            result = &mut server => return result.map_err(GrpcError::from),
-            () = shutdown.cancelled() => {}
-        }
-        draining.cancel();
-        // A probe's check under way finishes first: draining is the last word.
-        let _probing = match &probed {
-            Some(probed) => Some(probed.state.lock().await),
-            None => None,
+        let port = Self {
+            reporter: reporter.clone(),
+            attached: Arc::clone(&attached),
         };
-        set_all(&reporter, &self.names, ServingStatus::NotServing).await;
-        stop_accepting.cancel();
-        match tokio::time::timeout(config.drain_timeout, server).await {
-            Ok(result) => result.map_err(GrpcError::from),
-            Err(_) => {
-                tracing::warn!(timeout = ?config.drain_timeout, "grpc drain timed out; closing remaining calls");
-                Ok(())
+        let serving = async move {
+            // Until attached, and whatever the check says: not ready.
+            reporter.set_service_status(READY, ServingStatus::NotServing).await;
+            tokio::pin!(server);
+            tokio::select! {
+                result = &mut server => return result.map_err(GrpcError::from),
+                () = shutdown.cancelled() => {}
             }
+            let attached = attached.get();
+            let probed = attached.and_then(|attached| attached.probed.as_ref());
+            if let Some(probed) = probed {
+                probed.draining.cancel();
+            }
+            // A probe's check under way finishes first: draining is the last word.
+            let _probing = match probed {
+                Some(probed) => Some(probed.state.lock().await),
+                None => None,
+            };
+            let names = attached.map_or(&[READY][..], |attached| &attached.names[..]);
+            set_all(&reporter, names, ServingStatus::NotServing).await;
+            stop_accepting.cancel();
+            match tokio::time::timeout(config.drain_timeout, server).await {
+                Ok(result) => result.map_err(GrpcError::from),
+                Err(_) => {
+                    tracing::warn!(timeout = ?config.drain_timeout, "grpc drain timed out; closing remaining calls");
+                    Ok(())
+                }
+            }
+        };
+        Ok((port, serving))
+    }
+
+    /// Serves `server`'s services from now on: their health names turn
+    /// SERVING, and [`READY`] follows its readiness check (SERVING at once
+    /// without one).
+    pub async fn attach(self, server: GrpcServer) {
+        let probed = server.readiness.map(|check| {
+            Arc::new(Probed {
+                check,
+                reporter: self.reporter.clone(),
+                draining: CancellationToken::new(),
+                started: std::time::Instant::now(),
+                state: tokio::sync::Mutex::new(ProbeState::default()),
+            })
+        });
+        let ready_at_once = probed.is_none();
+        let attached = Attached {
+            router: server.routes.routes().into_axum_router(),
+            names: server.names,
+            probed,
+        };
+        for name in &attached.names {
+            if *name != READY || ready_at_once {
+                self.reporter.set_service_status(*name, ServingStatus::Serving).await;
+            }
+        }
+        let _ = self.attached.set(attached);
+    }
+}
+
+/// Hands a call to the component's services once attached; until then it is
+/// UNAVAILABLE, which callers retry.
+async fn dispatch(attached: Arc<OnceLock<Attached>>, request: axum::extract::Request) -> axum::response::Response {
+    use tower::ServiceExt;
+    match attached.get() {
+        Some(attached) => match attached.router.clone().oneshot(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        },
+        None => {
+            let status =
+                crate::ApiError::unavailable("STARTING", "this component is starting; try again shortly").to_status();
+            axum::response::IntoResponse::into_response(status.into_http::<axum::body::Body>())
         }
     }
 }
@@ -420,10 +504,13 @@ struct ProbeState {
 /// NOT_SERVING). A dependency failing after start ([`QUIET_START`]) or again
 /// after being ready is logged once per spell.
 async fn check_on_probe(
-    axum::extract::State(probed): axum::extract::State<Arc<Probed>>,
+    axum::extract::State(attached): axum::extract::State<Arc<OnceLock<Attached>>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    let Some(probed) = attached.get().and_then(|attached| attached.probed.clone()) else {
+        return next.run(request).await;
+    };
     if request.uri().path().starts_with("/grpc.health.v1.Health/") {
         let failing = (probed.check)();
         let mut state = probed.state.lock().await;

@@ -27,7 +27,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::both_modes;
-use crate::support::{SseStream, call_as, cluster, conversation, poll, serve, stop};
+use crate::support::{SseStream, call_as, cluster, conversation, grpc_health, poll, serve, stop};
 
 /// How long something promised "within seconds" may take on a loaded two-core
 /// machine running both cluster modes.
@@ -523,20 +523,6 @@ async fn a_mis_keyed_gateway_is_not_ready() -> anyhow::Result<()> {
     )
     .await?;
     Ok(())
-}
-
-/// Returns what a component's gRPC health says of `service`.
-async fn grpc_health(addr: &str, service: &str) -> anyhow::Result<ServingStatus> {
-    let channel = tonic::transport::Endpoint::from_shared(addr.to_owned())?
-        .connect()
-        .await?;
-    let answer = tonic_health::pb::health_client::HealthClient::new(channel)
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: service.into(),
-        })
-        .await?
-        .into_inner();
-    Ok(ServingStatus::try_from(answer.status).unwrap_or(ServingStatus::Unknown))
 }
 
 /// Issue 26 item 20: following "Run it", then "One component per process"

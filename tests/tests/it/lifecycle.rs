@@ -8,7 +8,7 @@ use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
 use crate::both_modes;
-use crate::support::{assert_text_turn, conversation, send_and_finish, types};
+use crate::support::{assert_text_turn, conversation, grpc_health, poll, send_and_finish, types};
 
 /// Returns the number of user/assistant messages of the provider's last request.
 fn last_request_len(mock: &MockLlm) -> usize {
@@ -111,4 +111,91 @@ async fn idle(mode: Mode) -> anyhow::Result<()> {
     });
     assert_eq!(openai_messages, Some(3));
     Ok(())
+}
+
+/// Issue 28 item 5: a component answers health from the moment its port is
+/// bound, while it still starts. Here a resource service waits on its
+/// Postgres schema (another session holds the lock its creation takes):
+/// liveness is SERVING, `ready` NOT_SERVING, its service unknown to health,
+/// and a call UNAVAILABLE with reason `STARTING`; once the lock goes, it
+/// serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_component_answers_health_and_refuses_calls_until_it_serves() -> anyhow::Result<()> {
+    use avm_proto::resource::v1::resource_service_client::ResourceServiceClient;
+    use sqlx::Connection;
+    use tonic_health::pb::health_check_response::ServingStatus;
+
+    if !crate::postgres::postgres_configured()? {
+        return Ok(());
+    }
+    let url = std::env::var("AVM_TEST_DATABASE_URL")?;
+    let mut cluster = Cluster::start(Mode::PerComponent, Options::default()).await?;
+    let base = avm_common::ids::new_id("avm_e2e");
+    let _schema = DroppedSchema(url.clone(), format!("{base}_resource"));
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let database = format!("{url}{separator}options=-c%20search_path%3D{base}");
+
+    // What `avm resource` takes before creating its schema, held here.
+    let mut holder = sqlx::PgConnection::connect(&url).await?;
+    let mut held = holder.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(format!("avm create schema {base}_resource"))
+        .execute(&mut *held)
+        .await?;
+
+    let addr = cluster
+        .spawn_starting("resource", &[("AVM_DATABASE_URL", database.as_str())])
+        .await?;
+    assert_eq!(
+        grpc_health(&addr, "").await?,
+        ServingStatus::Serving,
+        "a starting process lives"
+    );
+    assert_eq!(grpc_health(&addr, "ready").await?, ServingStatus::NotServing);
+    let channel = tonic::transport::Endpoint::from_shared(addr.clone())?.connect().await?;
+    let unknown = tonic_health::pb::health_client::HealthClient::new(channel.clone())
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "avm.resource.v1.ResourceService".into(),
+        })
+        .await
+        .expect_err("the service is not there yet");
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    let refused = ResourceServiceClient::new(channel.clone())
+        .list_resources(avm_proto::resource::v1::ListResourcesRequest::default())
+        .await
+        .expect_err("a starting component serves no call");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert_eq!(avm_common::ApiError::from_status(&refused).reason, "STARTING");
+    // Still starting while the lock is held: nothing moved on its own.
+    assert_eq!(grpc_health(&addr, "ready").await?, ServingStatus::NotServing);
+
+    held.rollback().await?;
+    poll(Duration::from_secs(30), "the resource service to be ready", || async {
+        Ok((grpc_health(&addr, "ready").await? == ServingStatus::Serving).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        grpc_health(&addr, "avm.resource.v1.ResourceService").await?,
+        ServingStatus::Serving
+    );
+    // Served now: a call without a token is the service's own refusal.
+    let unauthenticated = ResourceServiceClient::new(channel)
+        .list_resources(avm_proto::resource::v1::ListResourcesRequest::default())
+        .await
+        .expect_err("no token");
+    assert_eq!(
+        unauthenticated.code(),
+        tonic::Code::Unauthenticated,
+        "{unauthenticated:?}"
+    );
+    Ok(())
+}
+
+/// Drops a Postgres schema when the test ends.
+struct DroppedSchema(String, String);
+
+impl Drop for DroppedSchema {
+    fn drop(&mut self) {
+        avm_store::testing::drop_schemas(&self.0, &[self.1.clone()]);
+    }
 }

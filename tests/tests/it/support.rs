@@ -272,3 +272,22 @@ impl SseStream {
         }
     }
 }
+
+/// Returns what the gRPC health service at `addr` says of `service` (the
+/// empty name: the process; `ready`: its readiness).
+pub async fn grpc_health(
+    addr: &str,
+    service: &str,
+) -> anyhow::Result<tonic_health::pb::health_check_response::ServingStatus> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let channel = tonic::transport::Endpoint::from_shared(addr.to_owned())?
+        .connect()
+        .await?;
+    let answer = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: service.into(),
+        })
+        .await?
+        .into_inner();
+    Ok(ServingStatus::try_from(answer.status).unwrap_or(ServingStatus::Unknown))
+}

@@ -123,6 +123,17 @@ impl AgentPool {
         Some(hub)
     }
 
+    /// Returns what keeps this runtime from being ready while it starts:
+    /// the turns the previous process left open, not yet ended (no agent
+    /// starts before, or for at most [`RECOVERY_WAIT`]).
+    pub fn starting(&self) -> Option<avm_common::auth::Unready> {
+        (!*self.inner.recovered.borrow()).then_some(avm_common::auth::Unready {
+            dependency: "runtime.recovery",
+            reason: "STARTING",
+            message: "ending the turns the previous process left open (the session service must answer)",
+        })
+    }
+
     /// Waits (at most [`RECOVERY_WAIT`]) until the turns the previous
     /// process left open are ended.
     pub(super) async fn recovered(&self) {
