@@ -196,6 +196,6 @@ struct DroppedSchema(String, String);
 
 impl Drop for DroppedSchema {
     fn drop(&mut self) {
-        avm_store::testing::drop_schemas(&self.0, &[self.1.clone()]);
+        avm_store::testing::drop_schemas(&self.0, std::slice::from_ref(&self.1));
     }
 }
