@@ -631,6 +631,7 @@ async fn runtime_replicas(
         redis_url: url.to_owned(),
         key_prefix: config.redis.key_prefix.clone(),
         advertise,
+        grpc: config.grpc.clone(),
     };
     let runtime = &config.runtime;
     let replicas =

@@ -1,9 +1,8 @@
 //! The gRPC adapter of the runtime: proto ⇄ domain, the caller's context,
 //! errors → status. With `peers/`, the only place that sees protos.
 
-use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use avm_common::auth::{Authenticated, TokenVerifier, caller};
@@ -22,6 +21,7 @@ use crate::event::SessionEvent;
 use crate::hub::Subscription;
 use crate::peers::{ImageChanges, content};
 use crate::pool::{AgentPool, ImageView};
+use crate::replicas::{forwarded, relay_message};
 
 /// Returns the runtime's gRPC server with the shared message-size limits;
 /// every call's caller is verified from its bearer token.
@@ -30,24 +30,7 @@ pub fn grpc_server(
     verifier: TokenVerifier,
     config: &GrpcConfig,
 ) -> Authenticated<RuntimeServiceServer<RuntimeGrpc>> {
-    let forwarder = pool.replicated().then(|| {
-        Arc::new(Forwarder {
-            config: config.clone(),
-            remotes: Mutex::new(HashMap::new()),
-        })
-    });
-    if let Some(forwarder) = &forwarder {
-        let forwarder = Arc::clone(forwarder);
-        pool.forward_wakes(Arc::new(move |addr, ctx, image_id, wait| {
-            let remote = forwarder.remote(&addr);
-            Box::pin(async move {
-                let request = relay_message(ctx.request(()).metadata(), pb::WakeAgentRequest { image_id, wait });
-                let woken = remote?.wake_agent(request).await?.into_inner().woken;
-                Ok(woken)
-            })
-        }));
-    }
-    let server = RuntimeServiceServer::new(RuntimeGrpc { pool, forwarder })
+    let server = RuntimeServiceServer::new(RuntimeGrpc { pool })
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
     Authenticated::new(server, verifier)
@@ -56,15 +39,19 @@ pub fn grpc_server(
 /// Serves `avm.runtime.v1.RuntimeService` from an [`AgentPool`].
 pub struct RuntimeGrpc {
     pool: AgentPool,
-    /// With replicas: calls for an agent another replica holds go there.
-    forwarder: Option<Arc<Forwarder>>,
 }
 
 impl RuntimeGrpc {
     /// Returns the adapter over `pool`: what the gRPC server serves, and what
     /// `avm serve` calls in process.
     pub fn new(pool: AgentPool) -> Self {
-        Self { pool, forwarder: None }
+        Self { pool }
+    }
+
+    /// Returns whether a call may be sent on to another replica: with
+    /// replicas, once. (In process, `avm serve` has none.)
+    fn may_forward<T>(&self, request: &Request<T>) -> bool {
+        self.pool.replicated() && !forwarded(request)
     }
 
     /// Returns the replica to send a call about an image to, when another
@@ -75,7 +62,7 @@ impl RuntimeGrpc {
         ctx: &RequestContext,
         image_id: &str,
     ) -> Result<Option<RuntimeServiceRemote>, Status> {
-        if self.forwarder.is_none() || forwarded(request) {
+        if !self.may_forward(request) {
             return Ok(None);
         }
         match self.pool.held_elsewhere(&ctx.tenant_id, image_id).await? {
@@ -86,12 +73,12 @@ impl RuntimeGrpc {
 
     /// Returns the client of the replica at `addr`, when the call may go on.
     fn remote_for<T>(&self, request: &Request<T>, addr: &str) -> Option<Result<RuntimeServiceRemote, Status>> {
-        (self.forwarder.is_some() && !forwarded(request)).then(|| self.remote(addr))
+        self.may_forward(request).then(|| self.remote(addr))
     }
 
     /// Returns the other live replicas, for a call that is not itself sent on.
     async fn others<T>(&self, request: &Request<T>) -> Result<Vec<RuntimeServiceRemote>, Status> {
-        if self.forwarder.is_none() || forwarded(request) {
+        if !self.may_forward(request) {
             return Ok(Vec::new());
         }
         let addrs = self.pool.other_replicas().await?;
@@ -116,52 +103,14 @@ impl RuntimeGrpc {
     }
 
     fn remote(&self, addr: &str) -> Result<RuntimeServiceRemote, Status> {
-        self.forwarder
-            .as_ref()
-            .ok_or_else(|| Status::internal("no forwarder"))?
-            .remote(addr)
+        Ok(self.pool.remote(addr)?)
     }
-}
-
-/// Clients of the other runtime replicas, by address.
-struct Forwarder {
-    config: GrpcConfig,
-    remotes: Mutex<HashMap<String, RuntimeServiceRemote>>,
-}
-
-impl Forwarder {
-    fn remote(&self, addr: &str) -> Result<RuntimeServiceRemote, Status> {
-        let mut remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(remote) = remotes.get(addr) {
-            return Ok(remote.clone());
-        }
-        let channel = avm_common::grpc::channel(addr, &self.config).map_err(Status::from)?;
-        let remote = RuntimeServiceRemote::new(channel, self.config.max_message_bytes);
-        remotes.insert(addr.to_owned(), remote.clone());
-        Ok(remote)
-    }
-}
-
-/// Marks a call one replica sent on to another.
-const FORWARDED: &str = "avm-forwarded";
-
-fn forwarded<T>(request: &Request<T>) -> bool {
-    request.metadata().contains_key(FORWARDED)
 }
 
 /// Returns the call to send on: the caller's metadata (its token, its
 /// trace) and message, marked as sent on.
 fn relay<T: Clone>(request: &Request<T>) -> Request<T> {
     relay_message(request.metadata(), request.get_ref().clone())
-}
-
-fn relay_message<U>(metadata: &tonic::metadata::MetadataMap, message: U) -> Request<U> {
-    let mut relayed = Request::new(message);
-    *relayed.metadata_mut() = metadata.clone();
-    relayed
-        .metadata_mut()
-        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
-    relayed
 }
 
 type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -520,7 +469,7 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<Self::SendMessageStream>, Status> {
         let ctx = caller(&request)?;
-        let may_forward = self.forwarder.is_some() && !forwarded(&request);
+        let may_forward = self.may_forward(&request);
         let (metadata, _, message) = request.into_parts();
         let accepted = if may_forward {
             // The holder may have just died: its lease lapses with its

@@ -1,7 +1,6 @@
 //! Draining at shutdown: running turns finish (or are interrupted), then
 //! workspaces are saved and usage sent.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::AgentPool;
@@ -14,23 +13,17 @@ impl AgentPool {
     /// turn (`RUNTIME_DRAINING`).
     pub async fn drain(&self, grace: Duration) {
         let deadline = tokio::time::Instant::now() + grace;
-        let Some(replicas) = &self.inner.replicas else {
-            self.inner.draining.store(true, Ordering::Relaxed);
-            self.finish_turns(deadline).await;
-            return;
-        };
-        replicas.drain();
+        let handing_over = self.inner.placement.begin_drain();
         self.finish_turns(deadline).await;
-        for agent in self.live_agents() {
-            agent.stopped().await;
-            self.retire(&agent, "draining");
+        if handing_over {
+            for agent in self.live_agents() {
+                agent.stopped().await;
+                self.retire(&agent, "draining");
+            }
+            // Their workspaces are saved before another replica may claim them.
+            self.save_workspaces(grace).await;
         }
-        // Their workspaces are saved before another replica may claim them.
-        self.save_workspaces(grace).await;
-        for (tenant_id, image_id) in replicas.held() {
-            replicas.release(&tenant_id, &image_id).await;
-        }
-        replicas.deregister().await;
+        self.inner.placement.leave().await;
     }
 
     /// Waits until `deadline` for running turns to end, then interrupts

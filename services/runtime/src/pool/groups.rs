@@ -37,17 +37,7 @@ pub struct Woken {
     pub runaway_stopped: bool,
 }
 
-/// Sends a wake to the replica at an address (image id, as the caller, and
-/// whether to answer only once the agent read what woke it).
-pub type RemoteWake =
-    Arc<dyn Fn(String, RequestContext, String, bool) -> BoxFuture<'static, Result<bool, RuntimeError>> + Send + Sync>;
-
 impl AgentPool {
-    /// Sends the wakes of agents another replica holds through `remote`.
-    pub fn forward_wakes(&self, remote: RemoteWake) {
-        let _ = self.inner.remote_wake.set(remote);
-    }
-
     /// A group message was posted: its watchers see it and the agent members
     /// it concerns wake. Nobody wakes once the group's run of consecutive
     /// agent messages reaches the limit; a user's message starts it over.
@@ -112,14 +102,15 @@ impl AgentPool {
                 runaway_stopped: true,
             });
         }
-        if let Some(replicas) = &self.inner.replicas {
-            // Through the bus: delivered to a replica, which has the agent's
-            // owner read it, and taken over by another if that one dies.
-            let image_ids: Vec<String> = targets.into_iter().map(|member| member.member_id).collect();
-            replicas
-                .queue_wakes(&ctx.tenant_id, &group.group_id, message.seq, &image_ids)
-                .await?;
-            metrics::counter!("avm_runtime_wakes_queued_total").increment(image_ids.len() as u64);
+        // With replicas, through their bus: delivered to a replica, which
+        // has the agent's holder read it, and taken over if that one dies.
+        let image_ids: Vec<String> = targets.iter().map(|member| member.member_id.clone()).collect();
+        if self
+            .inner
+            .placement
+            .queue_wakes(&ctx.tenant_id, &group.group_id, message.seq, &image_ids)
+            .await?
+        {
             return Ok(Woken {
                 image_ids,
                 runaway_stopped: false,
@@ -202,9 +193,7 @@ impl AgentPool {
             self.wake(ctx, image_id).await
         };
         match woken {
-            Err(RuntimeError::Elsewhere(addr)) if let Some(remote) = self.inner.remote_wake.get() => {
-                remote(addr, ctx.clone(), image_id.to_owned(), wait).await
-            }
+            Err(RuntimeError::Elsewhere(addr)) => self.inner.placement.wake_elsewhere(&addr, ctx, image_id, wait).await,
             result => result,
         }
     }

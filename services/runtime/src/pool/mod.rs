@@ -2,7 +2,6 @@
 //! when idle or when its image is deleted, each running one turn at a time.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +27,7 @@ mod gate;
 mod groups;
 mod images;
 mod lifecycle;
+mod placement;
 mod recovery;
 mod registry;
 mod turns;
@@ -35,7 +35,7 @@ mod wakes;
 mod workspaces;
 
 use gate::RunGate;
-pub use groups::RemoteWake;
+use placement::Placement;
 use registry::Registry;
 
 /// The answer to an accepted message: who runs it and the turn's events.
@@ -64,16 +64,12 @@ struct PoolInner {
     ports: TurnPorts,
     resources: Resources,
     hubs: Arc<Hubs>,
-    /// The other runtime replicas and the leases of this one, when replicated.
-    replicas: Option<Replicas>,
+    /// Where an image's agent runs: here alone, or where its lease is.
+    placement: Placement,
     /// What every agent's tools run with (`fetch_url`'s client among it).
     tools: ToolContext,
     /// The agents of this runtime.
     registry: Registry,
-    /// Set when a runtime without replicas drains: no new turn starts.
-    draining: AtomicBool,
-    /// With replicas: how a wake reaches the replica holding the agent.
-    remote_wake: std::sync::OnceLock<RemoteWake>,
     /// The seq of the last `group_message` event published, per group with a hub.
     group_feeds: Mutex<HashMap<String, Arc<tokio::sync::Mutex<u64>>>>,
     /// Admits agents' group turns within the replica's and each tenant's limits.
@@ -159,11 +155,9 @@ impl AgentPool {
                 },
                 resources,
                 hubs,
-                replicas,
+                placement: Placement::new(replicas),
                 tools,
                 registry: Registry::default(),
-                draining: AtomicBool::new(false),
-                remote_wake: std::sync::OnceLock::new(),
                 group_feeds: Mutex::new(HashMap::new()),
                 gate,
                 started_at_ms: avm_common::now_ms(),
@@ -186,18 +180,21 @@ impl AgentPool {
         self.inner.ports.outbox.spawn(shutdown.clone());
         // Alone, this runtime made every call and ran every turn left open
         // before it started.
-        if self.inner.replicas.is_none() {
-            self.inner.ports.metering.spawn_settle_previous(shutdown.clone());
-            tokio::spawn(self.clone().end_turns_left_open(shutdown.clone()));
+        // With replicas, survivors end a dead one's turns instead.
+        match self.inner.placement.replicas() {
+            None => {
+                self.inner.ports.metering.spawn_settle_previous(shutdown.clone());
+                tokio::spawn(self.clone().end_turns_left_open(shutdown.clone()));
+            }
+            Some(replicas) => {
+                replicas
+                    .fanout()
+                    .spawn(replicas.client(), self.inner.hubs.clone(), shutdown.clone());
+                tokio::spawn(self.clone().keep_replica(replicas.clone(), shutdown.clone()));
+                tokio::spawn(self.clone().take_wakes(replicas.clone(), shutdown.clone()));
+            }
         }
         tokio::spawn(self.clone().follow_deletions(shutdown.clone()));
-        if let Some(replicas) = &self.inner.replicas {
-            replicas
-                .fanout()
-                .spawn(replicas.client(), self.inner.hubs.clone(), shutdown.clone());
-            tokio::spawn(self.clone().keep_replica(replicas.clone(), shutdown.clone()));
-            tokio::spawn(self.clone().take_wakes(replicas.clone(), shutdown.clone()));
-        }
         let pool = self.clone();
         let config = &pool.inner.config;
         let period = (config.agent_idle_timeout.min(config.event_retention_period) / 2)
@@ -219,29 +216,28 @@ impl AgentPool {
     /// Returns the address of the live replica that holds an image's agent,
     /// when another one does (and only with replicas).
     pub async fn held_elsewhere(&self, tenant_id: &str, image_id: &str) -> Result<Option<String>, RuntimeError> {
-        let Some(replicas) = &self.inner.replicas else {
-            return Ok(None);
-        };
         if self
             .lookup(tenant_id, &AgentTarget::Image(image_id.to_owned()))
             .is_some()
         {
             return Ok(None);
         }
-        Ok(replicas.owner(tenant_id, image_id).await?)
+        self.inner.placement.holder(tenant_id, image_id).await
     }
 
     /// Returns the addresses of the other live runtime replicas.
     pub async fn other_replicas(&self) -> Result<Vec<String>, RuntimeError> {
-        match &self.inner.replicas {
-            Some(replicas) => Ok(replicas.others().await?),
-            None => Ok(Vec::new()),
-        }
+        self.inner.placement.others().await
     }
 
     /// Returns whether this runtime shares its agents with other replicas.
     pub fn replicated(&self) -> bool {
-        self.inner.replicas.is_some()
+        self.inner.placement.replicas().is_some()
+    }
+
+    /// Returns the client of the replica at `addr` (with replicas).
+    pub fn remote(&self, addr: &str) -> Result<avm_proto::runtime::v1::RuntimeServiceRemote, RuntimeError> {
+        self.inner.placement.remote(addr)
     }
 }
 

@@ -203,6 +203,30 @@ impl AgentPool {
         }
     }
 
+    /// Ends the turn the dead replica `dead` ran for an image, if it ran
+    /// one that is still open, before the image's agent starts here.
+    /// Undecided (a peer is down): the record stays for the heartbeat to
+    /// end, and this start is refused.
+    pub(super) async fn end_turn_of_dead_holder(
+        &self,
+        dead: &str,
+        tenant_id: &str,
+        image_id: &str,
+    ) -> Result<(), RuntimeError> {
+        let Some(replicas) = self.inner.placement.replicas() else {
+            return Ok(());
+        };
+        let field = format!("{tenant_id}/{image_id}");
+        let lost = replicas.lost_turns(dead).await?;
+        if let Some((_, record)) = lost.into_iter().find(|(name, _)| *name == field) {
+            let open = self.lost_turn_open(&record).await?;
+            if replicas.take_lost_turn(dead, &field).await && open {
+                self.end_lost_turn(dead, record).await;
+            }
+        }
+        Ok(())
+    }
+
     /// Returns whether a dead replica's turn is still open: nothing answers
     /// its user message in history once the outbox has stored what it kept.
     /// A replica dies between a turn's end and the removal of its record, so

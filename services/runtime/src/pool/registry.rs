@@ -21,7 +21,6 @@ use crate::agent::{Agent, AgentInfo};
 use crate::context::history_to_llm;
 use crate::error::{AgentTarget, RuntimeError};
 use crate::peers::Role;
-use crate::replicas::Placement;
 use crate::tools::Toolbox;
 
 /// The agents of this runtime, by (tenant, image id) and by agent id, and
@@ -166,8 +165,8 @@ impl AgentPool {
             }
             Err(err) => {
                 let removed = self.inner.registry.forget_unstarted(&key, &cell);
-                if removed && let Some(replicas) = &self.inner.replicas {
-                    replicas.release(&key.0, &key.1).await;
+                if removed {
+                    self.inner.placement.release(&key.0, &key.1).await;
                 }
                 Err(err)
             }
@@ -185,34 +184,8 @@ impl AgentPool {
         image_id: &str,
         key: AgentKey,
     ) -> Result<Arc<Agent>, RuntimeError> {
-        if let Some(replicas) = &self.inner.replicas {
-            if replicas.draining() && !replicas.holds(&ctx.tenant_id, image_id) {
-                let others = replicas.others().await?;
-                return Err(others
-                    .into_iter()
-                    .next()
-                    .map_or(RuntimeError::Draining, RuntimeError::Elsewhere));
-            }
-            match replicas.claim(&ctx.tenant_id, image_id).await? {
-                Placement::Elsewhere(addr) => return Err(RuntimeError::Elsewhere(addr)),
-                Placement::Here { lost_from: None } => {}
-                Placement::Here { lost_from: Some(dead) } => {
-                    let field = format!("{}/{image_id}", ctx.tenant_id);
-                    if let Some((_, record)) = replicas
-                        .lost_turns(&dead)
-                        .await?
-                        .into_iter()
-                        .find(|(name, _)| *name == field)
-                    {
-                        // Undecided (a peer is down): the record stays for
-                        // the heartbeat to end, and this start is refused.
-                        let open = self.lost_turn_open(&record).await?;
-                        if replicas.take_lost_turn(&dead, &field).await && open {
-                            self.end_lost_turn(&dead, record).await;
-                        }
-                    }
-                }
-            }
+        if let Some(dead) = self.inner.placement.claim(&ctx.tenant_id, image_id).await? {
+            self.end_turn_of_dead_holder(&dead, &ctx.tenant_id, image_id).await?;
         }
         self.recovered().await;
         let image = self.sessions().get_image(ctx, image_id).await?;
@@ -331,15 +304,7 @@ impl AgentPool {
             "agent_unregistered",
             &json!({"containerId": agent.image.container_id, "agentId": agent.agent_id}),
         );
-        // A draining replica releases its leases itself, once its workspaces are saved.
-        if let Some(replicas) = self.inner.replicas.as_ref().filter(|replicas| !replicas.draining()) {
-            let (replicas, agent) = (replicas.clone(), Arc::clone(agent));
-            // Once its turn (interrupted) has stored what it had.
-            tokio::spawn(async move {
-                agent.stopped().await;
-                replicas.release(&agent.tenant_id, &agent.image.image_id).await;
-            });
-        }
+        self.inner.placement.release_when_stopped(agent);
         tracing::info!(agent_id = %agent.agent_id, image_id = %agent.image.image_id, why, "agent removed");
     }
 

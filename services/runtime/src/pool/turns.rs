@@ -2,14 +2,13 @@
 //! per agent; interrupting one.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use avm_common::RequestContext;
 use avm_common::auth::Scopes;
 use avm_common::ids::new_id;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, instrument};
+use tracing::instrument;
 
 use super::{AgentPool, SendAccepted};
 use crate::agent::{Agent, AgentInfo};
@@ -105,30 +104,17 @@ impl AgentPool {
             request,
             cancel,
         );
-        let handle = match &self.inner.replicas {
-            // The turn outlives this call; it stays in the request's trace.
-            None => tokio::spawn(turn.instrument(tracing::Span::current())),
-            Some(replicas) => {
-                // Recorded, so a survivor ends it if this replica dies.
-                replicas.turn_started(&TurnRecord {
-                    tenant_id: agent.tenant_id.clone(),
-                    container_id: agent.image.container_id.clone(),
-                    image_id: agent.image.image_id.clone(),
-                    agent_id: agent.agent_id.clone(),
-                    session_id: agent.image.session_id.clone(),
-                    user_message_id: user_message_id.clone(),
-                    group_id: group.unwrap_or_default().to_owned(),
-                });
-                let replicas = replicas.clone();
-                let (tenant_id, image_id) = (agent.tenant_id.clone(), agent.image.image_id.clone());
-                let recorded = async move {
-                    let reply = turn.await;
-                    replicas.turn_ended(&tenant_id, &image_id);
-                    reply
-                };
-                tokio::spawn(recorded.instrument(tracing::Span::current()))
-            }
+        // The turn outlives this call; it stays in the request's trace.
+        let record = TurnRecord {
+            tenant_id: agent.tenant_id.clone(),
+            container_id: agent.image.container_id.clone(),
+            image_id: agent.image.image_id.clone(),
+            agent_id: agent.agent_id.clone(),
+            session_id: agent.image.session_id.clone(),
+            user_message_id: user_message_id.clone(),
+            group_id: group.unwrap_or_default().to_owned(),
         };
+        let handle = self.inner.placement.run_turn(record, turn);
         let accepted = SendAccepted {
             agent: agent.info(),
             user_message_id,
@@ -145,7 +131,7 @@ impl AgentPool {
         image_id: &str,
     ) -> Result<(Arc<Agent>, CancellationToken), RuntimeError> {
         // A runtime alone has nobody to send the turn to while it drains.
-        if self.inner.draining.load(Ordering::Relaxed) {
+        if self.inner.placement.refuses_turns() {
             return Err(RuntimeError::Draining);
         }
         // An agent retired by the idle reaper between lookup and reservation is

@@ -22,6 +22,7 @@
 //! Redis must not be a cluster.
 
 mod fanout;
+mod remote;
 mod wakes;
 
 use std::collections::HashMap;
@@ -36,6 +37,7 @@ use serde::{Deserialize, Serialize};
 pub use fanout::Fanout;
 pub(crate) use fanout::Followers;
 use fanout::Outgoing;
+pub use remote::{forwarded, relay_message};
 pub use wakes::{RECLAIM_AFTER, WakeEntry};
 
 /// How long a replica's heartbeat outlives its last renewal.
@@ -51,11 +53,13 @@ pub struct ReplicaSettings {
     pub key_prefix: String,
     /// The gRPC address other replicas and gateways reach this one at.
     pub advertise: String,
+    /// How this replica calls the others.
+    pub grpc: avm_common::config::GrpcConfig,
 }
 
-/// Who holds an image's agent.
+/// Who holds an image's agent, as a claim found.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Placement {
+pub enum Claim {
     /// This replica (it holds, or just took, the lease).
     Here {
         /// A replica that held the lease and is gone: its turn for the image
@@ -96,6 +100,8 @@ struct Inner {
     client: redis::Client,
     conn: ConnectionManager,
     fanout: Fanout,
+    /// Clients of the other replicas.
+    remotes: remote::Remotes,
     /// The leases this replica holds, by (tenant, image): the lease's value.
     leases: Mutex<HashMap<(String, String), String>>,
     /// The ids of the wakes this replica works on.
@@ -162,6 +168,7 @@ impl Replicas {
             .map_err(|err| redis_error("cannot connect to redis", &err))?;
         let id = avm_common::ids::new_id("rt");
         let fanout = Fanout::new(&id, &settings.key_prefix, conn.clone(), retention, retention_period);
+        let remotes = remote::Remotes::new(settings.grpc.clone());
         let replicas = Self {
             inner: Arc::new(Inner {
                 id,
@@ -169,6 +176,7 @@ impl Replicas {
                 client,
                 conn,
                 fanout,
+                remotes,
                 leases: Mutex::new(HashMap::new()),
                 wakes_in_flight: Mutex::new(std::collections::HashSet::new()),
                 draining: AtomicBool::new(false),
@@ -181,6 +189,11 @@ impl Replicas {
             "runtime replica registered"
         );
         Ok(replicas)
+    }
+
+    /// Returns the client of the replica at `addr`.
+    pub fn remote(&self, addr: &str) -> Result<avm_proto::runtime::v1::RuntimeServiceRemote, ApiError> {
+        self.inner.remotes.client(addr)
     }
 
     /// Returns this replica's id.
@@ -273,10 +286,10 @@ impl Replicas {
     }
 
     /// Claims an image's agent for this replica unless a live replica holds it.
-    pub async fn claim(&self, tenant_id: &str, image_id: &str) -> Result<Placement, ApiError> {
+    pub async fn claim(&self, tenant_id: &str, image_id: &str) -> Result<Claim, ApiError> {
         let key = (tenant_id.to_owned(), image_id.to_owned());
         if self.leases().contains_key(&key) {
-            return Ok(Placement::Here { lost_from: None });
+            return Ok(Claim::Here { lost_from: None });
         }
         let mut conn = self.inner.conn.clone();
         let (won, value, previous): (i64, String, String) = redis::Script::new(CLAIM)
@@ -288,11 +301,11 @@ impl Replicas {
             .await
             .map_err(|err| redis_error("cannot claim the image's agent", &err))?;
         if won == 0 {
-            return Ok(Placement::Elsewhere(value));
+            return Ok(Claim::Elsewhere(value));
         }
         self.leases().insert(key, value);
         let lost_from = Some(previous).filter(|previous| !previous.is_empty() && *previous != self.inner.id);
-        Ok(Placement::Here { lost_from })
+        Ok(Claim::Here { lost_from })
     }
 
     /// Returns the address of the live replica holding an image's agent, when
