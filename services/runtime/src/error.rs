@@ -117,9 +117,22 @@ impl From<RuntimeError> for ApiError {
     }
 }
 
+/// Names, on a status that says an agent is elsewhere, the replica holding
+/// it: for the router in front of the adapter (`router.rs`), which sends the
+/// call there and never lets the name out.
+pub(crate) const HOLDER_HEADER: &str = "avm-holder";
+
 impl From<RuntimeError> for tonic::Status {
     fn from(err: RuntimeError) -> Self {
-        ApiError::from(err).to_status()
+        let holder = match &err {
+            RuntimeError::Elsewhere(addr) => tonic::metadata::MetadataValue::try_from(addr.as_str()).ok(),
+            _ => None,
+        };
+        let mut status = ApiError::from(err).to_status();
+        if let Some(holder) = holder {
+            status.metadata_mut().insert(HOLDER_HEADER, holder);
+        }
+        status
     }
 }
 

@@ -1,19 +1,16 @@
 //! The gRPC adapter of the runtime: proto ⇄ domain, the caller's context,
-//! errors → status. With `peers/`, the only place that sees protos.
+//! errors → status. With `peers/`, the only place that sees protos (the
+//! router in front of it, `router.rs`, sends calls on to other replicas).
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use avm_common::auth::{Authenticated, TokenVerifier, caller};
 use avm_common::config::GrpcConfig;
 use avm_proto::runtime::v1 as pb;
-use avm_proto::runtime::v1::RuntimeServiceRemote;
 use avm_proto::runtime::v1::runtime_service_server::{RuntimeService, RuntimeServiceServer};
 use futures::Stream;
 use tonic::{Request, Response, Status};
-
-use avm_common::RequestContext;
 
 use crate::agent::AgentInfo;
 use crate::error::{AgentTarget, RuntimeError};
@@ -21,7 +18,7 @@ use crate::event::SessionEvent;
 use crate::hub::Subscription;
 use crate::peers::{ImageChanges, content};
 use crate::pool::{AgentPool, ImageView};
-use crate::replicas::{forwarded, relay_message};
+use crate::router::Router;
 
 /// Returns the runtime's gRPC server with the shared message-size limits;
 /// every call's caller is verified from its bearer token.
@@ -29,8 +26,8 @@ pub fn grpc_server(
     pool: AgentPool,
     verifier: TokenVerifier,
     config: &GrpcConfig,
-) -> Authenticated<RuntimeServiceServer<RuntimeGrpc>> {
-    let server = RuntimeServiceServer::new(RuntimeGrpc { pool })
+) -> Authenticated<RuntimeServiceServer<Router<RuntimeGrpc>>> {
+    let server = RuntimeServiceServer::new(Router::new(RuntimeGrpc { pool: pool.clone() }, pool))
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
     Authenticated::new(server, verifier)
@@ -47,70 +44,6 @@ impl RuntimeGrpc {
     pub fn new(pool: AgentPool) -> Self {
         Self { pool }
     }
-
-    /// Returns whether a call may be sent on to another replica: with
-    /// replicas, once. (In process, `avm serve` has none.)
-    fn may_forward<T>(&self, request: &Request<T>) -> bool {
-        self.pool.replicated() && !forwarded(request)
-    }
-
-    /// Returns the replica to send a call about an image to, when another
-    /// one holds its agent; never for a call that was already sent on.
-    async fn holder<T>(
-        &self,
-        request: &Request<T>,
-        ctx: &RequestContext,
-        image_id: &str,
-    ) -> Result<Option<RuntimeServiceRemote>, Status> {
-        if !self.may_forward(request) {
-            return Ok(None);
-        }
-        match self.pool.held_elsewhere(&ctx.tenant_id, image_id).await? {
-            Some(addr) => Ok(Some(self.remote(&addr)?)),
-            None => Ok(None),
-        }
-    }
-
-    /// Returns the client of the replica at `addr`, when the call may go on.
-    fn remote_for<T>(&self, request: &Request<T>, addr: &str) -> Option<Result<RuntimeServiceRemote, Status>> {
-        self.may_forward(request).then(|| self.remote(addr))
-    }
-
-    /// Returns the other live replicas, for a call that is not itself sent on.
-    async fn others<T>(&self, request: &Request<T>) -> Result<Vec<RuntimeServiceRemote>, Status> {
-        if !self.may_forward(request) {
-            return Ok(Vec::new());
-        }
-        let addrs = self.pool.other_replicas().await?;
-        addrs.iter().map(|addr| self.remote(addr)).collect()
-    }
-
-    /// Asks the other replicas in turn, for an agent this one does not hold:
-    /// the first answer but NOT_FOUND, else `None`.
-    async fn ask_others<T, U, F, Fut>(&self, request: &Request<T>, call: F) -> Result<Option<Response<U>>, Status>
-    where
-        T: Clone,
-        F: Fn(RuntimeServiceRemote, Request<T>) -> Fut,
-        Fut: std::future::Future<Output = Result<Response<U>, Status>>,
-    {
-        for remote in self.others(request).await? {
-            match call(remote, relay(request)).await {
-                Err(status) if status.code() == tonic::Code::NotFound => {}
-                answer => return answer.map(Some),
-            }
-        }
-        Ok(None)
-    }
-
-    fn remote(&self, addr: &str) -> Result<RuntimeServiceRemote, Status> {
-        Ok(self.pool.remote(addr)?)
-    }
-}
-
-/// Returns the call to send on: the caller's metadata (its token, its
-/// trace) and message, marked as sent on.
-fn relay<T: Clone>(request: &Request<T>) -> Request<T> {
-    relay_message(request.metadata(), request.get_ref().clone())
 }
 
 type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -216,13 +149,7 @@ impl RuntimeService for RuntimeGrpc {
         } else {
             self.pool.wake(&ctx, image_id).await
         };
-        let woken = match woken {
-            Err(RuntimeError::Elsewhere(addr)) if let Some(remote) = self.remote_for(&request, &addr) => {
-                return remote?.wake_agent(relay(&request)).await;
-            }
-            woken => woken?,
-        };
-        Ok(Response::new(pb::WakeAgentResponse { woken }))
+        Ok(Response::new(pb::WakeAgentResponse { woken: woken? }))
     }
 
     async fn pause_agent(
@@ -230,9 +157,6 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::PauseAgentRequest>,
     ) -> Result<Response<pb::PauseAgentResponse>, Status> {
         let ctx = caller(&request)?;
-        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
-            return remote.pause_agent(relay(&request)).await;
-        }
         let image = self.pool.pause(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::PauseAgentResponse {
             image: Some(image_pb(ImageView { image, agent: None })),
@@ -261,20 +185,6 @@ impl RuntimeService for RuntimeGrpc {
     ) -> Result<Response<pb::TerminateAgentResponse>, Status> {
         let ctx = caller(&request)?;
         let (image, terminated) = self.pool.terminate(&ctx, &request.get_ref().image_id).await?;
-        // With replicas: the agents terminated run wherever they run.
-        for remote in self.others(&request).await? {
-            for image_id in &terminated {
-                let stop = relay_message(
-                    request.metadata(),
-                    pb::StopImageRequest {
-                        image_id: image_id.clone(),
-                    },
-                );
-                if let Err(status) = remote.clone().stop_image(stop).await {
-                    tracing::warn!(image_id, error = %status.message(), "a terminated agent may still run on another replica");
-                }
-            }
-        }
         Ok(Response::new(pb::TerminateAgentResponse {
             image: Some(image_pb(ImageView { image, agent: None })),
             terminated_image_ids: terminated,
@@ -304,9 +214,6 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::ListWorkspaceRequest>,
     ) -> Result<Response<pb::ListWorkspaceResponse>, Status> {
         let ctx = caller(&request)?;
-        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
-            return remote.list_workspace(relay(&request)).await;
-        }
         let request = request.get_ref();
         let entries = self.pool.list_workspace(&ctx, &request.image_id, &request.path).await?;
         Ok(Response::new(pb::ListWorkspaceResponse {
@@ -319,9 +226,6 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::ReadWorkspaceFileRequest>,
     ) -> Result<Response<pb::ReadWorkspaceFileResponse>, Status> {
         let ctx = caller(&request)?;
-        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
-            return remote.read_workspace_file(relay(&request)).await;
-        }
         let request = request.get_ref();
         let (entry, content) = self
             .pool
@@ -338,9 +242,6 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::WriteWorkspaceFileRequest>,
     ) -> Result<Response<pb::WriteWorkspaceFileResponse>, Status> {
         let ctx = caller(&request)?;
-        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
-            return remote.write_workspace_file(relay(&request)).await;
-        }
         let request = request.into_inner();
         let entry = self
             .pool
@@ -356,9 +257,6 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::RemoveWorkspaceFileRequest>,
     ) -> Result<Response<pb::RemoveWorkspaceFileResponse>, Status> {
         let ctx = caller(&request)?;
-        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
-            return remote.remove_workspace_file(relay(&request)).await;
-        }
         let request = request.into_inner();
         self.pool
             .remove_workspace_file(&ctx, &request.image_id, &request.path)
@@ -368,9 +266,6 @@ impl RuntimeService for RuntimeGrpc {
 
     async fn get_image(&self, request: Request<pb::GetImageRequest>) -> Result<Response<pb::GetImageResponse>, Status> {
         let ctx = caller(&request)?;
-        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
-            return remote.get_image(relay(&request)).await;
-        }
         let view = self.pool.get_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::GetImageResponse {
             image: Some(image_pb(view)),
@@ -401,9 +296,6 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::UpdateImageRequest>,
     ) -> Result<Response<pb::UpdateImageResponse>, Status> {
         let ctx = caller(&request)?;
-        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
-            return remote.update_image(relay(&request)).await;
-        }
         let request = request.into_inner();
         let changes = ImageChanges {
             name: request.name,
@@ -419,9 +311,6 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::DeleteImageRequest>,
     ) -> Result<Response<pb::DeleteImageResponse>, Status> {
         let ctx = caller(&request)?;
-        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
-            return remote.delete_image(relay(&request)).await;
-        }
         let stopped = self.pool.delete_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::DeleteImageResponse { stopped }))
     }
@@ -440,12 +329,7 @@ impl RuntimeService for RuntimeGrpc {
 
     async fn run_image(&self, request: Request<pb::RunImageRequest>) -> Result<Response<pb::RunImageResponse>, Status> {
         let ctx = caller(&request)?;
-        let (agent, reused) = match self.pool.run_image(&ctx, &request.get_ref().image_id).await {
-            Err(RuntimeError::Elsewhere(addr)) if let Some(remote) = self.remote_for(&request, &addr) => {
-                return remote?.run_image(relay(&request)).await;
-            }
-            result => result?,
-        };
+        let (agent, reused) = self.pool.run_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::RunImageResponse {
             agent: Some(agent_pb(agent)),
             reused,
@@ -457,9 +341,6 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::StopImageRequest>,
     ) -> Result<Response<pb::StopImageResponse>, Status> {
         let ctx = caller(&request)?;
-        if let Some(remote) = self.holder(&request, &ctx, &request.get_ref().image_id).await? {
-            return remote.stop_image(relay(&request)).await;
-        }
         let stopped = self.pool.stop_image(&ctx, &request.get_ref().image_id).await?;
         Ok(Response::new(pb::StopImageResponse { stopped }))
     }
@@ -469,37 +350,9 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<Self::SendMessageStream>, Status> {
         let ctx = caller(&request)?;
-        let may_forward = self.may_forward(&request);
-        let (metadata, _, message) = request.into_parts();
-        let accepted = if may_forward {
-            // The holder may have just died: its lease lapses with its
-            // heartbeat, then this replica claims the agent.
-            let deadline = tokio::time::Instant::now() + crate::replicas::HEARTBEAT_TTL + Duration::from_secs(2);
-            loop {
-                let content = content(message.content.clone(), message.plain_text);
-                match self.pool.send_message(&ctx, &message.image_id, content).await {
-                    Err(RuntimeError::Elsewhere(addr)) => {
-                        let sent = self
-                            .remote(&addr)?
-                            .send_message(relay_message(&metadata, message.clone()))
-                            .await;
-                        match sent {
-                            Err(status)
-                                if status.code() == tonic::Code::Unavailable
-                                    && tokio::time::Instant::now() < deadline =>
-                            {
-                                tokio::time::sleep(Duration::from_millis(250)).await;
-                            }
-                            sent => return sent,
-                        }
-                    }
-                    result => break result?,
-                }
-            }
-        } else {
-            let content = content(message.content, message.plain_text);
-            self.pool.send_message(&ctx, &message.image_id, content).await?
-        };
+        let message = request.into_inner();
+        let content = content(message.content, message.plain_text);
+        let accepted = self.pool.send_message(&ctx, &message.image_id, content).await?;
         let first = pb::SendMessageResponse {
             kind: Some(pb::send_message_response::Kind::Accepted(pb::SendMessageAccepted {
                 agent: Some(agent_pb(accepted.agent)),
@@ -526,26 +379,7 @@ impl RuntimeService for RuntimeGrpc {
             Some(pb::interrupt_agent_request::Target::AgentId(id)) => AgentTarget::Agent(id.clone()),
             None => return Err(RuntimeError::invalid("MISSING_ID", "image_id or agent_id is required").into()),
         };
-        if let AgentTarget::Image(image_id) = &target
-            && let Some(remote) = self.holder(&request, &ctx, image_id).await?
-        {
-            return remote.interrupt_agent(relay(&request)).await;
-        }
-        let (agent, interrupted) = match self.pool.interrupt(&ctx, &target).await {
-            Err(err @ RuntimeError::AgentNotFound(AgentTarget::Agent(_))) => {
-                return match self
-                    .ask_others(
-                        &request,
-                        |remote, call| async move { remote.interrupt_agent(call).await },
-                    )
-                    .await?
-                {
-                    Some(answer) => Ok(answer),
-                    None => Err(err.into()),
-                };
-            }
-            result => result?,
-        };
+        let (agent, interrupted) = self.pool.interrupt(&ctx, &target).await?;
         Ok(Response::new(pb::InterruptAgentResponse {
             agent: Some(agent_pb(agent)),
             interrupted,
@@ -554,18 +388,7 @@ impl RuntimeService for RuntimeGrpc {
 
     async fn get_agent(&self, request: Request<pb::GetAgentRequest>) -> Result<Response<pb::GetAgentResponse>, Status> {
         let ctx = caller(&request)?;
-        let agent = match self.pool.get_agent(&ctx, &request.get_ref().agent_id).await {
-            Err(err @ RuntimeError::AgentNotFound(_)) => {
-                return match self
-                    .ask_others(&request, |remote, call| async move { remote.get_agent(call).await })
-                    .await?
-                {
-                    Some(answer) => Ok(answer),
-                    None => Err(err.into()),
-                };
-            }
-            result => result?,
-        };
+        let agent = self.pool.get_agent(&ctx, &request.get_ref().agent_id).await?;
         Ok(Response::new(pb::GetAgentResponse {
             agent: Some(agent_pb(agent)),
         }))
@@ -580,17 +403,9 @@ impl RuntimeService for RuntimeGrpc {
             .pool
             .list_agents(&ctx, request.get_ref().container_id.as_deref())
             .await?;
-        let mut agents: Vec<pb::Agent> = agents.into_iter().map(agent_pb).collect();
-        // With replicas: theirs too.
-        for remote in self.others(&request).await? {
-            agents.extend(remote.list_agents(relay(&request)).await?.into_inner().agents);
-        }
-        agents.sort_by(|a, b| {
-            a.started_at_ms
-                .cmp(&b.started_at_ms)
-                .then_with(|| a.agent_id.cmp(&b.agent_id))
-        });
-        Ok(Response::new(pb::ListAgentsResponse { agents }))
+        Ok(Response::new(pb::ListAgentsResponse {
+            agents: agents.into_iter().map(agent_pb).collect(),
+        }))
     }
 
     async fn destroy_agent(
@@ -598,18 +413,7 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::DestroyAgentRequest>,
     ) -> Result<Response<pb::DestroyAgentResponse>, Status> {
         let ctx = caller(&request)?;
-        match self.pool.destroy_agent(&ctx, &request.get_ref().agent_id).await {
-            Err(err @ RuntimeError::AgentNotFound(_)) => {
-                return match self
-                    .ask_others(&request, |remote, call| async move { remote.destroy_agent(call).await })
-                    .await?
-                {
-                    Some(answer) => Ok(answer),
-                    None => Err(err.into()),
-                };
-            }
-            result => result?,
-        }
+        self.pool.destroy_agent(&ctx, &request.get_ref().agent_id).await?;
         Ok(Response::new(pb::DestroyAgentResponse { destroyed: true }))
     }
 
@@ -618,10 +422,7 @@ impl RuntimeService for RuntimeGrpc {
         request: Request<pb::DestroyAllAgentsRequest>,
     ) -> Result<Response<pb::DestroyAllAgentsResponse>, Status> {
         let ctx = caller(&request)?;
-        let mut destroyed = self.pool.destroy_all(&ctx, &request.get_ref().container_id).await?;
-        for remote in self.others(&request).await? {
-            destroyed += remote.destroy_all_agents(relay(&request)).await?.into_inner().destroyed;
-        }
+        let destroyed = self.pool.destroy_all(&ctx, &request.get_ref().container_id).await?;
         Ok(Response::new(pb::DestroyAllAgentsResponse { destroyed }))
     }
 

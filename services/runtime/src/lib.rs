@@ -33,6 +33,7 @@ pub mod peers;
 mod plan;
 mod pool;
 pub mod replicas;
+mod router;
 pub mod settings;
 pub mod tools;
 mod turn;

@@ -19,7 +19,7 @@ use crate::error::RuntimeError;
 use crate::event::EventContext;
 use crate::hub::Subscription;
 use crate::message::{Content, Part};
-use crate::peers::{GroupInfo, GroupPost, Member, Role, UnreadGroup};
+use crate::peers::{GroupInfo, GroupPost, Member, UnreadGroup};
 
 /// Unread messages of a group read by one turn.
 const READ_LIMIT: u32 = 100;
@@ -179,87 +179,6 @@ impl AgentPool {
         Ok(())
     }
 
-    /// Wakes an agent here or on the replica holding it; with `wait`, answers
-    /// once the agent read what woke it.
-    pub(super) async fn wake_member(
-        &self,
-        ctx: &RequestContext,
-        image_id: &str,
-        wait: bool,
-    ) -> Result<bool, RuntimeError> {
-        let woken = if wait {
-            self.wake_and_read(ctx, image_id).await
-        } else {
-            self.wake(ctx, image_id).await
-        };
-        match woken {
-            Err(RuntimeError::Elsewhere(addr)) => self.inner.placement.wake_elsewhere(&addr, ctx, image_id, wait).await,
-            result => result,
-        }
-    }
-
-    /// Wakes an agent whose group turn was lost with its runtime. Boxed: the
-    /// wake may start the agent here, which ends lost turns.
-    pub(super) fn wake_again(self, tenant_id: String, image_id: String, group_id: String) -> BoxFuture<'static, ()> {
-        Box::pin(async move {
-            let woken = match self.inner.ports.identity.tenant_context(&tenant_id).await {
-                Ok(ctx) => self.wake_member(&ctx, &image_id, false).await,
-                Err(err) => Err(err.into()),
-            };
-            match woken {
-                Ok(_) => tracing::info!(image_id, group_id, "agent woken again after its runtime was lost"),
-                Err(err) => {
-                    tracing::warn!(image_id, group_id, error = %err, "cannot wake again an agent whose runtime was lost");
-                }
-            }
-        })
-    }
-
-    /// Wakes an image's agent to read its unread group messages: starts it
-    /// reading, or makes it read again once it is done.
-    #[tracing::instrument(name = "runtime.wake_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn wake(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
-        Ok(self.start_reading(ctx, image_id).await?.is_some())
-    }
-
-    /// Wakes an image's agent and answers once it read what woke it: `false`
-    /// when it is paused, in error or terminated (what reached it stays
-    /// unread), and unavailable when it left this replica before it was done.
-    #[tracing::instrument(name = "runtime.wake_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn wake_and_read(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
-        let Some((agent, wake)) = self.start_reading(ctx, image_id).await? else {
-            return Ok(false);
-        };
-        agent.read(&wake).await;
-        if agent.is_retired() {
-            return Err(RuntimeError::AgentRestarting);
-        }
-        Ok(true)
-    }
-
-    async fn start_reading(
-        &self,
-        ctx: &RequestContext,
-        image_id: &str,
-    ) -> Result<Option<(Arc<Agent>, crate::agent::Wake)>, RuntimeError> {
-        ctx.require(Scopes::WRITE)?;
-        if ctx.owner_filter().is_some() {
-            // A member wakes an agent (which then calls the model) only where they may use it.
-            self.image_with_role(ctx, image_id, Some(Role::Use)).await?;
-        }
-        let agent = match self.ensure_agent(ctx, image_id).await {
-            // Paused, in error or terminated: what reached it stays unread.
-            Err(err) if super::lifecycle::not_runnable(&err) => return Ok(None),
-            agent => agent?.0,
-        };
-        let wake = agent.wake();
-        if wake.start {
-            tracing::debug!(image_id, "agent woken");
-            tokio::spawn(self.clone().read_groups(Arc::clone(&agent)));
-        }
-        Ok(Some((agent, wake)))
-    }
-
     /// Subscribes to a group's events, replaying retained ones after `after_cursor`.
     #[tracing::instrument(name = "runtime.subscribe_group_events", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn subscribe_group(
@@ -277,7 +196,7 @@ impl AgentPool {
 
     /// Reads until nothing the agent was woken for is left unread. Boxed:
     /// a reply wakes other agents, whose reading may wake this one.
-    fn read_groups(self, agent: Arc<Agent>) -> BoxFuture<'static, ()> {
+    pub(super) fn read_groups(self, agent: Arc<Agent>) -> BoxFuture<'static, ()> {
         Box::pin(async move {
             loop {
                 // Paused, terminated or stopped meanwhile: it reads no more.
@@ -301,7 +220,7 @@ impl AgentPool {
 
     /// Answers each group with unread messages; `true` when a group had
     /// more than one turn reads.
-    async fn read_unread(&self, agent: &Arc<Agent>) -> Result<bool, RuntimeError> {
+    pub(super) async fn read_unread(&self, agent: &Arc<Agent>) -> Result<bool, RuntimeError> {
         let ctx = self.inner.ports.identity.tenant_context(&agent.tenant_id).await?;
         let me = Member::agent(&agent.image.image_id);
         let mut more = false;

@@ -1,5 +1,19 @@
 //! The agent pool: at most one agent per image, started on demand, dropped
 //! when idle or when its image is deleted, each running one turn at a time.
+//!
+//! One file per responsibility:
+//! - `registry.rs`: the agents, started (hydrated), found and retired;
+//! - `turns.rs`: a message accepted and its turn run; interrupts;
+//! - `images.rs`: what a caller may see and do to images, containers and agents;
+//! - `workspaces.rs`: images' workspaces as clients reach them;
+//! - `lifecycle.rs`: pause, resume, terminate; `children.rs`: agents spawning agents;
+//! - `groups.rs`: group messages posted and answered; `wakes.rs`: agents woken
+//!   to read them, here or on another replica;
+//! - `gate.rs`: how many agents' group turns run at once;
+//! - `placement.rs`: where an image's agent runs (alone, or with replicas);
+//! - `recovery.rs`: lost turns, a crash's and a dead replica's, ended;
+//! - `deletions.rs`: following the session service's deletions;
+//! - `drain.rs`: stopping at shutdown.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
