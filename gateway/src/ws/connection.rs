@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use tokio_stream::StreamMap;
 use tracing::Instrument;
 
-use super::dispatch;
+use super::dispatch::{self, Request, RequestKind};
 use crate::api::groups;
 use crate::api::images::{self, EventStream};
 use crate::auth::Caller;
@@ -576,7 +576,10 @@ impl Connection {
             frame["data"]["retryAfter"] = json!(crate::limits::retry_after_secs(wait));
             return self.send(socket, frame.to_string()).await;
         }
-        if name == "message_send" && self.state.auth.verifier().quota_exhausted(&ctx.principal) {
+        // The quota is checked before the data is decoded: an exhausted
+        // quota is the answer even to a malformed send.
+        let sends = RequestKind::of(&name) == Some(RequestKind::MessageSend);
+        if sends && self.state.auth.verifier().quota_exhausted(&ctx.principal) {
             let err = crate::auth::quota_exceeded();
             return self.send(socket, error_response_frame(&name, &request_id, &err)).await;
         }
@@ -584,51 +587,54 @@ impl Connection {
         metrics::counter!("avm_gateway_websocket_requests_total").increment(1);
         let span = avm_common::telemetry::request_span("ws", &format!("{name}_request"), &ctx.trace);
         span.in_scope(|| ctx.record_in_span());
-        if name == "message_send" {
-            let correlation = ctx.request_id.clone();
-            self.pending.insert(
-                correlation.clone(),
-                PendingSend {
-                    name: name.clone(),
-                    request_id: request_id.clone(),
-                    parked: None,
-                },
-            );
-            requests.push(Box::pin(
-                async move {
-                    // The turn's events reach subscribers through their
-                    // subscriptions; this call's own stream is dropped, and
-                    // the turn goes on without it.
-                    let sent = match dispatch::decode_message_send(data) {
-                        Ok(request) => dispatch::message_send(&peers, &ctx, request).await,
-                        Err(err) => Err(err),
-                    };
-                    match sent {
-                        Ok((accepted, reply, _events)) => Completion::Sent {
-                            correlation,
-                            accepted: accepted.cursor.parse().ok().map(|cursor| (accepted.session_id, cursor)),
-                            frame: response_frame(&name, &request_id, reply),
-                        },
-                        Err(err) => Completion::Sent {
-                            correlation,
-                            accepted: None,
-                            frame: error_response_frame(&name, &request_id, &err),
-                        },
+        match Request::decode(&name, data) {
+            Ok(Request::MessageSend(request)) => {
+                let correlation = ctx.request_id.clone();
+                self.pending.insert(
+                    correlation.clone(),
+                    PendingSend {
+                        name: name.clone(),
+                        request_id: request_id.clone(),
+                        parked: None,
+                    },
+                );
+                requests.push(Box::pin(
+                    async move {
+                        // The turn's events reach subscribers through their
+                        // subscriptions; this call's own stream is dropped, and
+                        // the turn goes on without it.
+                        match dispatch::message_send(&peers, &ctx, request).await {
+                            Ok((accepted, reply, _events)) => Completion::Sent {
+                                correlation,
+                                accepted: accepted.cursor.parse().ok().map(|cursor| (accepted.session_id, cursor)),
+                                frame: response_frame(&name, &request_id, reply),
+                            },
+                            Err(err) => Completion::Sent {
+                                correlation,
+                                accepted: None,
+                                frame: error_response_frame(&name, &request_id, &err),
+                            },
+                        }
                     }
-                }
-                .instrument(span),
-            ));
-        } else {
-            requests.push(Box::pin(
-                async move {
-                    let frame = match dispatch::dispatch(&peers, &ctx, &name, data).await {
-                        Ok(reply) => response_frame(&name, &request_id, reply),
-                        Err(err) => error_response_frame(&name, &request_id, &err),
-                    };
-                    Completion::Reply(frame)
-                }
-                .instrument(span),
-            ));
+                    .instrument(span),
+                ));
+            }
+            request => {
+                requests.push(Box::pin(
+                    async move {
+                        let reply = match request {
+                            Ok(request) => dispatch::dispatch(&peers, &ctx, request).await,
+                            Err(err) => Err(err),
+                        };
+                        let frame = match reply {
+                            Ok(reply) => response_frame(&name, &request_id, reply),
+                            Err(err) => error_response_frame(&name, &request_id, &err),
+                        };
+                        Completion::Reply(frame)
+                    }
+                    .instrument(span),
+                ));
+            }
         }
         Ok(())
     }

@@ -1,15 +1,18 @@
-//! The AgentX adapter: a `<x>_request` is decoded into the operation's typed
-//! request, the operation in `api/` is called, and its result is shaped as
-//! AgentX 1.9 answers it. What differs from REST is all here: the request
-//! names and data shapes, `exists: false` (or `record: null`) where REST
-//! answers NOT_FOUND, `success: false` for an agent already gone, and
-//! `__subscriptions` naming the sessions the client should subscribe to.
+//! The AgentX adapter: a `<x>_request` is decoded into a [`Request`], the
+//! operation's typed request, the operation in `api/` is called, and its
+//! result is shaped as AgentX 1.9 answers it. The request names, the enum and
+//! its decoder come from one table, so they cannot disagree. What differs
+//! from REST is all here: the request names and data shapes, `exists: false`
+//! (or `record: null`) where REST answers NOT_FOUND, `success: false` for an
+//! agent already gone, and `__subscriptions` naming the sessions the client
+//! should subscribe to.
 
 use avm_common::{ApiError, Code, RequestContext};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::api::agents::{self, Agent};
+use crate::api::auth::QuotaQuery;
 use crate::api::containers::{self, ContainerRef};
 use crate::api::groups::{
     self, Group, GroupPageQuery, GroupUpdate, Member, MemberRef, MessageQuery, NewGroup, NewGroupMessage, ReadMark,
@@ -25,14 +28,14 @@ use crate::peers::Peers;
 /// Names an image.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ImageRef {
+pub struct ImageRef {
     image_id: String,
 }
 
 /// Names a file or directory of an image's workspace.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct WorkspaceRef {
+pub struct WorkspaceRef {
     image_id: String,
     #[serde(default)]
     path: String,
@@ -50,7 +53,7 @@ struct WorkspaceWrite {
 /// Names an agent.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct AgentRef {
+pub struct AgentRef {
     agent_id: String,
 }
 
@@ -75,7 +78,7 @@ impl TargetRef {
 /// `image_create_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ImageCreate {
+pub struct ImageCreate {
     container_id: String,
     #[serde(default)]
     config: Option<ImageConfig>,
@@ -84,7 +87,7 @@ struct ImageCreate {
 /// `image_list_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ImageFilter {
+pub struct ImageFilter {
     container_id: Option<String>,
     parent_image_id: Option<String>,
 }
@@ -92,7 +95,7 @@ struct ImageFilter {
 /// `credential_set_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct CredentialSet {
+pub struct CredentialSet {
     server: String,
     scope: Option<String>,
     bearer_token: Option<String>,
@@ -103,7 +106,7 @@ struct CredentialSet {
 /// `credential_delete_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct CredentialRef {
+pub struct CredentialRef {
     server: String,
     scope: Option<String>,
 }
@@ -111,7 +114,7 @@ struct CredentialRef {
 /// `image_update_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ImageChange {
+pub struct ImageChange {
     image_id: String,
     updates: ImageUpdate,
 }
@@ -128,14 +131,14 @@ pub struct MessageSend {
 /// Names a group.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct GroupRef {
+pub struct GroupRef {
     group_id: String,
 }
 
 /// `group_create_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct GroupCreate {
+pub struct GroupCreate {
     container_id: String,
     #[serde(flatten)]
     group: NewGroup,
@@ -144,7 +147,7 @@ struct GroupCreate {
 /// `group_list_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct GroupListing {
+pub struct GroupListing {
     container_id: String,
     #[serde(flatten)]
     page: GroupPageQuery,
@@ -153,7 +156,7 @@ struct GroupListing {
 /// `group_update_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct GroupChange {
+pub struct GroupChange {
     group_id: String,
     updates: GroupUpdate,
 }
@@ -161,7 +164,7 @@ struct GroupChange {
 /// `group_member_add_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct GroupMemberAdd {
+pub struct GroupMemberAdd {
     group_id: String,
     #[serde(flatten)]
     member: MemberRef,
@@ -170,7 +173,7 @@ struct GroupMemberAdd {
 /// `group_member_remove_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct GroupMemberRemove {
+pub struct GroupMemberRemove {
     group_id: String,
     member_id: String,
 }
@@ -178,7 +181,7 @@ struct GroupMemberRemove {
 /// `group_message_send_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct GroupMessageSend {
+pub struct GroupMessageSend {
     group_id: String,
     #[serde(flatten)]
     message: NewGroupMessage,
@@ -187,7 +190,7 @@ struct GroupMessageSend {
 /// `group_message_list_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct GroupMessageListing {
+pub struct GroupMessageListing {
     group_id: String,
     after_seq: Option<u64>,
     limit: Option<u32>,
@@ -196,10 +199,140 @@ struct GroupMessageListing {
 /// `group_read_request` data.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct GroupRead {
+pub struct GroupRead {
     group_id: String,
     #[serde(flatten)]
     mark: ReadMark,
+}
+
+/// A file to write, its content decoded (`workspace_write_request`).
+#[derive(Debug)]
+pub struct FileWrite {
+    image_id: String,
+    path: String,
+    bytes: Vec<u8>,
+}
+
+/// Decodes `workspace_write_request` data, the content's encoding included.
+fn file_write(data: Value) -> Result<FileWrite, ApiError> {
+    let WorkspaceWrite { image_id, upload } = decode(data)?;
+    let path = upload.path.clone();
+    Ok(FileWrite {
+        image_id,
+        path,
+        bytes: upload.bytes()?,
+    })
+}
+
+/// Decodes `agent_interrupt_request` data: the image, or else the agent.
+fn interrupt_target(data: Value) -> Result<AgentTarget, ApiError> {
+    decode::<TargetRef>(data)?.target("imageId or agentId")
+}
+
+/// Declares the requests from one table: a line names a request (`<name>_request`
+/// on the wire), its variant and, unless its data is ignored, the data's type
+/// and the function that decodes it. The enum, the names and the decoder all
+/// come from the table, so none can miss a request the others know.
+macro_rules! requests {
+    ($($name:literal => $variant:ident $(($data:ty, $decoder:path))?,)*) => {
+        /// A `<x>_request`, its data decoded.
+        #[derive(Debug)]
+        pub enum Request {
+            $($variant $(($data))?,)*
+        }
+
+        /// Which request a name names, before its data is decoded (so a check
+        /// can come before the data's own errors).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum RequestKind {
+            $($variant,)*
+        }
+
+        impl RequestKind {
+            /// Returns the request `<name>_request` is, if any.
+            pub fn of(name: &str) -> Option<Self> {
+                match name {
+                    $($name => Some(Self::$variant),)*
+                    _ => None,
+                }
+            }
+
+            fn decode(self, data: Value) -> Result<Request, ApiError> {
+                match self {
+                    $(Self::$variant => Ok(Request::$variant $(($decoder(data)?))?),)*
+                }
+            }
+        }
+
+        #[cfg_attr(not(test), allow(dead_code, reason = "the tests hold the names to the decoder"))]
+        impl Request {
+            /// Every request name, as it is on the wire without `_request`.
+            pub const NAMES: &[&str] = &[$($name),*];
+
+            /// Returns the request's name, as it is on the wire without `_request`.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(Self::$variant { .. } => $name,)*
+                }
+            }
+        }
+    };
+}
+
+requests! {
+    "container_create" => ContainerCreate(ContainerRef, decode),
+    "container_get" => ContainerGet(ContainerRef, decode),
+    "container_list" => ContainerList,
+    "image_create" => ImageCreate(ImageCreate, decode),
+    "image_get" => ImageGet(ImageRef, decode),
+    "image_list" => ImageList(ImageFilter, decode),
+    "image_update" => ImageUpdate(ImageChange, decode),
+    "image_delete" => ImageDelete(ImageRef, decode),
+    "image_run" => ImageRun(ImageRef, decode),
+    "image_stop" => ImageStop(ImageRef, decode),
+    "image_messages" => ImageMessages(ImageRef, decode),
+    "agent_interrupt" => AgentInterrupt(AgentTarget, interrupt_target),
+    "agent_get" => AgentGet(AgentRef, decode),
+    "agent_list" => AgentList(ContainerRef, decode),
+    "agent_destroy" => AgentDestroy(AgentRef, decode),
+    "agent_destroy_all" => AgentDestroyAll(ContainerRef, decode),
+    "agent_pause" => AgentPause(ImageRef, decode),
+    "agent_resume" => AgentResume(ImageRef, decode),
+    "agent_terminate" => AgentTerminate(ImageRef, decode),
+    "quota_get" => QuotaGet(QuotaQuery, decode),
+    "credential_set" => CredentialSet(CredentialSet, decode),
+    "credential_list" => CredentialList,
+    "credential_delete" => CredentialDelete(CredentialRef, decode),
+    "workspace_list" => WorkspaceList(WorkspaceRef, decode),
+    "workspace_read" => WorkspaceRead(WorkspaceRef, decode),
+    "workspace_write" => WorkspaceWrite(FileWrite, file_write),
+    "workspace_delete" => WorkspaceDelete(WorkspaceRef, decode),
+    "group_create" => GroupCreate(GroupCreate, decode),
+    "group_get" => GroupGet(GroupRef, decode),
+    "group_list" => GroupList(GroupListing, decode),
+    "group_update" => GroupUpdate(GroupChange, decode),
+    "group_delete" => GroupDelete(GroupRef, decode),
+    "group_member_add" => GroupMemberAdd(GroupMemberAdd, decode),
+    "group_member_remove" => GroupMemberRemove(GroupMemberRemove, decode),
+    "group_member_list" => GroupMemberList(GroupRef, decode),
+    "group_message_send" => GroupMessageSend(GroupMessageSend, decode),
+    "group_message_list" => GroupMessageList(GroupMessageListing, decode),
+    "group_read" => GroupRead(GroupRead, decode),
+    "group_unread" => GroupUnread(UnreadQuery, decode),
+    "message_send" => MessageSend(MessageSend, decode),
+}
+
+impl Request {
+    /// Decodes the data of a `<name>_request`; an unknown name is refused.
+    pub fn decode(name: &str, data: Value) -> Result<Self, ApiError> {
+        match RequestKind::of(name) {
+            Some(kind) => kind.decode(data),
+            None => Err(ApiError::invalid(
+                "UNKNOWN_REQUEST",
+                format!("unknown request type {name}_request"),
+            )),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -303,92 +436,74 @@ struct MessageSent {
     agent_id: String,
 }
 
-/// Answers every request type but `message_send` (see [`message_send`]) with
-/// its response data.
-pub async fn dispatch(peers: &Peers, ctx: &RequestContext, name: &str, data: Value) -> Result<Value, ApiError> {
-    match name {
-        "container_create" => {
-            let (container, _) = containers::create(peers, ctx, decode(data)?).await?;
+/// Answers a request with its response data. The connection runs a
+/// `message_send` through [`message_send`] instead, to answer it where the
+/// session's stream shows the acceptance.
+pub async fn dispatch(peers: &Peers, ctx: &RequestContext, request: Request) -> Result<Value, ApiError> {
+    match request {
+        Request::ContainerCreate(container) => {
+            let (container, _) = containers::create(peers, ctx, container).await?;
             answer(ContainerCreated {
                 container_id: container.container_id,
             })
         }
-        "container_get" => {
-            let ContainerRef { container_id } = decode(data)?;
+        Request::ContainerGet(ContainerRef { container_id }) => {
             let found = absent_is_none(containers::get(peers, ctx, container_id).await)?;
             answer(ContainerFound {
                 exists: found.is_some(),
                 container_id: found.map(|container| container.container_id),
             })
         }
-        "container_list" => {
+        Request::ContainerList => {
             let list = containers::list(peers, ctx).await?;
             answer(ContainerIds {
                 container_ids: list.containers.into_iter().map(|c| c.container_id).collect(),
             })
         }
-        "image_create" => {
-            let ImageCreate { container_id, config } = decode(data)?;
+        Request::ImageCreate(ImageCreate { container_id, config }) => {
             let record = images::create(peers, ctx, container_id, config.unwrap_or_default()).await?;
             answer(OneRecord::subscribed(record))
         }
-        "image_get" => {
-            let ImageRef { image_id } = decode(data)?;
-            match absent_is_none(images::get(peers, ctx, image_id).await)? {
-                Some(record) => answer(OneRecord::subscribed(record)),
-                None => answer(OneRecord {
-                    record: None,
-                    subscriptions: None,
-                }),
-            }
-        }
-        "image_list" => {
-            let ImageFilter {
-                container_id,
-                parent_image_id,
-            } = decode(data)?;
+        Request::ImageGet(ImageRef { image_id }) => match absent_is_none(images::get(peers, ctx, image_id).await)? {
+            Some(record) => answer(OneRecord::subscribed(record)),
+            None => answer(OneRecord {
+                record: None,
+                subscriptions: None,
+            }),
+        },
+        Request::ImageList(ImageFilter {
+            container_id,
+            parent_image_id,
+        }) => {
             let records = images::list(peers, ctx, container_id, parent_image_id).await?.images;
             answer(Records {
                 subscriptions: records.iter().map(|record| record.session_id.clone()).collect(),
                 records,
             })
         }
-        "image_update" => {
-            let ImageChange { image_id, updates } = decode(data)?;
+        Request::ImageUpdate(ImageChange { image_id, updates }) => {
             let record = images::update(peers, ctx, image_id, updates).await?;
             answer(OneRecord {
                 record: Some(record),
                 subscriptions: None,
             })
         }
-        "image_delete" => {
-            let ImageRef { image_id } = decode(data)?;
+        Request::ImageDelete(ImageRef { image_id }) => {
             let deleted = images::delete(peers, ctx, image_id).await?;
             answer(ImageDone {
                 image_id: deleted.image_id,
             })
         }
-        "image_run" => {
-            let ImageRef { image_id } = decode(data)?;
-            answer(images::run(peers, ctx, image_id).await?)
-        }
-        "image_stop" => {
-            let ImageRef { image_id } = decode(data)?;
+        Request::ImageRun(ImageRef { image_id }) => answer(images::run(peers, ctx, image_id).await?),
+        Request::ImageStop(ImageRef { image_id }) => {
             let stopped = images::stop(peers, ctx, image_id).await?;
             answer(ImageDone {
                 image_id: stopped.image_id,
             })
         }
-        "image_messages" => {
-            let ImageRef { image_id } = decode(data)?;
-            answer(images::messages(peers, ctx, image_id).await?)
-        }
-        "agent_interrupt" => {
-            let target = decode::<TargetRef>(data)?.target("imageId or agentId")?;
-            answer(images::interrupt(peers, ctx, target).await?)
-        }
-        "agent_get" => {
-            let AgentRef { agent_id } = decode(data)?;
+        Request::ImageMessages(ImageRef { image_id }) => answer(images::messages(peers, ctx, image_id).await?),
+        Request::AgentInterrupt(target) => answer(images::interrupt(peers, ctx, target).await?),
+        Request::AgentGet(AgentRef { agent_id }) => {
             let found = agents::find(peers, ctx, agent_id).await?;
             answer(AgentFound {
                 exists: found.is_some(),
@@ -396,8 +511,7 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, name: &str, data: Val
                 agent_id: found.map(|agent| agent.agent_id),
             })
         }
-        "agent_list" => {
-            let ContainerRef { container_id } = decode(data)?;
+        Request::AgentList(ContainerRef { container_id }) => {
             let filter = agents::AgentFilter {
                 container_id: Some(container_id),
             };
@@ -405,34 +519,31 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, name: &str, data: Val
                 agents: agents::list(peers, ctx, filter).await?.agents,
             })
         }
-        "agent_destroy" => {
-            let AgentRef { agent_id } = decode(data)?;
+        Request::AgentDestroy(AgentRef { agent_id }) => {
             let success = absent_is_none(agents::destroy(peers, ctx, agent_id.clone()).await)?.is_some();
             answer(AgentDestroyed { agent_id, success })
         }
-        "agent_pause" | "agent_resume" | "agent_terminate" => {
-            let ImageRef { image_id } = decode(data)?;
-            let action = match name {
-                "agent_pause" => agents::LifecycleAction::Pause,
-                "agent_resume" => agents::LifecycleAction::Resume,
-                _ => agents::LifecycleAction::Terminate,
-            };
-            answer(agents::change(peers, ctx, image_id, action).await?)
+        Request::AgentPause(ImageRef { image_id }) => {
+            answer(agents::change(peers, ctx, image_id, agents::LifecycleAction::Pause).await?)
         }
-        "agent_destroy_all" => {
-            let ContainerRef { container_id } = decode(data)?;
+        Request::AgentResume(ImageRef { image_id }) => {
+            answer(agents::change(peers, ctx, image_id, agents::LifecycleAction::Resume).await?)
+        }
+        Request::AgentTerminate(ImageRef { image_id }) => {
+            answer(agents::change(peers, ctx, image_id, agents::LifecycleAction::Terminate).await?)
+        }
+        Request::AgentDestroyAll(ContainerRef { container_id }) => {
             agents::destroy_all(peers, ctx, container_id.clone()).await?;
             answer(ContainerDone { container_id })
         }
-        "quota_get" => answer(api::auth::quota(peers, ctx, decode(data)?).await?),
-        "credential_set" => {
-            let CredentialSet {
-                server,
-                scope,
-                bearer_token,
-                headers,
-                url,
-            } = decode(data)?;
+        Request::QuotaGet(query) => answer(api::auth::quota(peers, ctx, query).await?),
+        Request::CredentialSet(CredentialSet {
+            server,
+            scope,
+            bearer_token,
+            headers,
+            url,
+        }) => {
             let input = api::credentials::CredentialInput {
                 scope,
                 bearer_token,
@@ -441,96 +552,64 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, name: &str, data: Val
             };
             answer(api::credentials::set(peers, ctx, server, input).await?)
         }
-        "credential_list" => answer(api::credentials::list(peers, ctx).await?),
-        "credential_delete" => {
-            let CredentialRef { server, scope } = decode(data)?;
+        Request::CredentialList => answer(api::credentials::list(peers, ctx).await?),
+        Request::CredentialDelete(CredentialRef { server, scope }) => {
             let query = api::credentials::CredentialScopeQuery { scope };
             answer(api::credentials::delete(peers, ctx, server, query).await?)
         }
-        "workspace_list" => {
-            let WorkspaceRef { image_id, path } = decode(data)?;
+        Request::WorkspaceList(WorkspaceRef { image_id, path }) => {
             answer(workspace::list(peers, ctx, image_id, WorkspacePath { path }).await?)
         }
-        "workspace_read" => {
-            let WorkspaceRef { image_id, path } = decode(data)?;
+        Request::WorkspaceRead(WorkspaceRef { image_id, path }) => {
             answer(workspace::read_text(peers, ctx, image_id, path).await?)
         }
-        "workspace_delete" => {
-            let WorkspaceRef { image_id, path } = decode(data)?;
+        Request::WorkspaceDelete(WorkspaceRef { image_id, path }) => {
             answer(workspace::remove(peers, ctx, image_id, path).await?)
         }
-        "workspace_write" => {
-            let WorkspaceWrite { image_id, upload } = decode(data)?;
-            let path = upload.path.clone();
-            answer(workspace::write(peers, ctx, image_id, path, upload.bytes()?).await?)
+        Request::WorkspaceWrite(FileWrite { image_id, path, bytes }) => {
+            answer(workspace::write(peers, ctx, image_id, path, bytes).await?)
         }
-        "group_create" => {
-            let GroupCreate { container_id, group } = decode(data)?;
+        Request::GroupCreate(GroupCreate { container_id, group }) => {
             let group = groups::create(peers, ctx, container_id, group).await?;
             answer(OneGroup { group })
         }
-        "group_get" => {
-            let GroupRef { group_id } = decode(data)?;
-            answer(OneGroup {
-                group: groups::get(peers, ctx, group_id).await?,
-            })
-        }
-        "group_list" => {
-            let GroupListing { container_id, page } = decode(data)?;
+        Request::GroupGet(GroupRef { group_id }) => answer(OneGroup {
+            group: groups::get(peers, ctx, group_id).await?,
+        }),
+        Request::GroupList(GroupListing { container_id, page }) => {
             answer(groups::list(peers, ctx, container_id, page).await?)
         }
-        "group_update" => {
-            let GroupChange { group_id, updates } = decode(data)?;
-            answer(OneGroup {
-                group: groups::update(peers, ctx, group_id, updates).await?,
-            })
-        }
-        "group_delete" => {
-            let GroupRef { group_id } = decode(data)?;
-            answer(groups::delete(peers, ctx, group_id).await?)
-        }
-        "group_member_add" => {
-            let GroupMemberAdd { group_id, member } = decode(data)?;
-            answer(OneMember {
-                member: groups::add_member(peers, ctx, group_id, member).await?,
-            })
-        }
-        "group_member_remove" => {
-            let GroupMemberRemove { group_id, member_id } = decode(data)?;
+        Request::GroupUpdate(GroupChange { group_id, updates }) => answer(OneGroup {
+            group: groups::update(peers, ctx, group_id, updates).await?,
+        }),
+        Request::GroupDelete(GroupRef { group_id }) => answer(groups::delete(peers, ctx, group_id).await?),
+        Request::GroupMemberAdd(GroupMemberAdd { group_id, member }) => answer(OneMember {
+            member: groups::add_member(peers, ctx, group_id, member).await?,
+        }),
+        Request::GroupMemberRemove(GroupMemberRemove { group_id, member_id }) => {
             answer(groups::remove_member(peers, ctx, group_id, member_id).await?)
         }
-        "group_member_list" => {
-            let GroupRef { group_id } = decode(data)?;
-            answer(groups::members(peers, ctx, group_id).await?)
-        }
-        "group_message_send" => {
-            let GroupMessageSend { group_id, message } = decode(data)?;
+        Request::GroupMemberList(GroupRef { group_id }) => answer(groups::members(peers, ctx, group_id).await?),
+        Request::GroupMessageSend(GroupMessageSend { group_id, message }) => {
             let (message, created) = groups::post(peers, ctx, group_id, message).await?;
             answer(GroupMessagePosted { message, created })
         }
-        "group_message_list" => {
-            let GroupMessageListing {
-                group_id,
-                after_seq,
-                limit,
-            } = decode(data)?;
+        Request::GroupMessageList(GroupMessageListing {
+            group_id,
+            after_seq,
+            limit,
+        }) => {
             let query = MessageQuery {
                 after: after_seq,
                 limit,
             };
             answer(groups::messages(peers, ctx, group_id, query).await?)
         }
-        "group_read" => {
-            let GroupRead { group_id, mark } = decode(data)?;
-            answer(OneMember {
-                member: groups::mark_read(peers, ctx, group_id, mark).await?,
-            })
-        }
-        "group_unread" => answer(groups::unread(peers, ctx, decode::<UnreadQuery>(data)?).await?),
-        _ => Err(ApiError::invalid(
-            "UNKNOWN_REQUEST",
-            format!("unknown request type {name}_request"),
-        )),
+        Request::GroupRead(GroupRead { group_id, mark }) => answer(OneMember {
+            member: groups::mark_read(peers, ctx, group_id, mark).await?,
+        }),
+        Request::GroupUnread(query) => answer(groups::unread(peers, ctx, query).await?),
+        Request::MessageSend(request) => message_send(peers, ctx, request).await.map(|(_, data, _)| data),
     }
 }
 
@@ -556,11 +635,6 @@ pub async fn message_send(
     Ok((accepted, data, events))
 }
 
-/// Decodes a `message_send_request`'s data.
-pub fn decode_message_send(data: Value) -> Result<MessageSend, ApiError> {
-    decode(data)
-}
-
 fn answer<T: Serialize>(data: T) -> Result<Value, ApiError> {
     serde_json::to_value(data).map_err(ApiError::internal)
 }
@@ -584,91 +658,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::api::auth::QuotaQuery;
     use crate::frames::{frame_type, parse_frame, request_data};
     use crate::testing::{assert_typed, content, json, nested, object, text};
-
-    /// Every request name `dispatch` and `message_send` answer.
-    const REQUESTS: &[&str] = &[
-        "container_create",
-        "container_get",
-        "container_list",
-        "image_create",
-        "image_get",
-        "image_list",
-        "image_update",
-        "image_delete",
-        "image_run",
-        "image_stop",
-        "image_messages",
-        "agent_interrupt",
-        "agent_get",
-        "agent_list",
-        "agent_destroy",
-        "agent_destroy_all",
-        "agent_pause",
-        "agent_resume",
-        "agent_terminate",
-        "quota_get",
-        "credential_set",
-        "credential_list",
-        "credential_delete",
-        "workspace_list",
-        "workspace_read",
-        "workspace_write",
-        "workspace_delete",
-        "group_create",
-        "group_get",
-        "group_list",
-        "group_update",
-        "group_delete",
-        "group_member_add",
-        "group_member_remove",
-        "group_member_list",
-        "group_message_send",
-        "group_message_list",
-        "group_read",
-        "group_unread",
-        "message_send",
-    ];
-
-    /// Decodes a request's data as `dispatch` does before it calls a service.
-    fn decode_request(name: &str, data: Value) -> Result<(), ApiError> {
-        match name {
-            "container_create" | "container_get" | "agent_list" | "agent_destroy_all" => {
-                decode::<ContainerRef>(data).map(drop)
-            }
-            "container_list" | "credential_list" => Ok(()),
-            "image_create" => decode::<ImageCreate>(data).map(drop),
-            "image_get" | "image_delete" | "image_run" | "image_stop" | "image_messages" => {
-                decode::<ImageRef>(data).map(drop)
-            }
-            "image_list" => decode::<ImageFilter>(data).map(drop),
-            "image_update" => decode::<ImageChange>(data).map(drop),
-            "agent_interrupt" => decode::<TargetRef>(data)?.target("imageId or agentId").map(drop),
-            "agent_get" | "agent_destroy" => decode::<AgentRef>(data).map(drop),
-            "quota_get" => decode::<QuotaQuery>(data).map(drop),
-            "credential_set" => decode::<CredentialSet>(data).map(drop),
-            "credential_delete" => decode::<CredentialRef>(data).map(drop),
-            "workspace_list" | "workspace_read" | "workspace_delete" => decode::<WorkspaceRef>(data).map(drop),
-            "workspace_write" => decode::<WorkspaceWrite>(data)?.upload.bytes().map(drop),
-            "group_create" => decode::<GroupCreate>(data).map(drop),
-            "group_get" | "group_delete" | "group_member_list" => decode::<GroupRef>(data).map(drop),
-            "group_list" => decode::<GroupListing>(data).map(drop),
-            "group_update" => decode::<GroupChange>(data).map(drop),
-            "group_member_add" => decode::<GroupMemberAdd>(data).map(drop),
-            "group_member_remove" => decode::<GroupMemberRemove>(data).map(drop),
-            "group_message_send" => decode::<GroupMessageSend>(data).map(drop),
-            "group_message_list" => decode::<GroupMessageListing>(data).map(drop),
-            "group_read" => decode::<GroupRead>(data).map(drop),
-            "group_unread" => decode::<UnreadQuery>(data).map(drop),
-            "message_send" => decode_message_send(data).map(drop),
-            other => Err(ApiError::invalid(
-                "UNKNOWN_REQUEST",
-                format!("unknown request type {other}_request"),
-            )),
-        }
-    }
 
     /// Runs a text frame through the decoder as the connection does.
     fn decode_frame(text: &str) -> Result<(), ApiError> {
@@ -678,12 +669,12 @@ mod tests {
             return Ok(());
         };
         let (_, data) = request_data(&frame);
-        decode_request(name, data?)
+        Request::decode(name, data?).map(drop)
     }
 
     fn request_name() -> impl Strategy<Value = String> {
         prop_oneof![
-            4 => prop::sample::select(REQUESTS).prop_map(str::to_owned),
+            4 => prop::sample::select(Request::NAMES).prop_map(str::to_owned),
             1 => text(),
         ]
     }
@@ -708,7 +699,7 @@ mod tests {
 
         #[test]
         fn any_request_data_decodes_or_is_refused_with_a_reason(
-            name in prop::sample::select(REQUESTS),
+            name in prop::sample::select(Request::NAMES),
             mut data in object(),
             request_id in text(),
         ) {
@@ -722,7 +713,7 @@ mod tests {
 
         #[test]
         fn deep_nesting_is_refused_or_decoded_without_overflow(
-            name in prop::sample::select(REQUESTS),
+            name in prop::sample::select(Request::NAMES),
             depth in 0usize..=126,
             objects in any::<bool>(),
             field in prop::sample::select(&["content", "config", "updates", "headers", "mcpServers", "imageId"][..]),
@@ -760,7 +751,9 @@ mod tests {
             let (id, data) = request_data(&parsed);
             prop_assert_eq!(id, json!(request_id));
             let data = data.map_err(|e| TestCaseError::fail(e.message))?;
-            let sent = decode_message_send(data).map_err(|e| TestCaseError::fail(e.message))?;
+            let Request::MessageSend(sent) = Request::decode("message_send", data).map_err(|e| TestCaseError::fail(e.message))? else {
+                return Err(TestCaseError::fail("not a message_send"));
+            };
             let named = if as_agent { sent.agent_id } else { sent.image_id };
             prop_assert_eq!(named, Some(image_id));
             prop_assert_eq!(sent.content, content);
@@ -775,6 +768,49 @@ mod tests {
             assert_eq!(
                 result.err().map(|e| e.reason.into_owned()).as_deref(),
                 Some("MISSING_REQUEST_ID")
+            );
+        }
+    }
+
+    #[test]
+    fn every_request_name_decodes_to_its_own_request() {
+        // Data each request accepts; which fits which is the decoder's to say.
+        let examples = [
+            json!({}),
+            json!({"containerId": "c"}),
+            json!({"imageId": "i"}),
+            json!({"agentId": "a"}),
+            json!({"server": "s"}),
+            json!({"groupId": "g"}),
+            json!({"imageId": "i", "updates": {}}),
+            json!({"imageId": "i", "path": "f", "content": "text"}),
+            json!({"imageId": "i", "content": "hello"}),
+            json!({"containerId": "c", "name": "g"}),
+            json!({"groupId": "g", "updates": {}}),
+            json!({"groupId": "g", "kind": "user", "memberId": "u"}),
+            json!({"groupId": "g", "memberId": "u"}),
+            json!({"groupId": "g", "content": "hello"}),
+        ];
+        for name in Request::NAMES {
+            let decoded = examples
+                .iter()
+                .find_map(|data| Request::decode(name, data.clone()).ok());
+            assert_eq!(decoded.as_ref().map(Request::name), Some(*name), "{name}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_request_name_is_refused() {
+        for name in ["", "message", "container_create_request", "Container_create"] {
+            let err = Request::decode(name, json!({})).err();
+            assert_eq!(
+                err.as_ref().map(|e| e.reason.as_ref()),
+                Some("UNKNOWN_REQUEST"),
+                "{name}"
+            );
+            assert_eq!(
+                err.map(|e| e.message),
+                Some(format!("unknown request type {name}_request"))
             );
         }
     }

@@ -2,7 +2,8 @@
 //!
 //! `connection.rs` owns a socket: frames in order, requests concurrently,
 //! subscriptions merged in, acknowledged delivery, limits. `dispatch.rs` is
-//! the AgentX adapter over the same operations REST uses.
+//! the AgentX adapter over the same operations REST uses; its `Request` is
+//! the one list of request names and the data each decodes.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
