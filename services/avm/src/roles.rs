@@ -252,9 +252,9 @@ async fn rate_limiter(config: &AvmConfig) -> anyhow::Result<avm_gateway::RateLim
 
 /// Opens a component's gRPC port: it answers health from now on, not ready
 /// and refusing calls as `STARTING` until the component's services attach.
-fn open_grpc(app: &mut App, listener: TcpListener, config: &AvmConfig) -> anyhow::Result<(GrpcPort, String)> {
+async fn open_grpc(app: &mut App, listener: TcpListener, config: &AvmConfig) -> anyhow::Result<(GrpcPort, String)> {
     let url = local_url(&listener)?;
-    let (port, serving) = GrpcPort::open(listener, &config.grpc, app.servers_stop())?;
+    let (port, serving) = GrpcPort::open(listener, &config.grpc, app.servers_stop()).await?;
     app.serve("grpc server", serving);
     println!("starting: grpc {url}");
     Ok((port, url))
@@ -398,7 +398,7 @@ async fn gateway_component(
 async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Result<App> {
     let gateway_url = local_url(&listeners.gateway)?;
     let mut app = App::new("serve", config.grpc.drain_timeout);
-    let (port, grpc_url) = open_grpc(&mut app, listeners.grpc, &config)?;
+    let (port, grpc_url) = open_grpc(&mut app, listeners.grpc, &config).await?;
     // One process: the components share a service key made for this run,
     // unless the configuration names one.
     let mut auth_config = config.auth.clone();
@@ -478,7 +478,7 @@ async fn auth_app(config: AvmConfig) -> anyhow::Result<App> {
     let listener = bind_component(&config, config.server.grpc_port).await?;
     let key = service_key(&config)?;
     let mut app = App::new("auth", config.grpc.drain_timeout);
-    let (port, url) = open_grpc(&mut app, listener, &config)?;
+    let (port, url) = open_grpc(&mut app, listener, &config).await?;
     let auth = auth_component(&config, config.auth.clone(), false, &mut app).await?;
     let own = AuthServiceLocal::new(avm_auth::AuthGrpc::new(auth.clone()), LocalCalls).handle();
     let identity = ServiceIdentity::new(&key, own);
@@ -494,7 +494,7 @@ async fn auth_app(config: AvmConfig) -> anyhow::Result<App> {
 async fn store_service_app(role: Role, config: AvmConfig) -> anyhow::Result<App> {
     let listener = bind_component(&config, config.server.grpc_port).await?;
     let mut app = App::new(role.name(), config.grpc.drain_timeout);
-    let (port, url) = open_grpc(&mut app, listener, &config)?;
+    let (port, url) = open_grpc(&mut app, listener, &config).await?;
     let credentials = Credentials::remote(&config, &mut app)?;
     let verifier = credentials.verifier.clone();
     let server = GrpcServer::new(&config.grpc).with_readiness(credentials.readiness());
@@ -555,7 +555,7 @@ async fn runtime_app(config: AvmConfig) -> anyhow::Result<App> {
     let listener = bind_component(&config, config.server.grpc_port).await?;
     let mut app = App::new("runtime", config.grpc.drain_timeout);
     let replicas = runtime_replicas(&config, &listener).await?;
-    let (port, url) = open_grpc(&mut app, listener, &config)?;
+    let (port, url) = open_grpc(&mut app, listener, &config).await?;
     let credentials = Credentials::remote(&config, &mut app)?;
     if config.llm.settings_tree() != avm_runtime::LlmConfig::default().settings_tree() {
         tracing::warn!(

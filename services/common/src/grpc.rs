@@ -89,7 +89,7 @@ impl GrpcServer {
     /// Serves until `shutdown` is cancelled, then flips health to NOT_SERVING,
     /// stops accepting, and gives in-flight calls `drain_timeout` to finish.
     pub async fn serve(self, listener: TcpListener, shutdown: CancellationToken) -> Result<(), GrpcError> {
-        let (port, serving) = GrpcPort::open(listener, &self.config, shutdown)?;
+        let (port, serving) = GrpcPort::open(listener, &self.config, shutdown).await?;
         port.attach(self).await;
         serving.await
     }
@@ -119,7 +119,7 @@ impl GrpcPort {
     /// which runs until `shutdown` is cancelled, then flips health to
     /// NOT_SERVING, stops accepting, and gives in-flight calls
     /// `drain_timeout` to finish.
-    pub fn open(
+    pub async fn open(
         listener: TcpListener,
         config: &GrpcConfig,
         shutdown: CancellationToken,
@@ -127,6 +127,8 @@ impl GrpcPort {
         // Metrics recorded before the recorder exists are lost: install it now.
         crate::telemetry::metrics();
         let (reporter, health) = tonic_health::server::health_reporter();
+        // Until attached, and whatever the check says: not ready.
+        reporter.set_service_status(READY, ServingStatus::NotServing).await;
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(avm_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -169,8 +171,6 @@ impl GrpcPort {
             attached: Arc::clone(&attached),
         };
         let serving = async move {
-            // Until attached, and whatever the check says: not ready.
-            reporter.set_service_status(READY, ServingStatus::NotServing).await;
             tokio::pin!(server);
             tokio::select! {
                 result = &mut server => return result.map_err(GrpcError::from),
@@ -751,6 +751,71 @@ mod tests {
         super::bound_status_headers(&mut headers);
         let back = tonic::Status::from_header_map(&headers).unwrap_or_else(|| tonic::Status::unknown("none"));
         assert_eq!(back.code(), tonic::Code::Internal);
+    }
+
+    /// Issue 28 item 5: a port answers health at once, not ready until its
+    /// services attach; without a readiness check it is ready as they do,
+    /// and a call before then is UNAVAILABLE (`STARTING`).
+    #[tokio::test]
+    async fn a_port_is_not_ready_until_its_services_attach() {
+        use tonic_health::pb::HealthCheckRequest;
+        use tonic_health::pb::health_client::HealthClient;
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let config = crate::config::GrpcConfig::default();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (port, serving) = super::GrpcPort::open(listener, &config, stop.clone())
+            .await
+            .expect("open");
+        let server = tokio::spawn(serving);
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        let mut health = HealthClient::new(channel.clone());
+        let status = |name: &str| HealthCheckRequest { service: name.into() };
+        let ask = |answer: tonic::Response<tonic_health::pb::HealthCheckResponse>| answer.into_inner().status;
+        let serving_now = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+        let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+        assert_eq!(ask(health.check(status("")).await.expect("live")), serving_now);
+        assert_eq!(
+            ask(health.check(status(super::READY)).await.expect("ready")),
+            not_serving
+        );
+        let refused = avm_proto::resource::v1::resource_service_client::ResourceServiceClient::new(channel)
+            .list_resources(avm_proto::resource::v1::ListResourcesRequest::default())
+            .await
+            .expect_err("nothing is served yet");
+        assert_eq!(refused.code(), tonic::Code::Unavailable);
+        assert_eq!(crate::ApiError::from_status(&refused).reason, "STARTING");
+
+        port.attach(super::GrpcServer::new(&config)).await;
+        assert_eq!(
+            ask(health.check(status(super::READY)).await.expect("ready")),
+            serving_now
+        );
+        stop.cancel();
+        server.await.expect("joined").expect("served");
+
+        // Served in one go (as `avm sandbox` is): ready once it answers.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stop = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(super::GrpcServer::new(&config).serve(listener, stop.clone()));
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        let mut health = HealthClient::new(channel);
+        assert_eq!(
+            ask(health.check(status(super::READY)).await.expect("ready")),
+            serving_now
+        );
+        stop.cancel();
+        server.await.expect("joined").expect("served");
     }
 
     #[test]
