@@ -87,6 +87,15 @@ impl<L> Router<L> {
     }
 }
 
+/// Returns this replica's own answer as it leaves: without the name of a
+/// holder it may carry (that name is only for the router).
+fn here<U>(mut answer: Result<U, Status>) -> Result<U, Status> {
+    if let Err(status) = &mut answer {
+        status.metadata_mut().remove(HOLDER_HEADER);
+    }
+    answer
+}
+
 /// Returns the call to send on: the caller's metadata and message.
 fn relay<T: Clone>(request: &Request<T>) -> Request<T> {
     relay_message(request.metadata(), request.get_ref().clone())
@@ -105,9 +114,7 @@ macro_rules! by_holder {
         if let Some(remote) = $self.holder(&$request, &image_id).await? {
             return remote.$method(relay(&$request)).await;
         }
-        let mut answer = $self.local.$method($request).await;
-        Self::moved(false, &mut answer);
-        answer
+        here($self.local.$method($request).await)
     }};
 }
 
@@ -130,9 +137,7 @@ macro_rules! here_or_holder {
 macro_rules! here_or_others {
     ($self:ident, $request:ident, $method:ident) => {{
         let kept = keep($self.may_forward(&$request), &$request);
-        let mut answer = $self.local.$method($request).await;
-        Self::moved(false, &mut answer);
-        match (answer, kept) {
+        match (here($self.local.$method($request).await), kept) {
             (Err(status), Some(kept)) if status.code() == tonic::Code::NotFound => {
                 match $self
                     .ask_others(&kept, |remote, call| async move { remote.$method(call).await })
@@ -164,7 +169,7 @@ where
         &self,
         request: Request<pb::WakeGroupRequest>,
     ) -> Result<Response<pb::WakeGroupResponse>, Status> {
-        self.local.wake_group(request).await
+        here(self.local.wake_group(request).await)
     }
 
     async fn wake_agent(
@@ -185,7 +190,7 @@ where
         &self,
         request: Request<pb::ResumeAgentRequest>,
     ) -> Result<Response<pb::ResumeAgentResponse>, Status> {
-        self.local.resume_agent(request).await
+        here(self.local.resume_agent(request).await)
     }
 
     async fn terminate_agent(
@@ -194,7 +199,7 @@ where
     ) -> Result<Response<pb::TerminateAgentResponse>, Status> {
         let others = self.others(&request).await?;
         let metadata = request.metadata().clone();
-        let answer = self.local.terminate_agent(request).await?;
+        let answer = here(self.local.terminate_agent(request).await)?;
         // The agents terminated run wherever they run.
         for remote in others {
             for image_id in &answer.get_ref().terminated_image_ids {
@@ -216,7 +221,7 @@ where
         &self,
         request: Request<pb::SubscribeGroupEventsRequest>,
     ) -> Result<Response<Self::SubscribeGroupEventsStream>, Status> {
-        self.local.subscribe_group_events(request).await
+        here(self.local.subscribe_group_events(request).await)
     }
 
     async fn list_workspace(
@@ -255,7 +260,7 @@ where
         &self,
         request: Request<pb::ListImagesRequest>,
     ) -> Result<Response<pb::ListImagesResponse>, Status> {
-        self.local.list_images(request).await
+        here(self.local.list_images(request).await)
     }
 
     async fn update_image(
@@ -276,7 +281,7 @@ where
         &self,
         request: Request<pb::DeleteContainerRequest>,
     ) -> Result<Response<pb::DeleteContainerResponse>, Status> {
-        self.local.delete_container(request).await
+        here(self.local.delete_container(request).await)
     }
 
     async fn run_image(&self, request: Request<pb::RunImageRequest>) -> Result<Response<pb::RunImageResponse>, Status> {
@@ -295,9 +300,7 @@ where
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<Self::SendMessageStream>, Status> {
         if !self.may_forward(&request) {
-            let mut answer = self.local.send_message(request).await;
-            Self::moved(false, &mut answer);
-            return answer;
+            return here(self.local.send_message(request).await);
         }
         // The holder may have just died: its lease lapses with its
         // heartbeat, then this replica claims the agent.
@@ -340,7 +343,7 @@ where
     ) -> Result<Response<pb::ListAgentsResponse>, Status> {
         let others = self.others(&request).await?;
         let kept = (!others.is_empty()).then(|| relay(&request));
-        let mut answer = self.local.list_agents(request).await?;
+        let mut answer = here(self.local.list_agents(request).await)?;
         if let Some(kept) = kept {
             let agents = &mut answer.get_mut().agents;
             for remote in others {
@@ -368,7 +371,7 @@ where
     ) -> Result<Response<pb::DestroyAllAgentsResponse>, Status> {
         let others = self.others(&request).await?;
         let kept = (!others.is_empty()).then(|| relay(&request));
-        let mut answer = self.local.destroy_all_agents(request).await?;
+        let mut answer = here(self.local.destroy_all_agents(request).await)?;
         if let Some(kept) = kept {
             for remote in others {
                 answer.get_mut().destroyed += remote.destroy_all_agents(relay(&kept)).await?.into_inner().destroyed;
@@ -381,7 +384,7 @@ where
         &self,
         request: Request<pb::SubscribeEventsRequest>,
     ) -> Result<Response<Self::SubscribeEventsStream>, Status> {
-        self.local.subscribe_events(request).await
+        here(self.local.subscribe_events(request).await)
     }
 }
 
@@ -392,4 +395,41 @@ fn relay_unmarked<T: Clone>(request: &Request<T>) -> Request<T> {
     *copy.metadata_mut() = request.metadata().clone();
     *copy.extensions_mut() = request.extensions().clone();
     copy
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::RuntimeError;
+
+    /// The holder's address an answer carries is for the router alone: it
+    /// takes it when it may send the call on, and it never leaves.
+    #[test]
+    fn a_holders_address_never_leaves_the_replica() {
+        let elsewhere = || -> Result<(), Status> { Err(RuntimeError::Elsewhere("http://10.0.0.7:7000".into()).into()) };
+        let answer = elsewhere();
+        assert!(
+            answer
+                .as_ref()
+                .is_err_and(|status| status.metadata().contains_key(HOLDER_HEADER)),
+            "the adapter names the holder"
+        );
+        let left = here(answer).expect_err("still an error");
+        assert!(!left.metadata().contains_key(HOLDER_HEADER));
+        assert_eq!(avm_common::ApiError::from_status(&left).reason, "AGENT_MOVING");
+
+        let mut answer = elsewhere();
+        assert_eq!(
+            Router::<()>::moved(true, &mut answer).as_deref(),
+            Some("http://10.0.0.7:7000")
+        );
+        assert!(answer.is_err_and(|status| !status.metadata().contains_key(HOLDER_HEADER)));
+        let mut answer = elsewhere();
+        assert_eq!(
+            Router::<()>::moved(false, &mut answer),
+            None,
+            "a call sent on is not sent again"
+        );
+        assert!(answer.is_err_and(|status| !status.metadata().contains_key(HOLDER_HEADER)));
+    }
 }
