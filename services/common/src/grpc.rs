@@ -508,10 +508,11 @@ async fn check_on_probe(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let Some(probed) = attached.get().and_then(|attached| attached.probed.clone()) else {
-        return next.run(request).await;
+    let probed = match attached.get().and_then(|attached| attached.probed.as_ref()) {
+        Some(probed) if request.uri().path().starts_with("/grpc.health.v1.Health/") => Arc::clone(probed),
+        _ => return next.run(request).await,
     };
-    if request.uri().path().starts_with("/grpc.health.v1.Health/") {
+    {
         let failing = (probed.check)();
         let mut state = probed.state.lock().await;
         if probed.draining.is_cancelled() {

@@ -58,17 +58,6 @@ impl<L> Router<L> {
         Ok(self.pool.remote(addr)?)
     }
 
-    /// Returns the replica a local answer says holds the agent, when the
-    /// call may go there; the name never leaves the process.
-    fn moved<U>(may_forward: bool, answer: &mut Result<U, Status>) -> Option<String> {
-        let Err(status) = answer else { return None };
-        let holder = status
-            .metadata_mut()
-            .remove(HOLDER_HEADER)
-            .and_then(|value| value.to_str().ok().map(str::to_owned));
-        holder.filter(|_| may_forward)
-    }
-
     /// Asks the other replicas in turn, for an agent this one does not hold
     /// (`call` is the copy to send on): the first answer but NOT_FOUND, else `None`.
     async fn ask_others<T, U, F, Fut>(&self, call: &Request<T>, ask: F) -> Result<Option<Response<U>>, Status>
@@ -87,12 +76,17 @@ impl<L> Router<L> {
     }
 }
 
-/// Returns this replica's own answer as it leaves: without the name of a
-/// holder it may carry (that name is only for the router).
+/// Takes from a local answer the replica it says holds the agent; the name
+/// is only for the router and never leaves the process.
+fn take_holder<U>(answer: &mut Result<U, Status>) -> Option<String> {
+    let Err(status) = answer else { return None };
+    let holder = status.metadata_mut().remove(HOLDER_HEADER)?;
+    holder.to_str().ok().map(str::to_owned)
+}
+
+/// Returns this replica's own answer as it leaves, without a holder's name.
 fn here<U>(mut answer: Result<U, Status>) -> Result<U, Status> {
-    if let Err(status) = &mut answer {
-        status.metadata_mut().remove(HOLDER_HEADER);
-    }
+    take_holder(&mut answer);
     answer
 }
 
@@ -122,10 +116,9 @@ macro_rules! by_holder {
 /// (it started it nowhere), sends it to the replica holding it.
 macro_rules! here_or_holder {
     ($self:ident, $request:ident, $method:ident) => {{
-        let may_forward = $self.may_forward(&$request);
-        let kept = keep(may_forward, &$request);
+        let kept = keep($self.may_forward(&$request), &$request);
         let mut answer = $self.local.$method($request).await;
-        match (Self::moved(may_forward, &mut answer), kept) {
+        match (take_holder(&mut answer), kept) {
             (Some(addr), Some(kept)) => $self.remote(&addr)?.$method(kept).await,
             _ => answer,
         }
@@ -307,7 +300,7 @@ where
         let deadline = tokio::time::Instant::now() + crate::replicas::HEARTBEAT_TTL + Duration::from_secs(2);
         loop {
             let mut answer = self.local.send_message(relay_unmarked(&request)).await;
-            let Some(addr) = Self::moved(true, &mut answer) else {
+            let Some(addr) = take_holder(&mut answer) else {
                 return answer;
             };
             match self.remote(&addr)?.send_message(relay(&request)).await {
@@ -419,17 +412,11 @@ mod tests {
         assert_eq!(avm_common::ApiError::from_status(&left).reason, "AGENT_MOVING");
 
         let mut answer = elsewhere();
-        assert_eq!(
-            Router::<()>::moved(true, &mut answer).as_deref(),
-            Some("http://10.0.0.7:7000")
-        );
+        assert_eq!(take_holder(&mut answer).as_deref(), Some("http://10.0.0.7:7000"));
         assert!(answer.is_err_and(|status| !status.metadata().contains_key(HOLDER_HEADER)));
-        let mut answer = elsewhere();
-        assert_eq!(
-            Router::<()>::moved(false, &mut answer),
-            None,
-            "a call sent on is not sent again"
-        );
-        assert!(answer.is_err_and(|status| !status.metadata().contains_key(HOLDER_HEADER)));
+        // A call that was sent on keeps no copy, so it is not sent again.
+        let sent_on = relay_message(&tonic::metadata::MetadataMap::new(), ());
+        assert!(forwarded(&sent_on));
+        assert!(keep(false, &sent_on).is_none(), "a call sent on is not sent again");
     }
 }

@@ -88,8 +88,13 @@ impl Placement {
     }
 
     /// Runs a turn in the current span. With replicas it is recorded while
-    /// it runs, so a survivor ends it if this replica dies.
-    pub(super) fn run_turn<F>(&self, record: TurnRecord, turn: F) -> tokio::task::JoinHandle<Option<String>>
+    /// it runs (`record` is only made then), so a survivor ends it if this
+    /// replica dies.
+    pub(super) fn run_turn<F>(
+        &self,
+        record: impl FnOnce() -> TurnRecord,
+        turn: F,
+    ) -> tokio::task::JoinHandle<Option<String>>
     where
         F: Future<Output = Option<String>> + Send + 'static,
     {
@@ -97,6 +102,7 @@ impl Placement {
         match self {
             Self::Alone { .. } => tokio::spawn(turn.instrument(span)),
             Self::Replicated(replicas) => {
+                let record = record();
                 replicas.turn_started(&record);
                 let replicas = replicas.clone();
                 tokio::spawn(

@@ -105,7 +105,7 @@ impl AgentPool {
             cancel,
         );
         // The turn outlives this call; it stays in the request's trace.
-        let record = TurnRecord {
+        let record = || TurnRecord {
             tenant_id: agent.tenant_id.clone(),
             container_id: agent.image.container_id.clone(),
             image_id: agent.image.image_id.clone(),
