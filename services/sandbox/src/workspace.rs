@@ -43,6 +43,8 @@ pub const MAX_COUNTED_ENTRIES: usize = 100_000;
 
 /// Longest path a client or a tool may name, in bytes.
 const MAX_PATH_BYTES: usize = 4096;
+/// Longest name of one file or directory, in bytes (Linux's `NAME_MAX`).
+const MAX_NAME_BYTES: usize = 255;
 
 impl Workspace {
     /// Returns the workspace at `dir`; nothing is created yet.
@@ -167,8 +169,9 @@ impl Workspace {
 }
 
 /// Returns `path` as a relative, `/`-separated path of the workspace (empty
-/// for the workspace itself), refusing absolute paths, `..`, NUL and paths
-/// longer than [`MAX_PATH_BYTES`] as written.
+/// for the workspace itself), refusing absolute paths, `..`, NUL, paths
+/// longer than [`MAX_PATH_BYTES`] and names longer than [`MAX_NAME_BYTES`]
+/// as written (no file system could hold them).
 pub fn checked_path(path: &str) -> Result<String, WorkspaceError> {
     if path.len() > MAX_PATH_BYTES {
         return Err(WorkspaceError::Written(format!(
@@ -184,6 +187,12 @@ pub fn checked_path(path: &str) -> Result<String, WorkspaceError> {
     let mut parts: Vec<&str> = Vec::new();
     for component in Path::new(path).components() {
         match component {
+            Component::Normal(name) if name.len() > MAX_NAME_BYTES => {
+                return Err(WorkspaceError::Written(format!(
+                    "a name of {} bytes is longer than the {MAX_NAME_BYTES} bytes allowed",
+                    name.len()
+                )));
+            }
             Component::Normal(name) => parts.push(name.to_str().unwrap_or_default()),
             Component::CurDir => {}
             Component::ParentDir => {
@@ -539,6 +548,12 @@ mod tests {
             panic!("a long path passed")
         };
         assert!(why.len() < 100, "the path is not echoed: {why}");
+        // A name no file system holds is the caller's mistake, not a failure.
+        let Err(WorkspaceError::Written(why)) = checked_path(&format!("docs/{}", "é".repeat(128))) else {
+            panic!("a 256-byte name passed")
+        };
+        assert!(why.len() < 100, "the name is not echoed: {why}");
+        assert!(checked_path(&format!("docs/{}", "a".repeat(MAX_NAME_BYTES))).is_ok());
     }
 
     #[test]

@@ -712,6 +712,26 @@ async fn workspace_routes(mode: Mode) -> anyhow::Result<()> {
         .await?;
     assert_eq!(refused["code"], "INVALID_WORKSPACE_PATH", "{refused}");
     assert_eq!(http.get(file_url("docs/none.txt")).send().await?.status().as_u16(), 404);
+    // A name no file system holds (256 bytes) is refused, never a 500:
+    // listed, read or written.
+    let long_name = "%C3%A9".repeat(128);
+    let listed = http
+        .get(cluster.url(&format!("/v1/images/{}/workspace?path={long_name}", chat.image_id)))
+        .send()
+        .await?;
+    assert_eq!(listed.status().as_u16(), 400);
+    let listed: Value = listed.json().await?;
+    assert_eq!(listed["error"]["code"], "INVALID_WORKSPACE_PATH", "{listed}");
+    assert_eq!(http.get(file_url(&long_name)).send().await?.status().as_u16(), 400);
+    assert_eq!(
+        http.put(file_url(&format!("docs/{long_name}")))
+            .body("x")
+            .send()
+            .await?
+            .status()
+            .as_u16(),
+        400
+    );
 
     // A client removes a file, then a directory with what it holds; the
     // agent sees them gone. Never the workspace itself, nothing outside it.
