@@ -2,13 +2,9 @@
 //! data alike), `<x>_response` frames and system errors.
 
 use avm_common::ApiError;
+use avm_common::event::{Event, EventKind, data};
 use avm_proto::runtime::v1 as rt;
 use serde_json::{Value, json};
-
-/// The runtime's mark of where in a session's stream it accepted a message
-/// (with the request's id); turned into the sender's `message_send_response`
-/// and never relayed as an event.
-pub const MESSAGE_ACCEPTED: &str = "message_accepted";
 
 /// Parses a client's text frame: a JSON object, or `INVALID_JSON`.
 ///
@@ -56,24 +52,9 @@ pub fn request_data(frame: &Value) -> (Value, Result<Value, ApiError>) {
     (request_id, Ok(data))
 }
 
-/// Returns the envelope's `source` and `category` for an event type.
-fn classify(kind: &str) -> (&'static str, &'static str) {
-    match kind {
-        "message_start" | "text_delta" | "tool_use_start" | "input_json_delta" | "tool_use_stop" | "message_delta"
-        | "message_stop" | "tool_result" | "error_received" => ("agent", "stream"),
-        "conversation_start"
-        | "conversation_responding"
-        | "conversation_end"
-        | "tool_planned"
-        | "tool_executing"
-        | "error_occurred" => ("agent", "state"),
-        "assistant_message" | "tool_call_message" | "tool_result_message" | "error_message" => ("agent", "message"),
-        "interrupted" => ("agent", "lifecycle"),
-        "message_persisted" => ("session", "persist"),
-        "session_destroyed" => ("session", "lifecycle"),
-        "system_error" => ("container", "error"),
-        _ => ("container", "lifecycle"),
-    }
+/// Returns what a runtime event is; `None` for a kind this build does not know.
+pub fn kind(event: &rt::Event) -> Option<EventKind> {
+    EventKind::parse(&event.r#type)
 }
 
 /// Renders a runtime event as a protocol event frame.
@@ -81,7 +62,8 @@ fn classify(kind: &str) -> (&'static str, &'static str) {
 /// The `data` object arrives serialized from the runtime and is spliced in
 /// as-is, so relaying an event does not parse it.
 pub fn event_frame(event: &rt::Event) -> String {
-    let (source, category) = classify(&event.r#type);
+    // A kind of a newer runtime is relayed as it came, as a container event.
+    let (source, category) = kind(event).map_or(("container", "lifecycle"), |kind| (kind.source(), kind.category()));
     let context = event.context.as_ref().map_or(Value::Null, |c| {
         json!({"containerId": c.container_id, "imageId": c.image_id, "agentId": c.agent_id, "sessionId": c.session_id})
     });
@@ -125,19 +107,21 @@ pub fn error_response_frame(kind: &str, request_id: &Value, error: &ApiError) ->
 
 /// Renders a `system_error` event.
 pub fn system_error_frame(error: &ApiError, request_id: Option<&Value>) -> String {
-    let mut data = json!({"message": error.message, "code": error.reason, "severity": "error"});
-    if let Some(id) = request_id {
-        data["requestId"] = id.clone();
-    }
-    json!({
-        "type": "system_error",
-        "timestamp": avm_common::now_ms(),
-        "data": data,
-        "source": "container",
-        "category": "error",
-        "intent": "notification",
-    })
-    .to_string()
+    let error = Event::from(data::SystemError {
+        message: error.message.clone(),
+        code: error.reason.to_string(),
+        request_id: request_id.cloned(),
+        severity: "error".to_owned(),
+    });
+    let kind = error.kind();
+    format!(
+        r#"{{"type":"{}","timestamp":{},"data":{},"source":"{}","category":"{}","intent":"notification"}}"#,
+        kind.name(),
+        avm_common::now_ms(),
+        error.data_json(),
+        kind.source(),
+        kind.category(),
+    )
 }
 
 #[cfg(test)]
@@ -179,6 +163,7 @@ mod tests {
                     session_id: ids.3,
                 }),
                 data_json: data.to_string(),
+                ..rt::Event::default()
             };
             let frame: Value = serde_json::from_str(&event_frame(&event)).map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(&frame["type"], &Value::String(kind));
@@ -225,6 +210,7 @@ mod tests {
                 session_id: "sess_1".into(),
             }),
             data_json: r#"{"text":"hé \"q\""}"#.into(),
+            ..rt::Event::default()
         };
         let frame: Value = serde_json::from_str(&event_frame(&event)).expect("valid json");
         assert_eq!(frame["type"], "text_delta");

@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use avm_common::event::EventKind;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
@@ -139,7 +140,10 @@ impl WsClient {
         let mut frames = Vec::new();
         loop {
             let frame = self.next_frame().await?;
-            let done = frame["type"] == "conversation_end" || frame["type"] == "error_occurred";
+            let done = frame["type"]
+                .as_str()
+                .and_then(EventKind::parse)
+                .is_some_and(EventKind::ends_turn);
             frames.push(frame);
             if done {
                 return Ok(frames);

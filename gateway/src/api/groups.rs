@@ -6,6 +6,7 @@
 //! the public API's) and reads with their own cursor.
 
 use avm_common::auth::Role;
+use avm_common::event::EventKind;
 use avm_common::{ApiError, RequestContext};
 use avm_proto::runtime::v1 as rt;
 use avm_proto::session::v1 as ss;
@@ -14,6 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::images::EventStream;
 use super::{missing, require_tenant_user};
+use crate::frames;
 use crate::peers::Peers;
 
 /// Which agent members a group message wakes.
@@ -702,11 +704,13 @@ impl InOrder {
         let ordered = futures::StreamExt::then(live, move |item| {
             let (this, shown) = (std::sync::Arc::clone(&this), std::sync::Arc::clone(&shown));
             async move {
+                // Ordered by seq; an event without one (of a runtime older
+                // than the field) goes as it came.
                 let event = match item {
-                    Ok(event) if event.r#type == "group_message" => event,
+                    Ok(event) if frames::kind(&event) == Some(EventKind::GroupMessage) && event.group_seq > 0 => event,
                     other => return vec![other],
                 };
-                let seq = message_seq(&event);
+                let seq = event.group_seq;
                 let last = *shown.lock().unwrap_or_else(|poison| poison.into_inner());
                 let mut out = Vec::new();
                 match last {
@@ -742,7 +746,7 @@ impl InOrder {
     /// A stored message as a `group_message` event (without a cursor).
     fn event(&self, message: GroupMessage) -> rt::Event {
         rt::Event {
-            r#type: "group_message".to_owned(),
+            r#type: EventKind::GroupMessage.name().to_owned(),
             cursor: String::new(),
             timestamp_ms: message.created_at,
             context: Some(rt::EventContext {
@@ -754,15 +758,9 @@ impl InOrder {
                 agent_id: String::new(),
                 session_id: self.group_id.clone(),
             }),
+            group_seq: message.seq,
             data_json: serde_json::to_string(&message).unwrap_or_default(),
+            request_id: String::new(),
         }
     }
-}
-
-/// The seq of a `group_message` event's message.
-fn message_seq(event: &rt::Event) -> u64 {
-    serde_json::from_str::<serde_json::Value>(&event.data_json)
-        .ok()
-        .and_then(|data| data.get("seq").and_then(serde_json::Value::as_u64))
-        .unwrap_or(u64::MAX)
 }

@@ -4,6 +4,7 @@
 
 use std::pin::Pin;
 
+use avm_common::event::EventKind;
 use avm_common::{ApiError, RequestContext};
 use avm_proto::runtime::v1 as rt;
 use avm_proto::session::v1 as ss;
@@ -14,6 +15,7 @@ use utoipa::ToSchema;
 
 use super::messages::{MessageContent, MessageObject};
 use super::missing;
+use crate::frames;
 use crate::peers::Peers;
 
 /// Settings of a new image (the body of `POST /v1/containers/{id}/images`,
@@ -516,8 +518,7 @@ fn resumable(
                 Some(Ok(event)) => {
                     state.resumes = 0;
                     state.cursor = Some(event.cursor.clone());
-                    state.done =
-                        state.until_turn_end && matches!(event.r#type.as_str(), "conversation_end" | "error_occurred");
+                    state.done = state.until_turn_end && frames::kind(&event).is_some_and(EventKind::ends_turn);
                     return Some((Ok(event), state));
                 }
                 Some(Err(status)) if !broken(&status) => {

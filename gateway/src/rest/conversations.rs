@@ -3,6 +3,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use avm_common::event::EventKind;
 use avm_common::{ApiError, RequestContext};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -21,7 +22,7 @@ use crate::api::images::{
     self, AgentTarget, EventStream, ImageConfig, ImageDeleted, ImageList, ImageRecord, ImageRun, ImageStopped,
     ImageUpdate, Interrupted, MessageAccepted, MessageList, NewMessage,
 };
-use crate::frames::{MESSAGE_ACCEPTED, event_frame, system_error_frame};
+use crate::frames::{self, event_frame, system_error_frame};
 use crate::http::{Body, Ctx, Path, Query, error_response, ok, reply, with_request_id};
 use crate::state::GatewayState;
 
@@ -244,7 +245,7 @@ pub async fn image_events(
 pub(crate) fn sse_events(events: EventStream) -> impl Stream<Item = Event> + Send {
     events.filter_map(|item| {
         futures::future::ready(match item {
-            Ok(event) if event.r#type == MESSAGE_ACCEPTED => None,
+            Ok(event) if frames::kind(&event) == Some(EventKind::MessageAccepted) => None,
             Ok(event) => Some(
                 Event::default()
                     .id(event.cursor.clone())
@@ -258,7 +259,7 @@ pub(crate) fn sse_events(events: EventStream) -> impl Stream<Item = Event> + Sen
 
 fn sse_error(err: &ApiError) -> Event {
     Event::default()
-        .event("system_error")
+        .event(EventKind::SystemError.name())
         .data(system_error_frame(err, None))
 }
 

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use avm_common::event::EventKind;
 use avm_common::{ApiError, Code, RequestContext};
 use avm_proto::runtime::v1 as rt;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, close_code};
@@ -29,7 +30,7 @@ use super::dispatch::{self, Request, RequestKind};
 use crate::api::groups;
 use crate::api::images::{self, EventStream};
 use crate::auth::Caller;
-use crate::frames::{self, MESSAGE_ACCEPTED, error_response_frame, event_frame, response_frame, system_error_frame};
+use crate::frames::{self, error_response_frame, event_frame, response_frame, system_error_frame};
 use crate::state::GatewayState;
 
 /// What a finished background request hands back to the connection loop.
@@ -689,20 +690,11 @@ impl Connection {
     /// Answers a `message_send_request` of this connection from its
     /// `message_accepted` event; the event itself is never relayed.
     async fn on_accepted(&mut self, event: &rt::Event, socket: &mut WebSocket) -> Result<(), Exit> {
-        #[derive(serde::Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Accepted {
-            request_id: String,
-            image_id: String,
-            agent_id: String,
-        }
-        let Ok(accepted) = serde_json::from_str::<Accepted>(&event.data_json) else {
+        let Some(pending) = self.pending.remove(&event.request_id) else {
             return Ok(());
         };
-        let Some(pending) = self.pending.remove(&accepted.request_id) else {
-            return Ok(());
-        };
-        let data = json!({"imageId": accepted.image_id, "agentId": accepted.agent_id});
+        let context = event.context.clone().unwrap_or_default();
+        let data = json!({"imageId": context.image_id, "agentId": context.agent_id});
         self.send(socket, response_frame(&pending.name, &pending.request_id, data))
             .await
     }
@@ -723,7 +715,7 @@ impl Connection {
         let cursor = event.cursor.parse::<u64>().unwrap_or(0);
         let seen = self.seen.entry(session_id.to_owned()).or_default();
         *seen = (*seen).max(cursor);
-        if event.r#type == MESSAGE_ACCEPTED {
+        if frames::kind(&event) == Some(EventKind::MessageAccepted) {
             return Ok(Relay::Accepted(event));
         }
         // A stream that began after the acceptance never shows it: an answer

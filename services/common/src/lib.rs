@@ -10,6 +10,7 @@ pub mod calendar;
 pub mod config;
 pub mod context;
 pub mod error;
+pub mod event;
 pub mod grpc;
 pub mod ids;
 pub mod lifecycle;

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use avm_common::event::Event;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{self, History};
@@ -12,6 +12,7 @@ use crate::error::RuntimeError;
 use crate::event::EventContext;
 use crate::hub::OpenHub;
 use crate::llm::{LlmContent, LlmRole};
+use crate::message::Message;
 use crate::peers::ImageInfo;
 use crate::plan::AgentPlan;
 use crate::tools::Toolbox;
@@ -117,8 +118,15 @@ impl Agent {
     }
 
     /// Publishes an event of this agent's session; returns its cursor.
-    pub(crate) fn emit(&self, kind: &'static str, data: &Value) -> u64 {
-        self.hub.publish(kind, &self.context, data).cursor
+    pub(crate) fn emit(&self, event: impl Into<Event>) -> u64 {
+        self.hub.publish(&self.context, event).cursor
+    }
+
+    /// Publishes the event that shows a stored message of the agent's turn.
+    pub(crate) fn emit_message(&self, message: &Message) {
+        if let Some(event) = message.event() {
+            self.emit(event);
+        }
     }
 
     /// Claims the turn slot; `None` when the agent left the pool meanwhile.
@@ -157,13 +165,13 @@ impl Agent {
     /// The event goes out while the turn slot is still held: a client that
     /// sends its next message on seeing it never finds the agent busy, and
     /// the next turn's events never come before it.
-    pub(crate) fn finish_turn(&self, reply: Option<String>, last: Option<(&'static str, &Value)>) {
+    pub(crate) fn finish_turn(&self, reply: Option<String>, last: Option<Event>) {
         let mut state = self.lock();
         if let Some(text) = reply.filter(|text| !text.is_empty()) {
             context::append(&mut state.history, LlmRole::Assistant, vec![LlmContent::Text(text)]);
         }
-        if let Some((kind, data)) = last {
-            self.hub.publish(kind, &self.context, data);
+        if let Some(last) = last {
+            self.hub.publish(&self.context, last);
         }
         state.turn = None;
         state.last_active = Instant::now();

@@ -1,6 +1,9 @@
 //! The events of a session as the runtime keeps and relays them.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use avm_common::event::{Event, EventKind};
+use serde::{Deserialize, Serialize};
 
 /// Which conversation an event belongs to.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -14,34 +17,50 @@ pub struct EventContext {
 /// One event of a session, in the protocol's vocabulary.
 #[derive(Debug)]
 pub struct SessionEvent {
-    /// The protocol event type, e.g. `text_delta`.
-    pub kind: &'static str,
+    pub kind: EventKind,
     pub cursor: u64,
     pub timestamp_ms: i64,
     pub context: Arc<EventContext>,
     /// The protocol `data` object, serialized once.
     pub data_json: String,
+    pub detail: Detail,
 }
 
 impl SessionEvent {
     /// Returns whether this event ends a turn.
     pub fn ends_turn(&self) -> bool {
-        matches!(self.kind, "conversation_end" | "error_occurred")
+        self.kind.ends_turn()
     }
 }
 
-/// Returns the `&'static` name of an event type another replica sent: the
-/// protocol's few names, each kept once.
-pub(crate) fn intern(kind: &str) -> &'static str {
-    static KINDS: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    let mut kinds = KINDS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(known) = kinds.iter().find(|known| **known == kind) {
-        return known;
+/// What readers of an event in this mesh need of it besides its kind,
+/// typed, so none of them reads its JSON back.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Detail {
+    #[default]
+    None,
+    /// A `message_accepted`'s request id: the request it answers.
+    Request(Box<str>),
+    /// A `group_message`'s position in its group.
+    Seq(u64),
+    /// An `error_occurred` that retrying would not fix: `code: message`.
+    Unrecoverable(Box<str>),
+}
+
+impl Detail {
+    /// Takes what readers need of `event`.
+    pub fn of(event: &Event) -> Self {
+        match event {
+            Event::MessageAccepted(accepted) => Detail::Request(accepted.request_id.as_str().into()),
+            Event::GroupMessage(message) => Detail::Seq(message.seq),
+            Event::ErrorOccurred(error) if !error.recoverable => {
+                Detail::Unrecoverable(format!("{}: {}", error.code, error.message).into())
+            }
+            _ => Detail::None,
+        }
     }
-    if kinds.len() >= 256 {
-        return "unknown";
+
+    pub fn is_none(&self) -> bool {
+        *self == Detail::None
     }
-    let name: &'static str = Box::leak(kind.to_owned().into_boxed_str());
-    kinds.push(name);
-    name
 }

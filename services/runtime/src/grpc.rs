@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 
 use crate::agent::AgentInfo;
 use crate::error::{AgentTarget, RuntimeError};
-use crate::event::SessionEvent;
+use crate::event::{Detail, SessionEvent};
 use crate::hub::Subscription;
 use crate::peers::{ImageChanges, content};
 use crate::pool::{AgentPool, ImageView};
@@ -73,7 +73,7 @@ fn image_pb(view: ImageView) -> pb::ImageView {
 /// Converts a hub event to its wire form.
 fn event_pb(event: &SessionEvent) -> pb::Event {
     pb::Event {
-        r#type: event.kind.to_owned(),
+        r#type: event.kind.name().to_owned(),
         cursor: event.cursor.to_string(),
         timestamp_ms: event.timestamp_ms,
         context: Some(pb::EventContext {
@@ -83,6 +83,14 @@ fn event_pb(event: &SessionEvent) -> pb::Event {
             session_id: event.context.session_id.clone(),
         }),
         data_json: event.data_json.clone(),
+        request_id: match &event.detail {
+            Detail::Request(request_id) => request_id.to_string(),
+            _ => String::new(),
+        },
+        group_seq: match event.detail {
+            Detail::Seq(seq) => seq,
+            _ => 0,
+        },
     }
 }
 

@@ -10,12 +10,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use serde_json::Value;
+use avm_common::event::{Event, EventKind};
 use tokio::sync::{OnceCell, oneshot};
 
 pub use self::queue::{LiveEvents, QueueLimits};
 use self::queue::{Offered, QueueSender};
-use crate::event::{EventContext, SessionEvent};
+use crate::event::{Detail, EventContext, SessionEvent};
 use crate::replicas::{Fanout, Followers};
 
 /// The receiving end of a subscription.
@@ -95,16 +95,23 @@ impl SessionHub {
     }
 
     /// Publishes an event to the retained window and every subscriber.
-    pub fn publish(&self, kind: &'static str, context: &Arc<EventContext>, data: &Value) -> Arc<SessionEvent> {
-        self.publish_json(kind, context, data.to_string())
+    pub fn publish(&self, context: &Arc<EventContext>, event: impl Into<Event>) -> Arc<SessionEvent> {
+        let event = event.into();
+        self.publish_json(event.kind(), context, event.data_json(), Detail::of(&event))
+    }
+
+    /// Publishes another hub's event again, under `context`.
+    pub fn republish(&self, context: &Arc<EventContext>, event: &SessionEvent) -> Arc<SessionEvent> {
+        self.publish_json(event.kind, context, event.data_json.clone(), event.detail.clone())
     }
 
     /// Publishes an event whose data is already serialized.
-    pub fn publish_json(
+    fn publish_json(
         &self,
-        kind: &'static str,
+        kind: EventKind,
         context: &Arc<EventContext>,
         mut data_json: String,
+        detail: Detail,
     ) -> Arc<SessionEvent> {
         // Kept for the retention period: without the slack of its growth.
         data_json.shrink_to_fit();
@@ -116,6 +123,7 @@ impl SessionHub {
             timestamp_ms: avm_common::now_ms(),
             context: Arc::clone(context),
             data_json,
+            detail,
         });
         self.deliver(&mut state, &event);
         // Still locked: the session's events leave in cursor order.
@@ -376,9 +384,14 @@ impl Followers for Hubs {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use avm_common::event::data;
+    use serde_json::{Value, json};
 
     use super::*;
+
+    fn delta(text: &str) -> data::TextDelta {
+        data::TextDelta { text: text.to_owned() }
+    }
 
     fn limits(capacity: usize) -> QueueLimits {
         QueueLimits {
@@ -398,8 +411,8 @@ mod tests {
     fn cursors_rise_and_resume_replays_what_was_missed() {
         let hub = SessionHub::new(8, limits(8), None);
         let ctx = context();
-        let first = hub.publish("text_delta", &ctx, &json!({"text": "a"}));
-        let second = hub.publish("text_delta", &ctx, &json!({"text": "b"}));
+        let first = hub.publish(&ctx, delta("a"));
+        let second = hub.publish(&ctx, delta("b"));
         assert!(second.cursor > first.cursor);
         let sub = hub.subscribe(Some(first.cursor));
         assert_eq!(sub.replay.len(), 1);
@@ -408,11 +421,12 @@ mod tests {
 
     fn event(cursor: u64, text: &str) -> SessionEvent {
         SessionEvent {
-            kind: "text_delta",
+            kind: EventKind::TextDelta,
             cursor,
             timestamp_ms: 0,
             context: context(),
             data_json: json!({"text": text}).to_string(),
+            detail: Detail::None,
         }
     }
 
@@ -437,7 +451,7 @@ mod tests {
             .collect();
         assert_eq!(seen, texts);
         // What it publishes itself comes after all it has seen.
-        assert!(hub.publish("text_delta", &context(), &json!({})).cursor > 13);
+        assert!(hub.publish(&context(), delta("")).cursor > 13);
     }
 
     #[test]
@@ -445,7 +459,7 @@ mod tests {
         let hub = SessionHub::new(3, limits(8), None);
         let ctx = context();
         for i in 0..10 {
-            hub.publish("text_delta", &ctx, &json!({"i": i}));
+            hub.publish(&ctx, delta(&i.to_string()));
         }
         let sub = hub.subscribe(Some(0));
         assert_eq!(sub.replay.len(), 3);
@@ -455,12 +469,12 @@ mod tests {
     fn old_events_are_trimmed() {
         let hub = SessionHub::new(8, limits(8), None);
         let ctx = context();
-        let event = hub.publish("text_delta", &ctx, &json!({}));
+        let event = hub.publish(&ctx, delta(""));
         hub.trim(event.timestamp_ms);
         assert_eq!(hub.retained(), 1, "events at the cutoff stay");
         hub.trim(event.timestamp_ms + 1);
         assert_eq!(hub.retained(), 0);
-        let later = hub.publish("text_delta", &ctx, &json!({}));
+        let later = hub.publish(&ctx, delta(""));
         assert!(later.cursor > event.cursor, "cursors keep rising after a trim");
     }
 
@@ -485,8 +499,7 @@ mod tests {
         drop(opened);
         hubs.prune();
         // An agent of the session publishes into the hub the subscriber took.
-        hubs.get_or_create("sess_1")
-            .publish("text_delta", &context(), &json!({}));
+        hubs.get_or_create("sess_1").publish(&context(), delta(""));
         assert!(sub.live.try_recv().is_some(), "the subscriber got the agent's event");
         drop(sub);
         hubs.prune();
@@ -499,15 +512,20 @@ mod tests {
         let ctx = context();
         let mut sub = hub.subscribe(None);
         for i in 0..100 {
-            hub.publish("text_delta", &ctx, &json!({"text": format!("w{i} ")}));
-            hub.publish("conversation_responding", &ctx, &json!({}));
+            hub.publish(&ctx, delta(&format!("w{i} ")));
+            hub.publish(&ctx, data::ConversationResponding {});
         }
-        let end = hub.publish("conversation_end", &ctx, &json!({}));
+        let end = hub.publish(
+            &ctx,
+            data::ConversationEnd {
+                reason: "completed".into(),
+            },
+        );
         drop(hub);
         let mut text = String::new();
         let mut last = None;
         while let Some(event) = sub.live.recv().await {
-            if event.kind == "text_delta" {
+            if event.kind == EventKind::TextDelta {
                 let data: Value = serde_json::from_str(&event.data_json).unwrap();
                 text.push_str(data["text"].as_str().unwrap());
             }
@@ -525,7 +543,13 @@ mod tests {
         let ctx = context();
         let mut sub = hub.subscribe(None);
         for i in 0..5 {
-            hub.publish("tool_planned", &ctx, &json!({"i": i}));
+            hub.publish(
+                &ctx,
+                data::ToolPlanned {
+                    tool_id: i.to_string(),
+                    tool_name: String::new(),
+                },
+            );
         }
         assert!(sub.live.was_cut());
         assert!(sub.live.recv().await.is_none());

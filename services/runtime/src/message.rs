@@ -3,6 +3,7 @@
 //! and how a message shows in the session's events (PROTOCOL.md, "Message
 //! objects").
 
+use avm_common::event::{Event, EventKind, TokenUsage};
 use serde_json::{Value, json};
 
 use crate::error::RuntimeError;
@@ -121,8 +122,11 @@ pub struct Usage {
 
 impl Usage {
     /// Returns the protocol's `{inputTokens, outputTokens}`.
-    pub fn object(&self) -> Value {
-        json!({"inputTokens": self.input_tokens, "outputTokens": self.output_tokens})
+    pub fn object(&self) -> TokenUsage {
+        TokenUsage {
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+        }
     }
 }
 
@@ -172,8 +176,25 @@ pub struct Message {
 }
 
 impl Message {
+    /// Returns the event that shows the message: `assistant_message`,
+    /// `tool_call_message`, `tool_result_message` or `error_message` (`None`
+    /// for a user's message, which has its own events).
+    pub fn event(&self) -> Option<Event> {
+        let kind = match &self.body {
+            MessageBody::Assistant(_) => EventKind::AssistantMessage,
+            MessageBody::ToolCall { .. } => EventKind::ToolCallMessage,
+            MessageBody::ToolResult { .. } => EventKind::ToolResultMessage,
+            MessageBody::Error { .. } => EventKind::ErrorMessage,
+            MessageBody::User(_) | MessageBody::Other => return None,
+        };
+        match self.object() {
+            Value::Object(object) => Event::message(kind, object),
+            _ => None,
+        }
+    }
+
     /// Returns the message as the protocol's message object (the `data` of
-    /// `assistant_message` and `error_message` events).
+    /// the event that shows it).
     pub fn object(&self) -> Value {
         let (id, timestamp) = (&self.message_id, self.created_at_ms);
         match &self.body {
@@ -186,7 +207,7 @@ impl Message {
                     "timestamp": timestamp,
                 });
                 if let Some(usage) = &reply.usage {
-                    object["usage"] = usage.object();
+                    object["usage"] = json!(usage.object());
                 }
                 if reply.interrupted {
                     object["interrupted"] = Value::Bool(true);

@@ -18,10 +18,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use avm_common::auth::ServiceIdentity;
+use avm_common::event::{Event, data};
 use avm_common::ids::new_id;
 use avm_common::{Code, RequestContext};
 use futures::{FutureExt, StreamExt};
-use serde_json::json;
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::Agent;
@@ -183,10 +184,12 @@ async fn prepare_tools(agent: &Agent, tools: &Toolbox, ctx: &RequestContext) {
             ServerState::Failed(why) => format!("the MCP server {server} is unavailable: {why}"),
             _ => String::new(),
         };
-        agent.emit(
-            "mcp_server_state",
-            &json!({"agentId": agent.agent_id, "server": server, "state": state.as_str(), "message": reason}),
-        );
+        agent.emit(data::McpServerState {
+            agent_id: agent.agent_id.clone(),
+            server: server.clone(),
+            state: state.as_str().to_owned(),
+            message: reason,
+        });
     }
 }
 
@@ -257,8 +260,10 @@ pub(crate) async fn run(
         match outcome {
             Outcome::Completed(stop) if !reply.calls.is_empty() => {
                 let usage = reply.usage().unwrap_or_default();
-                agent.emit("message_delta", &json!({"usage": usage.object()}));
-                agent.emit("message_stop", &json!({"stopReason": stop.as_str()}));
+                agent.emit(data::MessageDelta { usage: usage.object() });
+                agent.emit(data::MessageStop {
+                    stop_reason: stop.as_str().to_owned(),
+                });
                 let mut said = Vec::new();
                 if !reply.text.is_empty() {
                     let message = assistant_message(&agent, &reply, stop, false);
@@ -266,7 +271,7 @@ pub(crate) async fn run(
                         fail(&ports, &ctx, &agent, reply_not_stored()).await;
                         break;
                     }
-                    agent.emit("assistant_message", &message.object());
+                    agent.emit_message(&message);
                     said.push(LlmContent::Text(std::mem::take(&mut reply.text)));
                 }
                 said.extend(reply.calls.iter().cloned().map(LlmContent::ToolUse));
@@ -285,12 +290,9 @@ pub(crate) async fn run(
                 }
                 request = self::request(&llm.config, &agent, history);
                 if interrupted {
-                    agent.emit(
-                        "interrupted",
-                        &json!({"agentId": agent.agent_id, "containerId": agent.image.container_id}),
-                    );
+                    agent.emit(interrupted_event(&agent));
                     tracing::info!(image_id = %agent.image.image_id, "turn interrupted while its tools ran");
-                    agent.finish_turn(None, Some(("conversation_end", &json!({"reason": "interrupted"}))));
+                    agent.finish_turn(None, Some(conversation_end("interrupted")));
                     break;
                 }
                 if steps >= ports.limits.max_steps {
@@ -308,15 +310,17 @@ pub(crate) async fn run(
             }
             Outcome::Completed(stop) => {
                 let usage = reply.usage().unwrap_or_default();
-                agent.emit("message_delta", &json!({"usage": usage.object()}));
-                agent.emit("message_stop", &json!({"stopReason": stop.as_str()}));
+                agent.emit(data::MessageDelta { usage: usage.object() });
+                agent.emit(data::MessageStop {
+                    stop_reason: stop.as_str().to_owned(),
+                });
                 let message = assistant_message(&agent, &reply, stop, false);
                 // Completed means stored, or kept to be stored: else the client is told.
                 if !persist(&ports, &ctx, &message).await {
                     fail(&ports, &ctx, &agent, reply_not_stored()).await;
                     break;
                 }
-                agent.emit("assistant_message", &message.object());
+                agent.emit_message(&message);
                 tracing::info!(
                     image_id = %agent.image.image_id,
                     input_tokens = usage.input_tokens,
@@ -325,31 +329,24 @@ pub(crate) async fn run(
                     "turn completed"
                 );
                 last_reply = Some(reply.text.clone());
-                agent.finish_turn(
-                    Some(reply.text),
-                    Some(("conversation_end", &json!({"reason": "completed"}))),
-                );
+                agent.finish_turn(Some(reply.text), Some(conversation_end("completed")));
                 break;
             }
             Outcome::Interrupted => {
                 let (_, answered) = answer_unrun(&ports, &ctx, &agent, &reply.calls).await;
-                agent.emit(
-                    "interrupted",
-                    &json!({"agentId": agent.agent_id, "containerId": agent.image.container_id}),
-                );
-                agent.emit("message_stop", &json!({"stopReason": StopReason::EndTurn.as_str()}));
+                agent.emit(interrupted_event(&agent));
+                agent.emit(data::MessageStop {
+                    stop_reason: StopReason::EndTurn.as_str().to_owned(),
+                });
                 let message = assistant_message(&agent, &reply, StopReason::EndTurn, true);
                 let stored = persist(&ports, &ctx, &message).await;
                 if !(stored && answered && !reply.unstored) {
                     fail(&ports, &ctx, &agent, reply_not_stored()).await;
                     break;
                 }
-                agent.emit("assistant_message", &message.object());
+                agent.emit_message(&message);
                 tracing::info!(image_id = %agent.image.image_id, chars = reply.text.len(), "turn interrupted");
-                agent.finish_turn(
-                    Some(reply.text),
-                    Some(("conversation_end", &json!({"reason": "interrupted"}))),
-                );
+                agent.finish_turn(Some(reply.text), Some(conversation_end("interrupted")));
                 break;
             }
             Outcome::Failed(error) => {
@@ -383,18 +380,22 @@ fn reply_not_stored() -> Failure {
 /// Ends a turn with an error: `error_received → error_message → error_occurred`.
 async fn fail(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, error: Failure) {
     let reason = error.reason.as_str();
-    agent.emit(
-        "error_received",
-        &json!({"message": error.message, "errorCode": reason}),
-    );
+    agent.emit(data::ErrorReceived {
+        message: error.message.clone(),
+        error_code: reason.to_owned(),
+    });
     let body = MessageBody::Error {
         text: error.message.clone(),
         error_code: reason.to_owned(),
     };
-    store(ports, ctx, agent, "error_message", body).await;
+    store(ports, ctx, agent, body).await;
     tracing::warn!(image_id = %agent.image.image_id, reason, "turn failed");
-    let last = json!({"code": reason, "message": error.message, "recoverable": error.recoverable});
-    agent.finish_turn(None, Some(("error_occurred", &last)));
+    let last = data::ErrorOccurred {
+        code: reason.to_owned(),
+        message: error.message,
+        recoverable: error.recoverable,
+    };
+    agent.finish_turn(None, Some(last.into()));
 }
 
 /// What running a reply's tool calls left.
@@ -512,21 +513,22 @@ async fn answer(
         text: reply.text,
         is_error: reply.is_error,
     };
-    agent.emit(
-        "tool_result",
-        &json!({"toolCallId": call.id, "result": output.text, "isError": output.is_error}),
-    );
+    agent.emit(data::ToolResult {
+        tool_call_id: call.id.clone(),
+        result: output.text.clone(),
+        is_error: output.is_error,
+    });
     let body = MessageBody::ToolResult {
         output: output.clone(),
         tool_name: call.name.clone(),
     };
-    let stored = store(ports, ctx, agent, "tool_result_message", body).await;
+    let stored = store(ports, ctx, agent, body).await;
     (output, stored)
 }
 
-/// Stores a new message of the turn and publishes it as a `kind` event;
+/// Stores a new message of the turn and publishes the event that shows it;
 /// returns whether it was stored or kept to be stored.
-async fn store(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, kind: &'static str, body: MessageBody) -> bool {
+async fn store(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, body: MessageBody) -> bool {
     let message = Message {
         message_id: new_id("msg"),
         session_id: agent.image.session_id.clone(),
@@ -534,7 +536,7 @@ async fn store(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, kind: &'s
         body,
     };
     let stored = persist(ports, ctx, &message).await;
-    agent.emit(kind, &message.object());
+    agent.emit_message(&message);
     stored
 }
 
@@ -556,11 +558,13 @@ async fn stream_reply(
         },
     };
     reply.accepted = true;
-    agent.emit(
-        "message_start",
-        &json!({"messageId": reply.message_id, "model": reply.model}),
-    );
-    agent.emit("conversation_start", &json!({"messageId": reply.message_id}));
+    agent.emit(data::MessageStart {
+        message_id: reply.message_id.clone(),
+        model: reply.model.clone(),
+    });
+    agent.emit(data::ConversationStart {
+        message_id: reply.message_id.clone(),
+    });
     loop {
         // Dropping `stream` on return aborts the provider request.
         let item = tokio::select! {
@@ -576,9 +580,9 @@ async fn stream_reply(
                 if reply.first_token_ms.is_none() {
                     reply.first_token_ms = Some(elapsed_ms(reply.started));
                 }
-                agent.emit("text_delta", &json!({"text": text}));
-                agent.emit("conversation_responding", &json!({}));
                 reply.text.push_str(&text);
+                agent.emit(data::TextDelta { text });
+                agent.emit(data::ConversationResponding {});
             }
             Some(Ok(LlmEvent::Start { model, input_tokens })) => {
                 if !model.is_empty() {
@@ -604,23 +608,34 @@ async fn stream_reply(
                 if reply.first_token_ms.is_none() {
                     reply.first_token_ms = Some(elapsed_ms(reply.started));
                 }
-                agent.emit("tool_use_start", &json!({"toolCallId": id, "toolName": name}));
-                agent.emit("tool_planned", &json!({"toolId": id, "toolName": name}));
-                agent.emit("tool_executing", &json!({"toolId": id, "toolName": name, "input": {}}));
+                agent.emit(data::ToolUseStart {
+                    tool_call_id: id.clone(),
+                    tool_name: name.clone(),
+                });
+                agent.emit(data::ToolPlanned {
+                    tool_id: id.clone(),
+                    tool_name: name.clone(),
+                });
+                agent.emit(data::ToolExecuting {
+                    tool_id: id,
+                    tool_name: name,
+                    input: Value::Object(serde_json::Map::new()),
+                });
             }
             Some(Ok(LlmEvent::ToolInputDelta { partial_json, .. })) => {
-                agent.emit("input_json_delta", &json!({"partialJson": partial_json}));
+                agent.emit(data::InputJsonDelta { partial_json });
             }
             Some(Ok(LlmEvent::ToolUseStop(call))) => {
-                agent.emit(
-                    "tool_use_stop",
-                    &json!({"toolCallId": call.id, "toolName": call.name, "input": call.input}),
-                );
+                agent.emit(data::ToolUseStop {
+                    tool_call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    input: call.input.clone(),
+                });
                 let body = MessageBody::ToolCall {
                     call: call.clone(),
                     parent_id: reply.message_id.clone(),
                 };
-                if !store(ports, ctx, agent, "tool_call_message", body).await {
+                if !store(ports, ctx, agent, body).await {
                     reply.unstored = true;
                 }
                 reply.calls.push(call);
@@ -858,4 +873,20 @@ async fn persist(ports: &TurnPorts, ctx: &RequestContext, message: &Message) -> 
         }
     }
     false
+}
+
+/// The event of an interrupted turn.
+fn interrupted_event(agent: &Agent) -> data::Interrupted {
+    data::Interrupted {
+        agent_id: agent.agent_id.clone(),
+        container_id: agent.image.container_id.clone(),
+    }
+}
+
+/// The last event of a turn that ended for `reason`.
+fn conversation_end(reason: &str) -> Event {
+    data::ConversationEnd {
+        reason: reason.to_owned(),
+    }
+    .into()
 }

@@ -1,6 +1,7 @@
 //! Shared steps of the end-to-end suites.
 
 use anyhow::Context;
+use avm_common::event::{Event, EventKind};
 use avm_tests::cluster::{Cluster, Mode, Options};
 use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
@@ -87,16 +88,39 @@ pub fn assistant_text(frames: &[Value]) -> Option<String> {
 }
 
 /// Sends a message and returns every frame up to the end of the turn,
-/// starting with the ones before the response (in arrival order).
+/// starting with the ones before the response (in arrival order); each
+/// event among them one of the protocol's, exactly.
 pub async fn send_and_finish(client: &mut WsClient, image_id: &str, content: Value) -> anyhow::Result<Vec<Value>> {
     client
         .send_request("message_send", json!({"imageId": image_id, "content": content}))
         .await?;
-    client.turn().await
+    let frames = client.turn().await?;
+    assert_typed_events(&frames);
+    Ok(frames)
+}
+
+/// Asserts that every event frame is one of the protocol's events with its
+/// envelope and exactly its fields: its `data` reads as the event's typed
+/// payload and writes back the same.
+pub fn assert_typed_events(frames: &[Value]) {
+    for frame in frames {
+        let name = frame["type"].as_str().unwrap_or_default();
+        if name.ends_with("_response") {
+            continue;
+        }
+        let kind = EventKind::parse(name).unwrap_or_else(|| panic!("{name:?} is no event: {frame}"));
+        assert_eq!(frame["source"], kind.source(), "{frame}");
+        assert_eq!(frame["category"], kind.category(), "{frame}");
+        let event = Event::decode(kind, &frame["data"].to_string()).unwrap_or_else(|e| panic!("{name}: {e}: {frame}"));
+        let again: Value =
+            serde_json::from_str(&event.data_json()).unwrap_or_else(|e| panic!("{name} wrote bad json: {e}"));
+        assert_eq!(again, frame["data"], "{name} has a field its payload lacks");
+    }
 }
 
 /// Asserts the protocol's order of a text-only turn and returns the reply text.
 pub fn assert_text_turn(frames: &[Value]) -> String {
+    assert_typed_events(frames);
     let kinds = types(frames);
     let position = |kind: &str| {
         kinds

@@ -14,16 +14,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use avm_common::event::{Event, EventKind, data};
 use tokio::sync::Notify;
 
 use super::SessionEvent;
+use crate::event::Detail;
 
 /// The event kind whose texts merge when a subscriber falls behind.
-const TEXT_DELTA: &str = "text_delta";
+const TEXT_DELTA: EventKind = EventKind::TextDelta;
 /// The empty mark that follows each text delta: a run of them says no more
 /// than one does.
-const RESPONDING: &str = "conversation_responding";
+const RESPONDING: EventKind = EventKind::ConversationResponding;
 
 /// How far a subscriber may fall behind, and for how long it may stop reading.
 #[derive(Clone, Copy, Debug)]
@@ -57,7 +58,7 @@ enum Queued {
 }
 
 impl Queued {
-    fn kind(&self) -> &'static str {
+    fn kind(&self) -> EventKind {
         match self {
             Queued::Event(event) => event.kind,
             Queued::Text { .. } => TEXT_DELTA,
@@ -79,7 +80,8 @@ impl Queued {
                 cursor: last.cursor,
                 timestamp_ms: last.timestamp_ms,
                 context: Arc::clone(&last.context),
-                data_json: serde_json::json!({ "text": text }).to_string(),
+                data_json: Event::from(data::TextDelta { text }).data_json(),
+                detail: Detail::None,
             }),
         }
     }
@@ -271,13 +273,9 @@ fn merge(events: &mut VecDeque<Queued>, event: &Arc<SessionEvent>) -> bool {
 
 /// Returns the text of a `text_delta`'s data, when that is all it holds.
 fn delta_text(data_json: &str) -> Option<String> {
-    match serde_json::from_str::<Value>(data_json).ok()? {
-        Value::Object(mut data) if data.len() == 1 => match data.remove("text")? {
-            Value::String(text) => Some(text),
-            _ => None,
-        },
-        _ => None,
-    }
+    serde_json::from_str::<data::TextDelta>(data_json)
+        .ok()
+        .map(|delta| delta.text)
 }
 
 /// The subscriber's end of its queue: live events, in order.
@@ -334,7 +332,7 @@ impl Drop for LiveEvents {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
     use crate::event::EventContext;
@@ -346,13 +344,14 @@ mod tests {
         })
     }
 
-    fn event(ctx: &Arc<EventContext>, cursor: u64, kind: &'static str, data: Value) -> Arc<SessionEvent> {
+    fn event(ctx: &Arc<EventContext>, cursor: u64, kind: EventKind, data: Value) -> Arc<SessionEvent> {
         Arc::new(SessionEvent {
             kind,
             cursor,
             timestamp_ms: 0,
             context: Arc::clone(ctx),
             data_json: data.to_string(),
+            detail: Detail::None,
         })
     }
 
@@ -363,7 +362,7 @@ mod tests {
         }
     }
 
-    fn drain(live: &mut LiveEvents) -> Vec<(u64, &'static str, String)> {
+    fn drain(live: &mut LiveEvents) -> Vec<(u64, EventKind, String)> {
         std::iter::from_fn(|| live.try_recv())
             .map(|event| (event.cursor, event.kind, event.data_json.clone()))
             .collect()
@@ -378,23 +377,23 @@ mod tests {
             cursor += 1;
             sender.offer(&event(&ctx, cursor, kind, data))
         };
-        assert_eq!(next("message_start", json!({})), Offered::Kept);
+        assert_eq!(next(EventKind::MessageStart, json!({})), Offered::Kept);
         for word in ["a", "b", "c", "d", "e"] {
             assert_eq!(next(TEXT_DELTA, json!({"text": word})), Offered::Kept);
             assert_eq!(next(RESPONDING, json!({})), Offered::Kept);
         }
-        assert_eq!(next("message_stop", json!({})), Offered::Kept);
+        assert_eq!(next(EventKind::MessageStop, json!({})), Offered::Kept);
         let seen = drain(&mut live);
-        let kinds: Vec<&str> = seen.iter().map(|(_, kind, _)| *kind).collect();
+        let kinds: Vec<EventKind> = seen.iter().map(|(_, kind, _)| *kind).collect();
         assert_eq!(
             kinds,
             [
-                "message_start",
+                EventKind::MessageStart,
                 TEXT_DELTA,
                 RESPONDING,
                 TEXT_DELTA,
                 RESPONDING,
-                "message_stop"
+                EventKind::MessageStop
             ]
         );
         let text: String = seen
@@ -430,7 +429,7 @@ mod tests {
     fn a_subscriber_that_stops_reading_is_cut_after_the_stall_timeout() {
         let (sender, mut live) = queue(limits(2, Duration::ZERO));
         let ctx = context("s");
-        sender.offer(&event(&ctx, 1, "message_start", json!({})));
+        sender.offer(&event(&ctx, 1, EventKind::MessageStart, json!({})));
         sender.offer(&event(&ctx, 2, TEXT_DELTA, json!({"text": "a"})));
         // Full: the clock starts; nothing was taken since, and no time is allowed.
         assert_eq!(
@@ -451,10 +450,14 @@ mod tests {
         let (sender, mut live) = queue(limits(2, Duration::ZERO));
         let ctx = context("s");
         // Full from the start, and taking one event for every one offered.
-        sender.offer(&event(&ctx, 1, "message_start", json!({})));
-        sender.offer(&event(&ctx, 2, "tool_planned", json!({})));
+        sender.offer(&event(&ctx, 1, EventKind::MessageStart, json!({})));
+        sender.offer(&event(&ctx, 2, EventKind::ToolPlanned, json!({})));
         for cursor in 3..100 {
-            let kind = if cursor % 2 == 0 { TEXT_DELTA } else { "tool_planned" };
+            let kind = if cursor % 2 == 0 {
+                TEXT_DELTA
+            } else {
+                EventKind::ToolPlanned
+            };
             assert_eq!(
                 sender.offer(&event(&ctx, cursor, kind, json!({"text": "x"}))),
                 Offered::Kept
@@ -469,7 +472,7 @@ mod tests {
         let (sender, live) = queue(limits(2, Duration::from_secs(60)));
         let ctx = context("s");
         let offered: Vec<Offered> = (1..=5)
-            .map(|cursor| sender.offer(&event(&ctx, cursor, "tool_planned", json!({}))))
+            .map(|cursor| sender.offer(&event(&ctx, cursor, EventKind::ToolPlanned, json!({}))))
             .collect();
         assert_eq!(
             offered[..4],

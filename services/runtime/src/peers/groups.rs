@@ -2,8 +2,8 @@
 //! agents have not read, their replies and read cursors.
 
 use avm_common::RequestContext;
+use avm_common::event::{GroupSender, data};
 use avm_proto::session::v1 as pb;
-use serde_json::{Value, json};
 
 use super::Sessions;
 use crate::error::RuntimeError;
@@ -97,17 +97,20 @@ impl GroupPost {
         }
     }
 
-    /// The message as the public API shows it (REST's group message).
-    pub fn object(&self) -> Value {
-        json!({
-            "groupId": self.group_id,
-            "messageId": self.message_id,
-            "seq": self.seq,
-            "sender": {"kind": self.sender.kind(), "memberId": self.sender.member_id},
-            "content": self.content,
-            "mentions": self.mentions,
-            "createdAt": self.created_at_ms,
-        })
+    /// The `group_message` event that shows the message.
+    pub fn event(&self) -> data::GroupMessage {
+        data::GroupMessage {
+            group_id: self.group_id.clone(),
+            message_id: self.message_id.clone(),
+            seq: self.seq,
+            sender: GroupSender {
+                kind: self.sender.kind().to_owned(),
+                member_id: self.sender.member_id.clone(),
+            },
+            content: self.content.clone(),
+            mentions: self.mentions.clone(),
+            created_at: self.created_at_ms,
+        }
     }
 }
 

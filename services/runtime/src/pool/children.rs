@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use avm_common::RequestContext;
+use avm_common::event::data;
 use serde_json::{Value, json};
 
 use super::{AgentPool, PoolInner};
@@ -166,16 +167,13 @@ impl AgentPool {
             }
             None => None,
         };
-        let mut spawned = json!({
-            "parentImageId": parent.image.image_id,
-            "childImageId": child.image_id,
-            "sessionId": child.session_id,
-            "depth": child.depth,
+        parent.emit(data::AgentSpawned {
+            parent_image_id: parent.image.image_id.clone(),
+            child_image_id: child.image_id.clone(),
+            session_id: child.session_id.clone(),
+            depth: child.depth,
+            group_id: made_group.clone(),
         });
-        if let Some(group_id) = &made_group {
-            spawned["groupId"] = json!(group_id);
-        }
-        parent.emit("agent_spawned", &spawned);
         if let Some(group_id) = &spawn.group_id {
             self.sessions()
                 .add_group_member(ctx, group_id, &Member::agent(&child.image_id))

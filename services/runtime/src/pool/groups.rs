@@ -8,15 +8,15 @@
 use std::sync::Arc;
 
 use avm_common::auth::Scopes;
+use avm_common::event::data;
 use avm_common::{ApiError, Code, RequestContext};
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use serde_json::json;
 
 use super::AgentPool;
 use crate::agent::Agent;
 use crate::error::RuntimeError;
-use crate::event::EventContext;
+use crate::event::{Detail, EventContext};
 use crate::hub::Subscription;
 use crate::message::{Content, Part};
 use crate::peers::{GroupInfo, GroupPost, Member, UnreadGroup};
@@ -89,13 +89,12 @@ impl AgentPool {
             );
             metrics::counter!("avm_runtime_group_runaways_stopped_total").increment(1);
             hub.publish(
-                "group_runaway_stopped",
                 &context,
-                &json!({
-                    "groupId": group.group_id,
-                    "consecutiveAgentMessages": message.consecutive_agent_messages,
-                    "limit": limit,
-                }),
+                data::GroupRunawayStopped {
+                    group_id: group.group_id.clone(),
+                    consecutive_agent_messages: message.consecutive_agent_messages,
+                    limit,
+                },
             );
             return Ok(Woken {
                 image_ids: Vec::new(),
@@ -171,10 +170,10 @@ impl AgentPool {
                 .group_messages(ctx, &group.group_id, *published, u32::try_from(gap).unwrap_or(u32::MAX))
                 .await?;
             for earlier in earlier.iter().filter(|earlier| earlier.seq < message.seq) {
-                hub.publish("group_message", &sender_context(group, earlier), &earlier.object());
+                hub.publish(&sender_context(group, earlier), earlier.event());
             }
         }
-        hub.publish("group_message", context, &message.object());
+        hub.publish(context, message.event());
         *published = message.seq;
         Ok(())
     }
@@ -319,9 +318,12 @@ impl AgentPool {
             session_id: group.group_id.clone(),
         });
         self.inner.hubs.get_or_create(&group.group_id).publish(
-            "group_read",
             &context,
-            &json!({"groupId": group.group_id, "memberId": me.member_id, "readSeq": cursor}),
+            data::GroupRead {
+                group_id: group.group_id.clone(),
+                member_id: me.member_id.clone(),
+                read_seq: cursor,
+            },
         );
         Ok(read_all)
     }
@@ -347,9 +349,13 @@ impl AgentPool {
             session_id: group.group_id.clone(),
         });
         self.inner.hubs.get_or_create(&group.group_id).publish(
-            "agent_error",
             &context,
-            &json!({"groupId": group.group_id, "imageId": image_id, "agentState": "error", "error": error}),
+            data::AgentError {
+                group_id: group.group_id.clone(),
+                image_id: image_id.to_owned(),
+                agent_state: "error".to_owned(),
+                error,
+            },
         );
         Ok(())
     }
@@ -392,15 +398,13 @@ impl AgentPool {
             let Subscription { replay, mut live, .. } = accepted.events;
             let hubs = &self.inner.hubs;
             for event in replay {
-                hubs.get_or_create(&group.group_id)
-                    .publish_json(event.kind, &context, event.data_json.clone());
+                hubs.get_or_create(&group.group_id).republish(&context, &event);
                 if event.ends_turn() {
                     return fatal(&event);
                 }
             }
             while let Some(event) = live.recv().await {
-                hubs.get_or_create(&group.group_id)
-                    .publish_json(event.kind, &context, event.data_json.clone());
+                hubs.get_or_create(&group.group_id).republish(&context, &event);
                 if event.ends_turn() {
                     return fatal(&event);
                 }
@@ -425,17 +429,10 @@ struct GroupTurn {
 
 /// The failure a turn's last event reports, when retrying would not fix it.
 fn fatal(event: &crate::event::SessionEvent) -> Option<String> {
-    if event.kind != "error_occurred" {
-        return None;
+    match &event.detail {
+        Detail::Unrecoverable(failure) => Some(failure.to_string()),
+        _ => None,
     }
-    let data: serde_json::Value = serde_json::from_str(&event.data_json).ok()?;
-    (data["recoverable"] == false).then(|| {
-        format!(
-            "{}: {}",
-            data["code"].as_str().unwrap_or("ERROR"),
-            data["message"].as_str().unwrap_or_default()
-        )
-    })
 }
 
 /// Whether `message` wakes the agent member `image_id`: a user's message

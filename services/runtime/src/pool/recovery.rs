@@ -23,8 +23,8 @@ use avm_common::backoff::Backoff;
 use std::sync::Arc;
 use std::time::Duration;
 
+use avm_common::event::data;
 use avm_common::ids::new_id;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::RuntimeError;
@@ -369,13 +369,24 @@ pub(super) fn publish_lost_turn(
     stored: Option<Message>,
 ) {
     if let Some(message) = stored {
-        hub.publish("error_received", context, &json!({"message": text, "errorCode": code}));
-        hub.publish("error_message", context, &message.object());
+        hub.publish(
+            context,
+            data::ErrorReceived {
+                message: text.to_owned(),
+                error_code: code.to_owned(),
+            },
+        );
+        if let Some(event) = message.event() {
+            hub.publish(context, event);
+        }
     }
     hub.publish(
-        "error_occurred",
         context,
-        &json!({"code": code, "message": text, "recoverable": true}),
+        data::ErrorOccurred {
+            code: code.to_owned(),
+            message: text.to_owned(),
+            recoverable: true,
+        },
     );
 }
 
@@ -396,6 +407,8 @@ pub(super) fn cut_turn(history: &[Message]) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::llm::ToolCall;
     use crate::message::Content;

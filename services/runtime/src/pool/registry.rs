@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use avm_common::RequestContext;
 use avm_common::auth::Scopes;
+use avm_common::event::data;
 use avm_common::ids::new_id;
-use serde_json::json;
 use tokio::sync::OnceCell;
 use tracing::instrument;
 
@@ -244,17 +244,14 @@ impl AgentPool {
         self.inner.registry.name(agent_id.clone(), key);
         metrics::gauge!("avm_runtime_active_agents").increment(1.0);
         if let Some(message) = &lost {
-            agent.emit("error_message", &message.object());
+            agent.emit_message(message);
         }
-        agent.emit(
-            "agent_registered",
-            &json!({
-                "containerId": agent.image.container_id,
-                "agentId": agent_id,
-                "definitionName": agent.image.name,
-                "registeredAt": agent.started_at_ms,
-            }),
-        );
+        agent.emit(data::AgentRegistered {
+            container_id: agent.image.container_id.clone(),
+            agent_id: agent_id.clone(),
+            definition_name: agent.image.name.clone(),
+            registered_at: agent.started_at_ms,
+        });
         tracing::info!(
             image_id = %agent.image.image_id,
             agent_id = %agent_id,
@@ -300,10 +297,10 @@ impl AgentPool {
             });
         }
         metrics::gauge!("avm_runtime_active_agents").decrement(1.0);
-        agent.emit(
-            "agent_unregistered",
-            &json!({"containerId": agent.image.container_id, "agentId": agent.agent_id}),
-        );
+        agent.emit(data::AgentUnregistered {
+            container_id: agent.image.container_id.clone(),
+            agent_id: agent.agent_id.clone(),
+        });
         self.inner.placement.release_when_stopped(agent);
         tracing::info!(agent_id = %agent.agent_id, image_id = %agent.image.image_id, why, "agent removed");
     }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use avm_common::RequestContext;
 use avm_common::auth::Scopes;
+use avm_common::event::data;
 use avm_common::ids::new_id;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::instrument;
 
@@ -79,19 +79,17 @@ impl AgentPool {
                 return Err(err);
             }
         };
-        agent.emit(
-            "message_persisted",
-            &json!({"sessionId": stored.session_id, "messageId": stored.message_id, "savedAt": stored.created_at_ms}),
-        );
-        let cursor = agent.emit(
-            "message_accepted",
-            &json!({
-                "requestId": ctx.request_id,
-                "imageId": agent.image.image_id,
-                "agentId": agent.agent_id,
-                "userMessageId": user_message_id,
-            }),
-        );
+        agent.emit(data::MessagePersisted {
+            session_id: stored.session_id.clone(),
+            message_id: stored.message_id.clone(),
+            saved_at: stored.created_at_ms,
+        });
+        let cursor = agent.emit(data::MessageAccepted {
+            request_id: ctx.request_id.clone(),
+            image_id: agent.image.image_id.clone(),
+            agent_id: agent.agent_id.clone(),
+            user_message_id: user_message_id.clone(),
+        });
         let history = agent.add_user(llm_content);
         let request = turn::request(&llm.config, &agent, history);
         let events = agent.hub.subscribe(Some(cursor));

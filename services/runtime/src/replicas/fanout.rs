@@ -21,7 +21,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::event::{EventContext, SessionEvent, intern};
+use avm_common::event::EventKind;
+
+use crate::event::{Detail, EventContext, SessionEvent};
 
 /// Events and turn records waiting for the writer; past this, events are
 /// dropped for other replicas (counted), never held in memory.
@@ -73,6 +75,9 @@ struct Wire<S> {
     /// Container, image, agent and session ids.
     x: [S; 4],
     d: S,
+    /// What the mesh reads of the event besides its kind.
+    #[serde(default, skip_serializing_if = "Detail::is_none")]
+    r: Detail,
 }
 
 /// The Redis side of the event hubs of one replica; cheap to clone.
@@ -310,7 +315,7 @@ fn encode(origin: &str, event: &SessionEvent) -> String {
     let context = &event.context;
     let wire = Wire {
         o: origin,
-        k: event.kind,
+        k: event.kind.name(),
         c: event.cursor,
         t: event.timestamp_ms,
         x: [
@@ -320,16 +325,23 @@ fn encode(origin: &str, event: &SessionEvent) -> String {
             context.session_id.as_str(),
         ],
         d: event.data_json.as_str(),
+        r: event.detail.clone(),
     };
     serde_json::to_string(&wire).unwrap_or_default()
 }
 
-/// Returns an event published by a replica, with the replica's id.
+/// Returns an event published by a replica, with the replica's id; `None`
+/// for what is not one, or an event of a kind this build does not know (a
+/// newer replica's, counted), which its clients could not read either.
 fn decode(payload: &str) -> Option<(String, SessionEvent)> {
     let wire: Wire<String> = serde_json::from_str(payload).ok()?;
+    let Some(kind) = EventKind::parse(&wire.k) else {
+        metrics::counter!("avm_runtime_fanout_unknown_events_total").increment(1);
+        return None;
+    };
     let [container_id, image_id, agent_id, session_id] = wire.x;
     let event = SessionEvent {
-        kind: intern(&wire.k),
+        kind,
         cursor: wire.c,
         timestamp_ms: wire.t,
         context: Arc::new(EventContext {
@@ -339,6 +351,7 @@ fn decode(payload: &str) -> Option<(String, SessionEvent)> {
             session_id,
         }),
         data_json: wire.d,
+        detail: wire.r,
     };
     Some((wire.o, event))
 }
@@ -350,7 +363,7 @@ mod tests {
     #[test]
     fn events_travel_whole() {
         let event = SessionEvent {
-            kind: "text_delta",
+            kind: EventKind::MessageAccepted,
             cursor: 42,
             timestamp_ms: 7,
             context: Arc::new(EventContext {
@@ -360,14 +373,18 @@ mod tests {
                 session_id: "sess".into(),
             }),
             data_json: r#"{"text":"a \"b\""}"#.into(),
+            detail: Detail::Request("req_1".into()),
         };
         let (origin, back) = decode(&encode("rt_1", &event)).expect("decodes");
         assert_eq!(origin, "rt_1");
-        assert_eq!(back.kind, "text_delta");
+        assert_eq!(back.kind, EventKind::MessageAccepted);
+        assert_eq!(back.detail, event.detail);
         assert_eq!(back.cursor, 42);
         assert_eq!(back.timestamp_ms, 7);
         assert_eq!(*back.context, *event.context);
         assert_eq!(back.data_json, event.data_json);
         assert!(decode("not json").is_none());
+        let unknown = encode("rt_1", &event).replace("message_accepted", "message_from_the_future");
+        assert!(decode(&unknown).is_none());
     }
 }
