@@ -17,6 +17,7 @@ use http::HeaderMap;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{DecodingKey, Validation};
+use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::{ALGORITHM, AUDIENCE, AuthConfig, Claims, MAX_TOKEN_BYTES, ON_BEHALF_OF_HEADER, Principal, Role};
@@ -27,6 +28,10 @@ use crate::{ApiError, Code};
 /// Shortest time between two fetches of the verification keys, so tokens
 /// with made-up `kid`s cannot turn into a flood of fetches.
 const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Most tokens kept verified; past it, the expired ones go, and if that is
+/// not enough, all of them.
+const MAX_VERIFIED: usize = 4096;
 
 /// Where verification keys come from.
 #[async_trait]
@@ -54,6 +59,13 @@ impl KeySource for AuthKeySource {
         serde_json::from_str(&response.into_inner().jwks_json)
             .map_err(|err| ApiError::internal(format!("auth service sent an unreadable jwks: {err}")))
     }
+}
+
+/// A token whose signature and claims were checked.
+struct Verified {
+    principal: Principal,
+    /// Unix seconds: its `exp` and the leeway.
+    valid_until: u64,
 }
 
 #[derive(Default)]
@@ -89,6 +101,11 @@ struct Inner {
     /// Counts key-set fetches, so callers that waited for one do not start another.
     fetches: std::sync::atomic::AtomicU64,
     state: RwLock<AuthState>,
+    /// Tokens whose signature and claims were checked, by their SHA-256:
+    /// the same token at each hop of a request, and at each request of a
+    /// client, costs a lookup instead of a signature check. Revocations are
+    /// still checked at every use; a new key set empties it.
+    verified: RwLock<HashMap<[u8; 32], Verified>>,
     /// Whether the event stream is live (its snapshot received).
     watching: AtomicBool,
     /// Counts the revocations and deletions applied, so long-lived streams
@@ -128,6 +145,7 @@ impl TokenVerifier {
                 refresh: tokio::sync::Mutex::new(()),
                 fetches: std::sync::atomic::AtomicU64::new(0),
                 state: RwLock::new(AuthState::default()),
+                verified: RwLock::new(HashMap::new()),
                 watching: AtomicBool::new(false),
                 revocations: tokio::sync::watch::Sender::new(0),
             }),
@@ -144,6 +162,11 @@ impl TokenVerifier {
         if token.len() > MAX_TOKEN_BYTES {
             tracing::debug!(bytes = token.len(), "token refused: too long");
             return Err(invalid_token());
+        }
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        if let Some(principal) = self.recall(&digest) {
+            self.check_revoked(&principal)?;
+            return Ok(principal);
         }
         let header = jsonwebtoken::decode_header(token).map_err(|err| rejected("unreadable header", &err))?;
         if header.alg != ALGORITHM {
@@ -165,7 +188,37 @@ impl TokenVerifier {
         self.check_lifetime(&data.claims)?;
         let principal = data.claims.principal()?;
         self.check_revoked(&principal)?;
+        self.remember(digest, &principal, data.claims.exp);
         Ok(principal)
+    }
+
+    /// Returns the principal of a token verified before, while the token
+    /// has not expired (with the leeway the full check allows).
+    fn recall(&self, digest: &[u8; 32]) -> Option<Principal> {
+        let verified = self.inner.verified.read().unwrap_or_else(|poison| poison.into_inner());
+        let entry = verified.get(digest)?;
+        let now = u64::try_from(crate::now_ms() / 1000).unwrap_or(u64::MAX);
+        (now <= entry.valid_until).then(|| entry.principal.clone())
+    }
+
+    fn remember(&self, digest: [u8; 32], principal: &Principal, exp: u64) {
+        let mut verified = self.verified_mut();
+        if verified.len() >= MAX_VERIFIED {
+            let now = u64::try_from(crate::now_ms() / 1000).unwrap_or(u64::MAX);
+            verified.retain(|_, entry| now <= entry.valid_until);
+            if verified.len() >= MAX_VERIFIED {
+                verified.clear();
+            }
+        }
+        let entry = Verified {
+            principal: principal.clone(),
+            valid_until: exp.saturating_add(self.inner.leeway_secs),
+        };
+        verified.insert(digest, entry);
+    }
+
+    fn verified_mut(&self) -> RwLockWriteGuard<'_, HashMap<[u8; 32], Verified>> {
+        self.inner.verified.write().unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// Refuses a token issued in the future or living longer than the auth
@@ -415,6 +468,9 @@ impl TokenVerifier {
         let mut cache = self.keys_mut();
         cache.keys = keys;
         cache.fetched = Some(Instant::now());
+        // A key no longer published signs nothing any more, even what it
+        // signed before.
+        self.verified_mut().clear();
         self.inner.fetches.fetch_add(1, Ordering::Release);
         cache.keys.get(kid).cloned().ok_or_else(|| {
             tracing::debug!(kid, "token refused: unknown kid");
@@ -610,6 +666,50 @@ mod tests {
     #[test]
     fn the_signed_token_itself_is_accepted() {
         assert!(verify(&FIXTURE.token).is_ok());
+    }
+
+    /// A token verified once is taken from memory afterwards, but its key's
+    /// revocation refuses it at once, and an entry past its token's expiry
+    /// is never used.
+    #[tokio::test]
+    async fn a_remembered_token_is_still_refused_once_revoked_or_expired() {
+        let Ok(key) = SigningKey::generate() else {
+            panic!("a signing key must generate")
+        };
+        let config = AuthConfig::default();
+        let jwks = JwkSet {
+            keys: vec![key.public_jwk().clone()],
+        };
+        let verifier = TokenVerifier::new(&config, Arc::new(crate::auth::StaticKeySource(jwks)));
+        let principal = Principal {
+            tenant_id: "ten_2".into(),
+            user_id: "usr_2".into(),
+            role: Role::Admin,
+            operator: false,
+            key_id: Some("key_2".into()),
+            scopes: Scopes::ALL,
+            tenant_limits: Limits::default(),
+            key_limits: Limits::default(),
+        };
+        let now = u64::try_from(crate::now_ms() / 1000).unwrap_or_default();
+        let Ok(token) = key.sign(&Claims::new(&principal, &config.issuer, now, config.token_ttl)) else {
+            panic!("a token must sign")
+        };
+        assert_eq!(verifier.verify(&token).await.ok(), Some(principal.clone()));
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        assert_eq!(verifier.recall(&digest), Some(principal.clone()), "remembered");
+        assert_eq!(verifier.verify(&token).await.ok(), Some(principal.clone()));
+        // An entry whose token expired is not used (the full check then
+        // answers, here for a token that is in fact still valid).
+        verifier.remember(digest, &principal, now.saturating_sub(config.leeway_secs() + 1));
+        assert_eq!(verifier.recall(&digest), None);
+        assert!(verifier.verify(&token).await.is_ok());
+        verifier.apply(&pb::AuthEvent {
+            at_ms: crate::now_ms(),
+            kind: Some(pb::auth_event::Kind::KeyRevoked("key_2".into())),
+        });
+        let refused = verifier.verify(&token).await.err().map(|err| err.reason);
+        assert_eq!(refused.as_deref(), Some("CREDENTIAL_REVOKED"));
     }
 
     /// The last character of a base64 segment carries spare bits; a token
