@@ -19,6 +19,8 @@ pub const BASELINE: &str = "baseline";
 
 /// Deltas added per turn to find the cost of one relayed delta.
 const EXTRA_DELTAS: usize = 100;
+/// Turns of each conversation a CPU measurement runs (see [`spend`]).
+const TURNS_PER_CONVERSATION: usize = 10;
 /// A 50 tokens/s stream.
 const STREAM_INTERVAL: Duration = Duration::from_millis(20);
 /// Deltas per stream in the streams-per-core figure (a 1 s stream).
@@ -298,14 +300,25 @@ async fn spend(bench: &Bench, mock: &MockLlm, plan: &Plan, backing: &Backing, to
             .map(|role| system::cpu_seconds_of(&deployment.pids(Some(role))))
             .collect()
     };
+    // Every measurement runs in conversations of its own, each of at most
+    // `TURNS_PER_CONVERSATION` turns, their agents started beforehand: a
+    // turn sends its whole history to the model, so turns in ever longer
+    // conversations (the same few, round after round) measured the bench's
+    // history rather than a turn (`history_*` measure that). Each lane
+    // takes its conversations in turn.
+    let lanes = plan.cpu_concurrency.max(1);
+    let per_lane = plan.cpu_turns.div_ceil(lanes);
+    let images = bench
+        .api
+        .images(lanes * per_lane.div_ceil(TURNS_PER_CONVERSATION))
+        .await?;
+    bench.api.turns(&images, lanes).await?;
     let redis_before = redis_pid.map(system::cpu_seconds).transpose()?;
     let writes_before = transactions(deployment).await?;
     let before = cpu_of(&roles)?;
-    let lanes = plan.cpu_concurrency.min(bench.images.len()).max(1);
-    let per_lane = plan.cpu_turns.div_ceil(lanes);
-    let runs = bench.images[..lanes].iter().map(|image| async move {
-        for _ in 0..per_lane {
-            bench.api.turn(image).await?;
+    let runs = images.chunks(images.len() / lanes).map(|mine| async move {
+        for turn in 0..per_lane {
+            bench.api.turn(&mine[turn % mine.len()]).await?;
         }
         Ok::<_, anyhow::Error>(())
     });
