@@ -5,7 +5,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::both_modes;
-use crate::support::{assert_text_turn, cluster};
+use crate::support::{assert_text_turn, assert_typed_events, cluster};
 
 /// Reads an SSE body until an event of type `until`; returns (id, event, data) triples.
 async fn read_sse(response: reqwest::Response, until: &str) -> anyhow::Result<Vec<(Option<String>, String, Value)>> {
@@ -85,6 +85,7 @@ async fn rest(mode: Mode) -> anyhow::Result<()> {
         json!({"type": "message_send_response"}),
     ];
     frames.extend(events.iter().skip(1).map(|(_, _, data)| data.clone()));
+    assert_typed_events(&frames[2..]);
     assert_text_turn(&frames);
     assert!(
         events
