@@ -23,7 +23,8 @@ pub struct SessionEvent {
     pub context: Arc<EventContext>,
     /// The protocol `data` object, serialized once.
     pub data_json: String,
-    pub detail: Detail,
+    /// Boxed, as most events have none: the replay window keeps many.
+    pub detail: Option<Box<Detail>>,
 }
 
 impl SessionEvent {
@@ -35,10 +36,8 @@ impl SessionEvent {
 
 /// What readers of an event in this mesh need of it besides its kind,
 /// typed, so none of them reads its JSON back.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Detail {
-    #[default]
-    None,
     /// A `message_accepted`'s request id: the request it answers.
     Request(Box<str>),
     /// A `group_message`'s position in its group.
@@ -48,19 +47,16 @@ pub enum Detail {
 }
 
 impl Detail {
-    /// Takes what readers need of `event`.
-    pub fn of(event: &Event) -> Self {
-        match event {
+    /// Takes what readers need of `event`, if anything.
+    pub fn of(event: &Event) -> Option<Box<Self>> {
+        let detail = match event {
             Event::MessageAccepted(accepted) => Detail::Request(accepted.request_id.as_str().into()),
             Event::GroupMessage(message) => Detail::Seq(message.seq),
             Event::ErrorOccurred(error) if !error.recoverable => {
                 Detail::Unrecoverable(format!("{}: {}", error.code, error.message).into())
             }
-            _ => Detail::None,
-        }
-    }
-
-    pub fn is_none(&self) -> bool {
-        *self == Detail::None
+            _ => return None,
+        };
+        Some(Box::new(detail))
     }
 }

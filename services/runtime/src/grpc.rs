@@ -83,12 +83,12 @@ fn event_pb(event: &SessionEvent) -> pb::Event {
             session_id: event.context.session_id.clone(),
         }),
         data_json: event.data_json.clone(),
-        request_id: match &event.detail {
-            Detail::Request(request_id) => request_id.to_string(),
+        request_id: match event.detail.as_deref() {
+            Some(Detail::Request(request_id)) => request_id.to_string(),
             _ => String::new(),
         },
-        group_seq: match event.detail {
-            Detail::Seq(seq) => seq,
+        group_seq: match event.detail.as_deref() {
+            Some(Detail::Seq(seq)) => *seq,
             _ => 0,
         },
     }

@@ -111,7 +111,7 @@ impl SessionHub {
         kind: EventKind,
         context: &Arc<EventContext>,
         mut data_json: String,
-        detail: Detail,
+        detail: Option<Box<Detail>>,
     ) -> Arc<SessionEvent> {
         // Kept for the retention period: without the slack of its growth.
         data_json.shrink_to_fit();
@@ -426,7 +426,7 @@ mod tests {
             timestamp_ms: 0,
             context: context(),
             data_json: json!({"text": text}).to_string(),
-            detail: Detail::None,
+            detail: None,
         }
     }
 

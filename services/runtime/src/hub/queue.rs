@@ -18,7 +18,6 @@ use avm_common::event::{Event, EventKind, data};
 use tokio::sync::Notify;
 
 use super::SessionEvent;
-use crate::event::Detail;
 
 /// The event kind whose texts merge when a subscriber falls behind.
 const TEXT_DELTA: EventKind = EventKind::TextDelta;
@@ -81,7 +80,7 @@ impl Queued {
                 timestamp_ms: last.timestamp_ms,
                 context: Arc::clone(&last.context),
                 data_json: Event::from(data::TextDelta { text }).data_json(),
-                detail: Detail::None,
+                detail: None,
             }),
         }
     }
@@ -351,7 +350,7 @@ mod tests {
             timestamp_ms: 0,
             context: Arc::clone(ctx),
             data_json: data.to_string(),
-            detail: Detail::None,
+            detail: None,
         })
     }
 

@@ -429,8 +429,8 @@ struct GroupTurn {
 
 /// The failure a turn's last event reports, when retrying would not fix it.
 fn fatal(event: &crate::event::SessionEvent) -> Option<String> {
-    match &event.detail {
-        Detail::Unrecoverable(failure) => Some(failure.to_string()),
+    match event.detail.as_deref() {
+        Some(Detail::Unrecoverable(failure)) => Some(failure.to_string()),
         _ => None,
     }
 }

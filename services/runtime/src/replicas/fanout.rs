@@ -76,8 +76,8 @@ struct Wire<S> {
     x: [S; 4],
     d: S,
     /// What the mesh reads of the event besides its kind.
-    #[serde(default, skip_serializing_if = "Detail::is_none")]
-    r: Detail,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    r: Option<Box<Detail>>,
 }
 
 /// The Redis side of the event hubs of one replica; cheap to clone.
@@ -373,7 +373,7 @@ mod tests {
                 session_id: "sess".into(),
             }),
             data_json: r#"{"text":"a \"b\""}"#.into(),
-            detail: Detail::Request("req_1".into()),
+            detail: Some(Box::new(Detail::Request("req_1".into()))),
         };
         let (origin, back) = decode(&encode("rt_1", &event)).expect("decodes");
         assert_eq!(origin, "rt_1");
