@@ -668,11 +668,9 @@ mod tests {
         assert!(verify(&FIXTURE.token).is_ok());
     }
 
-    /// A token verified once is taken from memory afterwards, but its key's
-    /// revocation refuses it at once, and an entry past its token's expiry
-    /// is never used.
-    #[tokio::test]
-    async fn a_remembered_token_is_still_refused_once_revoked_or_expired() {
+    /// A new signing key, and a verifier with the default settings that
+    /// trusts only that key.
+    fn own_key() -> (SigningKey, AuthConfig, TokenVerifier) {
         let Ok(key) = SigningKey::generate() else {
             panic!("a signing key must generate")
         };
@@ -681,16 +679,30 @@ mod tests {
             keys: vec![key.public_jwk().clone()],
         };
         let verifier = TokenVerifier::new(&config, Arc::new(crate::auth::StaticKeySource(jwks)));
-        let principal = Principal {
-            tenant_id: "ten_2".into(),
-            user_id: "usr_2".into(),
+        (key, config, verifier)
+    }
+
+    /// An admin (not an operator) of `ten_1`, through the API key `key_1`.
+    fn admin() -> Principal {
+        Principal {
+            tenant_id: "ten_1".into(),
+            user_id: "usr_1".into(),
             role: Role::Admin,
             operator: false,
-            key_id: Some("key_2".into()),
+            key_id: Some("key_1".into()),
             scopes: Scopes::ALL,
             tenant_limits: Limits::default(),
             key_limits: Limits::default(),
-        };
+        }
+    }
+
+    /// A token verified once is taken from memory afterwards, but its key's
+    /// revocation refuses it at once, and an entry past its token's expiry
+    /// is never used.
+    #[tokio::test]
+    async fn a_remembered_token_is_still_refused_once_revoked_or_expired() {
+        let (key, config, verifier) = own_key();
+        let principal = admin();
         let now = u64::try_from(crate::now_ms() / 1000).unwrap_or_default();
         let Ok(token) = key.sign(&Claims::new(&principal, &config.issuer, now, config.token_ttl)) else {
             panic!("a token must sign")
@@ -706,7 +718,7 @@ mod tests {
         assert!(verifier.verify(&token).await.is_ok());
         verifier.apply(&pb::AuthEvent {
             at_ms: crate::now_ms(),
-            kind: Some(pb::auth_event::Kind::KeyRevoked("key_2".into())),
+            kind: Some(pb::auth_event::Kind::KeyRevoked("key_1".into())),
         });
         let refused = verifier.verify(&token).await.err().map(|err| err.reason);
         assert_eq!(refused.as_deref(), Some("CREDENTIAL_REVOKED"));
@@ -737,24 +749,8 @@ mod tests {
     /// than admin; the same claims within the rules are accepted.
     #[tokio::test]
     async fn a_correctly_signed_token_beyond_the_maximum_lifetime_is_refused() {
-        let Ok(key) = SigningKey::generate() else {
-            panic!("a signing key must generate")
-        };
-        let config = AuthConfig::default();
-        let jwks = JwkSet {
-            keys: vec![key.public_jwk().clone()],
-        };
-        let verifier = TokenVerifier::new(&config, Arc::new(crate::auth::StaticKeySource(jwks)));
-        let principal = Principal {
-            tenant_id: "ten_1".into(),
-            user_id: "usr_1".into(),
-            role: Role::Admin,
-            operator: false,
-            key_id: Some("key_1".into()),
-            scopes: Scopes::ALL,
-            tenant_limits: Limits::default(),
-            key_limits: Limits::default(),
-        };
+        let (key, config, verifier) = own_key();
+        let principal = admin();
         let now = u64::try_from(crate::now_ms() / 1000).unwrap_or_default();
         let honest = Claims::new(&principal, &config.issuer, now, config.token_ttl);
         let sign = |claims: &serde_json::Value| {
