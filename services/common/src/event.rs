@@ -270,20 +270,6 @@ impl EventKind {
     }
 }
 
-impl Event {
-    /// Wraps a stored message as the event of `kind` that shows it; `None`
-    /// when `kind` is not a message event.
-    pub fn message(kind: EventKind, message: MessageObject) -> Option<Self> {
-        Some(match kind {
-            EventKind::AssistantMessage => data::AssistantMessage { message }.into(),
-            EventKind::ToolCallMessage => data::ToolCallMessage { message }.into(),
-            EventKind::ToolResultMessage => data::ToolResultMessage { message }.into(),
-            EventKind::ErrorMessage => data::ErrorMessage { message }.into(),
-            _ => return None,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;

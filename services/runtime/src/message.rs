@@ -3,7 +3,7 @@
 //! and how a message shows in the session's events (PROTOCOL.md, "Message
 //! objects").
 
-use avm_common::event::{Event, EventKind, TokenUsage};
+use avm_common::event::{Event, TokenUsage, data};
 use serde_json::{Value, json};
 
 use crate::error::RuntimeError;
@@ -180,17 +180,16 @@ impl Message {
     /// `tool_call_message`, `tool_result_message` or `error_message` (`None`
     /// for a user's message, which has its own events).
     pub fn event(&self) -> Option<Event> {
-        let kind = match &self.body {
-            MessageBody::Assistant(_) => EventKind::AssistantMessage,
-            MessageBody::ToolCall { .. } => EventKind::ToolCallMessage,
-            MessageBody::ToolResult { .. } => EventKind::ToolResultMessage,
-            MessageBody::Error { .. } => EventKind::ErrorMessage,
-            MessageBody::User(_) | MessageBody::Other => return None,
+        let Value::Object(message) = self.object() else {
+            return None;
         };
-        match self.object() {
-            Value::Object(object) => Event::message(kind, object),
-            _ => None,
-        }
+        Some(match &self.body {
+            MessageBody::Assistant(_) => data::AssistantMessage { message }.into(),
+            MessageBody::ToolCall { .. } => data::ToolCallMessage { message }.into(),
+            MessageBody::ToolResult { .. } => data::ToolResultMessage { message }.into(),
+            MessageBody::Error { .. } => data::ErrorMessage { message }.into(),
+            MessageBody::User(_) | MessageBody::Other => return None,
+        })
     }
 
     /// Returns the message as the protocol's message object (the `data` of
