@@ -514,50 +514,25 @@ pub async fn members(peers: &Peers, ctx: &RequestContext, group_id: String) -> R
 /// Posts a message into a group as the caller; `true` when it is new (not
 /// a re-post of a message id the group holds).
 ///
-/// The caller has read what they answer: their read cursor moves to the
-/// message, so their own messages are never unread to them.
+/// The session service moves the caller's read cursor to the message (they
+/// read what they answer) and announces it; the runtimes wake the agents it
+/// concerns.
 pub async fn post(
     peers: &Peers,
     ctx: &RequestContext,
     group_id: String,
     message: NewGroupMessage,
 ) -> Result<(GroupMessage, bool), ApiError> {
-    let sender = caller_member(ctx)?;
     let call = ctx.request(ss::PostGroupMessageRequest {
-        group_id: group_id.clone(),
+        group_id,
         message_id: message.message_id.unwrap_or_default(),
-        sender: Some(sender.pb()),
+        sender: Some(caller_member(ctx)?.pb()),
         content: message.content,
         mentions: message.mentions,
+        read_seq: None,
     });
     let response = peers.session.post_group_message(call).await?.into_inner();
     let stored = GroupMessage::new(response.message.ok_or_else(|| missing("message"))?)?;
-    let read = ctx.request(ss::AdvanceReadCursorRequest {
-        group_id,
-        member: Some(sender.pb()),
-        seq: stored.seq,
-    });
-    // The message is stored: a cursor left behind only shows it as unread,
-    // and failing the post would invite a duplicate.
-    if let Err(status) = peers.session.advance_read_cursor(read).await {
-        tracing::warn!(group_id = %stored.group_id, error = %status.message(), "read cursor not moved past own message");
-    }
-    if response.created {
-        let wake = ctx.request(rt::WakeGroupRequest {
-            group_id: stored.group_id.clone(),
-            seq: stored.seq,
-        });
-        // Stored is stored: an agent not woken now reads it on its next wake.
-        match peers.runtime.wake_group(wake).await {
-            Ok(woken) => {
-                let woken = woken.into_inner();
-                tracing::debug!(group_id = %stored.group_id, woken = woken.woken_image_ids.len(), runaway_stopped = woken.runaway_stopped, "group message woke its agents");
-            }
-            Err(status) => {
-                tracing::warn!(group_id = %stored.group_id, error = %status.message(), "the group's agents were not woken");
-            }
-        }
-    }
     Ok((stored, response.created))
 }
 

@@ -395,6 +395,10 @@ async fn gateway_component(
 
 /// Every component in one process, each built as its own role builds it,
 /// calling the others through their services' gRPC adapters in process.
+/// How long `avm serve` waits for its runtime to follow the session
+/// service's changes before it opens the gateway anyway.
+const SESSIONS_FOLLOWED_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Result<App> {
     let gateway_url = local_url(&listeners.gateway)?;
     let mut app = App::new("serve", config.grpc.drain_timeout);
@@ -444,7 +448,7 @@ async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Resu
             verifier.clone(),
             &config.grpc,
         ))
-        .add_service(avm_runtime::grpc_server(pool, verifier.clone(), &config.grpc));
+        .add_service(avm_runtime::grpc_server(pool.clone(), verifier.clone(), &config.grpc));
     port.attach(grpc).await;
 
     let mut authenticator = credentials.authenticator(&config);
@@ -461,6 +465,12 @@ async fn serve_app(config: AvmConfig, listeners: ServeListeners) -> anyhow::Resu
         config_handle,
         observability_handle,
     );
+    // Opened once a group message posted through it would wake its agents.
+    if !pool.following_sessions(SESSIONS_FOLLOWED_WITHIN).await {
+        tracing::warn!(
+            "the runtime does not follow the session service's changes yet: group messages wake nobody until it does"
+        );
+    }
     gateway_component(&config, listeners.gateway, peers, authenticator, &mut app).await?;
     println!("listening: gateway {gateway_url}");
     println!("listening: grpc {grpc_url}");

@@ -130,22 +130,6 @@ impl RuntimeService for RuntimeGrpc {
     type SubscribeEventsStream = EventStream<pb::SubscribeEventsResponse>;
     type SubscribeGroupEventsStream = EventStream<pb::SubscribeGroupEventsResponse>;
 
-    async fn wake_group(
-        &self,
-        request: Request<pb::WakeGroupRequest>,
-    ) -> Result<Response<pb::WakeGroupResponse>, Status> {
-        let ctx = caller(&request)?;
-        let message = request.get_ref();
-        let woken = self
-            .pool
-            .group_message_posted(&ctx, &message.group_id, message.seq)
-            .await?;
-        Ok(Response::new(pb::WakeGroupResponse {
-            woken_image_ids: woken.image_ids,
-            runaway_stopped: woken.runaway_stopped,
-        }))
-    }
-
     async fn wake_agent(
         &self,
         request: Request<pb::WakeAgentRequest>,

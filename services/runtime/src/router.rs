@@ -158,13 +158,6 @@ where
     type SubscribeEventsStream = avm_proto::BoxStream<pb::SubscribeEventsResponse>;
     type SubscribeGroupEventsStream = avm_proto::BoxStream<pb::SubscribeGroupEventsResponse>;
 
-    async fn wake_group(
-        &self,
-        request: Request<pb::WakeGroupRequest>,
-    ) -> Result<Response<pb::WakeGroupResponse>, Status> {
-        here(self.local.wake_group(request).await)
-    }
-
     async fn wake_agent(
         &self,
         request: Request<pb::WakeAgentRequest>,

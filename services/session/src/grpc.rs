@@ -10,7 +10,7 @@ use crate::error::SessionError;
 use crate::record::{
     AgentState, ContainerRecord, GroupMemberRecord, GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord,
     ImageUpdate, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup, NewGroupMessage, NewImage, NewMessage,
-    ShareRole, UnreadGroup, Usage, WakeMode, WatchItem,
+    SessionChange, ShareRole, UnreadGroup, Usage, WakeMode, WatchItem,
 };
 use crate::service::SessionService;
 
@@ -57,10 +57,26 @@ impl SessionApi for SessionGrpc {
                 live: true,
                 ..Default::default()
             }),
-            Ok(WatchItem::Deleted(change)) => Ok(pb::WatchSessionEventsResponse {
-                tenant_id: change.tenant_id,
-                image_ids: change.image_ids,
-                live: false,
+            Ok(WatchItem::Changed(SessionChange::Deleted { tenant_id, image_ids })) => {
+                Ok(pb::WatchSessionEventsResponse {
+                    tenant_id,
+                    image_ids,
+                    ..Default::default()
+                })
+            }
+            Ok(WatchItem::Changed(SessionChange::Posted {
+                tenant_id,
+                group_id,
+                seq,
+                message_id,
+            })) => Ok(pb::WatchSessionEventsResponse {
+                tenant_id,
+                posted: Some(pb::GroupMessagePosted {
+                    group_id,
+                    seq,
+                    message_id,
+                }),
+                ..Default::default()
             }),
             Err(err) => Err(Status::from(err)),
         });
@@ -461,6 +477,7 @@ impl SessionApi for SessionGrpc {
             content: request.content,
             mentions: request.mentions,
             created_at_ms: 0,
+            read_seq: request.read_seq,
         };
         let (stored, created) = self
             .service

@@ -307,20 +307,30 @@ impl MessageBody {
     }
 }
 
-/// Images a deletion removed (one, or all of a container's), announced to
-/// the runtimes so they stop the agents of what is gone.
+/// What the session service announces to the runtimes: images a deletion
+/// removed (one, or all of a container's), so they stop their agents; a
+/// message new in a group, so they wake the agents it concerns.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionChange {
-    pub tenant_id: String,
-    pub image_ids: Vec<String>,
+#[serde(tag = "change", rename_all = "snake_case")]
+pub enum SessionChange {
+    Deleted {
+        tenant_id: String,
+        image_ids: Vec<String>,
+    },
+    Posted {
+        tenant_id: String,
+        group_id: String,
+        seq: u64,
+        message_id: String,
+    },
 }
 
-/// What a watcher of the deletions receives.
+/// What a watcher of the session's changes receives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WatchItem {
-    /// From here on every deletion reaches the watcher.
+    /// From here on every change reaches the watcher.
     Live,
-    Deleted(SessionChange),
+    Changed(SessionChange),
 }
 
 /// Whether a group member is an agent (an image) or a user.
@@ -474,6 +484,9 @@ pub struct NewGroupMessage {
     pub mentions: Vec<String>,
     /// Zero (or negative) means "now".
     pub created_at_ms: i64,
+    /// The last message the sender read before writing this one; `None`:
+    /// everything up to its own.
+    pub read_seq: Option<u64>,
 }
 
 /// A group message as stored.

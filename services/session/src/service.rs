@@ -109,8 +109,10 @@ impl SessionService {
         Arc::clone(&self.events).spawn_listener(shutdown)
     }
 
-    /// Streams the images deleted from now on, of every tenant, after a
-    /// first [`WatchItem::Live`] (components only: the runtimes stop their agents).
+    /// Streams the images deleted and the group messages posted from now
+    /// on, of every tenant, after a first [`WatchItem::Live`] (for the
+    /// runtimes: they stop the agents of what is gone and wake those a
+    /// message concerns).
     #[instrument(name = "session.watch_session_events", skip_all, fields(request_id = %ctx.request_id))]
     pub async fn watch(
         &self,
@@ -123,7 +125,7 @@ impl SessionService {
             .map_err(|_| SessionError::EventsUnavailable)?;
         let changes = self.events.subscribe().map(|change| {
             change
-                .map(WatchItem::Deleted)
+                .map(WatchItem::Changed)
                 .map_err(|_| SessionError::EventsUnavailable)
         });
         Ok(futures::stream::once(async { Ok(WatchItem::Live) })
@@ -202,7 +204,7 @@ impl SessionService {
         let image_ids = self.store.delete_container(&scope(ctx), container_id).await?;
         tracing::info!(container_id, images = image_ids.len(), "container deleted");
         self.events
-            .emit(SessionChange {
+            .emit(SessionChange::Deleted {
                 tenant_id: ctx.tenant_id.clone(),
                 image_ids: image_ids.clone(),
             })
@@ -441,7 +443,7 @@ impl SessionService {
         let image_ids = self.store.delete_image(&scope(ctx), image_id).await?;
         tracing::info!(image_id, descendants = image_ids.len() - 1, "image deleted");
         self.events
-            .emit(SessionChange {
+            .emit(SessionChange::Deleted {
                 tenant_id: ctx.tenant_id.clone(),
                 image_ids,
             })

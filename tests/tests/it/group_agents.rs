@@ -5,10 +5,14 @@
 
 use std::time::Duration;
 
-use avm_tests::cluster::{Cluster, Llm, Mode, Options};
+use anyhow::Context;
+use avm_proto::session::v1 as ss;
+use avm_proto::session::v1::session_service_client::SessionServiceClient;
+use avm_tests::cluster::{Cluster, Llm, Mode, Options, bearer};
 use avm_tests::mock_llm::{MockBehavior, MockFailure, MockLlm, MockToolCall, RecordedRequest, SYSTEM_PLACEHOLDER};
 use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
+use tonic::transport::Endpoint;
 
 use crate::both_modes;
 use crate::groups::{group, image, text};
@@ -220,6 +224,59 @@ async fn mention(mode: Mode) -> anyhow::Result<()> {
     // Alice keeps the message unread, for when she is mentioned.
     assert_eq!(read_seq(&cluster, &group_id, &alice).await?, Some(json!(0)));
     assert_eq!(read_seq(&cluster, &group_id, &bob).await?, Some(json!(2)));
+    Ok(())
+}
+
+both_modes!(a_message_posted_over_grpc_wakes_the_agents_it_concerns, grpc_post);
+
+/// Issue 28: the session service owns group posting. A message posted
+/// straight to it over gRPC, as an internal team would, wakes the agent it
+/// mentions and moves its sender's read cursor, as one posted over REST does.
+async fn grpc_post(mode: Mode) -> anyhow::Result<()> {
+    let (mock, cluster) = prompted(mode, MockBehavior::default()).await?;
+    let alice = image(&cluster, "desk", "alice").await?;
+    let bob = image(&cluster, "desk", "bob").await?;
+    let group_id = group(&cluster, "desk", "mentions", &[&alice, &bob]).await?;
+    let (_, members) = call(&cluster, "GET", &format!("/v1/groups/{group_id}/members"), None).await?;
+    let me = members["members"]
+        .as_array()
+        .and_then(|all| all.iter().find(|m| m["kind"] == "user"))
+        .map(|m| text(&m["memberId"]))
+        .context("the group's creator is a member")?;
+    let mut sse = watch(&cluster, &group_id).await?;
+
+    let token = cluster.access_token(&cluster.admin_key).await?;
+    let channel = Endpoint::from_shared(cluster.session_grpc.clone())?.connect().await?;
+    let mut session = SessionServiceClient::with_interceptor(channel, bearer(&token)?);
+    let posted = session
+        .post_group_message(ss::PostGroupMessageRequest {
+            group_id: group_id.clone(),
+            sender: Some(ss::GroupMemberRef {
+                kind: ss::GroupMemberKind::User.into(),
+                member_id: me.clone(),
+            }),
+            content: "Bob, over gRPC: a word?".into(),
+            mentions: vec![bob.clone()],
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert!(posted.created);
+
+    let events = until_read(&mut sse, 1).await?;
+    let messages = messages_of(&events);
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[0]["content"], "Bob, over gRPC: a word?");
+    assert_eq!(messages[1]["sender"]["memberId"], bob.as_str());
+    assert_eq!(messages[1]["content"], "You are bob.");
+    assert_eq!(mock.requests().len(), 1, "only bob thought");
+    assert_eq!(
+        read_seq(&cluster, &group_id, &me).await?,
+        Some(json!(1)),
+        "the sender read its own"
+    );
+    assert_eq!(read_seq(&cluster, &group_id, &bob).await?, Some(json!(2)));
+    assert_eq!(read_seq(&cluster, &group_id, &alice).await?, Some(json!(0)));
     Ok(())
 }
 

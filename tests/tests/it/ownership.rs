@@ -932,7 +932,6 @@ const OPS: &[Op] = &[
     Op::Grpc("runtime.ListWorkspace"),
     Op::Grpc("runtime.ReadWorkspaceFile"),
     Op::Grpc("runtime.WriteWorkspaceFile"),
-    Op::Grpc("runtime.WakeGroup"),
     Op::Grpc("runtime.WakeAgent"),
     Op::Grpc("runtime.SubscribeGroupEvents"),
     Op::Grpc("runtime.SubscribeGroupEvents after 0"),
@@ -1272,12 +1271,12 @@ impl<'a> Attacker<'a> {
             unary "session.PostGroupMessage" =>
                 session.post_group_message(ss::PostGroupMessageRequest {
                     group_id: group(), message_id: planted(), sender: Some(as_user(me())),
-                    content: planted(), mentions: vec![image()],
+                    content: planted(), mentions: vec![image()], read_seq: None,
                 }),
             unary "session.PostGroupMessage as agent" =>
                 session.post_group_message(ss::PostGroupMessageRequest {
                     group_id: group(), message_id: planted(), sender: Some(as_agent(image())),
-                    content: planted(), mentions: vec![],
+                    content: planted(), mentions: vec![], read_seq: None,
                 }),
             unary "session.ListGroupMessages" =>
                 session.list_group_messages(ss::ListGroupMessagesRequest { group_id: group(), after_seq: 0, limit: 0 }),
@@ -1338,8 +1337,6 @@ impl<'a> Attacker<'a> {
                 runtime.write_workspace_file(rt::WriteWorkspaceFileRequest {
                     image_id: image(), path: "notes/planted.txt".into(), content: planted().into_bytes()
                 }),
-            unary "runtime.WakeGroup" =>
-                runtime.wake_group(rt::WakeGroupRequest { group_id: group(), seq: 1 }),
             unary "runtime.WakeAgent" =>
                 runtime.wake_agent(rt::WakeAgentRequest {
                     image_id: image(),

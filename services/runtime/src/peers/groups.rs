@@ -69,6 +69,17 @@ impl GroupInfo {
     }
 }
 
+/// A message an agent posts into a group.
+pub struct AgentPost<'a> {
+    /// Named after what it answers, so a redelivered wake posts nothing twice.
+    pub message_id: String,
+    pub sender: &'a Member,
+    pub content: &'a str,
+    pub mentions: Vec<String>,
+    /// The last message the agent read before writing this one.
+    pub read_seq: u64,
+}
+
 /// One message of a group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupPost {
@@ -195,23 +206,23 @@ impl Sessions {
             .collect())
     }
 
-    /// Posts a message as `sender`; idempotent on `message_id`. Returns the
-    /// stored message and whether this call stored it.
+    /// Posts an agent's message; idempotent on its id. The sender's cursor
+    /// moves to what it read (and past its message when nothing lies
+    /// between), and the session service announces the message to the
+    /// runtimes. Returns the stored message and whether this call stored it.
     pub async fn post_group_message(
         &self,
         ctx: &RequestContext,
         group_id: &str,
-        message_id: &str,
-        sender: &Member,
-        content: &str,
-        mentions: Vec<String>,
+        post: AgentPost<'_>,
     ) -> Result<(GroupPost, bool), RuntimeError> {
         let request = ctx.request(pb::PostGroupMessageRequest {
             group_id: group_id.to_owned(),
-            message_id: message_id.to_owned(),
-            sender: Some(sender.pb()),
-            content: content.to_owned(),
-            mentions,
+            message_id: post.message_id,
+            sender: Some(post.sender.pb()),
+            content: post.content.to_owned(),
+            mentions: post.mentions,
+            read_seq: Some(post.read_seq),
         });
         let posted = self.service.post_group_message(request).await?.into_inner();
         Ok((GroupPost::of(posted.message.unwrap_or_default()), posted.created))

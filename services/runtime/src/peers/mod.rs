@@ -10,9 +10,9 @@ mod session;
 mod usage;
 
 pub use config::{ConfigEntry, ConfigSource, ConfigUpdate, Configs, StoredCredentials};
-pub use groups::{GroupInfo, GroupPost, Member, UnreadGroup};
+pub use groups::{AgentPost, GroupInfo, GroupPost, Member, UnreadGroup};
 pub use resource::{Resolved, Resources};
 pub(crate) use session::content;
-pub use session::{Deletion, ImageChanges, ImageInfo, Lifecycle, NewChild, OpenTurn, Role, Sessions};
+pub use session::{ImageChanges, ImageInfo, Lifecycle, NewChild, OpenTurn, Role, SessionChange, Sessions};
 pub(crate) use session::{decode_message, encode_message};
 pub use usage::{BudgetAnswer, BudgetUpdate, CallStatus, Estimate, UsageRecord, Usages};

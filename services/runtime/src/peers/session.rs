@@ -151,14 +151,19 @@ pub struct NewChild {
     pub tools: Vec<String>,
 }
 
-/// Images the session service deleted, or the mark that deletions flow.
+/// A change the session service announces, or the mark that changes flow.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Deletion {
-    /// From here on every deletion reaches the watcher.
+pub enum SessionChange {
+    /// From here on every change reaches the watcher.
     Live,
-    Images {
+    /// Images deleted (one, or all of a container's).
+    Deleted { tenant_id: String, image_ids: Vec<String> },
+    /// A message new in a group.
+    Posted {
         tenant_id: String,
-        image_ids: Vec<String>,
+        group_id: String,
+        seq: u64,
+        message_id: String,
     },
 }
 
@@ -407,23 +412,28 @@ impl Sessions {
             .deleted_image_ids)
     }
 
-    /// Follows the deletions of every tenant (as a service principal).
-    pub async fn watch_deletions(
+    /// Follows the deletions and group posts of every tenant (as a service principal).
+    pub async fn watch_changes(
         &self,
         ctx: &RequestContext,
-    ) -> Result<BoxStream<'static, Result<Deletion, RuntimeError>>, RuntimeError> {
+    ) -> Result<BoxStream<'static, Result<SessionChange, RuntimeError>>, RuntimeError> {
         let request = ctx.request(pb::WatchSessionEventsRequest {});
         let stream = self.service.watch_session_events(request).await?.into_inner();
         Ok(stream
             .map(|item| {
                 let event = item?;
-                Ok(if event.live {
-                    Deletion::Live
-                } else {
-                    Deletion::Images {
+                Ok(match event.posted {
+                    _ if event.live => SessionChange::Live,
+                    Some(posted) => SessionChange::Posted {
+                        tenant_id: event.tenant_id,
+                        group_id: posted.group_id,
+                        seq: posted.seq,
+                        message_id: posted.message_id,
+                    },
+                    None => SessionChange::Deleted {
                         tenant_id: event.tenant_id,
                         image_ids: event.image_ids,
-                    }
+                    },
                 })
             })
             .boxed())

@@ -1,5 +1,6 @@
-//! Following the session service's deletions: the agents of deleted images
-//! stop and their workspaces go, whoever deleted them.
+//! Following the session service's changes: the agents of deleted images
+//! stop and their workspaces go, whoever deleted them; a new group message
+//! wakes the agents it concerns (`groups.rs`), whoever posted it.
 
 use avm_common::backoff::Backoff;
 
@@ -9,20 +10,21 @@ use tokio_util::sync::CancellationToken;
 
 use super::AgentPool;
 use crate::error::{AgentTarget, RuntimeError};
-use crate::peers::Deletion;
+use crate::peers::SessionChange;
 
 impl AgentPool {
-    /// Stops the agents of images the session service deleted (whoever asked
-    /// it to), reconnecting with backoff until `shutdown`.
-    pub(super) async fn follow_deletions(self, shutdown: CancellationToken) {
+    /// Stops the agents of images the session service deleted and wakes
+    /// those a new group message concerns (whoever asked it to),
+    /// reconnecting with backoff until `shutdown`.
+    pub(super) async fn follow_sessions(self, shutdown: CancellationToken) {
         let mut backoff = Backoff::default();
         loop {
             let result = tokio::select! {
                 () = shutdown.cancelled() => return,
-                result = self.watch_deletions(&mut backoff) => result,
+                result = self.watch_sessions(&mut backoff) => result,
             };
             if let Err(err) = result {
-                tracing::warn!(error = %err, "session deletions watch ended; reconnecting");
+                tracing::warn!(error = %err, "session changes watch ended; reconnecting");
             }
             if !backoff.wait(&shutdown).await {
                 return;
@@ -30,17 +32,18 @@ impl AgentPool {
         }
     }
 
-    pub(super) async fn watch_deletions(&self, backoff: &mut Backoff) -> Result<(), RuntimeError> {
+    async fn watch_sessions(&self, backoff: &mut Backoff) -> Result<(), RuntimeError> {
         let ctx = self.inner.ports.identity.own_context().await?;
-        let mut stream = self.sessions().watch_deletions(&ctx).await?;
-        while let Some(deletion) = stream.next().await.transpose()? {
-            match deletion {
-                Deletion::Live => {
+        let mut stream = self.sessions().watch_changes(&ctx).await?;
+        while let Some(change) = stream.next().await.transpose()? {
+            match change {
+                SessionChange::Live => {
                     backoff.reset();
+                    self.inner.sessions_followed.send_replace(true);
                     // What was deleted while nobody watched: every live agent's image is checked.
                     self.reconcile().await;
                 }
-                Deletion::Images { tenant_id, image_ids } => {
+                SessionChange::Deleted { tenant_id, image_ids } => {
                     for image_id in image_ids {
                         if let Some(agent) = self.lookup(&tenant_id, &AgentTarget::Image(image_id.clone())) {
                             self.retire(&agent, "image deleted");
@@ -48,6 +51,18 @@ impl AgentPool {
                         // Deleted on the session service directly: the workspace goes too.
                         self.remove_workspace(&tenant_id, &image_id).await;
                     }
+                }
+                SessionChange::Posted {
+                    tenant_id,
+                    group_id,
+                    seq,
+                    message_id,
+                } => {
+                    // Not awaited: the stream goes on while the agents wake.
+                    let pool = self.clone();
+                    tokio::spawn(
+                        async move { pool.group_message_posted(&tenant_id, &group_id, seq, &message_id).await },
+                    );
                 }
             }
         }

@@ -19,7 +19,7 @@ use crate::error::RuntimeError;
 use crate::event::{Detail, EventContext};
 use crate::hub::Subscription;
 use crate::message::{Content, Part};
-use crate::peers::{GroupInfo, GroupPost, Member, UnreadGroup};
+use crate::peers::{AgentPost, GroupInfo, GroupPost, Member, UnreadGroup};
 
 /// Unread messages of a group read by one turn.
 const READ_LIMIT: u32 = 100;
@@ -29,39 +29,57 @@ const WAKES_AT_ONCE: usize = 16;
 
 /// Whom a posted group message woke.
 #[derive(Debug, Default)]
-pub struct Woken {
+struct Woken {
     /// The agent members woken (with replicas: whose wakes were queued), in
     /// the order they joined.
-    pub image_ids: Vec<String>,
+    image_ids: Vec<String>,
     /// The group reached its limit of consecutive agent messages.
-    pub runaway_stopped: bool,
+    runaway_stopped: bool,
 }
 
 impl AgentPool {
-    /// A group message was posted: its watchers see it and the agent members
-    /// it concerns wake. Nobody wakes once the group's run of consecutive
-    /// agent messages reaches the limit; a user's message starts it over.
-    #[tracing::instrument(name = "runtime.wake_group", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn group_message_posted(
-        &self,
-        ctx: &RequestContext,
-        group_id: &str,
-        seq: u64,
-    ) -> Result<Woken, RuntimeError> {
-        ctx.require(Scopes::WRITE)?;
-        let group = self.sessions().get_group(ctx, group_id).await?;
-        let message = self
-            .sessions()
-            .group_message(ctx, group_id, seq)
-            .await?
-            .ok_or_else(|| {
-                RuntimeError::Api(ApiError::new(
-                    Code::NotFound,
-                    "GROUP_MESSAGE_NOT_FOUND",
-                    format!("group {group_id} has no message {seq}"),
-                ))
-            })?;
-        self.fan_out(ctx, &group, &message).await
+    /// The session service announced a new group message (posted by a user
+    /// over any surface, by an agent, or straight over gRPC): unless a
+    /// runtime claimed it first (the one whose agent posted it does before
+    /// posting), its watchers see it and the agent members it concerns wake.
+    #[tracing::instrument(name = "runtime.group_message_posted", skip_all, fields(tenant_id = %tenant_id, group_id = %group_id, seq = seq))]
+    pub(super) async fn group_message_posted(&self, tenant_id: &str, group_id: &str, seq: u64, message_id: &str) {
+        let posted = async {
+            if !self
+                .inner
+                .placement
+                .claim_post(tenant_id, group_id, message_id, false)
+                .await?
+            {
+                return Ok(None);
+            }
+            let ctx = self.inner.ports.identity.tenant_context(tenant_id).await?;
+            let group = self.sessions().get_group(&ctx, group_id).await?;
+            let message = self
+                .sessions()
+                .group_message(&ctx, group_id, seq)
+                .await?
+                .ok_or_else(|| {
+                    RuntimeError::Api(ApiError::new(
+                        Code::NotFound,
+                        "GROUP_MESSAGE_NOT_FOUND",
+                        format!("group {group_id} has no message {seq}"),
+                    ))
+                })?;
+            self.fan_out(&ctx, &group, &message).await.map(Some)
+        };
+        match posted.await {
+            Ok(Some(woken)) => {
+                tracing::debug!(
+                    woken = woken.image_ids.len(),
+                    runaway_stopped = woken.runaway_stopped,
+                    "group message woke its agents"
+                );
+            }
+            Ok(None) => {}
+            // Stored is stored: an agent not woken now reads it on its next wake.
+            Err(err) => tracing::warn!(error = %err, "the group's agents were not woken"),
+        }
     }
 
     /// Tells the group's watchers of `message` and wakes whom it concerns.
@@ -292,25 +310,39 @@ impl AgentPool {
             // Cut by a pause or a stop: read again when it runs next.
             return Ok(true);
         }
-        let mut cursor = last;
-        if let Some(text) = reply.filter(|text| !text.trim().is_empty()) {
-            let mentions = mentioned(&text, me, &members);
-            // Named after what it answers: a redelivered wake posts nothing twice.
-            let message_id = format!("reply.{}.{last}", me.member_id);
-            let (posted, created) = self
-                .sessions()
-                .post_group_message(ctx, &group.group_id, &message_id, me, &text, mentions)
-                .await?;
-            if posted.seq == last + 1 {
-                cursor = posted.seq;
+        // Its reply moves its cursor (and the session announces it, to wake
+        // whom it concerns); without one, the cursor moves here.
+        let cursor = match reply.filter(|text| !text.trim().is_empty()) {
+            Some(text) => {
+                // Named after what it answers: a redelivered wake posts nothing twice.
+                let message_id = format!("reply.{}.{last}", me.member_id);
+                // Claimed before it is posted, so this runtime, not one
+                // hearing the session announce it, tells the group's
+                // watchers: they see the reply before the agent's read.
+                self.inner
+                    .placement
+                    .claim_post(&ctx.tenant_id, &group.group_id, &message_id, true)
+                    .await?;
+                let post = AgentPost {
+                    message_id,
+                    sender: me,
+                    content: &text,
+                    mentions: mentioned(&text, me, &members),
+                    read_seq: last,
+                };
+                let (posted, created) = self.sessions().post_group_message(ctx, &group.group_id, post).await?;
+                if created {
+                    self.fan_out(ctx, group, &posted).await?;
+                }
+                if posted.seq == last + 1 { posted.seq } else { last }
             }
-            if created {
-                self.fan_out(ctx, group, &posted).await?;
+            None => {
+                self.sessions()
+                    .advance_read_cursor(ctx, &group.group_id, me, last)
+                    .await?;
+                last
             }
-        }
-        self.sessions()
-            .advance_read_cursor(ctx, &group.group_id, me, cursor)
-            .await?;
+        };
         let context = Arc::new(EventContext {
             container_id: group.container_id.clone(),
             image_id: me.member_id.clone(),

@@ -93,6 +93,9 @@ struct PoolInner {
     /// Set once the turns the previous process left open are ended (at
     /// once with replicas, whose survivors end a dead one's turns).
     recovered: tokio::sync::watch::Sender<bool>,
+    /// Set once the session service's changes reach this runtime: before,
+    /// a group message posted would wake nobody.
+    sessions_followed: tokio::sync::watch::Sender<bool>,
 }
 
 /// The agent pool of one runtime process; cheap to clone.
@@ -176,6 +179,7 @@ impl AgentPool {
                 gate,
                 started_at_ms: avm_common::now_ms(),
                 recovered,
+                sessions_followed: tokio::sync::watch::channel(false).0,
             }),
         };
         pool.serve_spawns();
@@ -208,7 +212,7 @@ impl AgentPool {
                 tokio::spawn(self.clone().take_wakes(replicas.clone(), shutdown.clone()));
             }
         }
-        tokio::spawn(self.clone().follow_deletions(shutdown.clone()));
+        tokio::spawn(self.clone().follow_sessions(shutdown.clone()));
         let pool = self.clone();
         let config = &pool.inner.config;
         let period = (config.agent_idle_timeout.min(config.event_retention_period) / 2)

@@ -21,6 +21,8 @@ pub(super) enum Placement {
     Alone {
         /// Set when this runtime drains: no new turn starts.
         draining: AtomicBool,
+        /// The group messages this runtime acted on lately.
+        posts: std::sync::Mutex<PostClaims>,
     },
     /// An image's agent runs on the replica holding its lease.
     Replicated(Replicas),
@@ -31,6 +33,7 @@ impl Placement {
         match replicas {
             None => Self::Alone {
                 draining: AtomicBool::new(false),
+                posts: std::sync::Mutex::default(),
             },
             Some(replicas) => Self::Replicated(replicas),
         }
@@ -121,7 +124,7 @@ impl Placement {
     /// has nobody to send them to (replicas send them to another one).
     pub(super) fn refuses_turns(&self) -> bool {
         match self {
-            Self::Alone { draining } => draining.load(Ordering::Relaxed),
+            Self::Alone { draining, .. } => draining.load(Ordering::Relaxed),
             Self::Replicated(_) => false,
         }
     }
@@ -131,7 +134,7 @@ impl Placement {
     /// (so they are retired here once their turns end).
     pub(super) fn begin_drain(&self) -> bool {
         match self {
-            Self::Alone { draining } => {
+            Self::Alone { draining, .. } => {
                 draining.store(true, Ordering::Relaxed);
                 false
             }
@@ -166,6 +169,27 @@ impl Placement {
         match self {
             Self::Alone { .. } => Ok(Vec::new()),
             Self::Replicated(replicas) => Ok(replicas.others().await?),
+        }
+    }
+
+    /// Claims a group message for this runtime: `true` when it is to act
+    /// on it (tell the group's watchers, wake whom it concerns). The runtime
+    /// of an agent about to post claims its message `outright`; each runtime
+    /// hearing the session announce a message claims it only if nobody did.
+    pub(super) async fn claim_post(
+        &self,
+        tenant_id: &str,
+        group_id: &str,
+        message_id: &str,
+        outright: bool,
+    ) -> Result<bool, RuntimeError> {
+        match self {
+            Self::Alone { posts, .. } => Ok(posts
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner())
+                .claim(group_id, message_id)
+                || outright),
+            Self::Replicated(replicas) => Ok(replicas.claim_post(tenant_id, group_id, message_id, outright).await?),
         }
     }
 
@@ -218,5 +242,34 @@ impl Placement {
             ))),
             Self::Replicated(replicas) => Ok(replicas.remote(addr)?),
         }
+    }
+}
+
+/// The group messages a runtime alone claimed lately, by group and message
+/// id: a message is claimed by its poster and by its announcement within
+/// moments, so the newest few thousand are enough.
+#[derive(Default)]
+pub(super) struct PostClaims {
+    claimed: std::collections::HashSet<(String, String)>,
+    order: std::collections::VecDeque<(String, String)>,
+}
+
+impl PostClaims {
+    /// Claims kept; the oldest goes first.
+    const KEPT: usize = 4096;
+
+    /// Returns `true` the first time a message is claimed.
+    fn claim(&mut self, group_id: &str, message_id: &str) -> bool {
+        let key = (group_id.to_owned(), message_id.to_owned());
+        if !self.claimed.insert(key.clone()) {
+            return false;
+        }
+        self.order.push_back(key);
+        if self.order.len() > Self::KEPT
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.claimed.remove(&oldest);
+        }
+        true
     }
 }

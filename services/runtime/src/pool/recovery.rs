@@ -132,13 +132,35 @@ impl AgentPool {
 
     /// Returns what keeps this runtime from being ready while it starts:
     /// the turns the previous process left open, not yet ended (no agent
-    /// starts before, or for at most [`RECOVERY_WAIT`]).
-    pub fn starting(&self) -> Option<avm_common::auth::Unready> {
-        (!*self.inner.recovered.borrow()).then_some(avm_common::auth::Unready {
-            dependency: "runtime.recovery",
-            reason: "STARTING",
-            message: "ending the turns the previous process left open (the session service must answer)",
-        })
+    /// starts before, or for at most [`RECOVERY_WAIT`]); the session
+    /// service's changes, not yet followed (a group message would wake nobody).
+    pub fn starting(&self) -> Vec<avm_common::auth::Unready> {
+        let mut unready = Vec::new();
+        if !*self.inner.recovered.borrow() {
+            unready.push(avm_common::auth::Unready {
+                dependency: "runtime.recovery",
+                reason: "STARTING",
+                message: "ending the turns the previous process left open (the session service must answer)",
+            });
+        }
+        if !*self.inner.sessions_followed.borrow() {
+            unready.push(avm_common::auth::Unready {
+                dependency: "runtime.sessions",
+                reason: "STARTING",
+                message: "following the session service's changes (deletions, group messages)",
+            });
+        }
+        unready
+    }
+
+    /// Waits (at most `within`) until the session service's changes reach
+    /// this runtime; `false` if they did not in time.
+    pub async fn following_sessions(&self, within: Duration) -> bool {
+        let mut followed = self.inner.sessions_followed.subscribe();
+        matches!(
+            tokio::time::timeout(within, followed.wait_for(|live| *live)).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Waits (at most [`RECOVERY_WAIT`]) until the turns the previous

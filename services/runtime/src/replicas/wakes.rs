@@ -1,7 +1,9 @@
 //! The wake bus of replicated runtimes: a Redis stream with one consumer
 //! group, every replica a consumer.
 //!
-//! - A group message queues one entry per agent it wakes (`XADD`).
+//! - Every replica hears each new group message from the session service;
+//!   the first to claim it (`SET NX`; the replica whose agent posts it
+//!   claims it before posting) queues one entry per agent it wakes (`XADD`).
 //! - A replica reads entries (`XREADGROUP`) and has each agent's owner read
 //!   its messages; it acknowledges (`XACK`, then `XDEL`) once the agent read
 //!   them, so the entry stays pending while the reply is being written.
@@ -28,6 +30,8 @@ pub const RECLAIM_AFTER: Duration = Duration::from_secs(5);
 pub const READ_BLOCK: Duration = Duration::from_secs(10);
 /// Deliveries of one entry before it is dropped.
 pub const MAX_DELIVERIES: u64 = 10;
+/// How long the claim of a group message is kept.
+pub const POST_CLAIM_KEPT: Duration = Duration::from_secs(3600);
 /// Entries one read or claim takes.
 const BATCH: usize = 64;
 const GROUP: &str = "runtimes";
@@ -62,6 +66,32 @@ impl Replicas {
 
     fn in_flight(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.inner.wakes_in_flight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Claims a group message for this replica (`SET`, `NX` unless
+    /// `outright`, kept for [`POST_CLAIM_KEPT`], long past any replica
+    /// hearing of it late); `true` when this replica is to act on it.
+    pub async fn claim_post(
+        &self,
+        tenant_id: &str,
+        group_id: &str,
+        message_id: &str,
+        outright: bool,
+    ) -> Result<bool, ApiError> {
+        let mut conn = self.inner.conn.clone();
+        let mut set = redis::cmd("SET");
+        set.arg(self.key(&format!("post:{tenant_id}:{group_id}:{message_id}")))
+            .arg(&self.inner.id);
+        if !outright {
+            set.arg("NX");
+        }
+        let claimed: Option<String> = set
+            .arg("EX")
+            .arg(POST_CLAIM_KEPT.as_secs())
+            .query_async(&mut conn)
+            .await
+            .map_err(|err| redis_error("cannot claim the group message", &err))?;
+        Ok(claimed.is_some())
     }
 
     /// Queues the wakes of `image_ids` for a group message.

@@ -16,7 +16,7 @@ use super::{
 use crate::error::SessionError;
 use crate::record::{
     GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupPage, GroupRecord, GroupUpdate, MemberKind, MemberRef,
-    NewGroup, NewGroupMessage, ShareRole, UnreadGroup,
+    NewGroup, NewGroupMessage, SessionChange, ShareRole, UnreadGroup,
 };
 use crate::service::SessionService;
 
@@ -314,6 +314,7 @@ impl SessionService {
             ));
         }
         self.require_group_role(ctx, group_id, ShareRole::Use).await?;
+        let read_seq = message.read_seq;
         let message = NewGroupMessage {
             message_id: Some(message_id.clone()),
             mentions,
@@ -337,6 +338,32 @@ impl SessionService {
             created,
             "group message posted"
         );
+        if created {
+            self.events
+                .emit(SessionChange::Posted {
+                    tenant_id: ctx.tenant_id.clone(),
+                    group_id: group_id.to_owned(),
+                    seq: stored.seq,
+                    message_id: stored.message_id.clone(),
+                })
+                .await;
+        }
+        // The sender read what it answers (or what it says it read): its own
+        // message is unread to it only when something it did not read lies
+        // before. The message is stored whatever happens here: a cursor left
+        // behind only shows it as unread, and failing the post would invite
+        // a duplicate.
+        let read = match read_seq {
+            Some(read) if stored.seq != read.saturating_add(1) => read,
+            _ => stored.seq,
+        };
+        if let Err(err) = self
+            .store
+            .advance_read_cursor(&scope(ctx), group_id, &stored.sender, read)
+            .await
+        {
+            tracing::warn!(group_id, error = %err, "the sender's read cursor was not moved past its message");
+        }
         Ok((stored, created))
     }
 

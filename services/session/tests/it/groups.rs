@@ -67,6 +67,7 @@ fn post(id: Option<&str>, sender: &MemberRef, content: &str, mentions: &[&str]) 
         content: content.to_owned(),
         mentions: mentions.iter().map(|m| (*m).to_owned()).collect(),
         created_at_ms: 0,
+        read_seq: None,
     }
 }
 
@@ -876,7 +877,9 @@ async fn unread_is_a_query_and_cursors_only_advance(store: Arc<dyn SessionStore>
     assert_eq!((team_unread.read_seq, team_unread.unread_count), (5, 1));
     assert_eq!(team_unread.messages[0].content, "news");
     assert_eq!(team_unread.messages[0].mentions, std::slice::from_ref(&first.member_id));
-    // The cursor is kept per member: the second agent has read nothing.
+    // The cursor is kept per member, and posting moves the sender's: the
+    // admin read up to its last message, the second agent (which said
+    // nothing of what it read) up to its news.
     let members = service.list_group_members(&ctx(A), &team.group_id).await.unwrap();
     let cursors: BTreeMap<&str, u64> = members
         .iter()
@@ -886,8 +889,8 @@ async fn unread_is_a_query_and_cursors_only_advance(store: Arc<dyn SessionStore>
         cursors,
         BTreeMap::from([
             (first.member_id.as_str(), 5),
-            (second.member_id.as_str(), 0),
-            ("usr_admin", 0)
+            (second.member_id.as_str(), 6),
+            ("usr_admin", 5)
         ])
     );
 
@@ -914,7 +917,15 @@ async fn unread_is_a_query_and_cursors_only_advance(store: Arc<dyn SessionStore>
             .unwrap()
             .is_empty()
     );
-    assert_eq!(service.list_unread(&ctx(A), admin(), 0).await.unwrap().len(), 2);
+    // The admin wrote everything in the pair: only the team's news is unread to it.
+    let admin_unread = service.list_unread(&ctx(A), admin(), 0).await.unwrap();
+    assert_eq!(
+        admin_unread
+            .iter()
+            .map(|u| (u.group.group_id.as_str(), u.unread_count))
+            .collect::<Vec<_>>(),
+        [(team.group_id.as_str(), 1)]
+    );
 }
 
 async fn consecutive_agent_messages_reset_on_a_user_message(store: Arc<dyn SessionStore>) {

@@ -256,6 +256,13 @@ async fn grpc_groups_round_trip_and_typed_errors() {
         (Code::AlreadyExists, "GROUP_MEMBER_EXISTS")
     );
 
+    // The runtimes learn of each new message from the session's changes.
+    let mut changes = runtime
+        .watch_session_events(pb::WatchSessionEventsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(changes.message().await.unwrap().is_some_and(|first| first.live));
     let posted = client
         .post_group_message(pb::PostGroupMessageRequest {
             group_id: group.group_id.clone(),
@@ -263,6 +270,7 @@ async fn grpc_groups_round_trip_and_typed_errors() {
             sender: Some(me.clone()),
             content: "what do you think?".into(),
             mentions: vec![image.image_id.clone()],
+            read_seq: None,
         })
         .await
         .unwrap()
@@ -276,6 +284,8 @@ async fn grpc_groups_round_trip_and_typed_errors() {
         sender: Some(agent.clone()),
         content: "I think so".into(),
         mentions: Vec::new(),
+        // Written without reading the question: the question stays unread to it.
+        read_seq: Some(0),
     };
     let forged = client.post_group_message(reply.clone()).await.unwrap_err();
     assert_eq!(forged.code(), tonic::Code::PermissionDenied);
@@ -286,6 +296,28 @@ async fn grpc_groups_round_trip_and_typed_errors() {
     );
     let replayed = runtime.post_group_message(reply).await.unwrap().into_inner();
     assert_eq!((replayed.created, replayed.message), (false, answer.message.clone()));
+    // Each new message is announced once; the re-post is not.
+    let announced = |change: Option<pb::WatchSessionEventsResponse>| {
+        change.and_then(|change| Some((change.tenant_id, change.posted?.seq)))
+    };
+    let tenant = || ctx.tenant_id.clone();
+    assert_eq!(announced(changes.message().await.unwrap()), Some((tenant(), 1)));
+    assert_eq!(announced(changes.message().await.unwrap()), Some((tenant(), 2)));
+    // The sender of the question read up to it; the agent, which said it
+    // read nothing, still has both messages unread.
+    let cursors = client
+        .list_group_members(pb::ListGroupMembersRequest {
+            group_id: group.group_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .members;
+    assert_eq!(
+        cursors.iter().map(|m| m.read_seq).collect::<Vec<_>>(),
+        [0, 1],
+        "the agent's cursor, then the user's"
+    );
 
     let unread = client
         .list_unread(pb::ListUnreadRequest {
@@ -322,6 +354,18 @@ async fn grpc_groups_round_trip_and_typed_errors() {
         .into_inner()
         .messages;
     assert_eq!(history, [answer.message.unwrap()]);
+    // The next announcement is the next new message: the re-post had none.
+    client
+        .post_group_message(pb::PostGroupMessageRequest {
+            group_id: group.group_id.clone(),
+            message_id: "q2".into(),
+            sender: Some(me.clone()),
+            content: "and now?".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(announced(changes.message().await.unwrap()), Some((tenant(), 3)));
 
     let updated = client
         .update_group(pb::UpdateGroupRequest {
