@@ -6,7 +6,7 @@
 //! the public API's) and reads with their own cursor.
 
 use avm_common::auth::Role;
-use avm_common::event::EventKind;
+use avm_common::event::{Event, EventKind, data};
 use avm_common::{ApiError, RequestContext};
 use avm_proto::runtime::v1 as rt;
 use avm_proto::session::v1 as ss;
@@ -636,19 +636,9 @@ pub async fn events(
     let Some(after_seq) = history else {
         return Ok(order.apply(live, None));
     };
-    let stored = messages(
-        peers,
-        ctx,
-        group_id,
-        MessageQuery {
-            after: Some(after_seq),
-            limit: Some(1000),
-        },
-    )
-    .await?
-    .messages;
+    let stored = order.stored(after_seq, 1000).await?;
     let shown = stored.last().map_or(after_seq, |message| message.seq);
-    let stored: Vec<Result<rt::Event, ApiError>> = stored.into_iter().map(|message| Ok(order.event(message))).collect();
+    let stored: Vec<Result<rt::Event, ApiError>> = stored.iter().map(|message| Ok(order.event(message))).collect();
     Ok(Box::pin(futures::StreamExt::chain(
         futures::stream::iter(stored),
         order.apply(live, Some(shown)),
@@ -703,14 +693,10 @@ impl InOrder {
 
     /// The messages after `last` and before `seq`, from the group's history.
     async fn skipped(&self, last: u64, seq: u64) -> Vec<Result<rt::Event, ApiError>> {
-        let query = MessageQuery {
-            after: Some(last),
-            limit: Some(u32::try_from(seq - last - 1).unwrap_or(u32::MAX).min(1000)),
-        };
-        match messages(&self.peers, &self.ctx, self.group_id.clone(), query).await {
-            Ok(list) => list
-                .messages
-                .into_iter()
+        let limit = u32::try_from(seq - last - 1).unwrap_or(u32::MAX).min(1000);
+        match self.stored(last, limit).await {
+            Ok(stored) => stored
+                .iter()
                 .filter(|message| message.seq < seq)
                 .map(|message| Ok(self.event(message)))
                 .collect(),
@@ -718,23 +704,43 @@ impl InOrder {
         }
     }
 
-    /// A stored message as a `group_message` event (without a cursor).
-    fn event(&self, message: GroupMessage) -> rt::Event {
+    /// Up to `limit` stored messages after `after_seq`, oldest first.
+    async fn stored(&self, after_seq: u64, limit: u32) -> Result<Vec<ss::GroupMessage>, ApiError> {
+        let call = self.ctx.request(ss::ListGroupMessagesRequest {
+            group_id: self.group_id.clone(),
+            after_seq,
+            limit,
+        });
+        Ok(self
+            .peers
+            .session
+            .list_group_messages(call)
+            .await?
+            .into_inner()
+            .messages)
+    }
+
+    /// A stored message as the `group_message` event the runtime publishes
+    /// for it (without a cursor).
+    fn event(&self, message: &ss::GroupMessage) -> rt::Event {
+        let sender = message.sender.as_ref();
+        let agent = sender.is_some_and(|sender| sender.kind() == ss::GroupMemberKind::Agent);
+        let event = Event::GroupMessage(data::GroupMessage::from(message));
         rt::Event {
-            r#type: EventKind::GroupMessage.name().to_owned(),
+            r#type: event.kind().name().to_owned(),
             cursor: String::new(),
-            timestamp_ms: message.created_at,
+            timestamp_ms: message.created_at_ms,
             context: Some(rt::EventContext {
                 container_id: self.container_id.clone(),
-                image_id: match message.sender.kind {
-                    MemberKind::Agent => message.sender.member_id.clone(),
-                    MemberKind::User => String::new(),
+                image_id: match sender {
+                    Some(sender) if agent => sender.member_id.clone(),
+                    _ => String::new(),
                 },
                 agent_id: String::new(),
                 session_id: self.group_id.clone(),
             }),
             group_seq: message.seq,
-            data_json: serde_json::to_string(&message).unwrap_or_default(),
+            data_json: event.data_json(),
             request_id: String::new(),
         }
     }

@@ -270,6 +270,32 @@ impl EventKind {
     }
 }
 
+impl From<&avm_proto::session::v1::GroupMessage> for data::GroupMessage {
+    /// A stored group message as the `group_message` event shows it: the
+    /// one mapping, for the runtime that publishes it and the gateway that
+    /// replays history.
+    fn from(message: &avm_proto::session::v1::GroupMessage) -> Self {
+        use avm_proto::session::v1::GroupMemberKind;
+        let sender = message.sender.clone().unwrap_or_default();
+        Self {
+            group_id: message.group_id.clone(),
+            message_id: message.message_id.clone(),
+            seq: message.seq,
+            sender: GroupSender {
+                kind: match sender.kind() {
+                    GroupMemberKind::Agent => "agent",
+                    _ => "user",
+                }
+                .to_owned(),
+                member_id: sender.member_id,
+            },
+            content: message.content.clone(),
+            mentions: message.mentions.clone(),
+            created_at: message.created_at_ms,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;

@@ -13,7 +13,7 @@ use crate::event::EventContext;
 use crate::hub::OpenHub;
 use crate::llm::{LlmContent, LlmRole};
 use crate::message::Message;
-use crate::peers::ImageInfo;
+use crate::peers::Image;
 use crate::plan::AgentPlan;
 use crate::tools::Toolbox;
 
@@ -32,7 +32,7 @@ pub struct AgentInfo {
 pub(crate) struct Agent {
     pub(crate) agent_id: String,
     pub(crate) tenant_id: String,
-    pub(crate) image: ImageInfo,
+    pub(crate) image: Image,
     /// What its image's resource references resolved to when it started.
     pub(crate) plan: AgentPlan,
     /// Its tools; `None` for a tool-free agent, which has no workspace either.
@@ -67,7 +67,7 @@ impl Agent {
     pub(crate) fn new(
         agent_id: String,
         tenant_id: String,
-        image: ImageInfo,
+        image: Image,
         plan: AgentPlan,
         tools: Option<Arc<Toolbox>>,
         hub: OpenHub,

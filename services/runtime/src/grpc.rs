@@ -65,7 +65,7 @@ fn agent_pb(agent: AgentInfo) -> pb::Agent {
 
 fn image_pb(view: ImageView) -> pb::ImageView {
     pb::ImageView {
-        image: Some(view.image.into()),
+        image: Some(view.image),
         agent: view.agent.map(agent_pb),
     }
 }

@@ -5,7 +5,7 @@ use avm_common::RequestContext;
 use serde_json::Value;
 
 use crate::error::RuntimeError;
-use crate::peers::{ImageInfo, Resources};
+use crate::peers::{Image, Resources};
 use crate::tools::{Builtin, McpServerSpec, SandboxRequest, unknown_tool};
 
 /// What a system prompt that names a resource starts with.
@@ -33,7 +33,7 @@ pub struct AgentPlan {
 /// Returns what an image's agent runs with: its agent definition (when it
 /// names one), then its system prompt (a `resource://prompts/…` URI is
 /// rendered with the image's variables; plain text is used as it is).
-pub async fn plan(resources: &Resources, ctx: &RequestContext, image: &ImageInfo) -> Result<AgentPlan, RuntimeError> {
+pub async fn plan(resources: &Resources, ctx: &RequestContext, image: &Image) -> Result<AgentPlan, RuntimeError> {
     let mut plan = AgentPlan::default();
     if let Some(agent) = image.agent.as_deref().filter(|agent| !agent.is_empty()) {
         let resolved = resources.resolve(ctx, agent, &image.variables_json).await?;

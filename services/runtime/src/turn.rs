@@ -35,6 +35,7 @@ use crate::llm::{
 use crate::message::{self, Message, MessageBody};
 use crate::metering::{Charge, Metering, Tokens, charge, estimate_tokens};
 use crate::outbox::Outbox;
+use crate::peers::usage::status_label;
 use crate::peers::{CallStatus, Estimate, Sessions, UsageRecord};
 use crate::settings::TenantLlm;
 use crate::tools::{Builtin, Caller, ServerState, ToolReply, Toolbox};
@@ -746,7 +747,8 @@ fn usage_record(
         Outcome::Failed(failure) => (CallStatus::Failed, failure.reason.clone()),
     };
     let provider = llm.config.provider_kind().as_str();
-    metrics::counter!("avm_runtime_llm_calls_total", "provider" => provider, "status" => status.as_str()).increment(1);
+    metrics::counter!("avm_runtime_llm_calls_total", "provider" => provider, "status" => status_label(status))
+        .increment(1);
     for (kind, count) in [
         ("input", tokens.input),
         ("output", tokens.output),
@@ -761,7 +763,7 @@ fn usage_record(
     }
     UsageRecord {
         estimated,
-        status,
+        status: status.into(),
         error_code,
         ended_at_ms: reply.started_at_ms + elapsed_ms(reply.started),
         first_token_ms: reply.first_token_ms.unwrap_or(0),
@@ -793,7 +795,7 @@ fn call_record(
         cache_read_tokens: tokens.cache_read,
         cache_write_tokens: tokens.cache_write,
         estimated: false,
-        status: CallStatus::Completed,
+        status: CallStatus::Completed.into(),
         error_code: String::new(),
         started_at_ms: reply.started_at_ms,
         ended_at_ms: reply.started_at_ms,

@@ -4,15 +4,15 @@
 //! service object itself and a mesh with a gRPC client.
 
 mod config;
-mod groups;
+pub mod groups;
 mod resource;
 mod session;
-mod usage;
+pub mod usage;
 
 pub use config::{ConfigEntry, ConfigSource, ConfigUpdate, Configs, StoredCredentials};
-pub use groups::{AgentPost, GroupInfo, GroupPost, Member, UnreadGroup};
+pub use groups::{AgentPost, Group, GroupMessage, Member, UnreadGroup};
 pub use resource::{Resolved, Resources};
 pub(crate) use session::content;
-pub use session::{ImageChanges, ImageInfo, Lifecycle, NewChild, OpenTurn, Role, SessionChange, Sessions};
+pub use session::{Image, ImageChanges, Lifecycle, NewChild, OpenTurn, Role, SessionChange, Sessions};
 pub(crate) use session::{decode_message, encode_message};
 pub use usage::{BudgetAnswer, BudgetUpdate, CallStatus, Estimate, UsageRecord, Usages};

@@ -10,34 +10,9 @@ use crate::error::RuntimeError;
 use crate::llm::{ToolCall, ToolOutput};
 use crate::message::{Content, Message, MessageBody, Part, Reply, Usage};
 
-/// What the runtime knows about an image.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ImageInfo {
-    pub image_id: String,
-    pub container_id: String,
-    pub session_id: String,
-    pub name: String,
-    pub description: Option<String>,
-    pub system_prompt: Option<String>,
-    /// MCP server definitions, a JSON object.
-    pub mcp_servers_json: String,
-    /// A `resource://agents/…` definition the image runs.
-    pub agent: Option<String>,
-    /// Values of the prompt's variables, a JSON object.
-    pub variables_json: String,
-    /// Built-in tool names and `resource://tools/…` URIs.
-    pub tools: Vec<String>,
-    pub created_at_ms: i64,
-    pub updated_at_ms: i64,
-    /// Whether its agent may run.
-    pub lifecycle: Lifecycle,
-    /// Why its agent is in the `Error` state.
-    pub agent_error: Option<String>,
-    /// The image whose agent started this one, for a child agent.
-    pub parent_image_id: Option<String>,
-    /// How many parents are above it (0 for an agent nobody started).
-    pub depth: u32,
-}
+/// The session service's image is the runtime's: it adds nothing to it.
+/// Its `agent_state` says whether its agent may run.
+pub use pb::{AgentState as Lifecycle, Image};
 
 /// A turn a session's history leaves open: nobody stored its reply or error.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,96 +23,6 @@ pub struct OpenTurn {
     pub session_id: String,
     /// The turn's user message.
     pub user_message_id: String,
-}
-
-/// Whether an image's agent may run, as stored with the image.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Lifecycle {
-    /// It runs when a message reaches it.
-    #[default]
-    Active,
-    /// It is not woken; what reaches it waits unread.
-    Paused,
-    /// It never runs again.
-    Terminated,
-    /// A failure retrying would not fix stopped it: it is not woken, and
-    /// what reaches it waits unread, until it is resumed.
-    Error,
-}
-
-impl Lifecycle {
-    fn of(state: i32) -> Self {
-        match pb::AgentState::try_from(state) {
-            Ok(pb::AgentState::Paused) => Lifecycle::Paused,
-            Ok(pb::AgentState::Terminated) => Lifecycle::Terminated,
-            Ok(pb::AgentState::Error) => Lifecycle::Error,
-            _ => Lifecycle::Active,
-        }
-    }
-
-    fn pb(self) -> pb::AgentState {
-        match self {
-            Lifecycle::Active => pb::AgentState::Active,
-            Lifecycle::Paused => pb::AgentState::Paused,
-            Lifecycle::Terminated => pb::AgentState::Terminated,
-            Lifecycle::Error => pb::AgentState::Error,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Lifecycle::Active => "active",
-            Lifecycle::Paused => "paused",
-            Lifecycle::Terminated => "terminated",
-            Lifecycle::Error => "error",
-        }
-    }
-}
-
-impl From<pb::Image> for ImageInfo {
-    fn from(image: pb::Image) -> Self {
-        Self {
-            image_id: image.image_id,
-            container_id: image.container_id,
-            session_id: image.session_id,
-            name: image.name,
-            description: image.description,
-            system_prompt: image.system_prompt,
-            mcp_servers_json: image.mcp_servers_json,
-            agent: image.agent,
-            variables_json: image.variables_json,
-            tools: image.tools,
-            created_at_ms: image.created_at_ms,
-            updated_at_ms: image.updated_at_ms,
-            lifecycle: Lifecycle::of(image.agent_state),
-            agent_error: image.agent_error,
-            parent_image_id: image.parent_image_id,
-            depth: image.depth,
-        }
-    }
-}
-
-impl From<ImageInfo> for pb::Image {
-    fn from(image: ImageInfo) -> Self {
-        Self {
-            image_id: image.image_id,
-            container_id: image.container_id,
-            session_id: image.session_id,
-            name: image.name,
-            description: image.description,
-            system_prompt: image.system_prompt,
-            mcp_servers_json: image.mcp_servers_json,
-            agent: image.agent,
-            variables_json: image.variables_json,
-            tools: image.tools,
-            created_at_ms: image.created_at_ms,
-            updated_at_ms: image.updated_at_ms,
-            agent_state: image.lifecycle.pb() as i32,
-            agent_error: image.agent_error,
-            parent_image_id: image.parent_image_id,
-            depth: image.depth,
-        }
-    }
 }
 
 /// A child agent's image, as its parent asks for it.
@@ -188,12 +73,12 @@ impl Sessions {
     }
 
     /// Returns an image of the caller's tenant.
-    pub async fn get_image(&self, ctx: &RequestContext, image_id: &str) -> Result<ImageInfo, RuntimeError> {
+    pub async fn get_image(&self, ctx: &RequestContext, image_id: &str) -> Result<Image, RuntimeError> {
         let request = ctx.request(pb::GetImageRequest {
             image_id: image_id.to_owned(),
         });
         let image = self.service.get_image(request).await?.into_inner().image;
-        image.map(ImageInfo::from).ok_or_else(missing)
+        image.ok_or_else(missing)
     }
 
     /// Returns the images of a container (after checking it exists) or of
@@ -202,7 +87,7 @@ impl Sessions {
         &self,
         ctx: &RequestContext,
         container_id: Option<&str>,
-    ) -> Result<Vec<ImageInfo>, RuntimeError> {
+    ) -> Result<Vec<Image>, RuntimeError> {
         if let Some(container_id) = container_id {
             self.check_container(ctx, container_id).await?;
         }
@@ -211,7 +96,7 @@ impl Sessions {
             parent_image_id: None,
         });
         let images = self.service.list_images(request).await?.into_inner().images;
-        Ok(images.into_iter().map(ImageInfo::from).collect())
+        Ok(images)
     }
 
     /// Fails with CONTAINER_NOT_FOUND unless the caller may see the container.
@@ -249,12 +134,12 @@ impl Sessions {
     }
 
     /// Returns the image that owns a session of the caller's tenant.
-    pub async fn get_session(&self, ctx: &RequestContext, session_id: &str) -> Result<ImageInfo, RuntimeError> {
+    pub async fn get_session(&self, ctx: &RequestContext, session_id: &str) -> Result<Image, RuntimeError> {
         let request = ctx.request(pb::GetSessionRequest {
             session_id: session_id.to_owned(),
         });
         let image = self.service.get_session(request).await?.into_inner().image;
-        image.map(ImageInfo::from).ok_or_else(missing)
+        image.ok_or_else(missing)
     }
 
     /// Returns a session's messages in stored order.
@@ -322,7 +207,7 @@ impl Sessions {
     }
 
     /// Creates the image of a child agent in its parent's container.
-    pub async fn create_child_image(&self, ctx: &RequestContext, child: NewChild) -> Result<ImageInfo, RuntimeError> {
+    pub async fn create_child_image(&self, ctx: &RequestContext, child: NewChild) -> Result<Image, RuntimeError> {
         let request = ctx.request(pb::CreateImageRequest {
             container_id: child.container_id,
             name: Some(child.name),
@@ -335,17 +220,17 @@ impl Sessions {
             parent_image_id: Some(child.parent_image_id),
         });
         let image = self.service.create_image(request).await?.into_inner().image;
-        image.map(ImageInfo::from).ok_or_else(missing)
+        image.ok_or_else(missing)
     }
 
     /// Returns the images of the agents an image's agent started, newest first.
-    pub async fn children(&self, ctx: &RequestContext, image_id: &str) -> Result<Vec<ImageInfo>, RuntimeError> {
+    pub async fn children(&self, ctx: &RequestContext, image_id: &str) -> Result<Vec<Image>, RuntimeError> {
         let request = ctx.request(pb::ListImagesRequest {
             container_id: None,
             parent_image_id: Some(image_id.to_owned()),
         });
         let images = self.service.list_images(request).await?.into_inner().images;
-        Ok(images.into_iter().map(ImageInfo::from).collect())
+        Ok(images)
     }
 
     /// Sets whether an image's agent may run; returns the image and, when
@@ -355,17 +240,12 @@ impl Sessions {
         ctx: &RequestContext,
         image_id: &str,
         lifecycle: Lifecycle,
-    ) -> Result<(ImageInfo, Vec<String>), RuntimeError> {
+    ) -> Result<(Image, Vec<String>), RuntimeError> {
         self.set_state(ctx, image_id, lifecycle, String::new()).await
     }
 
     /// Puts an image's agent in the `Error` state, with the failure.
-    pub async fn set_error(
-        &self,
-        ctx: &RequestContext,
-        image_id: &str,
-        error: String,
-    ) -> Result<ImageInfo, RuntimeError> {
+    pub async fn set_error(&self, ctx: &RequestContext, image_id: &str, error: String) -> Result<Image, RuntimeError> {
         Ok(self.set_state(ctx, image_id, Lifecycle::Error, error).await?.0)
     }
 
@@ -375,14 +255,14 @@ impl Sessions {
         image_id: &str,
         lifecycle: Lifecycle,
         error: String,
-    ) -> Result<(ImageInfo, Vec<String>), RuntimeError> {
+    ) -> Result<(Image, Vec<String>), RuntimeError> {
         let request = ctx.request(pb::SetAgentStateRequest {
             image_id: image_id.to_owned(),
-            state: lifecycle.pb() as i32,
+            state: lifecycle.into(),
             error,
         });
         let changed = self.service.set_agent_state(request).await?.into_inner();
-        let image = changed.image.map(ImageInfo::from).ok_or_else(missing)?;
+        let image = changed.image.ok_or_else(missing)?;
         Ok((image, changed.terminated_image_ids))
     }
 

@@ -9,51 +9,19 @@ use futures::stream::{BoxStream, StreamExt};
 
 use crate::error::RuntimeError;
 
-/// How an LLM call ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallStatus {
-    Completed,
-    Interrupted,
-    Failed,
-}
+/// The observability service's ledger record is the runtime's: it adds
+/// nothing to it. `CallStatus` says how the call ended.
+pub use pb::{CallStatus, UsageRecord};
 
-impl CallStatus {
-    /// Returns the status's name in metrics labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CallStatus::Completed => "completed",
-            CallStatus::Interrupted => "interrupted",
-            CallStatus::Failed => "failed",
-        }
+/// Returns how a call ended as the runtime's metrics label it.
+pub fn status_label(status: CallStatus) -> &'static str {
+    match status {
+        CallStatus::Completed => "completed",
+        CallStatus::Interrupted => "interrupted",
+        CallStatus::Failed => "failed",
+        CallStatus::Cut => "cut",
+        CallStatus::Unspecified => "unspecified",
     }
-}
-
-/// One LLM call, as the ledger records it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UsageRecord {
-    pub call_id: String,
-    pub tenant_id: String,
-    pub user_id: String,
-    pub key_id: String,
-    pub container_id: String,
-    pub image_id: String,
-    pub agent_id: String,
-    pub provider: String,
-    pub model: String,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub cache_read_tokens: u64,
-    pub cache_write_tokens: u64,
-    pub estimated: bool,
-    pub status: CallStatus,
-    pub error_code: String,
-    pub started_at_ms: i64,
-    pub ended_at_ms: i64,
-    pub first_token_ms: i64,
-    pub cost_pico_usd: i64,
-    pub billed_pico_usd: i64,
-    pub priced: bool,
-    pub own_key: bool,
 }
 
 /// What an LLM call about to be made is expected to cost: its price (for
@@ -108,7 +76,7 @@ impl Usages {
     /// Records calls in the ledger (idempotent on their call ids).
     pub async fn record(&self, ctx: &RequestContext, records: &[UsageRecord]) -> Result<(), RuntimeError> {
         let request = ctx.request(pb::RecordUsageRequest {
-            records: records.iter().map(record_pb).collect(),
+            records: records.to_vec(),
         });
         self.service.record_usage(request).await?;
         Ok(())
@@ -117,8 +85,8 @@ impl Usages {
     /// Notes an LLM call as it is made: `record` is what the ledger bills
     /// (as `cut`) if the call's own record never comes.
     pub async fn open_call(&self, ctx: &RequestContext, record: &UsageRecord) -> Result<(), RuntimeError> {
-        let mut record = record_pb(record);
-        record.status = pb::CallStatus::Cut as i32;
+        let mut record = record.clone();
+        record.status = CallStatus::Cut.into();
         let request = ctx.request(pb::OpenCallRequest { record: Some(record) });
         self.service.open_call(request).await?;
         Ok(())
@@ -189,38 +157,5 @@ impl Usages {
                 })
             })
             .boxed())
-    }
-}
-
-fn record_pb(record: &UsageRecord) -> pb::UsageRecord {
-    let status = match record.status {
-        CallStatus::Completed => pb::CallStatus::Completed,
-        CallStatus::Interrupted => pb::CallStatus::Interrupted,
-        CallStatus::Failed => pb::CallStatus::Failed,
-    };
-    pb::UsageRecord {
-        call_id: record.call_id.clone(),
-        tenant_id: record.tenant_id.clone(),
-        user_id: record.user_id.clone(),
-        key_id: record.key_id.clone(),
-        container_id: record.container_id.clone(),
-        image_id: record.image_id.clone(),
-        agent_id: record.agent_id.clone(),
-        provider: record.provider.clone(),
-        model: record.model.clone(),
-        input_tokens: record.input_tokens,
-        output_tokens: record.output_tokens,
-        cache_read_tokens: record.cache_read_tokens,
-        cache_write_tokens: record.cache_write_tokens,
-        estimated: record.estimated,
-        status: status as i32,
-        error_code: record.error_code.clone(),
-        started_at_ms: record.started_at_ms,
-        ended_at_ms: record.ended_at_ms,
-        first_token_ms: record.first_token_ms,
-        cost_pico_usd: record.cost_pico_usd,
-        billed_pico_usd: record.billed_pico_usd,
-        priced: record.priced,
-        own_key: record.own_key,
     }
 }

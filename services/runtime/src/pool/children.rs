@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use super::{AgentPool, PoolInner};
 use crate::agent::Agent;
 use crate::message::{Content, Part};
-use crate::peers::{Member, NewChild};
+use crate::peers::NewChild;
+use crate::peers::groups::{agent_member, user_member};
 use crate::tools::ToolReply;
 
 /// What a `spawn_agent` call asks for.
@@ -145,13 +146,10 @@ impl AgentPool {
         tracing::info!(parent_image_id = %parent.image.image_id, child_image_id = %child.image_id, depth = child.depth, "child agent started");
         let made_group = match &spawn.new_group {
             Some(name) => {
-                let mut members = vec![Member::agent(&parent.image.image_id), Member::agent(&child.image_id)];
+                let mut members = vec![agent_member(&parent.image.image_id), agent_member(&child.image_id)];
                 // The user whose message the parent answers takes part too.
                 if ctx.principal.role != avm_common::auth::Role::Service {
-                    members.push(Member {
-                        agent: false,
-                        member_id: ctx.principal.user_id.clone(),
-                    });
+                    members.push(user_member(&ctx.principal.user_id));
                 }
                 let group_id = self
                     .sessions()
@@ -176,7 +174,7 @@ impl AgentPool {
         });
         if let Some(group_id) = &spawn.group_id {
             self.sessions()
-                .add_group_member(ctx, group_id, &Member::agent(&child.image_id))
+                .add_group_member(ctx, group_id, &agent_member(&child.image_id))
                 .await
                 .map_err(|err| {
                     format!(

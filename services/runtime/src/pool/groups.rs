@@ -19,7 +19,8 @@ use crate::error::RuntimeError;
 use crate::event::{Detail, EventContext};
 use crate::hub::Subscription;
 use crate::message::{Content, Part};
-use crate::peers::{AgentPost, GroupInfo, GroupPost, Member, UnreadGroup};
+use crate::peers::groups::{agent_member, is_agent, sender};
+use crate::peers::{AgentPost, Group, GroupMessage, Member, UnreadGroup};
 
 /// Unread messages of a group read by one turn.
 const READ_LIMIT: u32 = 100;
@@ -86,8 +87,8 @@ impl AgentPool {
     async fn fan_out(
         &self,
         ctx: &RequestContext,
-        group: &GroupInfo,
-        message: &GroupPost,
+        group: &Group,
+        message: &GroupMessage,
     ) -> Result<Woken, RuntimeError> {
         let context = sender_context(group, message);
         let hub = self.inner.hubs.get_or_create(&group.group_id);
@@ -95,7 +96,7 @@ impl AgentPool {
         let members = self.sessions().group_members(ctx, &group.group_id).await?;
         let targets: Vec<Member> = members
             .into_iter()
-            .filter(|member| member.agent && wakes(group, message, &member.member_id))
+            .filter(|member| is_agent(member) && wakes(group, message, &member.member_id))
             .collect();
         let limit = self.inner.config.group_runaway_limit;
         if !targets.is_empty() && limit > 0 && message.consecutive_agent_messages >= limit {
@@ -161,8 +162,8 @@ impl AgentPool {
     async fn publish_in_order(
         &self,
         ctx: &RequestContext,
-        group: &GroupInfo,
-        message: &GroupPost,
+        group: &Group,
+        message: &GroupMessage,
         context: &Arc<EventContext>,
     ) -> Result<(), RuntimeError> {
         let feed = Arc::clone(
@@ -188,10 +189,10 @@ impl AgentPool {
                 .group_messages(ctx, &group.group_id, *published, u32::try_from(gap).unwrap_or(u32::MAX))
                 .await?;
             for earlier in earlier.iter().filter(|earlier| earlier.seq < message.seq) {
-                hub.publish(&sender_context(group, earlier), earlier.event());
+                hub.publish(&sender_context(group, earlier), data::GroupMessage::from(earlier));
             }
         }
-        hub.publish(context, message.event());
+        hub.publish(context, data::GroupMessage::from(message));
         *published = message.seq;
         Ok(())
     }
@@ -239,10 +240,14 @@ impl AgentPool {
     /// more than one turn reads.
     pub(super) async fn read_unread(&self, agent: &Arc<Agent>) -> Result<bool, RuntimeError> {
         let ctx = self.inner.ports.identity.tenant_context(&agent.tenant_id).await?;
-        let me = Member::agent(&agent.image.image_id);
+        let me = agent_member(&agent.image.image_id);
         let mut more = false;
         for unread in self.sessions().unread(&ctx, &me, READ_LIMIT).await? {
-            let group_id = unread.group.group_id.clone();
+            let group_id = unread
+                .group
+                .as_ref()
+                .map(|group| group.group_id.clone())
+                .unwrap_or_default();
             if agent.is_retired() {
                 break;
             }
@@ -268,10 +273,12 @@ impl AgentPool {
         let Some(last) = unread.messages.last().map(|message| message.seq) else {
             return Ok(true);
         };
-        let group = &unread.group;
+        let Some(group) = unread.group.as_ref() else {
+            return Ok(true);
+        };
         let read_all = unread.unread_count <= unread.messages.len() as u64;
         let limit = self.inner.config.group_runaway_limit;
-        let others: Vec<&GroupPost> = unread.messages.iter().filter(|message| message.sender != *me).collect();
+        let others: Vec<&GroupMessage> = unread.messages.iter().filter(|message| sender(message) != me).collect();
         // What would wake it, under the runaway limit; the rest is context
         // (read with what concerns it, or left for a user's next message).
         let concerned = others.iter().any(|message| {
@@ -366,7 +373,7 @@ impl AgentPool {
     async fn fail(
         &self,
         ctx: &RequestContext,
-        group: &GroupInfo,
+        group: &Group,
         image_id: &str,
         error: String,
     ) -> Result<(), RuntimeError> {
@@ -397,7 +404,7 @@ impl AgentPool {
     async fn group_turn(
         &self,
         ctx: &RequestContext,
-        group: &GroupInfo,
+        group: &Group,
         image_id: &str,
         prompt: String,
     ) -> Result<GroupTurn, RuntimeError> {
@@ -470,18 +477,19 @@ fn fatal(event: &crate::event::SessionEvent) -> Option<String> {
 /// Whether `message` wakes the agent member `image_id`: a user's message
 /// wakes every agent (or, in a `mentions` group, those it mentions); an
 /// agent's wakes only those it mentions, so agents do not chatter unasked.
-fn wakes(group: &GroupInfo, message: &GroupPost, image_id: &str) -> bool {
-    message.sender.member_id != image_id
-        && (!(group.wake_on_mention || message.sender.agent) || message.mentions.iter().any(|id| id == image_id))
+fn wakes(group: &Group, message: &GroupMessage, image_id: &str) -> bool {
+    let from = sender(message);
+    let on_mention = group.wake_mode() == avm_proto::session::v1::GroupWakeMode::Mentions;
+    from.member_id != image_id && (!(on_mention || is_agent(from)) || message.mentions.iter().any(|id| id == image_id))
 }
 
 /// The context of a group event about a message: the group, and the agent
 /// that sent it, if one did.
-fn sender_context(group: &GroupInfo, message: &GroupPost) -> Arc<EventContext> {
+fn sender_context(group: &Group, message: &GroupMessage) -> Arc<EventContext> {
     Arc::new(EventContext {
         container_id: group.container_id.clone(),
-        image_id: if message.sender.agent {
-            message.sender.member_id.clone()
+        image_id: if is_agent(sender(message)) {
+            sender(message).member_id.clone()
         } else {
             String::new()
         },
@@ -491,14 +499,15 @@ fn sender_context(group: &GroupInfo, message: &GroupPost) -> Arc<EventContext> {
 }
 
 /// The unread messages of a group as the agent reads them: who said what.
-fn render(group: &GroupInfo, me: &Member, messages: &[&GroupPost]) -> String {
+fn render(group: &Group, me: &Member, messages: &[&GroupMessage]) -> String {
     let mut text = format!(
         "New messages in the group \"{}\" ({}). You are the member {}; your reply is posted into the group, and @<memberId> mentions a member.\n",
         group.name, group.group_id, me.member_id
     );
     for message in messages {
-        let kind = if message.sender.agent { "agent" } else { "user" };
-        text.push_str(&format!("\n[{kind} {}] {}", message.sender.member_id, message.content));
+        let from = sender(message);
+        let kind = if is_agent(from) { "agent" } else { "user" };
+        text.push_str(&format!("\n[{kind} {}] {}", from.member_id, message.content));
     }
     text
 }
@@ -515,37 +524,33 @@ fn mentioned(text: &str, me: &Member, members: &[Member]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::peers::groups::user_member;
 
-    fn post(seq: u64, sender: Member, content: &str) -> GroupPost {
-        GroupPost {
+    fn post(seq: u64, sender: Member, content: &str) -> GroupMessage {
+        GroupMessage {
             group_id: "grp_1".to_owned(),
             message_id: format!("m{seq}"),
             seq,
-            sender,
+            sender: Some(sender),
             content: content.to_owned(),
-            mentions: Vec::new(),
-            consecutive_agent_messages: 0,
-            created_at_ms: 0,
+            ..GroupMessage::default()
         }
     }
 
     #[test]
     fn the_agent_reads_each_message_with_its_sender() {
-        let group = GroupInfo {
+        let group = Group {
             group_id: "grp_1".to_owned(),
             container_id: "ctr_1".to_owned(),
             name: "Planning".to_owned(),
-            wake_on_mention: false,
+            ..Group::default()
         };
-        let user = Member {
-            agent: false,
-            member_id: "usr_ann".to_owned(),
-        };
+        let user = user_member("usr_ann");
         let (first, second) = (
             post(1, user, "What should we build?"),
-            post(2, Member::agent("img_b"), "A bridge."),
+            post(2, agent_member("img_b"), "A bridge."),
         );
-        let text = render(&group, &Member::agent("img_a"), &[&first, &second]);
+        let text = render(&group, &agent_member("img_a"), &[&first, &second]);
         assert!(text.contains("\"Planning\" (grp_1)"), "{text}");
         assert!(text.contains("You are the member img_a"), "{text}");
         let order: Vec<&str> = text.lines().skip(2).collect();
@@ -557,8 +562,8 @@ mod tests {
 
     #[test]
     fn a_reply_mentions_only_members_and_never_its_author() {
-        let me = Member::agent("img_a");
-        let members = [me.clone(), Member::agent("img_b"), Member::agent("img_c")];
+        let me = agent_member("img_a");
+        let members = [me.clone(), agent_member("img_b"), agent_member("img_c")];
         let mentions = mentioned("@img_a asks @img_c and @img_z", &me, &members);
         assert_eq!(mentions, ["img_c"]);
     }

@@ -12,7 +12,7 @@ use super::{AgentPool, ImageView, parse_cursor, validate_id};
 use crate::agent::{Agent, AgentInfo};
 use crate::error::{AgentTarget, RuntimeError};
 use crate::hub::Subscription;
-use crate::peers::{ImageChanges, ImageInfo, Role};
+use crate::peers::{Image, ImageChanges, Role};
 
 impl AgentPool {
     /// Returns the caller's agent named by `target`, or AGENT_NOT_FOUND when
@@ -57,7 +57,7 @@ impl AgentPool {
         ctx: &RequestContext,
         image_id: &str,
         need: Option<Role>,
-    ) -> Result<ImageInfo, RuntimeError> {
+    ) -> Result<Image, RuntimeError> {
         validate_id("IMAGE_NOT_FOUND", "image", image_id)?;
         let image = self.sessions().get_image(ctx, image_id).await?;
         if need.is_some() {

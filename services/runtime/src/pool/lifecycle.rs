@@ -8,12 +8,13 @@ use avm_common::{ApiError, Code, RequestContext};
 
 use super::{AgentPool, validate_id};
 use crate::error::{AgentTarget, RuntimeError};
-use crate::peers::{ImageInfo, Lifecycle};
+use crate::peers::{Image, Lifecycle};
 
 /// Refuses to start the agent of an image that may not run.
-pub(super) fn check_runnable(image: &ImageInfo) -> Result<(), RuntimeError> {
-    let (reason, message) = match image.lifecycle {
-        Lifecycle::Active => return Ok(()),
+pub(super) fn check_runnable(image: &Image) -> Result<(), RuntimeError> {
+    let (reason, message) = match image.agent_state() {
+        // Unspecified: an image stored before agents had states.
+        Lifecycle::Active | Lifecycle::Unspecified => return Ok(()),
         Lifecycle::Paused => (
             "AGENT_PAUSED",
             format!("the agent of image {} is paused; resume it first", image.image_id),
@@ -48,7 +49,7 @@ impl AgentPool {
     /// Pauses an image's agent: it leaves the pool (a running turn is
     /// interrupted and stores what it has) and is not woken until resumed.
     #[tracing::instrument(name = "runtime.pause_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn pause(&self, ctx: &RequestContext, image_id: &str) -> Result<ImageInfo, RuntimeError> {
+    pub async fn pause(&self, ctx: &RequestContext, image_id: &str) -> Result<Image, RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         validate_id("IMAGE_NOT_FOUND", "image", image_id)?;
         let (image, _) = self.sessions().set_lifecycle(ctx, image_id, Lifecycle::Paused).await?;
@@ -59,7 +60,7 @@ impl AgentPool {
 
     /// Resumes a paused agent, or one in error, and wakes it to read what waited.
     #[tracing::instrument(name = "runtime.resume_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn resume(&self, ctx: &RequestContext, image_id: &str) -> Result<ImageInfo, RuntimeError> {
+    pub async fn resume(&self, ctx: &RequestContext, image_id: &str) -> Result<Image, RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         validate_id("IMAGE_NOT_FOUND", "image", image_id)?;
         let (image, _) = self.sessions().set_lifecycle(ctx, image_id, Lifecycle::Active).await?;
@@ -73,11 +74,7 @@ impl AgentPool {
     /// Terminates an image's agent and every agent it started, below it at
     /// any depth; returns the image and the ids of all terminated.
     #[tracing::instrument(name = "runtime.terminate_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn terminate(
-        &self,
-        ctx: &RequestContext,
-        image_id: &str,
-    ) -> Result<(ImageInfo, Vec<String>), RuntimeError> {
+    pub async fn terminate(&self, ctx: &RequestContext, image_id: &str) -> Result<(Image, Vec<String>), RuntimeError> {
         ctx.require(Scopes::WRITE)?;
         validate_id("IMAGE_NOT_FOUND", "image", image_id)?;
         let (image, terminated) = self

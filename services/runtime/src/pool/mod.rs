@@ -28,7 +28,7 @@ use crate::error::{AgentTarget, RuntimeError};
 use crate::hub::{Hubs, Subscription};
 use crate::metering::Metering;
 use crate::outbox::Outbox;
-use crate::peers::{ImageInfo, Resources, Sessions};
+use crate::peers::{Image, Resources, Sessions};
 use crate::replicas::Replicas;
 use crate::settings::LlmSettings;
 use crate::tools::{Fetcher, ToolContext};
@@ -64,7 +64,7 @@ pub struct SendAccepted {
 
 /// An image with its running agent, if any.
 pub struct ImageView {
-    pub image: ImageInfo,
+    pub image: Image,
     pub agent: Option<AgentInfo>,
 }
 
