@@ -26,7 +26,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::Agent;
-use crate::config::LlmConfig;
+use crate::config::{LlmConfig, ProviderKind};
 use crate::context::History;
 use crate::error::RuntimeError;
 use crate::llm::{
@@ -656,6 +656,18 @@ async fn stream_reply(
     }
 }
 
+/// Returns `true` the first time this process meets `model` without a
+/// price: the warning is worth one line, not one per call (and each line
+/// is a row in the log store). Past 1,024 models (tenants may name
+/// models at will) it stays quiet.
+fn first_unpriced(model: &str) -> bool {
+    static SEEN: std::sync::Mutex<Option<std::collections::HashSet<String>>> = std::sync::Mutex::new(None);
+    const UNPRICED_KEPT: usize = 1024;
+    let mut seen = SEEN.lock().unwrap_or_else(|poison| poison.into_inner());
+    let seen = seen.get_or_insert_with(Default::default);
+    seen.len() < UNPRICED_KEPT && seen.insert(model.to_owned())
+}
+
 /// Returns the milliseconds since `start`.
 fn elapsed_ms(start: Instant) -> i64 {
     i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX)
@@ -738,8 +750,8 @@ fn usage_record(
         tokens,
         llm.own_key,
     );
-    if !charged.priced {
-        tracing::warn!(model = %reply.model, "no price for this model: its calls cost 0 (set billing.prices)");
+    if !charged.priced && llm.config.provider_kind() != ProviderKind::Offline && first_unpriced(&reply.model) {
+        tracing::warn!(model = %reply.model, "no price for this model: its calls cost 0 (set billing.prices); said once per model");
     }
     let (status, error_code) = match outcome {
         Outcome::Completed(_) => (CallStatus::Completed, String::new()),
