@@ -303,9 +303,9 @@ async fn grpc_groups_round_trip_and_typed_errors() {
     let tenant = || ctx.tenant_id.clone();
     assert_eq!(announced(changes.message().await.unwrap()), Some((tenant(), 1)));
     assert_eq!(announced(changes.message().await.unwrap()), Some((tenant(), 2)));
-    // The sender of the question read up to it; the agent, which said it
-    // read nothing, still has both messages unread.
-    let cursors = client
+    // The members in the order they joined. The sender of the question read
+    // up to it; the agent, which said it read nothing, has both unread.
+    let members = client
         .list_group_members(pb::ListGroupMembersRequest {
             group_id: group.group_id.clone(),
         })
@@ -314,9 +314,11 @@ async fn grpc_groups_round_trip_and_typed_errors() {
         .into_inner()
         .members;
     assert_eq!(
-        cursors.iter().map(|m| m.read_seq).collect::<Vec<_>>(),
-        [0, 1],
-        "the agent's cursor, then the user's"
+        members
+            .iter()
+            .map(|m| (m.member.clone().unwrap(), m.read_seq))
+            .collect::<Vec<_>>(),
+        [(agent.clone(), 0), (me.clone(), 1)]
     );
 
     let unread = client
@@ -394,18 +396,6 @@ async fn grpc_groups_round_trip_and_typed_errors() {
     assert_eq!(
         (listed.groups, listed.next_page_token),
         (vec![updated.clone()], String::new())
-    );
-    let members = client
-        .list_group_members(pb::ListGroupMembersRequest {
-            group_id: group.group_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .members;
-    assert_eq!(
-        members.iter().map(|m| m.member.clone().unwrap()).collect::<Vec<_>>(),
-        [agent.clone(), me.clone()]
     );
 
     // Typed refusals: a kind is required, a foreign tenant sees nothing.
