@@ -40,18 +40,31 @@ async fn cluster_with_model(
 
 /// Sends a message over REST and returns its turn's SSE stream.
 async fn post_message(cluster: &Cluster, image_id: &str, content: &str) -> anyhow::Result<SseStream> {
+    post_if_free(cluster, image_id, content)
+        .await?
+        .context("POST message answered 409 AGENT_BUSY")
+}
+
+/// Sends a message over REST and returns its turn's SSE stream, or `None`
+/// when the agent is still answering (409 `AGENT_BUSY`).
+async fn post_if_free(cluster: &Cluster, image_id: &str, content: &str) -> anyhow::Result<Option<SseStream>> {
     let response = http_client(&cluster.admin_key)?
         .post(cluster.url(&format!("/v1/images/{image_id}/messages")))
         .json(&json!({"content": content}))
         .send()
         .await?;
     let status = response.status().as_u16();
+    if status == 409 {
+        let refusal = response.text().await?;
+        ensure!(refusal.contains("AGENT_BUSY"), "POST message answered 409: {refusal}");
+        return Ok(None);
+    }
     ensure!(
         status == 200,
         "POST message answered {status}: {}",
         response.text().await?
     );
-    Ok(SseStream::new(response))
+    Ok(Some(SseStream::new(response)))
 }
 
 /// Reads an SSE turn to its end and returns its events as WebSocket frames
@@ -159,12 +172,9 @@ async fn stalled_reader(mode: Mode) -> anyhow::Result<()> {
         token_interval: Duration::from_millis(1),
         ..MockBehavior::default()
     };
-    // The stall timeout leaves room for a reader that does read but shares
-    // two cores with the rest of the suite: 500 ms is a pause such a reader
-    // can take too (this test failed once in CI at 500 ms).
     let options = Options {
         subscriber_queue: Some(16),
-        subscriber_stall_timeout: Some(Duration::from_secs(2)),
+        subscriber_stall_timeout: Some(Duration::from_millis(500)),
         ..Options::default()
     };
     let (_mock, cluster, reply) = cluster_with_model(mode, behavior, options).await?;
@@ -181,7 +191,13 @@ async fn stalled_reader(mode: Mode) -> anyhow::Result<()> {
     })
     .await?;
     ensure!(stored == reply, "stored {} of {} bytes", stored.len(), reply.len());
-    let mut next = post_message(&cluster, &chat.image_id, "next").await?;
+    // The reply is stored a moment before its turn ends (a message sent in
+    // between is refused as AGENT_BUSY, as it would be over any surface); a
+    // turn kept open by its stalled reader would never take the next one.
+    let mut next = poll(Duration::from_secs(30), "the next message taken", || {
+        post_if_free(&cluster, &chat.image_id, "next")
+    })
+    .await?;
     let frames = read_sse_turn(&mut next).await?;
     assert_whole_reply(&frames, &reply, "SSE, the message after a stalled reader's")?;
 

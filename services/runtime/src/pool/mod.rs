@@ -12,7 +12,8 @@
 //! - `gate.rs`: how many agents' group turns run at once;
 //! - `placement.rs`: where an image's agent runs (alone, or with replicas);
 //! - `recovery.rs`: lost turns, a crash's and a dead replica's, ended;
-//! - `deletions.rs`: following the session service's deletions;
+//! - `session_changes.rs`: following the session service's changes (deleted
+//!   images stop their agents, new group messages wake theirs);
 //! - `drain.rs`: stopping at shutdown.
 
 use std::collections::HashMap;
@@ -35,7 +36,6 @@ use crate::tools::{Fetcher, ToolContext};
 use crate::turn::{TurnLimits, TurnPorts};
 
 mod children;
-mod deletions;
 mod drain;
 mod gate;
 mod groups;
@@ -44,6 +44,7 @@ mod lifecycle;
 mod placement;
 mod recovery;
 mod registry;
+mod session_changes;
 mod turns;
 mod wakes;
 mod workspaces;
