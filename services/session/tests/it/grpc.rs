@@ -368,6 +368,35 @@ async fn grpc_groups_round_trip_and_typed_errors() {
         .await
         .unwrap();
     assert_eq!(announced(changes.message().await.unwrap()), Some((tenant(), 3)));
+    // A sender claiming to have read past the end reads to the newest
+    // message, never beyond; and moves only its own cursor.
+    client
+        .post_group_message(pb::PostGroupMessageRequest {
+            group_id: group.group_id.clone(),
+            message_id: "q3".into(),
+            sender: Some(me.clone()),
+            content: "read it all".into(),
+            read_seq: Some(u64::MAX),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let cursors: Vec<u64> = client
+        .list_group_members(pb::ListGroupMembersRequest {
+            group_id: group.group_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .members
+        .iter()
+        .map(|m| m.read_seq)
+        .collect();
+    assert_eq!(
+        cursors,
+        [2, 4],
+        "the agent's cursor (moved to 2 above), then the sender's"
+    );
 
     let updated = client
         .update_group(pb::UpdateGroupRequest {
