@@ -723,8 +723,6 @@ impl InOrder {
     /// A stored message as the `group_message` event the runtime publishes
     /// for it (without a cursor).
     fn event(&self, message: &ss::GroupMessage) -> rt::Event {
-        let sender = message.sender.as_ref();
-        let agent = sender.is_some_and(|sender| sender.kind() == ss::GroupMemberKind::Agent);
         let event = Event::GroupMessage(data::GroupMessage::from(message));
         rt::Event {
             r#type: event.kind().name().to_owned(),
@@ -732,8 +730,8 @@ impl InOrder {
             timestamp_ms: message.created_at_ms,
             context: Some(rt::EventContext {
                 container_id: self.container_id.clone(),
-                image_id: match sender {
-                    Some(sender) if agent => sender.member_id.clone(),
+                image_id: match message.sender.as_ref() {
+                    Some(sender) if sender.kind() == ss::GroupMemberKind::Agent => sender.member_id.clone(),
                     _ => String::new(),
                 },
                 agent_id: String::new(),
