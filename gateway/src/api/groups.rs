@@ -743,3 +743,17 @@ impl InOrder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_kinds_are_named_as_events_and_prompts_name_them() {
+        for kind in [ss::GroupMemberKind::Agent, ss::GroupMemberKind::User] {
+            let public = serde_json::to_value(MemberKind::from_pb(kind as i32)).unwrap();
+            assert_eq!(public, avm_common::event::member_kind_name(kind));
+            assert_eq!(MemberKind::from_pb(kind as i32).pb(), kind);
+        }
+    }
+}

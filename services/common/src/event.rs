@@ -270,23 +270,27 @@ impl EventKind {
     }
 }
 
+/// A group member's kind as events, prompts and the public API name it:
+/// `agent` or `user`.
+pub fn member_kind_name(kind: avm_proto::session::v1::GroupMemberKind) -> &'static str {
+    match kind {
+        avm_proto::session::v1::GroupMemberKind::Agent => "agent",
+        _ => "user",
+    }
+}
+
 impl From<&avm_proto::session::v1::GroupMessage> for data::GroupMessage {
     /// A stored group message as the `group_message` event shows it: the
     /// one mapping, for the runtime that publishes it and the gateway that
     /// replays history.
     fn from(message: &avm_proto::session::v1::GroupMessage) -> Self {
-        use avm_proto::session::v1::GroupMemberKind;
         let sender = message.sender.clone().unwrap_or_default();
         Self {
             group_id: message.group_id.clone(),
             message_id: message.message_id.clone(),
             seq: message.seq,
             sender: GroupSender {
-                kind: match sender.kind() {
-                    GroupMemberKind::Agent => "agent",
-                    _ => "user",
-                }
-                .to_owned(),
+                kind: member_kind_name(sender.kind()).to_owned(),
                 member_id: sender.member_id,
             },
             content: message.content.clone(),

@@ -479,13 +479,14 @@ impl SessionApi for SessionGrpc {
             created_at_ms: 0,
             read_seq: request.read_seq,
         };
-        let (stored, created) = self
+        let posted = self
             .service
             .post_group_message(&ctx, &request.group_id, message)
             .await?;
         Ok(Response::new(pb::PostGroupMessageResponse {
-            message: Some(group_message_pb(stored)),
-            created,
+            message: Some(group_message_pb(posted.message)),
+            created: posted.created,
+            sender_read_seq: posted.sender_read_seq,
         }))
     }
 

@@ -24,8 +24,8 @@ pub use grpc::{SessionGrpc, grpc_server};
 pub use record::{
     AgentState, AgentStateChange, ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupPage,
     GroupRecord, GroupUpdate, ImageRecord, ImageUpdate, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup,
-    NewGroupMessage, NewImage, NewMessage, OpenTurn, SessionChange, ShareRecord, ShareRole, UnreadGroup, Usage,
-    WakeMode, WatchItem,
+    NewGroupMessage, NewImage, NewMessage, OpenTurn, PostedGroupMessage, SessionChange, ShareRecord, ShareRole,
+    UnreadGroup, Usage, WakeMode, WatchItem,
 };
 pub use references::References;
 pub use service::{

@@ -489,6 +489,15 @@ pub struct NewGroupMessage {
     pub read_seq: Option<u64>,
 }
 
+/// What a post did: the message as stored, whether this post stored it, and
+/// where its sender's read cursor is now (`None` when it could not be moved).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PostedGroupMessage {
+    pub message: GroupMessageRecord,
+    pub created: bool,
+    pub sender_read_seq: Option<u64>,
+}
+
 /// A group message as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupMessageRecord {

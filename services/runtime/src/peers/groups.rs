@@ -115,13 +115,14 @@ impl Sessions {
     /// Posts an agent's message; idempotent on its id. The sender's cursor
     /// moves to what it read (and past its message when nothing lies
     /// between), and the session service announces the message to the
-    /// runtimes. Returns the stored message and whether this call stored it.
+    /// runtimes. Returns the stored message, whether this call stored it,
+    /// and the sender's cursor as the session moved it.
     pub async fn post_group_message(
         &self,
         ctx: &RequestContext,
         group_id: &str,
         post: AgentPost<'_>,
-    ) -> Result<(GroupMessage, bool), RuntimeError> {
+    ) -> Result<pb::PostGroupMessageResponse, RuntimeError> {
         let request = ctx.request(pb::PostGroupMessageRequest {
             group_id: group_id.to_owned(),
             message_id: post.message_id,
@@ -130,8 +131,7 @@ impl Sessions {
             mentions: post.mentions,
             read_seq: Some(post.read_seq),
         });
-        let posted = self.service.post_group_message(request).await?.into_inner();
-        Ok((posted.message.unwrap_or_default(), posted.created))
+        Ok(self.service.post_group_message(request).await?.into_inner())
     }
 
     /// Makes a group in a container with `members`; returns its id.
@@ -167,20 +167,20 @@ impl Sessions {
         Ok(())
     }
 
-    /// Moves a member's read cursor up to `seq`.
+    /// Moves a member's read cursor up to `seq`; returns where it is now.
     pub async fn advance_read_cursor(
         &self,
         ctx: &RequestContext,
         group_id: &str,
         member: &Member,
         seq: u64,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<u64, RuntimeError> {
         let request = ctx.request(pb::AdvanceReadCursorRequest {
             group_id: group_id.to_owned(),
             member: Some(member.clone()),
             seq,
         });
-        self.service.advance_read_cursor(request).await?;
-        Ok(())
+        let moved = self.service.advance_read_cursor(request).await?.into_inner();
+        Ok(moved.member.map_or(seq, |member| member.read_seq))
     }
 }

@@ -337,18 +337,24 @@ impl AgentPool {
                     mentions: mentioned(&text, me, &members),
                     read_seq: last,
                 };
-                let (posted, created) = self.sessions().post_group_message(ctx, &group.group_id, post).await?;
-                if created {
-                    self.fan_out(ctx, group, &posted).await?;
+                let posted = self.sessions().post_group_message(ctx, &group.group_id, post).await?;
+                if posted.created
+                    && let Some(message) = &posted.message
+                {
+                    self.fan_out(ctx, group, message).await?;
                 }
-                if posted.seq == last + 1 { posted.seq } else { last }
+                posted.sender_read_seq
             }
-            None => {
+            None => Some(
                 self.sessions()
                     .advance_read_cursor(ctx, &group.group_id, me, last)
-                    .await?;
-                last
-            }
+                    .await?,
+            ),
+        };
+        // The session moved the cursor by its rule; its watchers hear where
+        // to (nothing when it could not be moved: the post stands, unread).
+        let Some(cursor) = cursor else {
+            return Ok(read_all);
         };
         let context = Arc::new(EventContext {
             container_id: group.container_id.clone(),
@@ -506,7 +512,7 @@ fn render(group: &Group, me: &Member, messages: &[&GroupMessage]) -> String {
     );
     for message in messages {
         let from = sender(message);
-        let kind = if is_agent(from) { "agent" } else { "user" };
+        let kind = avm_common::event::member_kind_name(from.kind());
         text.push_str(&format!("\n[{kind} {}] {}", from.member_id, message.content));
     }
     text

@@ -16,7 +16,7 @@ use super::{
 use crate::error::SessionError;
 use crate::record::{
     GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupPage, GroupRecord, GroupUpdate, MemberKind, MemberRef,
-    NewGroup, NewGroupMessage, SessionChange, ShareRole, UnreadGroup,
+    NewGroup, NewGroupMessage, PostedGroupMessage, SessionChange, ShareRole, UnreadGroup,
 };
 use crate::service::SessionService;
 
@@ -247,7 +247,8 @@ impl SessionService {
         self.store.list_group_members(&scope(ctx), group_id).await
     }
 
-    /// Posts a message into a group and returns it as stored, with whether it is new.
+    /// Posts a message into a group; returns it as stored, whether it is
+    /// new, and its sender's read cursor.
     ///
     /// Idempotent on the message id: posting an id the group already holds
     /// returns the stored message. The sender and every mention must be
@@ -263,7 +264,7 @@ impl SessionService {
         ctx: &RequestContext,
         group_id: &str,
         message: NewGroupMessage,
-    ) -> Result<(GroupMessageRecord, bool), SessionError> {
+    ) -> Result<PostedGroupMessage, SessionError> {
         allow(ctx, Scopes::WRITE)?;
         let message_id = match message.message_id.as_deref() {
             Some(id) if !id.is_empty() => {
@@ -357,14 +358,22 @@ impl SessionService {
             Some(read) if stored.seq != read.saturating_add(1) => read,
             _ => stored.seq,
         };
-        if let Err(err) = self
+        let sender_read_seq = match self
             .store
             .advance_read_cursor(&scope(ctx), group_id, &stored.sender, read)
             .await
         {
-            tracing::warn!(group_id, error = %err, "the sender's read cursor was not moved past its message");
-        }
-        Ok((stored, created))
+            Ok(member) => Some(member.read_seq),
+            Err(err) => {
+                tracing::warn!(group_id, error = %err, "the sender's read cursor was not moved past its message");
+                None
+            }
+        };
+        Ok(PostedGroupMessage {
+            message: stored,
+            created,
+            sender_read_seq,
+        })
     }
 
     /// Returns a group's messages after `after_seq`, oldest first, at most

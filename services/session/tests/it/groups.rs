@@ -9,7 +9,7 @@ use avm_common::auth::{Role, Scopes};
 use avm_common::testing::service_ctx;
 use avm_session::{
     GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord, MAX_MESSAGE_BYTES, MemberKind, MemberRef, NewGroup,
-    NewGroupMessage, NewImage, SessionService, SessionStore, ShareRole, WakeMode,
+    NewGroupMessage, NewImage, PostedGroupMessage, SessionService, SessionStore, ShareRole, WakeMode,
 };
 
 use crate::support::{api_err, member, principal_ctx, reason};
@@ -394,7 +394,10 @@ async fn groups_follow_container_visibility(store: Arc<dyn SessionStore>) {
         .await
         .unwrap();
     let reply = post(None, &MemberRef::user("usr_bob"), "hello", &["usr_alice"]);
-    assert_eq!(service.post_group_message(&bob, id, reply).await.unwrap().0.seq, 2);
+    assert_eq!(
+        service.post_group_message(&bob, id, reply).await.unwrap().message.seq,
+        2
+    );
     assert_eq!(
         service
             .list_groups(&ctx(A), "alice-box", 0, "")
@@ -622,7 +625,11 @@ async fn posts_need_members_and_valid_content(store: Arc<dyn SessionStore>) {
         "a refused post takes no seq and moves no counter"
     );
 
-    let (by_service, created) = service
+    let PostedGroupMessage {
+        message: by_service,
+        created,
+        ..
+    } = service
         .post_group_message(
             &service_ctx(A),
             id,
@@ -634,7 +641,7 @@ async fn posts_need_members_and_valid_content(store: Arc<dyn SessionStore>) {
     assert_eq!(by_service.seq, 1, "refused posts left no gap");
     // Mentions are kept once each, in order, and may name any member.
     let mentions = [second.member_id.as_str(), "usr_admin", second.member_id.as_str()];
-    let (stored, _) = service
+    let PostedGroupMessage { message: stored, .. } = service
         .post_group_message(&ctx(A), id, post(None, &first, "ping", &mentions))
         .await
         .unwrap();
@@ -671,7 +678,11 @@ async fn concurrent_posts_get_gapless_seqs(store: Arc<dyn SessionStore>) {
     let mut by_id: BTreeMap<String, GroupMessageRecord> = BTreeMap::new();
     let mut created = 0;
     while let Some(joined) = tasks.join_next().await {
-        let (stored, new) = joined.unwrap().unwrap();
+        let PostedGroupMessage {
+            message: stored,
+            created: new,
+            ..
+        } = joined.unwrap().unwrap();
         created += u64::from(new);
         if let Some(earlier) = by_id.insert(stored.message_id.clone(), stored.clone()) {
             assert_eq!(earlier, stored, "both sends of one id see the same stored message");
@@ -718,13 +729,21 @@ async fn reposts_return_the_stored_message(store: Arc<dyn SessionStore>) {
     let service = SessionService::new(store);
     let (group, first, second) = two_agents_and_admin(&service).await;
     let id = group.group_id.as_str();
-    let (original, created) = service
+    let PostedGroupMessage {
+        message: original,
+        created,
+        ..
+    } = service
         .post_group_message(&ctx(A), id, post(Some("reply-1"), &first, "the answer", &[]))
         .await
         .unwrap();
     assert!(created);
     // A redelivery, even with other content or from another sender, gets the stored message.
-    let (again, created) = service
+    let PostedGroupMessage {
+        message: again,
+        created,
+        ..
+    } = service
         .post_group_message(&ctx(A), id, post(Some("reply-1"), &second, "changed", &["usr_admin"]))
         .await
         .unwrap();
@@ -732,7 +751,9 @@ async fn reposts_return_the_stored_message(store: Arc<dyn SessionStore>) {
     assert_eq!(again, original);
     // ... and after its sender left the group.
     service.remove_group_member(&ctx(A), id, first.clone()).await.unwrap();
-    let (late, created) = service
+    let PostedGroupMessage {
+        message: late, created, ..
+    } = service
         .post_group_message(&ctx(A), id, post(Some("reply-1"), &first, "the answer", &[]))
         .await
         .unwrap();
@@ -747,7 +768,7 @@ async fn reposts_return_the_stored_message(store: Arc<dyn SessionStore>) {
     );
 
     // Re-posts consumed no seq and moved no counter.
-    let (next, _) = service
+    let PostedGroupMessage { message: next, .. } = service
         .post_group_message(&ctx(A), id, post(Some("reply-2"), &second, "next", &[]))
         .await
         .unwrap();
@@ -760,7 +781,11 @@ async fn reposts_return_the_stored_message(store: Arc<dyn SessionStore>) {
         .create_group(&ctx(A), new_group("room", "other", vec![third.clone()]))
         .await
         .unwrap();
-    let (elsewhere, created) = service
+    let PostedGroupMessage {
+        message: elsewhere,
+        created,
+        ..
+    } = service
         .post_group_message(&ctx(A), &other.group_id, post(Some("reply-1"), &third, "hi", &[]))
         .await
         .unwrap();
@@ -945,7 +970,7 @@ async fn consecutive_agent_messages_reset_on_a_user_message(store: Arc<dyn Sessi
         &first,
     ];
     for (n, sender) in senders.into_iter().enumerate() {
-        let (stored, _) = service
+        let PostedGroupMessage { message: stored, .. } = service
             .post_group_message(&ctx(A), id, post(Some(&format!("m{n}")), sender, "x", &[]))
             .await
             .unwrap();
@@ -961,7 +986,11 @@ async fn consecutive_agent_messages_reset_on_a_user_message(store: Arc<dyn Sessi
     let listed = service.list_group_messages(&ctx(A), id, 0, 0).await.unwrap();
     let listed: Vec<u64> = listed.iter().map(|m| m.consecutive_agent_messages).collect();
     assert_eq!(listed, counted);
-    let (again, created) = service
+    let PostedGroupMessage {
+        message: again,
+        created,
+        ..
+    } = service
         .post_group_message(&ctx(A), id, post(Some("m2"), &first, "x", &[]))
         .await
         .unwrap();

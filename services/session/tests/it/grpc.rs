@@ -294,6 +294,11 @@ async fn grpc_groups_round_trip_and_typed_errors() {
         answer.message.as_ref().map(|m| (m.seq, m.consecutive_agent_messages)),
         Some((2, 1))
     );
+    assert_eq!(
+        answer.sender_read_seq,
+        Some(0),
+        "the agent's cursor stays before the question it did not read"
+    );
     let replayed = runtime.post_group_message(reply).await.unwrap().into_inner();
     assert_eq!((replayed.created, replayed.message), (false, answer.message.clone()));
     // Each new message is announced once; the re-post is not.
@@ -370,7 +375,7 @@ async fn grpc_groups_round_trip_and_typed_errors() {
     assert_eq!(announced(changes.message().await.unwrap()), Some((tenant(), 3)));
     // A sender claiming to have read past the end reads to the newest
     // message, never beyond; and moves only its own cursor.
-    client
+    let read_all = client
         .post_group_message(pb::PostGroupMessageRequest {
             group_id: group.group_id.clone(),
             message_id: "q3".into(),
@@ -380,7 +385,13 @@ async fn grpc_groups_round_trip_and_typed_errors() {
             ..Default::default()
         })
         .await
-        .unwrap();
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        read_all.sender_read_seq,
+        Some(4),
+        "the post answers with its sender's cursor"
+    );
     let cursors: Vec<u64> = client
         .list_group_members(pb::ListGroupMembersRequest {
             group_id: group.group_id.clone(),
