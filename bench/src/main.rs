@@ -92,8 +92,12 @@ struct Args {
     #[arg(long, default_value_t = 10_000)]
     history: usize,
     /// Concurrent 50 tokens/s streams tried, in order, until inter-token
-    /// gaps exceed 10x.
-    #[arg(long, value_delimiter = ',', default_value = "25,50,100,200,400,800")]
+    /// gaps exceed 10x (the run says so when every level held).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "25,50,100,200,400,800,1200,1600,2400,3200"
+    )]
     streams: Vec<usize>,
     /// Which figures to measure (default: all).
     #[arg(

@@ -3,7 +3,6 @@
 
 use avm_common::auth::ServiceIdentity;
 use avm_common::{ApiError, RequestContext};
-use avm_proto::runtime::v1 as rt;
 use avm_proto::session::v1 as ss;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -156,12 +155,13 @@ pub async fn list(peers: &Peers, ctx: &RequestContext) -> Result<ContainerList, 
     })
 }
 
-/// Stops a container's agents and deletes it with everything inside.
+/// Deletes a container with everything inside; the runtimes hear it from
+/// the session service, and stop its agents and remove their workspaces.
 pub async fn delete(peers: &Peers, ctx: &RequestContext, container_id: String) -> Result<ContainerDeleted, ApiError> {
-    let request = ctx.request(rt::DeleteContainerRequest {
+    let request = ctx.request(ss::DeleteContainerRequest {
         container_id: container_id.clone(),
     });
-    peers.runtime.delete_container(request).await?;
+    peers.session.delete_container(request).await?;
     Ok(ContainerDeleted {
         container_id,
         deleted: true,

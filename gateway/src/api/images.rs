@@ -293,13 +293,14 @@ pub async fn update(
     get(peers, ctx, image_id).await
 }
 
-/// Stops an image's agent and deletes the image with its session and messages.
+/// Deletes an image (and its descendants) with its session and messages;
+/// the runtimes hear it from the session service, and stop its agent and
+/// remove its workspace.
 pub async fn delete(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<ImageDeleted, ApiError> {
-    // The runtime stops its agent, deletes it and its workspace.
-    let request = ctx.request(rt::DeleteImageRequest {
+    let request = ctx.request(ss::DeleteImageRequest {
         image_id: image_id.clone(),
     });
-    peers.runtime.delete_image(request).await?;
+    peers.session.delete_image(request).await?;
     Ok(ImageDeleted {
         image_id,
         deleted: true,

@@ -298,27 +298,6 @@ impl RuntimeService for RuntimeGrpc {
         Ok(Response::new(pb::UpdateImageResponse { stopped }))
     }
 
-    async fn delete_image(
-        &self,
-        request: Request<pb::DeleteImageRequest>,
-    ) -> Result<Response<pb::DeleteImageResponse>, Status> {
-        let ctx = caller(&request)?;
-        let stopped = self.pool.delete_image(&ctx, &request.get_ref().image_id).await?;
-        Ok(Response::new(pb::DeleteImageResponse { stopped }))
-    }
-
-    async fn delete_container(
-        &self,
-        request: Request<pb::DeleteContainerRequest>,
-    ) -> Result<Response<pb::DeleteContainerResponse>, Status> {
-        let ctx = caller(&request)?;
-        let deleted_image_ids = self
-            .pool
-            .delete_container(&ctx, &request.get_ref().container_id)
-            .await?;
-        Ok(Response::new(pb::DeleteContainerResponse { deleted_image_ids }))
-    }
-
     async fn run_image(&self, request: Request<pb::RunImageRequest>) -> Result<Response<pb::RunImageResponse>, Status> {
         let ctx = caller(&request)?;
         let (agent, reused) = self.pool.run_image(&ctx, &request.get_ref().image_id).await?;

@@ -256,20 +256,6 @@ where
         by_holder!(self, request, update_image, request.get_ref().image_id)
     }
 
-    async fn delete_image(
-        &self,
-        request: Request<pb::DeleteImageRequest>,
-    ) -> Result<Response<pb::DeleteImageResponse>, Status> {
-        by_holder!(self, request, delete_image, request.get_ref().image_id)
-    }
-
-    async fn delete_container(
-        &self,
-        request: Request<pb::DeleteContainerRequest>,
-    ) -> Result<Response<pb::DeleteContainerResponse>, Status> {
-        here(self.local.delete_container(request).await)
-    }
-
     async fn run_image(&self, request: Request<pb::RunImageRequest>) -> Result<Response<pb::RunImageResponse>, Status> {
         here_or_holder!(self, request, run_image)
     }

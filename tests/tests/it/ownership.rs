@@ -916,8 +916,6 @@ const OPS: &[Op] = &[
     Op::Grpc("session.ListUnread of user"),
     Op::Grpc("runtime.GetImage"),
     Op::Grpc("runtime.ListImages"),
-    Op::Grpc("runtime.DeleteImage"),
-    Op::Grpc("runtime.DeleteContainer"),
     Op::Grpc("runtime.RunImage"),
     Op::Grpc("runtime.StopImage"),
     Op::Grpc("runtime.SendMessage"),
@@ -1299,10 +1297,6 @@ impl<'a> Attacker<'a> {
                     image_id: image(), name: Some(planted()), description: Some(planted()),
                     tools: Some(ss::ToolList { tools: vec![] }),
                 }),
-            unary "runtime.DeleteImage" =>
-                runtime.delete_image(rt::DeleteImageRequest { image_id: image() }),
-            unary "runtime.DeleteContainer" =>
-                runtime.delete_container(rt::DeleteContainerRequest { container_id: container() }),
             unary "runtime.RunImage" =>
                 runtime.run_image(rt::RunImageRequest { image_id: image() }),
             unary "runtime.StopImage" =>

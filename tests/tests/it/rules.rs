@@ -29,13 +29,14 @@ async fn channel(url: &str) -> anyhow::Result<Channel> {
 }
 
 type Interceptor = Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>;
+type RuntimeClient = RuntimeServiceClient<tonic::service::interceptor::InterceptedService<Channel, Interceptor>>;
 
 /// Clients of the session and runtime services as the operator admin.
 async fn clients(
     cluster: &Cluster,
 ) -> anyhow::Result<(
     SessionServiceClient<tonic::service::interceptor::InterceptedService<Channel, Interceptor>>,
-    RuntimeServiceClient<tonic::service::interceptor::InterceptedService<Channel, Interceptor>>,
+    RuntimeClient,
 )> {
     let token: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
         format!("Bearer {}", cluster.access_token(&cluster.admin_key).await?).parse()?;
@@ -63,20 +64,18 @@ async fn deleting(mode: Mode) -> anyhow::Result<()> {
     let (mut session, mut runtime) = clients(&cluster).await?;
     let mut client = WsClient::connect(&cluster.ws_url()).await?;
 
-    // The runtime's DeleteImage stops the agent before it answers.
+    // The public API deletes through the session service; the runtime
+    // hears of it and stops the agent.
     let first = conversation(&mut client, "rules", json!({})).await?;
     assert_text_turn(&send_and_finish(&mut client, &first.image_id, json!("hello")).await?);
-    let deleted = runtime
-        .delete_image(rt::DeleteImageRequest {
-            image_id: first.image_id.clone(),
-        })
-        .await?
-        .into_inner();
-    assert!(deleted.stopped, "the running agent was stopped");
+    client
+        .request("image_delete", json!({"imageId": first.image_id}))
+        .await?;
+    stopped(&mut runtime, &first.image_id, "a deleted image").await?;
     let agents = client.request("agent_list", json!({"containerId": "rules"})).await?;
     assert_eq!(agents["agents"], json!([]), "no agent outlives its image");
 
-    // The session service's own DeleteContainer, called directly, stops them too.
+    // The session service's own DeleteContainer, called directly, stops them alike.
     let second = conversation(&mut client, "rules", json!({})).await?;
     assert_text_turn(&send_and_finish(&mut client, &second.image_id, json!("hello again")).await?);
     let running = client.request("agent_list", json!({"containerId": "rules"})).await?;
@@ -89,25 +88,10 @@ async fn deleting(mode: Mode) -> anyhow::Result<()> {
             container_id: "rules".into(),
         })
         .await?;
-    let start = tokio::time::Instant::now();
-    loop {
-        let agents = runtime
-            .list_agents(rt::ListAgentsRequest { container_id: None })
-            .await?
-            .into_inner()
-            .agents;
-        if agents.iter().all(|agent| agent.image_id != second.image_id) {
-            break;
-        }
-        ensure!(
-            start.elapsed() < DEADLINE,
-            "the agent of a deleted container still runs"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // And the runtime's DeleteContainer of a missing container says so.
-    let missing = runtime
-        .delete_container(rt::DeleteContainerRequest {
+    stopped(&mut runtime, &second.image_id, "a deleted container").await?;
+    // And deleting a missing container says so.
+    let missing = session
+        .delete_container(ss::DeleteContainerRequest {
             container_id: "rules".into(),
         })
         .await
@@ -115,6 +99,24 @@ async fn deleting(mode: Mode) -> anyhow::Result<()> {
         .map(|status| reason(&status));
     assert_eq!(missing.as_deref(), Some("CONTAINER_NOT_FOUND"));
     Ok(())
+}
+
+/// Waits until no agent of `image_id` runs (the runtime acts on the
+/// session service's announcement of the deletion), for at most [`DEADLINE`].
+async fn stopped(runtime: &mut RuntimeClient, image_id: &str, what: &str) -> anyhow::Result<()> {
+    let start = tokio::time::Instant::now();
+    loop {
+        let agents = runtime
+            .list_agents(rt::ListAgentsRequest { container_id: None })
+            .await?
+            .into_inner()
+            .agents;
+        if agents.iter().all(|agent| agent.image_id != image_id) {
+            return Ok(());
+        }
+        ensure!(start.elapsed() < DEADLINE, "the agent of {what} still runs");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 both_modes!(images_show_their_agent_to_every_api, online);

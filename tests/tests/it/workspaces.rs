@@ -105,17 +105,27 @@ async fn follows(mode: Mode) -> anyhow::Result<()> {
     let frames = send_and_finish(&mut client, &chat.image_id, json!(read)).await?;
     assert_eq!(streamed_text(&frames), "Tool results: ship on friday");
 
-    // Deleting the image deletes its workspace from the store too.
+    // Deleting the image deletes its workspace from the store too, once
+    // the runtime hears of the deletion from the session service.
     let (status, deleted) = call(&cluster, "DELETE", &format!("/v1/images/{}", chat.image_id), None).await?;
     assert_eq!(status, 200, "{deleted}");
-    let left: Vec<String> = s3
-        .keys(BUCKET, "workspaces/")
-        .await
-        .into_iter()
-        .filter(|key| key.contains(&chat.image_id))
-        .collect();
-    assert_eq!(left, Vec::<String>::new());
-    Ok(())
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left: Vec<String> = s3
+            .keys(BUCKET, "workspaces/")
+            .await
+            .into_iter()
+            .filter(|key| key.contains(&chat.image_id))
+            .collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the workspace outlived its image in the store: {left:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// Returns the one tenant directory under the workspace root.

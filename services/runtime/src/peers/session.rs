@@ -266,32 +266,6 @@ impl Sessions {
         Ok((image, changed.terminated_image_ids))
     }
 
-    /// Deletes an image with its session and messages.
-    pub async fn delete_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(), RuntimeError> {
-        let request = ctx.request(pb::DeleteImageRequest {
-            image_id: image_id.to_owned(),
-        });
-        self.service.delete_image(request).await?;
-        Ok(())
-    }
-
-    /// Deletes a container with everything in it; returns the ids of its images.
-    pub async fn delete_container(
-        &self,
-        ctx: &RequestContext,
-        container_id: &str,
-    ) -> Result<Vec<String>, RuntimeError> {
-        let request = ctx.request(pb::DeleteContainerRequest {
-            container_id: container_id.to_owned(),
-        });
-        Ok(self
-            .service
-            .delete_container(request)
-            .await?
-            .into_inner()
-            .deleted_image_ids)
-    }
-
     /// Follows the deletions and group posts of every tenant (as a service principal).
     pub async fn watch_changes(
         &self,

@@ -190,39 +190,6 @@ impl AgentPool {
         }
     }
 
-    /// Stops an image's agent, then deletes the image with its session and
-    /// messages; returns whether an agent was stopped.
-    #[instrument(name = "runtime.delete_image", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn delete_image(&self, ctx: &RequestContext, image_id: &str) -> Result<bool, RuntimeError> {
-        let stopped = self.stop_image(ctx, image_id).await?;
-        self.sessions().delete_image(ctx, image_id).await?;
-        self.remove_workspace(&ctx.tenant_id, image_id).await;
-        Ok(stopped)
-    }
-
-    /// Stops the agents of a container, then deletes it with everything in
-    /// it; returns the ids of its images.
-    #[instrument(name = "runtime.delete_container", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn delete_container(
-        &self,
-        ctx: &RequestContext,
-        container_id: &str,
-    ) -> Result<Vec<String>, RuntimeError> {
-        ctx.require(Scopes::WRITE)?;
-        // Existence (and a member's right to stop its agents) first, so a
-        // missing container is NOT_FOUND before anything is touched.
-        self.authorize(ctx, container_id, Some(Role::Manage)).await?;
-        if ctx.owner_filter().is_none() {
-            self.sessions().check_container(ctx, container_id).await?;
-        }
-        self.retire_container(&ctx.tenant_id, container_id);
-        let image_ids = self.sessions().delete_container(ctx, container_id).await?;
-        for image_id in &image_ids {
-            self.remove_workspace(&ctx.tenant_id, image_id).await;
-        }
-        Ok(image_ids)
-    }
-
     /// Stops and forgets one agent.
     #[instrument(name = "runtime.destroy_agent", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
     pub async fn destroy_agent(&self, ctx: &RequestContext, agent_id: &str) -> Result<(), RuntimeError> {
