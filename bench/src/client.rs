@@ -18,8 +18,12 @@ pub struct Api {
 
 /// What a streamed turn showed the client.
 pub struct Streamed {
+    /// When the request was sent.
+    pub sent: Instant,
     /// From sending the request to the first text delta.
     pub first: Duration,
+    /// From sending the request to the last text delta.
+    pub last: Duration,
     /// Between consecutive text deltas, in arrival order.
     pub gaps: Vec<Duration>,
 }
@@ -324,8 +328,14 @@ async fn stream(response: reqwest::Response, started: Instant, marker: &[u8], en
             String::from_utf8_lossy(&seen)
         )
     })?;
+    let last = arrivals.last().copied().unwrap_or(first);
     let gaps = arrivals.windows(2).map(|pair| pair[1] - pair[0]).collect();
-    Ok(Streamed { first, gaps })
+    Ok(Streamed {
+        sent: started,
+        first,
+        last,
+        gaps,
+    })
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
