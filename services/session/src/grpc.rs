@@ -78,6 +78,15 @@ impl SessionApi for SessionGrpc {
                 }),
                 ..Default::default()
             }),
+            Ok(WatchItem::Changed(SessionChange::Retooled {
+                tenant_id,
+                image_id,
+                tools,
+            })) => Ok(pb::WatchSessionEventsResponse {
+                tenant_id,
+                retooled: Some(pb::ImageRetooled { image_id, tools }),
+                ..Default::default()
+            }),
             Err(err) => Err(Status::from(err)),
         });
         Ok(Response::new(Box::pin(stream)))

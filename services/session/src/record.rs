@@ -309,7 +309,8 @@ impl MessageBody {
 
 /// What the session service announces to the runtimes: images a deletion
 /// removed (one, or all of a container's), so they stop their agents; a
-/// message new in a group, so they wake the agents it concerns.
+/// message new in a group, so they wake the agents it concerns; an image's
+/// new tools, so an agent started with others stops.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "change", rename_all = "snake_case")]
 pub enum SessionChange {
@@ -322,6 +323,11 @@ pub enum SessionChange {
         group_id: String,
         seq: u64,
         message_id: String,
+    },
+    Retooled {
+        tenant_id: String,
+        image_id: String,
+        tools: Vec<String>,
     },
 }
 

@@ -428,6 +428,16 @@ impl SessionService {
             .update_image(&scope(ctx), image_id, &update, now_ms())
             .await?;
         tracing::info!(image_id, "image updated");
+        if update.tools.is_some() {
+            // Whoever changed them, a running agent restarts with them.
+            self.events
+                .emit(SessionChange::Retooled {
+                    tenant_id: ctx.tenant_id.clone(),
+                    image_id: image.image_id.clone(),
+                    tools: image.tools.clone(),
+                })
+                .await;
+        }
         Ok(image)
     }
 

@@ -101,6 +101,53 @@ async fn deleting(mode: Mode) -> anyhow::Result<()> {
     Ok(())
 }
 
+both_modes!(new_tools_through_any_api_restart_the_agent, retooling);
+
+async fn retooling(mode: Mode) -> anyhow::Result<()> {
+    let cluster = cluster(mode).await?;
+    let (mut session, mut runtime) = clients(&cluster).await?;
+    let mut client = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = conversation(&mut client, "retool", json!({})).await?;
+    assert_text_turn(&send_and_finish(&mut client, &chat.image_id, json!("hello")).await?);
+
+    // A new name alone leaves the running agent be.
+    session
+        .update_image(ss::UpdateImageRequest {
+            image_id: chat.image_id.clone(),
+            name: Some("renamed".into()),
+            ..Default::default()
+        })
+        .await?;
+    let running = |agents: &[rt::Agent]| agents.iter().any(|agent| agent.image_id == chat.image_id);
+    let agents = runtime
+        .list_agents(rt::ListAgentsRequest { container_id: None })
+        .await?
+        .into_inner()
+        .agents;
+    ensure!(running(&agents), "a renamed image's agent runs on");
+    // New tools through the session service itself: the runtime hears of
+    // them and stops the agent, so the next message starts it with them.
+    session
+        .update_image(ss::UpdateImageRequest {
+            image_id: chat.image_id.clone(),
+            tools: Some(ss::ToolList {
+                tools: vec!["write_file".into()],
+            }),
+            ..Default::default()
+        })
+        .await?;
+    stopped(&mut runtime, &chat.image_id, "an image with new tools").await?;
+    let frames = send_and_finish(&mut client, &chat.image_id, json!("again")).await?;
+    assert_text_turn(&frames);
+    let agents = runtime
+        .list_agents(rt::ListAgentsRequest { container_id: None })
+        .await?
+        .into_inner()
+        .agents;
+    ensure!(running(&agents), "the next message starts the agent again");
+    Ok(())
+}
+
 /// Waits until no agent of `image_id` runs (the runtime acts on the
 /// session service's announcement of the deletion), for at most [`DEADLINE`].
 async fn stopped(runtime: &mut RuntimeClient, image_id: &str, what: &str) -> anyhow::Result<()> {

@@ -50,6 +50,12 @@ pub enum SessionChange {
         seq: u64,
         message_id: String,
     },
+    /// An image's tools changed (to `tools`), whoever changed them.
+    Retooled {
+        tenant_id: String,
+        image_id: String,
+        tools: Vec<String>,
+    },
 }
 
 /// What changes in an image: its name, description (empty clears it) or tools.
@@ -266,7 +272,8 @@ impl Sessions {
         Ok((image, changed.terminated_image_ids))
     }
 
-    /// Follows the deletions and group posts of every tenant (as a service principal).
+    /// Follows the deletions, group posts and tool changes of every tenant
+    /// (as a service principal).
     pub async fn watch_changes(
         &self,
         ctx: &RequestContext,
@@ -276,15 +283,20 @@ impl Sessions {
         Ok(stream
             .map(|item| {
                 let event = item?;
-                Ok(match event.posted {
+                Ok(match (event.posted, event.retooled) {
                     _ if event.live => SessionChange::Live,
-                    Some(posted) => SessionChange::Posted {
+                    (Some(posted), _) => SessionChange::Posted {
                         tenant_id: event.tenant_id,
                         group_id: posted.group_id,
                         seq: posted.seq,
                         message_id: posted.message_id,
                     },
-                    None => SessionChange::Deleted {
+                    (None, Some(retooled)) => SessionChange::Retooled {
+                        tenant_id: event.tenant_id,
+                        image_id: retooled.image_id,
+                        tools: retooled.tools,
+                    },
+                    (None, None) => SessionChange::Deleted {
                         tenant_id: event.tenant_id,
                         image_ids: event.image_ids,
                     },

@@ -1,6 +1,8 @@
 //! Following the session service's changes: the agents of deleted images
 //! stop and their workspaces go, whoever deleted them; a new group message
-//! wakes the agents it concerns (`groups.rs`), whoever posted it.
+//! wakes the agents it concerns (`groups.rs`), whoever posted it; an agent
+//! whose image's tools changed stops, to start with the new ones, whoever
+//! changed them.
 
 use avm_common::backoff::Backoff;
 
@@ -50,6 +52,19 @@ impl AgentPool {
                         }
                         // Deleted on the session service directly: the workspace goes too.
                         self.remove_workspace(&tenant_id, &image_id).await;
+                    }
+                }
+                SessionChange::Retooled {
+                    tenant_id,
+                    image_id,
+                    tools,
+                } => {
+                    // An agent started since with these tools (the runtime's
+                    // own update stops the old one before it answers) stays.
+                    if let Some(agent) = self.lookup(&tenant_id, &AgentTarget::Image(image_id))
+                        && agent.image.tools != tools
+                    {
+                        self.retire(&agent, "tools changed");
                     }
                 }
                 SessionChange::Posted {

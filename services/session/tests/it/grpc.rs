@@ -408,6 +408,28 @@ async fn grpc_groups_round_trip_and_typed_errors() {
         [2, 4],
         "the agent's cursor (moved to 2 above), then the sender's"
     );
+    assert_eq!(announced(changes.message().await.unwrap()), Some((tenant(), 4)));
+    // New tools are announced, whoever changes them (a new name is not), so
+    // the runtimes restart the image's agent with them.
+    for tools in [None, Some(vec!["write_file".to_owned()])] {
+        client
+            .update_image(pb::UpdateImageRequest {
+                image_id: image.image_id.clone(),
+                name: Some("renamed".into()),
+                description: None,
+                tools: tools.map(|tools| pb::ToolList { tools }),
+            })
+            .await
+            .unwrap();
+    }
+    let retooled = changes.message().await.unwrap().and_then(|change| change.retooled);
+    assert_eq!(
+        retooled,
+        Some(pb::ImageRetooled {
+            image_id: image.image_id.clone(),
+            tools: vec!["write_file".into()],
+        })
+    );
 
     let updated = client
         .update_group(pb::UpdateGroupRequest {
