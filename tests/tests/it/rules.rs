@@ -118,13 +118,10 @@ async fn retooling(mode: Mode) -> anyhow::Result<()> {
             ..Default::default()
         })
         .await?;
-    let running = |agents: &[rt::Agent]| agents.iter().any(|agent| agent.image_id == chat.image_id);
-    let agents = runtime
-        .list_agents(rt::ListAgentsRequest { container_id: None })
-        .await?
-        .into_inner()
-        .agents;
-    ensure!(running(&agents), "a renamed image's agent runs on");
+    ensure!(
+        runs(&mut runtime, &chat.image_id).await?,
+        "a renamed image's agent runs on"
+    );
     // New tools through the session service itself: the runtime hears of
     // them and stops the agent, so the next message starts it with them.
     session
@@ -139,13 +136,21 @@ async fn retooling(mode: Mode) -> anyhow::Result<()> {
     stopped(&mut runtime, &chat.image_id, "an image with new tools").await?;
     let frames = send_and_finish(&mut client, &chat.image_id, json!("again")).await?;
     assert_text_turn(&frames);
+    ensure!(
+        runs(&mut runtime, &chat.image_id).await?,
+        "the next message starts the agent again"
+    );
+    Ok(())
+}
+
+/// Returns whether an agent of `image_id` runs, as the runtime lists them.
+async fn runs(runtime: &mut RuntimeClient, image_id: &str) -> anyhow::Result<bool> {
     let agents = runtime
         .list_agents(rt::ListAgentsRequest { container_id: None })
         .await?
         .into_inner()
         .agents;
-    ensure!(running(&agents), "the next message starts the agent again");
-    Ok(())
+    Ok(agents.iter().any(|agent| agent.image_id == image_id))
 }
 
 /// Waits until no agent of `image_id` runs (the runtime acts on the
@@ -153,12 +158,7 @@ async fn retooling(mode: Mode) -> anyhow::Result<()> {
 async fn stopped(runtime: &mut RuntimeClient, image_id: &str, what: &str) -> anyhow::Result<()> {
     let start = tokio::time::Instant::now();
     loop {
-        let agents = runtime
-            .list_agents(rt::ListAgentsRequest { container_id: None })
-            .await?
-            .into_inner()
-            .agents;
-        if agents.iter().all(|agent| agent.image_id != image_id) {
+        if !runs(runtime, image_id).await? {
             return Ok(());
         }
         ensure!(start.elapsed() < DEADLINE, "the agent of {what} still runs");
