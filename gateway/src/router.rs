@@ -19,7 +19,7 @@ use utoipa_axum::routes;
 
 use crate::http::{RequestId, request_id_from_headers};
 use crate::rest::{
-    self, auth, conversations as conv, credentials, groups, resources, secrets, settings, usage, workspace,
+    self, auth, conversations as conv, credentials, groups, resources, search, secrets, settings, usage, workspace,
 };
 use crate::state::GatewayState;
 
@@ -63,6 +63,8 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(groups::list_group_messages, groups::post_group_message))
         .routes(routes!(groups::mark_group_read))
         .routes(routes!(groups::group_events))
+        // Search.
+        .routes(routes!(search::search))
         // Agents.
         .routes(routes!(conv::list_agents))
         .routes(routes!(conv::get_agent, conv::destroy_agent))

@@ -22,6 +22,7 @@ pub mod groups;
 pub mod images;
 pub mod messages;
 pub mod resources;
+pub mod search;
 pub mod secrets;
 pub mod settings;
 pub mod usage;

@@ -18,6 +18,7 @@ pub mod conversations;
 pub mod credentials;
 pub mod groups;
 pub mod resources;
+pub mod search;
 pub mod secrets;
 pub mod settings;
 pub mod usage;

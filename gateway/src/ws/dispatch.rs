@@ -21,6 +21,7 @@ use crate::api::groups::{
 use crate::api::images::EventStream;
 use crate::api::images::{self, AgentTarget, ImageConfig, ImageRecord, ImageUpdate, MessageAccepted};
 use crate::api::messages::MessageContent;
+use crate::api::search::SearchQuery;
 use crate::api::workspace::{self, WorkspacePath, WorkspaceUpload};
 use crate::api::{self, decode};
 use crate::peers::Peers;
@@ -300,6 +301,7 @@ requests! {
     "agent_resume" => AgentResume(ImageRef, decode),
     "agent_terminate" => AgentTerminate(ImageRef, decode),
     "quota_get" => QuotaGet(QuotaQuery, decode),
+    "search" => Search(SearchQuery, decode),
     "credential_set" => CredentialSet(CredentialSet, decode),
     "credential_list" => CredentialList,
     "credential_delete" => CredentialDelete(CredentialRef, decode),
@@ -537,6 +539,7 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, request: Request) -> 
             answer(ContainerDone { container_id })
         }
         Request::QuotaGet(query) => answer(api::auth::quota(peers, ctx, query).await?),
+        Request::Search(query) => answer(api::search::search(peers, ctx, query).await?),
         Request::CredentialSet(CredentialSet {
             server,
             scope,

@@ -12,6 +12,7 @@ use crate::record::{
     ImageUpdate, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup, NewGroupMessage, NewImage, NewMessage,
     SessionChange, ShareRole, UnreadGroup, Usage, WakeMode, WatchItem,
 };
+use crate::search::SearchRequest;
 use crate::service::SessionService;
 
 /// Returns the `avm.session.v1.SessionService` server over `service`, with the
@@ -336,6 +337,49 @@ impl SessionApi for SessionGrpc {
         let messages = self.service.list_messages(&ctx, &request.get_ref().session_id).await?;
         Ok(Response::new(pb::ListMessagesResponse {
             messages: messages.into_iter().map(message_pb).collect(),
+        }))
+    }
+
+    async fn search_messages(
+        &self,
+        request: Request<pb::SearchMessagesRequest>,
+    ) -> Result<Response<pb::SearchMessagesResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let page = self
+            .service
+            .search(
+                &ctx,
+                SearchRequest {
+                    query: request.query,
+                    container_id: request.container_id,
+                    image_id: request.image_id,
+                    role: request.role,
+                    from_ms: request.from_ms,
+                    to_ms: request.to_ms,
+                    page_size: request.page_size,
+                    page_token: request.page_token,
+                },
+            )
+            .await?;
+        Ok(Response::new(pb::SearchMessagesResponse {
+            hits: page
+                .hits
+                .into_iter()
+                .map(|hit| pb::SearchHit {
+                    container_id: hit.container_id,
+                    image_id: hit.image_id,
+                    session_id: hit.session_id,
+                    image_name: hit.image_name,
+                    score: hit.score,
+                    at_ms: hit.at_ms,
+                    message_id: hit.message_id,
+                    seq: hit.seq,
+                    role: hit.role.map(str::to_owned),
+                    snippet: hit.snippet,
+                })
+                .collect(),
+            next_page_token: page.next_page_token,
         }))
     }
 

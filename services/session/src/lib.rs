@@ -10,12 +10,14 @@
 //!             behind them, sharing store/sql.rs and store/groups.rs
 //! record.rs   the domain types
 //! references.rs  resource:// references checked with the resource service
+//! search.rs   full-text search: queries, hits, snippets
 //! ```
 
 mod error;
 mod grpc;
 mod record;
 mod references;
+mod search;
 mod service;
 mod store;
 
@@ -28,6 +30,10 @@ pub use record::{
     UnreadGroup, Usage, WakeMode, WatchItem,
 };
 pub use references::References;
+pub use search::{
+    DEFAULT_SEARCH_PAGE_SIZE, MAX_QUERY_BYTES, MAX_QUERY_TERMS, MAX_SEARCH_OFFSET, MAX_SEARCH_PAGE_SIZE, SEARCH_ROLES,
+    SearchHit, SearchPage, SearchRequest, SearchRow, Terms,
+};
 pub use service::{
     DEFAULT_GROUP_MESSAGE_LIMIT, DEFAULT_GROUP_PAGE_SIZE, DEFAULT_IMAGE_NAME, MAX_DESCRIPTION_CHARS,
     MAX_GROUP_MESSAGE_LIMIT, MAX_GROUP_PAGE_SIZE, MAX_ID_BYTES, MAX_INITIAL_MEMBERS, MAX_MCP_SERVERS_BYTES,

@@ -18,6 +18,10 @@ use crate::record::{
     MessageRecord, NewImage, NewMessage, OpenTurn, SessionChange, ShareRecord, ShareRole, WatchItem,
 };
 use crate::references::{RESOURCE_URI_PREFIX, References};
+use crate::search::{
+    DEFAULT_SEARCH_PAGE_SIZE, MAX_SEARCH_OFFSET, MAX_SEARCH_PAGE_SIZE, SEARCH_ROLES, SearchHit, SearchPage,
+    SearchRequest, Terms, page_offset,
+};
 use crate::store::{Scope, SessionStore};
 
 mod groups;
@@ -517,6 +521,66 @@ impl SessionService {
     ) -> Result<Vec<MessageRecord>, SessionError> {
         allow(ctx, Scopes::READ)?;
         self.store.list_messages(&scope(ctx), session_id).await
+    }
+
+    /// Finds the messages and conversation names of the caller's scope that
+    /// hold every word of a query, best first, a page at a time: what
+    /// listing shows the caller is all a search can find.
+    #[instrument(
+        name = "session.search",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn search(&self, ctx: &RequestContext, request: SearchRequest) -> Result<SearchPage, SessionError> {
+        allow(ctx, Scopes::READ)?;
+        let terms = Terms::parse(&request.query)?;
+        if let Some(container_id) = &request.container_id {
+            validate_container_id(container_id)?;
+        }
+        if request
+            .image_id
+            .as_ref()
+            .is_some_and(|id| id.is_empty() || id.len() > MAX_ID_BYTES)
+        {
+            return Err(SessionError::invalid(
+                "INVALID_IMAGE_ID",
+                format!("image id must be 1 to {MAX_ID_BYTES} bytes"),
+            ));
+        }
+        if let Some(role) = &request.role
+            && !SEARCH_ROLES.contains(&role.as_str())
+        {
+            return Err(SessionError::invalid(
+                "INVALID_ROLE",
+                format!("role must be one of {}", SEARCH_ROLES.join(", ")),
+            ));
+        }
+        if let (Some(from), Some(to)) = (request.from_ms, request.to_ms)
+            && from > to
+        {
+            return Err(SessionError::invalid("INVALID_TIME_RANGE", "from must not be after to"));
+        }
+        let limit = match request.page_size {
+            0 => DEFAULT_SEARCH_PAGE_SIZE,
+            size => size.min(MAX_SEARCH_PAGE_SIZE),
+        };
+        let offset = page_offset(&request.page_token)?;
+        // One more than the page says whether another follows.
+        let mut rows = self
+            .store
+            .search(&scope(ctx), &terms, &request, limit + 1, offset)
+            .await?;
+        let more = rows.len() > limit as usize;
+        rows.truncate(limit as usize);
+        let next = offset + u64::from(limit);
+        Ok(SearchPage {
+            hits: rows.into_iter().map(|row| SearchHit::new(row, &terms)).collect(),
+            next_page_token: if more && next <= MAX_SEARCH_OFFSET {
+                next.to_string()
+            } else {
+                String::new()
+            },
+        })
     }
 
     /// Returns, across tenants, the turns left open by sessions whose last

@@ -19,6 +19,7 @@ use crate::record::{
     GroupRecord, GroupUpdate, ImageRecord, ImageUpdate, MemberRef, MessageRecord, NewGroupMessage, NewMessage,
     OpenTurn, ShareRecord, ShareRole, UnreadGroup,
 };
+use crate::search::{SearchRequest, SearchRow, Terms};
 
 mod groups;
 mod postgres;
@@ -164,6 +165,18 @@ pub trait SessionStore: GroupStore + Send + Sync + 'static {
         after_session_id: &str,
         limit: u32,
     ) -> Result<Vec<OpenTurn>, SessionError>;
+
+    /// Returns up to `limit` hits after the first `offset`, best first:
+    /// messages whose words match `terms` and, without a role filter,
+    /// conversations whose name does, in the scope and the request's filters.
+    async fn search(
+        &self,
+        scope: &Scope<'_>,
+        terms: &Terms,
+        filter: &SearchRequest,
+        limit: u32,
+        offset: u64,
+    ) -> Result<Vec<SearchRow>, SessionError>;
 
     /// Returns how change events travel between the replicas on this store.
     fn event_transport(&self) -> EventTransport;

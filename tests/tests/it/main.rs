@@ -38,6 +38,7 @@ mod resume;
 mod rules;
 mod sandbox_tier;
 mod scale;
+mod search;
 mod secrets;
 mod support;
 mod telemetry;

@@ -33,6 +33,7 @@ const ROUTES: &[&str] = &[
     "GET /v1/images/{id}/messages",
     "POST /v1/images/{id}/messages",
     "GET /v1/images/{id}/events",
+    "GET /v1/search",
     "POST /v1/containers/{id}/groups",
     "GET /v1/containers/{id}/groups",
     "GET /v1/groups/unread",

@@ -13,6 +13,7 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::error::SessionError;
 use crate::record::{AgentState, ContainerRecord, ImageRecord, MessageBody, MessageRecord, ShareRecord, ShareRole};
+use crate::search::SearchRow;
 
 /// The condition that container `c` is visible to user `$u`: always when `$u`
 /// is NULL (the whole tenant), else when the user owns it or it is shared
@@ -347,6 +348,49 @@ where
         body,
     })
 }
+
+/// Reads a row of a store's `SEARCH` statement.
+pub(super) fn search_row_from_row<'r, R>(row: &'r R) -> Result<SearchRow, SessionError>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+    &'r str: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    f64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let message_id: Option<String> = row.try_get("message_id")?;
+    Ok(SearchRow {
+        container_id: row.try_get("container_id")?,
+        image_id: row.try_get("image_id")?,
+        session_id: row.try_get("session_id")?,
+        image_name: row.try_get("image_name")?,
+        score: row.try_get("score")?,
+        at_ms: row.try_get("at_ms")?,
+        message: message_id.map(|_| message_from_row(row)).transpose()?,
+    })
+}
+
+/// The filters of a `SEARCH` statement, `$4`… of it, for one arm: `$4` the
+/// container, `$5` the image, `$6` the kind, `$7`/`$8` the time range (each
+/// NULL for any), on the arm's images `i` and time column.
+macro_rules! search_filters {
+    ($at:literal) => {
+        concat!(
+            " AND i.tenant_id = $2 AND ",
+            visible!("c", "$3"),
+            " AND ($4 IS NULL OR i.container_id = $4) AND ($5 IS NULL OR i.image_id = $5)",
+            " AND ($7 IS NULL OR ",
+            $at,
+            " >= $7) AND ($8 IS NULL OR ",
+            $at,
+            " < $8)"
+        )
+    };
+}
+
+pub(super) use search_filters;
 
 /// Maps the foreign-key failure of an image insert to `ContainerNotFound`.
 ///
@@ -973,6 +1017,32 @@ macro_rules! impl_session_store {
                                 .unwrap_or_default(),
                         })
                     })
+                    .collect()
+            }
+
+            async fn search(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                terms: &$crate::search::Terms,
+                filter: &$crate::search::SearchRequest,
+                limit: u32,
+                offset: u64,
+            ) -> Result<Vec<$crate::search::SearchRow>, $crate::error::SessionError> {
+                let rows = sqlx::query(Self::SEARCH)
+                    .bind(terms.expression())
+                    .bind(scope.tenant_id)
+                    .bind(scope.user_id)
+                    .bind(filter.container_id.as_deref())
+                    .bind(filter.image_id.as_deref())
+                    .bind(filter.role.as_deref())
+                    .bind(filter.from_ms)
+                    .bind(filter.to_ms)
+                    .bind(i64::from(limit))
+                    .bind(i64::try_from(offset).unwrap_or(i64::MAX))
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter()
+                    .map(|row| $crate::store::sql::search_row_from_row(row))
                     .collect()
             }
 

@@ -13,3 +13,4 @@ mod conformance;
 mod groups;
 mod grpc;
 mod persistence;
+mod search;
