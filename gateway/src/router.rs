@@ -19,7 +19,8 @@ use utoipa_axum::routes;
 
 use crate::http::{RequestId, request_id_from_headers};
 use crate::rest::{
-    self, auth, conversations as conv, credentials, groups, resources, search, secrets, settings, usage, workspace,
+    self, auth, conversations as conv, credentials, groups, resources, search, secrets, settings, transfer, usage,
+    workspace,
 };
 use crate::state::GatewayState;
 
@@ -63,8 +64,11 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(groups::list_group_messages, groups::post_group_message))
         .routes(routes!(groups::mark_group_read))
         .routes(routes!(groups::group_events))
-        // Search.
+        // Search, export and import.
         .routes(routes!(search::search))
+        .routes(routes!(transfer::export_image))
+        .routes(routes!(transfer::export_container))
+        .routes(routes!(transfer::import))
         // Agents.
         .routes(routes!(conv::list_agents))
         .routes(routes!(conv::get_agent, conv::destroy_agent))
@@ -148,6 +152,9 @@ pub fn router(state: Arc<GatewayState>) -> Router {
         .with_state(state)
 }
 
+/// The route whose bodies may be as large as an import.
+const IMPORT_ROUTE: &str = "/v1/containers/{id}/import";
+
 /// Answers 413 with the error document, before the body is read, a request
 /// whose `Content-Length` is beyond `limit`: hyper sends `100 Continue` only
 /// once the body is read, so a client that asked (`Expect: 100-continue`)
@@ -162,6 +169,11 @@ async fn refuse_announced_excess(
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<u64>().ok());
+    // Imports are the one body allowed more (their handler bounds it).
+    let limit = match request.extensions().get::<axum::extract::MatchedPath>() {
+        Some(path) if path.as_str() == IMPORT_ROUTE => limit.max(crate::api::transfer::MAX_IMPORT_BYTES),
+        _ => limit,
+    };
     if announced.is_some_and(|length| length > limit as u64) {
         let request_id = request
             .extensions()

@@ -21,6 +21,7 @@ pub mod resources;
 pub mod search;
 pub mod secrets;
 pub mod settings;
+pub mod transfer;
 pub mod usage;
 pub mod workspace;
 

@@ -46,6 +46,8 @@ impl SessionGrpc {
 #[tonic::async_trait]
 impl SessionApi for SessionGrpc {
     type WatchSessionEventsStream = avm_proto::BoxStream<pb::WatchSessionEventsResponse>;
+    type ExportImageStream = avm_proto::BoxStream<pb::ExportImageResponse>;
+    type ExportContainerStream = avm_proto::BoxStream<pb::ExportContainerResponse>;
 
     async fn watch_session_events(
         &self,
@@ -380,6 +382,57 @@ impl SessionApi for SessionGrpc {
                 })
                 .collect(),
             next_page_token: page.next_page_token,
+        }))
+    }
+
+    async fn export_image(
+        &self,
+        request: Request<pb::ExportImageRequest>,
+    ) -> Result<Response<Self::ExportImageStream>, Status> {
+        let ctx = caller(&request)?;
+        let pieces = self.service.export_image(&ctx, &request.get_ref().image_id).await?;
+        let stream = futures::StreamExt::map(pieces, |piece| {
+            piece.map(|data| pb::ExportImageResponse { data }).map_err(Status::from)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn export_container(
+        &self,
+        request: Request<pb::ExportContainerRequest>,
+    ) -> Result<Response<Self::ExportContainerStream>, Status> {
+        let ctx = caller(&request)?;
+        let pieces = self
+            .service
+            .export_container(&ctx, &request.get_ref().container_id)
+            .await?;
+        let stream = futures::StreamExt::map(pieces, |piece| {
+            piece
+                .map(|data| pb::ExportContainerResponse { data })
+                .map_err(Status::from)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn import_conversations(
+        &self,
+        request: Request<pb::ImportConversationsRequest>,
+    ) -> Result<Response<pb::ImportConversationsResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.get_ref();
+        let imported = self
+            .service
+            .import(&ctx, &request.container_id, &request.document)
+            .await?;
+        Ok(Response::new(pb::ImportConversationsResponse {
+            conversations: imported
+                .into_iter()
+                .map(|item| pb::ImportedConversation {
+                    document_id: item.document_id,
+                    image: Some(image_pb(item.image)),
+                    created: item.created,
+                })
+                .collect(),
         }))
     }
 

@@ -11,6 +11,7 @@
 //! record.rs   the domain types
 //! references.rs  resource:// references checked with the resource service
 //! search.rs   full-text search: queries, hits, snippets
+//! transfer.rs export and import documents
 //! ```
 
 mod error;
@@ -20,6 +21,7 @@ mod references;
 mod search;
 mod service;
 mod store;
+mod transfer;
 
 pub use error::SessionError;
 pub use grpc::{SessionGrpc, grpc_server};
@@ -40,3 +42,7 @@ pub use service::{
     MAX_MENTIONS, MAX_MESSAGE_BYTES, MAX_NAME_CHARS, MAX_SYSTEM_PROMPT_BYTES, SessionService,
 };
 pub use store::{GroupStore, PostgresSessionStore, Scope, SessionStore, SqliteSessionStore, open_store};
+pub use transfer::{
+    CONTAINER_FORMAT, CONVERSATION_FORMAT, DOCUMENT_VERSION, EXPORT_CHUNK_BYTES, ExportStream, Imported,
+    MAX_IMPORT_BYTES, MAX_IMPORT_CONVERSATIONS,
+};

@@ -23,6 +23,7 @@ use crate::search::{
     SearchRequest, Terms, page_offset,
 };
 use crate::store::{Scope, SessionStore};
+use crate::transfer::{ExportStream, ImportWrite, Imported, container_header, export_stream, read_import};
 
 mod groups;
 
@@ -227,6 +228,28 @@ impl SessionService {
     pub async fn create_image(&self, ctx: &RequestContext, new: NewImage) -> Result<ImageRecord, SessionError> {
         allow(ctx, Scopes::WRITE)?;
         validate_container_id(&new.container_id)?;
+        let image = self.prepare_image(ctx, new, true).await?;
+        self.store.create_image(&scope(ctx), &image).await?;
+        tracing::info!(
+            image_id = %image.image_id,
+            container_id = %image.container_id,
+            session_id = %image.session_id,
+            parent_image_id = image.parent_image_id.as_deref(),
+            depth = image.depth,
+            "image created"
+        );
+        Ok(image)
+    }
+
+    /// Checks what a new image asks for and returns the image to store, with
+    /// new ids and times; with `check_role`, also that the caller may create
+    /// images in its container (`use` or more).
+    async fn prepare_image(
+        &self,
+        ctx: &RequestContext,
+        new: NewImage,
+        check_role: bool,
+    ) -> Result<ImageRecord, SessionError> {
         let name = match new.name {
             Some(name) if !name.trim().is_empty() => validate_name(name)?,
             _ => DEFAULT_IMAGE_NAME.to_owned(),
@@ -238,7 +261,9 @@ impl SessionService {
         let agent = non_empty(new.agent).map(validate_agent).transpose()?;
         let variables_json = validate_variables(new.variables_json)?;
         let tools = validate_tools(new.tools)?;
-        self.require_role(ctx, &new.container_id, ShareRole::Use).await?;
+        if check_role {
+            self.require_role(ctx, &new.container_id, ShareRole::Use).await?;
+        }
         let parent = match non_empty(new.parent_image_id) {
             Some(parent_id) => Some(self.parent(ctx, &parent_id, &new.container_id).await?),
             None => None,
@@ -259,7 +284,7 @@ impl SessionService {
             }
         }
         let now = now_ms();
-        let image = ImageRecord {
+        Ok(ImageRecord {
             image_id: new_id("img"),
             container_id: new.container_id,
             session_id: new_id("sess"),
@@ -276,17 +301,107 @@ impl SessionService {
             agent_error: None,
             depth: parent.as_ref().map_or(0, |parent| parent.depth.saturating_add(1)),
             parent_image_id: parent.map(|parent| parent.image_id),
-        };
-        self.store.create_image(&scope(ctx), &image).await?;
-        tracing::info!(
-            image_id = %image.image_id,
-            container_id = %image.container_id,
-            session_id = %image.session_id,
-            parent_image_id = image.parent_image_id.as_deref(),
-            depth = image.depth,
-            "image created"
-        );
-        Ok(image)
+        })
+    }
+
+    /// Returns a conversation as a document, a piece at a time: its image's
+    /// configuration, its messages, the resources its turns ran with and its
+    /// usage totals (`transfer.rs`). NOT_FOUND before any piece when the
+    /// image is not the caller's to read.
+    #[instrument(
+        name = "session.export_image",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn export_image(&self, ctx: &RequestContext, image_id: &str) -> Result<ExportStream, SessionError> {
+        allow(ctx, Scopes::READ)?;
+        let image = self.store.get_image(&scope(ctx), image_id).await?;
+        tracing::info!(image_id, "conversation exported");
+        Ok(export_stream(self.store.clone(), Vec::new(), vec![image]))
+    }
+
+    /// Returns a container as JSON Lines, a piece at a time: a header line,
+    /// then each conversation's document on a line of its own, oldest first.
+    #[instrument(
+        name = "session.export_container",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn export_container(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+    ) -> Result<ExportStream, SessionError> {
+        allow(ctx, Scopes::READ)?;
+        validate_container_id(container_id)?;
+        let scope = scope(ctx);
+        self.store.get_container(&scope, container_id).await?;
+        let mut images = self.store.list_images(&scope, Some(container_id)).await?;
+        images.reverse();
+        let header = container_header(container_id, images.len(), now_ms())?;
+        tracing::info!(container_id, conversations = images.len(), "container exported");
+        Ok(export_stream(self.store.clone(), header, images))
+    }
+
+    /// Imports a conversation document, or a container export, into a
+    /// container: everything is read and checked first, then written in one
+    /// transaction; a document imported here before is found, not copied.
+    #[instrument(
+        name = "session.import",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn import(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+        document: &[u8],
+    ) -> Result<Vec<Imported>, SessionError> {
+        allow(ctx, Scopes::WRITE)?;
+        validate_container_id(container_id)?;
+        let conversations = read_import(document)?;
+        self.require_role(ctx, container_id, ShareRole::Use).await?;
+        let mut items = Vec::with_capacity(conversations.len());
+        for (index, conversation) in conversations.into_iter().enumerate() {
+            let config = conversation.image;
+            let new = NewImage {
+                container_id: container_id.to_owned(),
+                name: Some(config.name),
+                description: config.description,
+                system_prompt: config.system_prompt,
+                mcp_servers_json: config.mcp_servers.get().to_owned(),
+                agent: config.agent,
+                variables_json: config.variables.get().to_owned(),
+                tools: config.tools,
+                parent_image_id: None,
+            };
+            let image = self.prepare_image(ctx, new, false).await.map_err(|err| match err {
+                SessionError::Invalid { reason, message } => SessionError::Invalid {
+                    reason,
+                    message: format!("conversation {} ({}): {message}", index + 1, conversation.document_id),
+                },
+                other => other,
+            })?;
+            items.push(ImportWrite {
+                document_id: conversation.document_id,
+                image,
+                messages: conversation.messages,
+            });
+        }
+        let imported = self
+            .store
+            .import_conversations(&scope(ctx), container_id, &items, now_ms())
+            .await?;
+        for item in &imported {
+            tracing::info!(
+                container_id,
+                image_id = %item.image.image_id,
+                document_id = %item.document_id,
+                created = item.created,
+                "conversation imported"
+            );
+        }
+        Ok(imported)
     }
 
     /// Returns an image of the caller's tenant.
@@ -755,7 +870,7 @@ fn validate_user_id(user_id: &str) -> Result<(), SessionError> {
 }
 
 /// Checks an id a caller chose: 1 to 128 characters of `[A-Za-z0-9._:@-]`.
-fn is_valid_client_id(id: &str) -> bool {
+pub(crate) fn is_valid_client_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= MAX_ID_BYTES
         && id
@@ -957,7 +1072,7 @@ pub(crate) fn check_user_message_id(message_id: &str) -> Result<(), SessionError
     Ok(())
 }
 
-fn validate_message(message: &NewMessage) -> Result<(), SessionError> {
+pub(crate) fn validate_message(message: &NewMessage) -> Result<(), SessionError> {
     if !is_valid_client_id(&message.message_id) {
         return Err(SessionError::invalid(
             "INVALID_MESSAGE_ID",

@@ -20,6 +20,7 @@ use crate::record::{
     OpenTurn, ShareRecord, ShareRole, UnreadGroup,
 };
 use crate::search::{SearchRequest, SearchRow, Terms};
+use crate::transfer::{ImportWrite, Imported};
 
 mod groups;
 mod postgres;
@@ -165,6 +166,29 @@ pub trait SessionStore: GroupStore + Send + Sync + 'static {
         after_session_id: &str,
         limit: u32,
     ) -> Result<Vec<OpenTurn>, SessionError>;
+
+    /// Returns up to `limit` messages of a session with a seq above
+    /// `after_seq`, in `seq` order. The caller has checked the session is in
+    /// its scope (an export reads its image first).
+    async fn list_messages_page(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<MessageRecord>, SessionError>;
+
+    /// Writes imported conversations into a container in one transaction that
+    /// holds the container: each image with its session and its messages at
+    /// their seqs, unless an earlier import of the same document id made it
+    /// (then that image, `created` false). `ContainerNotFound` when the
+    /// container is not visible in the scope; nothing is written then.
+    async fn import_conversations(
+        &self,
+        scope: &Scope<'_>,
+        container_id: &str,
+        items: &[ImportWrite],
+        now_ms: i64,
+    ) -> Result<Vec<Imported>, SessionError>;
 
     /// Returns up to `limit` hits after the first `offset`, best first:
     /// messages whose words match `terms` and, without a role filter,

@@ -43,4 +43,5 @@ mod secrets;
 mod support;
 mod telemetry;
 mod tools;
+mod transfer;
 mod workspaces;

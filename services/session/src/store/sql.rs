@@ -87,8 +87,19 @@ pub(super) const INSERT_IMAGE: &str = concat!(
      WHERE c.tenant_id = $2 AND c.container_id = $3 AND ",
     visible!("c", "$10")
 );
+/// `$5` is the seq of its newest message: 0, or an import's last.
 pub(super) const INSERT_SESSION: &str = "\
-    INSERT INTO sessions (session_id, tenant_id, image_id, created_at_ms) VALUES ($1, $2, $3, $4)";
+    INSERT INTO sessions (session_id, tenant_id, image_id, created_at_ms, last_seq) VALUES ($1, $2, $3, $4, $5)";
+/// Locks a visible container for the rest of the transaction without
+/// changing it: imports into it run one after another.
+pub(super) const LOCK_CONTAINER: &str = concat!(
+    "UPDATE containers AS c SET created_at_ms = c.created_at_ms \
+     WHERE c.tenant_id = $1 AND c.container_id = $2 AND ",
+    visible!("c", "$3"),
+    " RETURNING container_id"
+);
+pub(super) const INSERT_IMPORT: &str = "\
+    INSERT INTO imports (tenant_id, container_id, document_id, image_id, created_at_ms) VALUES ($1, $2, $3, $4, $5)";
 
 macro_rules! select_image {
     () => {
@@ -108,6 +119,12 @@ pub(super) const SELECT_SESSION_IMAGE: &str = concat!(
     select_image!(),
     "WHERE s.tenant_id = $1 AND s.session_id = $2 AND ",
     visible!("c", "$3")
+);
+/// The image an earlier import of document `$3` into container `$2` made.
+pub(super) const SELECT_IMPORTED: &str = concat!(
+    select_image!(),
+    "JOIN imports x ON x.image_id = i.image_id \
+     WHERE x.tenant_id = $1 AND x.container_id = $2 AND x.document_id = $3"
 );
 pub(super) const LIST_IMAGES: &str = concat!(
     select_image!(),
@@ -221,6 +238,10 @@ pub(super) const SESSION_EXISTS: &str = concat!(
 pub(super) const LIST_MESSAGES: &str = "\
     SELECT message_id, session_id, seq, created_at_ms, body FROM messages \
     WHERE session_id = $1 ORDER BY seq";
+/// At most `$3` messages of a session after seq `$2`.
+pub(super) const LIST_MESSAGES_PAGE: &str = "\
+    SELECT message_id, session_id, seq, created_at_ms, body FROM messages \
+    WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3";
 
 /// The sessions whose last message, stored before `$1`, leaves a turn open,
 /// after session `$2`, at most `$3`: one index lookup per session.
@@ -419,6 +440,50 @@ fn decode_body(json: &str) -> Result<MessageBody, serde_json::Error> {
 /// Implements `SessionStore` for a struct with a `pool: sqlx::Pool<$db>` field.
 macro_rules! impl_session_store {
     ($store:ty, $db:ty) => {
+        /// Inserts an image and its session whose newest message is
+        /// `last_seq`; false when the image's container is not visible.
+        async fn insert_image_rows(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            scope: &$crate::store::Scope<'_>,
+            image: &$crate::record::ImageRecord,
+            last_seq: i64,
+        ) -> Result<bool, $crate::error::SessionError> {
+            use $crate::store::sql;
+            let inserted = sqlx::query(sql::INSERT_IMAGE)
+                .bind(&image.image_id)
+                .bind(scope.tenant_id)
+                .bind(&image.container_id)
+                .bind(&image.name)
+                .bind(&image.description)
+                .bind(&image.system_prompt)
+                .bind(&image.mcp_servers_json)
+                .bind(image.created_at_ms)
+                .bind(image.updated_at_ms)
+                .bind(scope.user_id)
+                .bind(&image.agent)
+                .bind(&image.variables_json)
+                .bind(serde_json::Value::from(image.tools.clone()).to_string())
+                .bind(image.agent_state.as_str())
+                .bind(&image.parent_image_id)
+                .bind(i64::from(image.depth))
+                .execute(&mut **tx)
+                .await
+                .map_err(|err| sql::missing_container(err, &image.container_id))?
+                .rows_affected();
+            if inserted == 0 {
+                return Ok(false);
+            }
+            sqlx::query(sql::INSERT_SESSION)
+                .bind(&image.session_id)
+                .bind(scope.tenant_id)
+                .bind(&image.image_id)
+                .bind(image.created_at_ms)
+                .bind(last_seq)
+                .execute(&mut **tx)
+                .await?;
+            Ok(true)
+        }
+
         #[async_trait::async_trait]
         impl $crate::store::SessionStore for $store {
             async fn create_container(
@@ -644,40 +709,12 @@ macro_rules! impl_session_store {
                         return Err(failure);
                     }
                 }
-                let inserted = sqlx::query(sql::INSERT_IMAGE)
-                    .bind(&image.image_id)
-                    .bind(scope.tenant_id)
-                    .bind(&image.container_id)
-                    .bind(&image.name)
-                    .bind(&image.description)
-                    .bind(&image.system_prompt)
-                    .bind(&image.mcp_servers_json)
-                    .bind(image.created_at_ms)
-                    .bind(image.updated_at_ms)
-                    .bind(scope.user_id)
-                    .bind(&image.agent)
-                    .bind(&image.variables_json)
-                    .bind(serde_json::Value::from(image.tools.clone()).to_string())
-                    .bind(image.agent_state.as_str())
-                    .bind(&image.parent_image_id)
-                    .bind(i64::from(image.depth))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|err| sql::missing_container(err, &image.container_id))?
-                    .rows_affected();
-                if inserted == 0 {
+                if !insert_image_rows(&mut tx, scope, image, 0).await? {
                     tx.rollback().await?;
                     return Err($crate::error::SessionError::ContainerNotFound(
                         image.container_id.clone(),
                     ));
                 }
-                sqlx::query(sql::INSERT_SESSION)
-                    .bind(&image.session_id)
-                    .bind(scope.tenant_id)
-                    .bind(&image.image_id)
-                    .bind(image.created_at_ms)
-                    .execute(&mut *tx)
-                    .await?;
                 tx.commit().await?;
                 Ok(())
             }
@@ -1018,6 +1055,94 @@ macro_rules! impl_session_store {
                         })
                     })
                     .collect()
+            }
+
+            async fn list_messages_page(
+                &self,
+                session_id: &str,
+                after_seq: u64,
+                limit: u32,
+            ) -> Result<Vec<$crate::record::MessageRecord>, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let rows = sqlx::query(sql::LIST_MESSAGES_PAGE)
+                    .bind(session_id)
+                    .bind(i64::try_from(after_seq).unwrap_or(i64::MAX))
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter().map(|row| sql::message_from_row(row)).collect()
+            }
+
+            async fn import_conversations(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                container_id: &str,
+                items: &[$crate::transfer::ImportWrite],
+                now_ms: i64,
+            ) -> Result<Vec<$crate::transfer::Imported>, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let not_found = || $crate::error::SessionError::ContainerNotFound(container_id.to_owned());
+                let mut tx = self.pool.begin().await?;
+                let locked = sqlx::query(sql::LOCK_CONTAINER)
+                    .bind(scope.tenant_id)
+                    .bind(container_id)
+                    .bind(scope.user_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if locked.is_none() {
+                    tx.rollback().await?;
+                    return Err(not_found());
+                }
+                let mut imported = Vec::with_capacity(items.len());
+                for item in items {
+                    let earlier = sqlx::query(sql::SELECT_IMPORTED)
+                        .bind(scope.tenant_id)
+                        .bind(container_id)
+                        .bind(&item.document_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    if let Some(row) = earlier {
+                        imported.push($crate::transfer::Imported {
+                            document_id: item.document_id.clone(),
+                            image: sql::image_from_row(&row)?,
+                            created: false,
+                        });
+                        continue;
+                    }
+                    let last_seq = item.messages.last().map_or(0, |(seq, _)| *seq);
+                    let last_seq = i64::try_from(last_seq).unwrap_or(i64::MAX);
+                    if !insert_image_rows(&mut tx, scope, &item.image, last_seq).await? {
+                        tx.rollback().await?;
+                        return Err(not_found());
+                    }
+                    for (seq, message) in &item.messages {
+                        let (kind, body) = sql::encode_body(&message.body)?;
+                        sqlx::query(sql::INSERT_MESSAGE)
+                            .bind(&item.image.session_id)
+                            .bind(i64::try_from(*seq).unwrap_or(i64::MAX))
+                            .bind(&message.message_id)
+                            .bind(kind)
+                            .bind(&body)
+                            .bind(message.created_at_ms)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    sqlx::query(sql::INSERT_IMPORT)
+                        .bind(scope.tenant_id)
+                        .bind(container_id)
+                        .bind(&item.document_id)
+                        .bind(&item.image.image_id)
+                        .bind(now_ms)
+                        .execute(&mut *tx)
+                        .await?;
+                    imported.push($crate::transfer::Imported {
+                        document_id: item.document_id.clone(),
+                        image: item.image.clone(),
+                        created: true,
+                    });
+                }
+                tx.commit().await?;
+                Ok(imported)
             }
 
             async fn search(

@@ -14,3 +14,4 @@ mod groups;
 mod grpc;
 mod persistence;
 mod search;
+mod transfer;
