@@ -32,6 +32,7 @@ mod server;
 mod state;
 #[cfg(test)]
 mod testing;
+pub mod users;
 pub mod ws;
 
 pub use auth::Authenticator;

@@ -71,6 +71,7 @@ pub async fn serve(
         stopping,
         shutdown: shutdown.clone(),
         openapi: router::openapi_json(),
+        users: crate::users::UserFeeds::default(),
     });
     let app = router::router(state);
     // Every connection holds a receiver; shutdown waits until all are dropped.

@@ -9,6 +9,7 @@ use crate::auth::Authenticator;
 use crate::config::GatewayConfig;
 use crate::limits::RateLimiter;
 use crate::peers::Peers;
+use crate::users::UserFeeds;
 
 /// What every request handler of the gateway shares.
 pub struct GatewayState {
@@ -27,4 +28,6 @@ pub struct GatewayState {
     pub shutdown: CancellationToken,
     /// The OpenAPI document, rendered once.
     pub openapi: Bytes,
+    /// Each connected user's feed of what changes in their containers.
+    pub users: UserFeeds,
 }

@@ -114,6 +114,11 @@ impl WsClient {
         self.send_json(&frame).await
     }
 
+    /// Takes the frames queued so far (those that arrived while a response was awaited).
+    pub fn take_queued(&mut self) -> Vec<Value> {
+        self.queued.drain(..).collect()
+    }
+
     /// Returns the next frame in arrival order.
     pub async fn next_frame(&mut self) -> anyhow::Result<Value> {
         match self.queued.pop_front() {

@@ -23,6 +23,7 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, close_code};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{Value, json};
+use tokio::sync::broadcast;
 use tokio_stream::StreamMap;
 use tracing::Instrument;
 
@@ -32,6 +33,7 @@ use crate::api::images::{self, EventStream};
 use crate::auth::Caller;
 use crate::frames::{self, error_response_frame, event_frame, response_frame, system_error_frame};
 use crate::state::GatewayState;
+use crate::users::UserFeed;
 
 /// What a finished background request hands back to the connection loop.
 enum Completion {
@@ -125,6 +127,10 @@ enum Relay {
     AfterParked(u64, String),
 }
 
+/// How long a newly authenticated connection waits for its user's change
+/// feed to be live before it reads on without it.
+const FEED_LIVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub(super) struct Connection {
     state: Arc<GatewayState>,
     id: String,
@@ -192,10 +198,31 @@ impl Connection {
                 .caller
                 .is_none()
                 .then(|| Box::pin(tokio::time::sleep(self.state.config.auth_timeout)));
+            // What changes in the caller's containers, once the caller is
+            // known; followed again when another user authenticates.
+            let mut feed: Option<(Arc<UserFeed>, broadcast::Receiver<Arc<str>>)> = None;
+            let mut feed_of: Option<(String, String)> = None;
             tracing::debug!(conn_id = %self.id, "websocket connected");
             let exit = loop {
                 if self.caller.is_some() {
                     auth_deadline = None;
+                }
+                let caller = self
+                    .caller
+                    .as_ref()
+                    .map(|caller| (caller.principal.tenant_id.clone(), caller.principal.user_id.clone()));
+                if caller != feed_of {
+                    feed = match self.context().await {
+                        Ok(ctx) => {
+                            let joined = self.state.users.join(&self.state.peers.session, &ctx);
+                            let receiver = joined.subscribe();
+                            // Frames are read once the feed hears every later change.
+                            joined.wait_live(FEED_LIVE_WITHIN).await;
+                            Some((joined, receiver))
+                        }
+                        Err(_) => None,
+                    };
+                    feed_of = caller;
                 }
                 let step = tokio::select! {
                     () = async {
@@ -217,6 +244,20 @@ impl Connection {
                         Err(exit) => Err(exit),
                     },
                     Ok(()) = self.revocations.changed(), if self.caller.is_some() => Box::pin(self.on_revocation(&mut socket)).await,
+                    changed = async {
+                        match feed.as_mut() {
+                            Some((_, receiver)) => receiver.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    } => match changed {
+                        Ok(frame) => self.send(&mut socket, frame.to_string()).await,
+                        // Changes are news, not history: one that fell behind skips on.
+                        Err(broadcast::error::RecvError::Lagged(_)) => Ok(()),
+                        Err(broadcast::error::RecvError::Closed) => {
+                            feed = None;
+                            Ok(())
+                        }
+                    },
                     _ = ping.tick() => Box::pin(self.on_ping(&mut socket)).await,
                     () = shutdown.cancelled() => Err(Exit::Close(close_code::AWAY, "server shutting down".into())),
                 };

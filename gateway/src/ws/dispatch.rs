@@ -793,6 +793,7 @@ mod tests {
             json!({"groupId": "g", "kind": "user", "memberId": "u"}),
             json!({"groupId": "g", "memberId": "u"}),
             json!({"groupId": "g", "content": "hello"}),
+            json!({"q": "words"}),
         ];
         for name in Request::NAMES {
             let decoded = examples

@@ -174,6 +174,8 @@ events! {
     ErrorOccurred = "error_occurred", "agent", "state" { code: String, message: String, recoverable: bool }
 
     // Messages: the full objects `image_messages` returns.
+    /// The user's message, stored (AVM: other devices render it from this).
+    UserMessage = "user_message", "session", "message" { #[serde(flatten)] message: MessageObject }
     /// The reply, stored.
     AssistantMessage = "assistant_message", "agent", "message" { #[serde(flatten)] message: MessageObject }
     /// A tool call, stored.
@@ -190,6 +192,13 @@ events! {
     MessagePersisted = "message_persisted", "session", "persist" { session_id: String, message_id: String, saved_at: i64 }
     /// A container was made.
     ContainerCreated = "container_created", "container", "lifecycle" { container_id: String, created_at: i64 }
+    /// AVM: a conversation was made (`record`: `imageId`, `containerId`,
+    /// `sessionId`, `name`, `createdAt`, `updatedAt`).
+    ImageCreated = "image_created", "container", "lifecycle" { record: Value }
+    /// AVM: a conversation was renamed or changed (its `record`, as above).
+    ImageUpdated = "image_updated", "container", "lifecycle" { record: Value }
+    /// AVM: a conversation was deleted, with its session.
+    ImageDeleted = "image_deleted", "container", "lifecycle" { image_id: String, container_id: String, session_id: String }
     /// An agent started.
     AgentRegistered = "agent_registered", "container", "lifecycle" {
         container_id: String,
@@ -353,6 +362,10 @@ mod tests {
                 "output": {"type": "text", "value": "ok"}}, "timestamp": 5}),
             ),
             (
+                "user_message",
+                json!({"id": "msg_0", "role": "user", "subtype": "user", "content": "hi", "timestamp": 5}),
+            ),
+            (
                 "error_message",
                 json!({"id": "msg_4", "role": "error", "subtype": "error", "content": "m",
                 "errorCode": "E", "timestamp": 5}),
@@ -363,6 +376,17 @@ mod tests {
                 json!({"sessionId": "s", "messageId": "msg_0", "savedAt": 5}),
             ),
             ("container_created", json!({"containerId": "c", "createdAt": 5})),
+            (
+                "image_created",
+                json!({"record": {"imageId": "i", "containerId": "c", "sessionId": "s", "name": "n",
+                "createdAt": 5, "updatedAt": 5}}),
+            ),
+            (
+                "image_updated",
+                json!({"record": {"imageId": "i", "containerId": "c", "sessionId": "s", "name": "m",
+                "createdAt": 5, "updatedAt": 6}}),
+            ),
+            ("image_deleted", json!({"imageId": "i", "containerId": "c", "sessionId": "s"})),
             (
                 "agent_registered",
                 json!({"containerId": "c", "agentId": "a", "definitionName": "d",

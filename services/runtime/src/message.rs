@@ -90,6 +90,32 @@ impl Content {
     }
 
     /// Returns the parts as an LLM request carries them.
+    /// Returns the content as the protocol writes it: a string for plain
+    /// text, else the list of parts.
+    pub fn object(&self) -> Value {
+        if self.plain_text
+            && let [Part::Text(text)] = self.parts.as_slice()
+        {
+            return Value::String(text.clone());
+        }
+        let parts = self.parts.iter().map(|part| match part {
+            Part::Text(text) => json!({"type": "text", "text": text}),
+            Part::Image { media_type, data } => json!({"type": "image", "data": data, "mediaType": media_type}),
+            Part::File {
+                media_type,
+                data,
+                filename,
+            } => {
+                let mut part = json!({"type": "file", "data": data, "mediaType": media_type});
+                if let Some(filename) = filename {
+                    part["filename"] = Value::String(filename.clone());
+                }
+                part
+            }
+        });
+        Value::Array(parts.collect())
+    }
+
     pub fn to_llm(&self) -> Vec<LlmContent> {
         self.parts
             .iter()
@@ -176,19 +202,20 @@ pub struct Message {
 }
 
 impl Message {
-    /// Returns the event that shows the message: `assistant_message`,
-    /// `tool_call_message`, `tool_result_message` or `error_message` (`None`
-    /// for a user's message, which has its own events).
+    /// Returns the event that shows the message: `user_message` (AVM),
+    /// `assistant_message`, `tool_call_message`, `tool_result_message` or
+    /// `error_message` (`None` for a kind this runtime does not know).
     pub fn event(&self) -> Option<Event> {
         let Value::Object(message) = self.object() else {
             return None;
         };
         Some(match &self.body {
+            MessageBody::User(_) => data::UserMessage { message }.into(),
             MessageBody::Assistant(_) => data::AssistantMessage { message }.into(),
             MessageBody::ToolCall { .. } => data::ToolCallMessage { message }.into(),
             MessageBody::ToolResult { .. } => data::ToolResultMessage { message }.into(),
             MessageBody::Error { .. } => data::ErrorMessage { message }.into(),
-            MessageBody::User(_) | MessageBody::Other => return None,
+            MessageBody::Other => return None,
         })
     }
 
@@ -246,7 +273,14 @@ impl Message {
                 },
                 "timestamp": timestamp,
             }),
-            MessageBody::User(_) | MessageBody::Other => json!({"id": id, "timestamp": timestamp}),
+            MessageBody::User(content) => json!({
+                "id": id,
+                "role": "user",
+                "subtype": "user",
+                "content": content.object(),
+                "timestamp": timestamp,
+            }),
+            MessageBody::Other => json!({"id": id, "timestamp": timestamp}),
         }
     }
 }

@@ -9,8 +9,8 @@ use tonic::{Request, Response, Status};
 use crate::error::SessionError;
 use crate::record::{
     AgentState, ContainerRecord, GroupMemberRecord, GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord,
-    ImageUpdate, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup, NewGroupMessage, NewImage, NewMessage,
-    SessionChange, ShareRole, UnreadGroup, Usage, WakeMode, WatchItem,
+    ImageSummary, ImageUpdate, Lifecycle, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup, NewGroupMessage,
+    NewImage, NewMessage, SessionChange, ShareRole, UnreadGroup, Usage, WakeMode, WatchItem,
 };
 use crate::search::SearchRequest;
 use crate::service::SessionService;
@@ -47,6 +47,7 @@ impl SessionGrpc {
 impl SessionApi for SessionGrpc {
     type WatchSessionEventsStream = avm_proto::BoxStream<pb::WatchSessionEventsResponse>;
     type ExportImageStream = avm_proto::BoxStream<pb::ExportImageResponse>;
+    type WatchUserEventsStream = avm_proto::BoxStream<pb::WatchUserEventsResponse>;
     type ExportContainerStream = avm_proto::BoxStream<pb::ExportContainerResponse>;
 
     async fn watch_session_events(
@@ -55,42 +56,99 @@ impl SessionApi for SessionGrpc {
     ) -> Result<Response<Self::WatchSessionEventsStream>, Status> {
         let ctx = caller(&request)?;
         let items = self.service.watch(&ctx).await?;
-        let stream = futures::StreamExt::map(items, |item| match item {
-            Ok(WatchItem::Live) => Ok(pb::WatchSessionEventsResponse {
-                live: true,
-                ..Default::default()
-            }),
-            Ok(WatchItem::Changed(SessionChange::Deleted { tenant_id, image_ids })) => {
-                Ok(pb::WatchSessionEventsResponse {
-                    tenant_id,
-                    image_ids,
+        let stream = futures::StreamExt::filter_map(items, |item| {
+            std::future::ready(Some(match item {
+                Ok(WatchItem::Live) => Ok(pb::WatchSessionEventsResponse {
+                    live: true,
                     ..Default::default()
-                })
-            }
-            Ok(WatchItem::Changed(SessionChange::Posted {
-                tenant_id,
-                group_id,
-                seq,
-                message_id,
-            })) => Ok(pb::WatchSessionEventsResponse {
-                tenant_id,
-                posted: Some(pb::GroupMessagePosted {
+                }),
+                Ok(WatchItem::Changed(SessionChange::Deleted { tenant_id, image_ids })) => {
+                    Ok(pb::WatchSessionEventsResponse {
+                        tenant_id,
+                        image_ids,
+                        ..Default::default()
+                    })
+                }
+                Ok(WatchItem::Changed(SessionChange::Posted {
+                    tenant_id,
                     group_id,
                     seq,
                     message_id,
+                })) => Ok(pb::WatchSessionEventsResponse {
+                    tenant_id,
+                    posted: Some(pb::GroupMessagePosted {
+                        group_id,
+                        seq,
+                        message_id,
+                    }),
+                    ..Default::default()
                 }),
-                ..Default::default()
-            }),
-            Ok(WatchItem::Changed(SessionChange::Retooled {
-                tenant_id,
-                image_id,
-                tools,
-            })) => Ok(pb::WatchSessionEventsResponse {
-                tenant_id,
-                retooled: Some(pb::ImageRetooled { image_id, tools }),
-                ..Default::default()
-            }),
-            Err(err) => Err(Status::from(err)),
+                Ok(WatchItem::Changed(SessionChange::Retooled {
+                    tenant_id,
+                    image_id,
+                    tools,
+                })) => Ok(pb::WatchSessionEventsResponse {
+                    tenant_id,
+                    retooled: Some(pb::ImageRetooled { image_id, tools }),
+                    ..Default::default()
+                }),
+                // Users' devices are told of these, never the runtimes (the service filters them).
+                Ok(WatchItem::Changed(SessionChange::Lifecycle { .. })) => return std::future::ready(None),
+                Err(err) => Err(Status::from(err)),
+            }))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn watch_user_events(
+        &self,
+        request: Request<pb::WatchUserEventsRequest>,
+    ) -> Result<Response<Self::WatchUserEventsStream>, Status> {
+        let ctx = caller(&request)?;
+        let items = self.service.watch_user(&ctx).await?;
+        let stream = futures::StreamExt::map(items, |item| {
+            let change = match item.map_err(Status::from)? {
+                None => {
+                    return Ok(pb::WatchUserEventsResponse {
+                        live: true,
+                        change: None,
+                    });
+                }
+                Some(change) => change,
+            };
+            use pb::watch_user_events_response::Change;
+            let summary = |image: ImageSummary| pb::ImageSummary {
+                image_id: image.image_id,
+                container_id: image.container_id,
+                session_id: image.session_id,
+                name: image.name,
+                created_at_ms: image.created_at_ms,
+                updated_at_ms: image.updated_at_ms,
+            };
+            let change = match change {
+                Lifecycle::ContainerCreated {
+                    container_id,
+                    created_at_ms,
+                } => Change::ContainerCreated(pb::ContainerCreated {
+                    container_id,
+                    created_at_ms,
+                }),
+                Lifecycle::ImageCreated(image) => Change::ImageCreated(summary(image)),
+                Lifecycle::ImageUpdated(image) => Change::ImageUpdated(summary(image)),
+                Lifecycle::ImageDeleted {
+                    container_id,
+                    image_id,
+                    session_id,
+                } => Change::ImageDeleted(pb::ImageDeleted {
+                    container_id,
+                    image_id,
+                    session_id,
+                }),
+            };
+            Ok(pb::WatchUserEventsResponse {
+                live: false,
+                change: Some(change),
+            })
         });
         Ok(Response::new(Box::pin(stream)))
     }

@@ -329,6 +329,55 @@ pub enum SessionChange {
         image_id: String,
         tools: Vec<String>,
     },
+    /// A change a user's devices are told of (`WatchUserEvents`), for the
+    /// users it concerns: who made it and who owns the container.
+    Lifecycle {
+        tenant_id: String,
+        users: Vec<String>,
+        what: Lifecycle,
+    },
+}
+
+/// What changed in a container, as its users' devices are told.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Lifecycle {
+    ContainerCreated {
+        container_id: String,
+        created_at_ms: i64,
+    },
+    ImageCreated(ImageSummary),
+    ImageUpdated(ImageSummary),
+    ImageDeleted {
+        container_id: String,
+        image_id: String,
+        session_id: String,
+    },
+}
+
+/// What a conversation list shows of an image; small enough for any change
+/// feed (a Postgres notification holds at most 8,000 bytes).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageSummary {
+    pub image_id: String,
+    pub container_id: String,
+    pub session_id: String,
+    pub name: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+impl ImageSummary {
+    pub fn of(image: &ImageRecord) -> ImageSummary {
+        ImageSummary {
+            image_id: image.image_id.clone(),
+            container_id: image.container_id.clone(),
+            session_id: image.session_id.clone(),
+            name: image.name.clone(),
+            created_at_ms: image.created_at_ms,
+            updated_at_ms: image.updated_at_ms,
+        }
+    }
 }
 
 /// What a watcher of the session's changes receives.

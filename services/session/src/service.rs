@@ -14,8 +14,8 @@ use tracing::instrument;
 
 use crate::error::SessionError;
 use crate::record::{
-    AgentState, AgentStateChange, ContainerAccess, ContainerRecord, ImageRecord, ImageUpdate, MessageBody,
-    MessageRecord, NewImage, NewMessage, OpenTurn, SessionChange, ShareRecord, ShareRole, WatchItem,
+    AgentState, AgentStateChange, ContainerAccess, ContainerRecord, ImageRecord, ImageSummary, ImageUpdate, Lifecycle,
+    MessageBody, MessageRecord, NewImage, NewMessage, OpenTurn, SessionChange, ShareRecord, ShareRole, WatchItem,
 };
 use crate::references::{RESOURCE_URI_PREFIX, References};
 use crate::search::{
@@ -128,14 +128,101 @@ impl SessionService {
             .wait_live(FEED_READY_TIMEOUT)
             .await
             .map_err(|_| SessionError::EventsUnavailable)?;
-        let changes = self.events.subscribe().map(|change| {
-            change
-                .map(WatchItem::Changed)
-                .map_err(|_| SessionError::EventsUnavailable)
+        // The runtimes act on deletions, posts and tools; what users' devices
+        // are told goes to them alone (`watch_user`).
+        let changes = self.events.subscribe().filter_map(|change| {
+            std::future::ready(match change {
+                Ok(SessionChange::Lifecycle { .. }) => None,
+                Ok(change) => Some(Ok(WatchItem::Changed(change))),
+                Err(_) => Some(Err(SessionError::EventsUnavailable)),
+            })
         });
         Ok(futures::stream::once(async { Ok(WatchItem::Live) })
             .chain(changes)
             .boxed())
+    }
+
+    /// Follows the changes the caller's devices are told of: containers
+    /// made, conversations made, changed and deleted, by the caller or in a
+    /// container the caller owns. `None` first, when the feed is live.
+    #[instrument(name = "session.watch_user_events", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
+    pub async fn watch_user(
+        &self,
+        ctx: &RequestContext,
+    ) -> Result<BoxStream<'static, Result<Option<Lifecycle>, SessionError>>, SessionError> {
+        allow(ctx, Scopes::READ)?;
+        self.events
+            .wait_live(FEED_READY_TIMEOUT)
+            .await
+            .map_err(|_| SessionError::EventsUnavailable)?;
+        let (tenant, user) = (ctx.tenant_id.clone(), ctx.principal.user_id.clone());
+        let changes = self.events.subscribe().filter_map(move |change| {
+            std::future::ready(match change {
+                Ok(SessionChange::Lifecycle { tenant_id, users, what })
+                    if tenant_id == tenant && users.contains(&user) =>
+                {
+                    Some(Ok(Some(what)))
+                }
+                Ok(_) => None,
+                Err(_) => Some(Err(SessionError::EventsUnavailable)),
+            })
+        });
+        Ok(futures::stream::once(async { Ok(None) }).chain(changes).boxed())
+    }
+
+    /// Tells the devices of the caller and of the container's owner (looked
+    /// up unless given) of a change.
+    async fn announce(&self, ctx: &RequestContext, container_id: &str, owner: Option<&str>, change: Lifecycle) {
+        let mut users = Vec::with_capacity(2);
+        if ctx.principal.role != Role::Service && !ctx.principal.user_id.is_empty() {
+            users.push(ctx.principal.user_id.clone());
+        }
+        let whole = Scope {
+            tenant_id: &ctx.tenant_id,
+            user_id: None,
+        };
+        let owner = match owner {
+            Some(owner) => Some(owner.to_owned()),
+            None => match self.store.get_container(&whole, container_id).await {
+                Ok(container) => Some(container.owner_id),
+                Err(err) => {
+                    tracing::debug!(error = %err, container_id, "no owner to tell of a change");
+                    None
+                }
+            },
+        };
+        if let Some(owner) = owner.filter(|owner| !owner.is_empty() && !users.contains(owner)) {
+            users.push(owner);
+        }
+        if users.is_empty() {
+            return;
+        }
+        self.events
+            .emit(SessionChange::Lifecycle {
+                tenant_id: ctx.tenant_id.clone(),
+                users,
+                what: change,
+            })
+            .await;
+    }
+
+    /// Tells of the images a deletion removed, with the sessions `before`
+    /// (the container's images read before it) names.
+    async fn announce_deleted(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+        before: &[ImageRecord],
+        deleted: &[String],
+    ) {
+        for image in before.iter().filter(|image| deleted.contains(&image.image_id)) {
+            let change = Lifecycle::ImageDeleted {
+                container_id: container_id.to_owned(),
+                image_id: image.image_id.clone(),
+                session_id: image.session_id.clone(),
+            };
+            self.announce(ctx, container_id, None, change).await;
+        }
     }
 
     /// Returns the container `container_id`, creating it if needed, and whether it is new.
@@ -145,6 +232,23 @@ impl SessionService {
         fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
     )]
     pub async fn create_container(
+        &self,
+        ctx: &RequestContext,
+        container_id: &str,
+    ) -> Result<(ContainerRecord, bool), SessionError> {
+        let (container, created) = self.make_container(ctx, container_id).await?;
+        if created {
+            let change = Lifecycle::ContainerCreated {
+                container_id: container.container_id.clone(),
+                created_at_ms: container.created_at_ms,
+            };
+            self.announce(ctx, container_id, Some(&container.owner_id), change)
+                .await;
+        }
+        Ok((container, created))
+    }
+
+    async fn make_container(
         &self,
         ctx: &RequestContext,
         container_id: &str,
@@ -206,8 +310,18 @@ impl SessionService {
     ) -> Result<Vec<String>, SessionError> {
         allow(ctx, Scopes::WRITE)?;
         validate_container_id(container_id)?;
+        let before = self.store.list_images(&scope(ctx), Some(container_id)).await?;
+        let owner = self.store.get_container(&scope(ctx), container_id).await?.owner_id;
         let image_ids = self.store.delete_container(&scope(ctx), container_id).await?;
         tracing::info!(container_id, images = image_ids.len(), "container deleted");
+        for image in before.iter().filter(|image| image_ids.contains(&image.image_id)) {
+            let change = Lifecycle::ImageDeleted {
+                container_id: container_id.to_owned(),
+                image_id: image.image_id.clone(),
+                session_id: image.session_id.clone(),
+            };
+            self.announce(ctx, container_id, Some(&owner), change).await;
+        }
         self.events
             .emit(SessionChange::Deleted {
                 tenant_id: ctx.tenant_id.clone(),
@@ -230,6 +344,13 @@ impl SessionService {
         validate_container_id(&new.container_id)?;
         let image = self.prepare_image(ctx, new, true).await?;
         self.store.create_image(&scope(ctx), &image).await?;
+        self.announce(
+            ctx,
+            &image.container_id,
+            None,
+            Lifecycle::ImageCreated(ImageSummary::of(&image)),
+        )
+        .await;
         tracing::info!(
             image_id = %image.image_id,
             container_id = %image.container_id,
@@ -392,6 +513,10 @@ impl SessionService {
             .store
             .import_conversations(&scope(ctx), container_id, &items, now_ms())
             .await?;
+        for item in imported.iter().filter(|item| item.created) {
+            let change = Lifecycle::ImageCreated(ImageSummary::of(&item.image));
+            self.announce(ctx, container_id, None, change).await;
+        }
         for item in &imported {
             tracing::info!(
                 container_id,
@@ -547,6 +672,13 @@ impl SessionService {
             .update_image(&scope(ctx), image_id, &update, now_ms())
             .await?;
         tracing::info!(image_id, "image updated");
+        self.announce(
+            ctx,
+            &image.container_id,
+            None,
+            Lifecycle::ImageUpdated(ImageSummary::of(&image)),
+        )
+        .await;
         if update.tools.is_some() {
             // Whoever changed them, a running agent restarts with them.
             self.events
@@ -569,8 +701,13 @@ impl SessionService {
     pub async fn delete_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(), SessionError> {
         allow(ctx, Scopes::WRITE)?;
         self.require_image_role(ctx, image_id, ShareRole::Manage).await?;
+        // What the deletion takes, with its sessions, for the devices to be told.
+        let image = self.store.get_image(&scope(ctx), image_id).await?;
+        let before = self.store.list_images(&scope(ctx), Some(&image.container_id)).await?;
         let image_ids = self.store.delete_image(&scope(ctx), image_id).await?;
         tracing::info!(image_id, descendants = image_ids.len() - 1, "image deleted");
+        self.announce_deleted(ctx, &image.container_id, &before, &image_ids)
+            .await;
         self.events
             .emit(SessionChange::Deleted {
                 tenant_id: ctx.tenant_id.clone(),

@@ -16,6 +16,7 @@ mod bad_input;
 mod binary;
 mod config_center;
 mod conversation;
+mod devices;
 mod failures;
 mod faults;
 mod forged;

@@ -84,6 +84,10 @@ impl AgentPool {
             message_id: stored.message_id.clone(),
             saved_at: stored.created_at_ms,
         });
+        // What was said, for the session's other subscribers (a second device).
+        if let Some(shown) = stored.event() {
+            agent.emit(shown);
+        }
         let cursor = agent.emit(data::MessageAccepted {
             request_id: ctx.request_id.clone(),
             image_id: agent.image.image_id.clone(),
