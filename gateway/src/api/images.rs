@@ -42,6 +42,10 @@ pub struct ImageConfig {
     /// `resource://tools/…` URIs.
     /// None: the agent has no tools (and no workspace).
     pub tools: Option<Vec<String>>,
+    /// AVM: a JSON object the conversation's clients keep with it (at most
+    /// 16 KiB), returned as given.
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Value>,
 }
 
 /// The changes to an image; absent fields stay as they are.
@@ -55,6 +59,9 @@ pub struct ImageUpdate {
     /// its running agent is stopped (a running turn interrupted) and the next
     /// message starts it with them.
     pub tools: Option<Vec<String>>,
+    /// New metadata, an object replacing the conversation's (`{}` clears it).
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Value>,
 }
 
 /// An image as the protocol's `record` shows it.
@@ -81,6 +88,10 @@ pub struct ImageRecord {
     /// The tools its agent may call.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<String>,
+    /// What its clients keep with it (AVM), when anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Map<String, Value>>,
     /// Unix milliseconds.
     pub created_at: i64,
     /// Unix milliseconds.
@@ -112,6 +123,7 @@ impl ImageRecord {
             agent_id,
             mcp_servers: non_empty_object(&image.mcp_servers_json),
             variables: non_empty_object(&image.variables_json),
+            metadata: non_empty_object(&image.metadata_json),
             image_id: image.image_id,
             container_id: image.container_id,
             session_id: image.session_id,
@@ -238,6 +250,7 @@ pub async fn create(
         agent: config.agent,
         variables_json: json(config.variables),
         tools: config.tools.unwrap_or_default(),
+        metadata_json: json(config.metadata),
         parent_image_id: None,
     });
     let image = peers.session.create_image(request).await?.into_inner().image;
@@ -288,6 +301,7 @@ pub async fn update(
         name: update.name,
         description: update.description,
         tools: update.tools.map(|tools| ss::ToolList { tools }),
+        metadata_json: update.metadata.map(|metadata| metadata.to_string()),
     });
     peers.runtime.update_image(request).await?;
     get(peers, ctx, image_id).await

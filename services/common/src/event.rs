@@ -386,7 +386,10 @@ mod tests {
                 json!({"record": {"imageId": "i", "containerId": "c", "sessionId": "s", "name": "m",
                 "createdAt": 5, "updatedAt": 6}}),
             ),
-            ("image_deleted", json!({"imageId": "i", "containerId": "c", "sessionId": "s"})),
+            (
+                "image_deleted",
+                json!({"imageId": "i", "containerId": "c", "sessionId": "s"}),
+            ),
             (
                 "agent_registered",
                 json!({"containerId": "c", "agentId": "a", "definitionName": "d",

@@ -293,6 +293,7 @@ impl RuntimeService for RuntimeGrpc {
             name: request.name,
             description: request.description,
             tools: request.tools.map(|list| list.tools),
+            metadata_json: request.metadata_json,
         };
         let stopped = self.pool.update_image(&ctx, &request.image_id, changes).await?;
         Ok(Response::new(pb::UpdateImageResponse { stopped }))

@@ -264,6 +264,7 @@ impl SessionApi for SessionGrpc {
             agent: request.agent,
             variables_json: request.variables_json,
             tools: request.tools,
+            metadata_json: request.metadata_json,
             parent_image_id: request.parent_image_id,
         };
         let image = self.service.create_image(&ctx, new).await?;
@@ -324,6 +325,7 @@ impl SessionApi for SessionGrpc {
             name: request.name,
             description: request.description,
             tools: request.tools.map(|list| list.tools),
+            metadata_json: request.metadata_json,
         };
         let image = self.service.update_image(&ctx, &request.image_id, update).await?;
         Ok(Response::new(pb::UpdateImageResponse {
@@ -858,6 +860,7 @@ fn image_pb(image: ImageRecord) -> pb::Image {
         agent: image.agent,
         variables_json: image.variables_json,
         tools: image.tools,
+        metadata_json: image.metadata_json,
         created_at_ms: image.created_at_ms,
         updated_at_ms: image.updated_at_ms,
         agent_state: agent_state_pb(image.agent_state).into(),

@@ -93,6 +93,8 @@ pub struct ImageRecord {
     pub variables_json: String,
     /// The tools its agent may call: built-in names and `resource://tools/…` URIs.
     pub tools: Vec<String>,
+    /// A JSON object its clients own; `"{}"` when none.
+    pub metadata_json: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     /// Whether its agent may run.
@@ -170,6 +172,8 @@ pub struct NewImage {
     pub variables_json: String,
     /// Built-in tool names and `resource://tools/…` URIs; empty means none.
     pub tools: Vec<String>,
+    /// A JSON object its clients own; empty means none.
+    pub metadata_json: String,
     /// The image whose agent starts this one; `None` or empty means none.
     pub parent_image_id: Option<String>,
 }
@@ -183,6 +187,8 @@ pub struct ImageUpdate {
     pub description: Option<String>,
     /// New tools, replacing the image's (empty: none).
     pub tools: Option<Vec<String>>,
+    /// New metadata, a JSON object replacing the image's.
+    pub metadata_json: Option<String>,
 }
 
 /// A turn a session's history leaves open: its last message is the user's

@@ -382,6 +382,7 @@ impl SessionService {
         let agent = non_empty(new.agent).map(validate_agent).transpose()?;
         let variables_json = validate_variables(new.variables_json)?;
         let tools = validate_tools(new.tools)?;
+        let metadata_json = validate_metadata(new.metadata_json)?;
         if check_role {
             self.require_role(ctx, &new.container_id, ShareRole::Use).await?;
         }
@@ -416,6 +417,7 @@ impl SessionService {
             agent,
             variables_json,
             tools,
+            metadata_json,
             created_at_ms: now,
             updated_at_ms: now,
             agent_state: AgentState::Active,
@@ -494,6 +496,10 @@ impl SessionService {
                 agent: config.agent,
                 variables_json: config.variables.get().to_owned(),
                 tools: config.tools,
+                metadata_json: config
+                    .metadata
+                    .map(|metadata| metadata.get().to_owned())
+                    .unwrap_or_default(),
                 parent_image_id: None,
             };
             let image = self.prepare_image(ctx, new, false).await.map_err(|err| match err {
@@ -660,6 +666,7 @@ impl SessionService {
             name: update.name.map(validate_name).transpose()?,
             description: update.description.map(validate_description).transpose()?,
             tools: update.tools.map(validate_tools).transpose()?,
+            metadata_json: update.metadata_json.map(validate_metadata).transpose()?,
         };
         self.require_image_role(ctx, image_id, ShareRole::Manage).await?;
         if let (Some(references), Some(tools)) = (&self.references, &update.tools) {
@@ -1115,6 +1122,30 @@ fn validate_agent(agent: String) -> Result<String, SessionError> {
 }
 
 /// Returns the prompt variables to store: `"{}"` for none, else a JSON object of strings.
+/// Largest metadata object of an image, in bytes.
+pub const MAX_METADATA_BYTES: usize = 16 * 1024;
+
+/// Checks a client's metadata: a JSON object of at most [`MAX_METADATA_BYTES`];
+/// empty means none (`{}`).
+fn validate_metadata(json: String) -> Result<String, SessionError> {
+    if json.trim().is_empty() {
+        return Ok("{}".to_owned());
+    }
+    if json.len() > MAX_METADATA_BYTES {
+        return Err(SessionError::invalid(
+            "INVALID_METADATA",
+            format!("metadata must be at most {} KiB", MAX_METADATA_BYTES / 1024),
+        ));
+    }
+    match serde_json::from_str::<serde_json::Value>(&json) {
+        Ok(serde_json::Value::Object(_)) => Ok(json),
+        _ => Err(SessionError::invalid(
+            "INVALID_METADATA",
+            "metadata must be a JSON object",
+        )),
+    }
+}
+
 fn validate_variables(json: String) -> Result<String, SessionError> {
     if json.trim().is_empty() {
         return Ok("{}".to_owned());

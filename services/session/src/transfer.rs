@@ -82,6 +82,9 @@ pub struct DocumentImage {
     pub variables: Box<RawValue>,
     #[serde(default)]
     pub tools: Vec<String>,
+    /// What the conversation's clients keep with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Box<RawValue>>,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -347,6 +350,7 @@ impl ExportWriter {
                 agent: image.agent.clone(),
                 variables: raw(&image.variables_json, "variables_json")?,
                 tools: image.tools.clone(),
+                metadata: Some(raw(&image.metadata_json, "metadata_json")?),
                 created_at: image.created_at_ms,
                 updated_at: image.updated_at_ms,
             },

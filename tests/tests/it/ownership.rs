@@ -1212,6 +1212,7 @@ impl<'a> Attacker<'a> {
                 session.update_image(ss::UpdateImageRequest {
                     image_id: image(), name: Some(planted()), description: Some(planted()),
                     tools: Some(ss::ToolList { tools: vec![] }),
+                    metadata_json: Some(json!({"planted": planted()}).to_string()),
                 }),
             unary "session.DeleteImage" =>
                 session.delete_image(ss::DeleteImageRequest { image_id: image() }),
@@ -1296,6 +1297,7 @@ impl<'a> Attacker<'a> {
                 runtime.update_image(rt::UpdateImageRequest {
                     image_id: image(), name: Some(planted()), description: Some(planted()),
                     tools: Some(ss::ToolList { tools: vec![] }),
+                    metadata_json: Some(json!({"planted": planted()}).to_string()),
                 }),
             unary "runtime.RunImage" =>
                 runtime.run_image(rt::RunImageRequest { image_id: image() }),

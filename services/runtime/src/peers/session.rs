@@ -58,12 +58,14 @@ pub enum SessionChange {
     },
 }
 
-/// What changes in an image: its name, description (empty clears it) or tools.
+/// What changes in an image: its name, description (empty clears it),
+/// tools or metadata (a JSON object).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ImageChanges {
     pub name: Option<String>,
     pub description: Option<String>,
     pub tools: Option<Vec<String>>,
+    pub metadata_json: Option<String>,
 }
 
 /// The session service as the runtime uses it; cheap to clone.
@@ -207,6 +209,7 @@ impl Sessions {
             name: update.name,
             description: update.description,
             tools: update.tools.map(|tools| pb::ToolList { tools }),
+            metadata_json: update.metadata_json,
         });
         self.service.update_image(request).await?;
         Ok(())
@@ -223,6 +226,7 @@ impl Sessions {
             agent: child.agent,
             variables_json: String::new(),
             tools: child.tools,
+            metadata_json: String::new(),
             parent_image_id: Some(child.parent_image_id),
         });
         let image = self.service.create_image(request).await?.into_inner().image;

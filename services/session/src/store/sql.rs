@@ -82,8 +82,8 @@ pub(super) const LIST_SHARES: &str = "\
 pub(super) const INSERT_IMAGE: &str = concat!(
     "INSERT INTO images (image_id, tenant_id, container_id, name, description, system_prompt, \
                          mcp_servers_json, created_at_ms, updated_at_ms, agent, variables_json, tools_json, \
-                         agent_state, parent_image_id, depth) \
-     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12, $13, $14, $15, $16 FROM containers c \
+                         agent_state, parent_image_id, depth, metadata_json) \
+     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12, $13, $14, $15, $16, $17 FROM containers c \
      WHERE c.tenant_id = $2 AND c.container_id = $3 AND ",
     visible!("c", "$10")
 );
@@ -105,7 +105,7 @@ macro_rules! select_image {
     () => {
         "SELECT i.image_id, i.container_id, s.session_id, i.name, i.description, i.system_prompt, \
                 i.mcp_servers_json, i.created_at_ms, i.updated_at_ms, i.agent, i.variables_json, i.tools_json, \
-                i.agent_state, i.agent_error, i.parent_image_id, i.depth \
+                i.agent_state, i.agent_error, i.parent_image_id, i.depth, i.metadata_json \
          FROM images i JOIN sessions s ON s.image_id = i.image_id \
          JOIN containers c ON c.tenant_id = i.tenant_id AND c.container_id = i.container_id "
     };
@@ -155,7 +155,8 @@ pub(super) const UPDATE_IMAGE: &str = concat!(
     "UPDATE images SET name = COALESCE($3, name), \
                        description = CASE WHEN $4 THEN $5 ELSE description END, \
                        updated_at_ms = $6, \
-                       tools_json = COALESCE($8, tools_json) \
+                       tools_json = COALESCE($8, tools_json), \
+                       metadata_json = COALESCE($9, metadata_json) \
      WHERE tenant_id = $1 AND image_id = $2 AND ",
     image_visible!("$7")
 );
@@ -309,6 +310,7 @@ where
         mcp_servers_json: row.try_get("mcp_servers_json")?,
         agent: row.try_get("agent")?,
         variables_json: row.try_get("variables_json")?,
+        metadata_json: row.try_get("metadata_json")?,
         tools: serde_json::from_str(&row.try_get::<String, _>("tools_json")?)
             .map_err(|_| SessionError::corrupt("images.tools_json"))?,
         created_at_ms: row.try_get("created_at_ms")?,
@@ -466,6 +468,7 @@ macro_rules! impl_session_store {
                 .bind(image.agent_state.as_str())
                 .bind(&image.parent_image_id)
                 .bind(i64::from(image.depth))
+                .bind(&image.metadata_json)
                 .execute(&mut **tx)
                 .await
                 .map_err(|err| sql::missing_container(err, &image.container_id))?
@@ -897,6 +900,7 @@ macro_rules! impl_session_store {
                     .bind(now_ms)
                     .bind(scope.user_id)
                     .bind(tools_json)
+                    .bind(update.metadata_json.as_deref())
                     .execute(&mut *tx)
                     .await?
                     .rows_affected();

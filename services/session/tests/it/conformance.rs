@@ -32,6 +32,7 @@ conformance_suite!(
     concurrent_appends_get_distinct_seqs,
     ten_thousand_messages_append_and_load,
     open_turns_are_the_histories_left_unanswered,
+    images_keep_their_clients_metadata,
 );
 
 const A: &str = "tenant-a";
@@ -207,6 +208,7 @@ async fn tenants_never_see_each_other(store: Arc<dyn SessionStore>) {
         name: Some("mine now".into()),
         description: None,
         tools: None,
+        metadata_json: None,
     };
     same(
         api_err(service.update_image(&ctx(B), image_id, rename()).await),
@@ -290,6 +292,7 @@ async fn images_have_defaults_and_round_trip(store: Arc<dyn SessionStore>) {
         variables_json: " ".into(),
         tools: Vec::new(),
         parent_image_id: None,
+        metadata_json: String::new(),
     };
     let blank = service.create_image(&ctx(A), blank).await.unwrap();
     assert_eq!(blank.name, "New Conversation");
@@ -316,6 +319,7 @@ async fn images_have_defaults_and_round_trip(store: Arc<dyn SessionStore>) {
         variables_json: r#"{"team": "core", "tone": "brief"}"#.into(),
         tools: Vec::new(),
         parent_image_id: None,
+        metadata_json: String::new(),
     };
     let full = service.create_image(&ctx(A), full).await.unwrap();
     assert_eq!(full.name, "Reviewer ✓");
@@ -343,6 +347,7 @@ async fn images_update_and_delete(store: Arc<dyn SessionStore>) {
         name: Some("Renamed".into()),
         description: Some("about it".into()),
         tools: None,
+        metadata_json: None,
     };
     let renamed = service.update_image(&ctx(A), &image.image_id, described).await.unwrap();
     assert_eq!(renamed.name, "Renamed");
@@ -368,6 +373,7 @@ async fn images_update_and_delete(store: Arc<dyn SessionStore>) {
         name: None,
         description: Some(String::new()),
         tools: None,
+        metadata_json: None,
     };
     let cleared = service.update_image(&ctx(A), &image.image_id, cleared).await.unwrap();
     assert_eq!((cleared.name.as_str(), cleared.description), ("Renamed", None));
@@ -412,6 +418,7 @@ async fn images_update_and_delete(store: Arc<dyn SessionStore>) {
         name: Some("x".into()),
         description: None,
         tools: None,
+        metadata_json: None,
     };
     assert_eq!(
         reason(service.update_image(&ctx(A), &image.image_id, update).await),
@@ -499,6 +506,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
         variables_json: format!("{{\"k\":\"{}\"}}", "v".repeat(16 * 1024 - 8)),
         tools: Vec::new(),
         parent_image_id: None,
+        metadata_json: String::new(),
     };
     let image = service.create_image(&ctx(A), at_limits.clone()).await.unwrap();
     assert_eq!(Some(image.name), at_limits.name);
@@ -510,6 +518,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
                 name: Some(String::new()),
                 description: None,
                 tools: None,
+                metadata_json: None,
             },
             "INVALID_IMAGE_NAME",
         ),
@@ -518,6 +527,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
                 name: Some(" \t".into()),
                 description: None,
                 tools: None,
+                metadata_json: None,
             },
             "INVALID_IMAGE_NAME",
         ),
@@ -526,6 +536,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
                 name: Some("n".repeat(257)),
                 description: None,
                 tools: None,
+                metadata_json: None,
             },
             "INVALID_IMAGE_NAME",
         ),
@@ -534,6 +545,7 @@ async fn image_fields_are_validated(store: Arc<dyn SessionStore>) {
                 name: None,
                 description: Some("d".repeat(4097)),
                 tools: None,
+                metadata_json: None,
             },
             "INVALID_IMAGE_DESCRIPTION",
         ),
@@ -557,6 +569,7 @@ async fn images_list_newest_first(store: Arc<dyn SessionStore>) {
         agent: None,
         variables_json: "{}".to_owned(),
         tools: Vec::new(),
+        metadata_json: "{}".to_owned(),
         created_at_ms,
         updated_at_ms: created_at_ms,
         agent_state: AgentState::Active,
@@ -1183,4 +1196,58 @@ async fn open_turns_are_the_histories_left_unanswered(store: Arc<dyn SessionStor
     // Only components ask.
     let refused = api_err(service.list_open_turns(&ctx(A), after_all, "", 0).await);
     assert_eq!(refused.code, Code::PermissionDenied);
+}
+
+async fn images_keep_their_clients_metadata(store: Arc<dyn SessionStore>) {
+    let service = SessionService::new(store);
+    let admin = ctx(A);
+    service.create_container(&admin, "c").await.unwrap();
+    let with = |metadata: &str| NewImage {
+        container_id: "c".to_owned(),
+        metadata_json: metadata.to_owned(),
+        ..NewImage::default()
+    };
+    let plain = service.create_image(&admin, with("")).await.unwrap();
+    assert_eq!(plain.metadata_json, "{}");
+    let pinned = service
+        .create_image(&admin, with(r#"{"pinned":true,"folder":"work"}"#))
+        .await
+        .unwrap();
+    let stored = service.get_image(&admin, &pinned.image_id).await.unwrap();
+    assert_eq!(stored.metadata_json, r#"{"pinned":true,"folder":"work"}"#);
+    // An update replaces it whole; one that does not name it keeps it.
+    let change = |metadata: Option<&str>| ImageUpdate {
+        name: Some("renamed".to_owned()),
+        metadata_json: metadata.map(str::to_owned),
+        ..ImageUpdate::default()
+    };
+    let kept = service
+        .update_image(&admin, &pinned.image_id, change(None))
+        .await
+        .unwrap();
+    assert_eq!(kept.metadata_json, r#"{"pinned":true,"folder":"work"}"#);
+    let replaced = service
+        .update_image(&admin, &pinned.image_id, change(Some(r#"{"colour":"teal"}"#)))
+        .await
+        .unwrap();
+    assert_eq!(replaced.metadata_json, r#"{"colour":"teal"}"#);
+    // Anything but an object, or past 16 KiB, is refused and changes nothing.
+    for bad in ["[1]", "\"text\"", "{not json", "7"] {
+        assert_eq!(
+            reason(service.create_image(&admin, with(bad)).await),
+            "INVALID_METADATA",
+            "{bad}"
+        );
+        assert_eq!(
+            reason(service.update_image(&admin, &pinned.image_id, change(Some(bad))).await),
+            "INVALID_METADATA"
+        );
+    }
+    let huge = format!(r#"{{"x":"{}"}}"#, "y".repeat(16 * 1024));
+    assert_eq!(
+        reason(service.create_image(&admin, with(&huge)).await),
+        "INVALID_METADATA"
+    );
+    let after = service.get_image(&admin, &pinned.image_id).await.unwrap();
+    assert_eq!(after.metadata_json, r#"{"colour":"teal"}"#);
 }

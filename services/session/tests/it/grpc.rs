@@ -57,6 +57,7 @@ async fn grpc_round_trip_and_typed_errors() {
             agent: Some("resource://agents/helper@^1".into()),
             variables_json: r#"{"who":"you"}"#.into(),
             tools: vec!["read_file".into()],
+            metadata_json: r#"{"pinned":true}"#.into(),
             parent_image_id: None,
         })
         .await
@@ -418,6 +419,7 @@ async fn grpc_groups_round_trip_and_typed_errors() {
                 name: Some("renamed".into()),
                 description: None,
                 tools: tools.map(|tools| pb::ToolList { tools }),
+                metadata_json: None,
             })
             .await
             .unwrap();

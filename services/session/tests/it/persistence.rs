@@ -24,6 +24,7 @@ async fn sqlite_data_survives_reopen() {
         name: None,
         description: Some("still here".into()),
         tools: None,
+        metadata_json: None,
     };
     let image = service.update_image(&ctx("t"), &image.image_id, update).await.unwrap();
     let mut appended = Vec::new();

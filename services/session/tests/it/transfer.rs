@@ -44,6 +44,7 @@ async fn full_conversation(service: &SessionService, container_id: &str) -> Imag
                 mcp_servers_json: r#"{"files":{"type":"http","url":"https://mcp.example.com/x"}}"#.to_owned(),
                 variables_json: r#"{"who":"ops"}"#.to_owned(),
                 tools: vec!["run_command".to_owned(), "read_file".to_owned()],
+                metadata_json: r#"{"pinned":true}"#.to_owned(),
                 ..NewImage::default()
             },
         )
@@ -146,6 +147,7 @@ fn config(image: &ImageRecord) -> Value {
         "agent": image.agent,
         "variables": image.variables_json,
         "tools": image.tools,
+        "metadata": image.metadata_json,
     })
 }
 
@@ -165,6 +167,7 @@ async fn a_conversation_round_trips_field_by_field(store: Arc<dyn SessionStore>)
         json!(["resource://prompts/terse@3", "resource://tools/x@1"])
     );
     assert_eq!(parsed["image"]["mcpServers"]["files"]["type"], "http");
+    assert_eq!(parsed["image"]["metadata"], json!({"pinned": true}));
     assert_eq!(parsed["messages"][5]["body"]["content"][1]["mediaType"], "image/png");
 
     service.create_container(&admin, "to").await.expect("container");
@@ -201,6 +204,7 @@ async fn a_conversation_round_trips_field_by_field(store: Arc<dyn SessionStore>)
         "mcpServers",
         "variables",
         "tools",
+        "metadata",
     ] {
         assert_eq!(again["image"][field], parsed["image"][field], "image.{field}");
     }
