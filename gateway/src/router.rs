@@ -19,8 +19,8 @@ use utoipa_axum::routes;
 
 use crate::http::{RequestId, request_id_from_headers};
 use crate::rest::{
-    self, auth, conversations as conv, credentials, groups, resources, search, secrets, settings, transfer, usage,
-    workspace,
+    self, auth, conversations as conv, credentials, groups, recent, resources, search, secrets, settings, transfer,
+    usage, workspace,
 };
 use crate::state::GatewayState;
 
@@ -69,6 +69,8 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(transfer::export_image))
         .routes(routes!(transfer::export_container))
         .routes(routes!(transfer::import))
+        .routes(routes!(recent::list_recent))
+        .routes(routes!(recent::mark_read))
         // Agents.
         .routes(routes!(conv::list_agents))
         .routes(routes!(conv::get_agent, conv::destroy_agent))

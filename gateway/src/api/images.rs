@@ -134,16 +134,21 @@ impl ImageRecord {
             tools: image.tools,
             created_at: image.created_at_ms,
             updated_at: image.updated_at_ms,
-            agent_state: match ss::AgentState::try_from(image.agent_state) {
-                Ok(ss::AgentState::Paused) => "paused",
-                Ok(ss::AgentState::Terminated) => "terminated",
-                Ok(ss::AgentState::Error) => "error",
-                _ => "active",
-            },
+            agent_state: agent_state_name(image.agent_state),
             agent_error: image.agent_error,
             parent_image_id: image.parent_image_id,
             depth: image.depth,
         })
+    }
+}
+
+/// Returns the name of an image's agent state.
+pub(crate) fn agent_state_name(state: i32) -> &'static str {
+    match ss::AgentState::try_from(state) {
+        Ok(ss::AgentState::Paused) => "paused",
+        Ok(ss::AgentState::Terminated) => "terminated",
+        Ok(ss::AgentState::Error) => "error",
+        _ => "active",
     }
 }
 

@@ -21,6 +21,7 @@ pub mod credentials;
 pub mod groups;
 pub mod images;
 pub mod messages;
+pub mod recent;
 pub mod resources;
 pub mod search;
 pub mod secrets;

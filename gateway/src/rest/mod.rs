@@ -17,6 +17,7 @@ pub mod auth;
 pub mod conversations;
 pub mod credentials;
 pub mod groups;
+pub mod recent;
 pub mod resources;
 pub mod search;
 pub mod secrets;

@@ -21,6 +21,7 @@ use crate::api::groups::{
 use crate::api::images::EventStream;
 use crate::api::images::{self, AgentTarget, ImageConfig, ImageRecord, ImageUpdate, MessageAccepted};
 use crate::api::messages::MessageContent;
+use crate::api::recent::RecentQuery;
 use crate::api::search::SearchQuery;
 use crate::api::workspace::{self, WorkspacePath, WorkspaceUpload};
 use crate::api::{self, decode};
@@ -31,6 +32,15 @@ use crate::peers::Peers;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ImageRef {
     image_id: String,
+}
+
+/// Names an image and how far it is read.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageReadMark {
+    image_id: String,
+    #[serde(default)]
+    seq: Option<u64>,
 }
 
 /// Names a file or directory of an image's workspace.
@@ -302,6 +312,8 @@ requests! {
     "agent_terminate" => AgentTerminate(ImageRef, decode),
     "quota_get" => QuotaGet(QuotaQuery, decode),
     "search" => Search(SearchQuery, decode),
+    "conversation_recent" => ConversationRecent(RecentQuery, decode),
+    "image_read" => ImageRead(ImageReadMark, decode),
     "credential_set" => CredentialSet(CredentialSet, decode),
     "credential_list" => CredentialList,
     "credential_delete" => CredentialDelete(CredentialRef, decode),
@@ -540,6 +552,10 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, request: Request) -> 
         }
         Request::QuotaGet(query) => answer(api::auth::quota(peers, ctx, query).await?),
         Request::Search(query) => answer(api::search::search(peers, ctx, query).await?),
+        Request::ConversationRecent(query) => answer(api::recent::recent(peers, ctx, query).await?),
+        Request::ImageRead(ImageReadMark { image_id, seq }) => {
+            answer(api::recent::mark_read(peers, ctx, image_id, api::recent::ReadMark { seq }).await?)
+        }
         Request::CredentialSet(CredentialSet {
             server,
             scope,

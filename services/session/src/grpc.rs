@@ -7,6 +7,7 @@ use avm_proto::session::v1::session_service_server::{SessionService as SessionAp
 use tonic::{Request, Response, Status};
 
 use crate::error::SessionError;
+use crate::recent::preview;
 use crate::record::{
     AgentState, ContainerRecord, GroupMemberRecord, GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord,
     ImageSummary, ImageUpdate, Lifecycle, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup, NewGroupMessage,
@@ -443,6 +444,49 @@ impl SessionApi for SessionGrpc {
                 .collect(),
             next_page_token: page.next_page_token,
         }))
+    }
+
+    async fn list_recent_conversations(
+        &self,
+        request: Request<pb::ListRecentConversationsRequest>,
+    ) -> Result<Response<pb::ListRecentConversationsResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.get_ref();
+        let page = self
+            .service
+            .list_recent(&ctx, request.page_size, &request.page_token)
+            .await?;
+        Ok(Response::new(pb::ListRecentConversationsResponse {
+            conversations: page
+                .conversations
+                .into_iter()
+                .map(|row| pb::RecentConversation {
+                    unread_count: row.unread(),
+                    image_id: row.image_id,
+                    container_id: row.container_id,
+                    session_id: row.session_id,
+                    name: row.name,
+                    agent_state: agent_state_pb(row.agent_state).into(),
+                    created_at_ms: row.created_at_ms,
+                    last_active_at_ms: row.last_active_at_ms,
+                    last_seq: row.last_seq,
+                    read_seq: row.read_seq,
+                    preview: row.last_message.as_ref().map(preview).unwrap_or_default(),
+                    last_message: row.last_message.map(message_pb),
+                })
+                .collect(),
+            next_page_token: page.next_page_token,
+        }))
+    }
+
+    async fn mark_image_read(
+        &self,
+        request: Request<pb::MarkImageReadRequest>,
+    ) -> Result<Response<pb::MarkImageReadResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.get_ref();
+        let read_seq = self.service.mark_read(&ctx, &request.image_id, request.seq).await?;
+        Ok(Response::new(pb::MarkImageReadResponse { read_seq }))
     }
 
     async fn export_image(

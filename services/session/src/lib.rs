@@ -16,6 +16,7 @@
 
 mod error;
 mod grpc;
+mod recent;
 mod record;
 mod references;
 mod search;
@@ -25,6 +26,7 @@ mod transfer;
 
 pub use error::SessionError;
 pub use grpc::{SessionGrpc, grpc_server};
+pub use recent::{DEFAULT_RECENT_PAGE_SIZE, MAX_RECENT_PAGE_SIZE, PREVIEW_CHARS, RecentPage, RecentRow, preview};
 pub use record::{
     AgentState, AgentStateChange, ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupPage,
     GroupRecord, GroupUpdate, ImageRecord, ImageUpdate, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup,

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::instrument;
 
 use crate::error::SessionError;
+use crate::recent::{DEFAULT_RECENT_PAGE_SIZE, MAX_RECENT_PAGE_SIZE, RecentPage, read_token, token_after};
 use crate::record::{
     AgentState, AgentStateChange, ContainerAccess, ContainerRecord, ImageRecord, ImageSummary, ImageUpdate, Lifecycle,
     MessageBody, MessageRecord, NewImage, NewMessage, OpenTurn, SessionChange, ShareRecord, ShareRole, WatchItem,
@@ -840,6 +841,60 @@ impl SessionService {
                 String::new()
             },
         })
+    }
+
+    /// Returns the conversations the caller may read, most recently active
+    /// first, a page at a time, each with its last message and the caller's
+    /// read marker.
+    #[instrument(
+        name = "session.list_recent",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn list_recent(
+        &self,
+        ctx: &RequestContext,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<RecentPage, SessionError> {
+        allow(ctx, Scopes::READ)?;
+        let after = read_token(page_token)?;
+        let limit = match page_size {
+            0 => DEFAULT_RECENT_PAGE_SIZE,
+            size => size.min(MAX_RECENT_PAGE_SIZE),
+        };
+        let after = after.as_ref().map(|(at, session)| (*at, session.as_str()));
+        let mut rows = self
+            .store
+            .list_recent(&scope(ctx), &ctx.principal.user_id, after, limit + 1)
+            .await?;
+        let more = rows.len() > limit as usize;
+        rows.truncate(limit as usize);
+        Ok(RecentPage {
+            next_page_token: if more {
+                rows.last().map(token_after).unwrap_or_default()
+            } else {
+                String::new()
+            },
+            conversations: rows,
+        })
+    }
+
+    /// Marks a conversation read by the caller up to `seq` (its last message
+    /// when `None`); the marker never moves back. Returns it.
+    #[instrument(
+        name = "session.mark_read",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn mark_read(&self, ctx: &RequestContext, image_id: &str, seq: Option<u64>) -> Result<u64, SessionError> {
+        allow(ctx, Scopes::READ)?;
+        if image_id.is_empty() || image_id.len() > MAX_ID_BYTES {
+            return Err(SessionError::ImageNotFound(image_id.chars().take(64).collect()));
+        }
+        self.store
+            .mark_read(&scope(ctx), image_id, &ctx.principal.user_id, seq, now_ms())
+            .await
     }
 
     /// Returns, across tenants, the turns left open by sessions whose last

@@ -14,6 +14,7 @@ use avm_store::db::{self, DbPool};
 use avm_store::events::EventTransport;
 
 use crate::error::SessionError;
+use crate::recent::RecentRow;
 use crate::record::{
     AgentState, AgentStateChange, ContainerAccess, ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord,
     GroupRecord, GroupUpdate, ImageRecord, ImageUpdate, MemberRef, MessageRecord, NewGroupMessage, NewMessage,
@@ -166,6 +167,29 @@ pub trait SessionStore: GroupStore + Send + Sync + 'static {
         after_session_id: &str,
         limit: u32,
     ) -> Result<Vec<OpenTurn>, SessionError>;
+
+    /// Returns up to `limit` conversations of the scope, most recently active
+    /// first, after `after` (the last activity and session id of the
+    /// previous page), each with its last message and `reader`'s read marker.
+    async fn list_recent(
+        &self,
+        scope: &Scope<'_>,
+        reader: &str,
+        after: Option<(i64, &str)>,
+        limit: u32,
+    ) -> Result<Vec<RecentRow>, SessionError>;
+
+    /// Moves `reader`'s read marker of an image forward to `seq` (`None`: its
+    /// last message; never past it) and returns it; `ImageNotFound` when the
+    /// image is not in the scope.
+    async fn mark_read(
+        &self,
+        scope: &Scope<'_>,
+        image_id: &str,
+        reader: &str,
+        seq: Option<u64>,
+        now_ms: i64,
+    ) -> Result<u64, SessionError>;
 
     /// Returns up to `limit` messages of a session with a seq above
     /// `after_seq`, in `seq` order. The caller has checked the session is in

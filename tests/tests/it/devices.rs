@@ -10,7 +10,7 @@ use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
 use crate::both_modes;
-use crate::support::{cluster, types};
+use crate::support::{call_as, cluster, types};
 
 /// The lifecycle events a user's other devices are told of.
 const LIFECYCLE: [&str; 5] = [
@@ -110,6 +110,36 @@ async fn second_device(mode: Mode) -> anyhow::Result<()> {
     );
     until(&mut phone, "conversation_end", &mut heard).await?;
     laptop.turn().await?;
+
+    // The recent list on the phone: this conversation first, answered, unread
+    // until the phone reads it.
+    let recent = phone.request("conversation_recent", json!({})).await?;
+    let first = &recent["conversations"][0];
+    ensure!(
+        first["imageId"] == image_id.as_str()
+            && first["name"] == "Lisbon in May"
+            && first["lastMessage"]["role"] == "assistant"
+            && first["unreadCount"] == 2
+            && first["agentState"] == "active"
+            && first["online"] == true,
+        "{recent}"
+    );
+    let read = phone.request("image_read", json!({"imageId": image_id})).await?;
+    ensure!(read["readSeq"] == 2, "{read}");
+    let (status, listed) = call_as(&cluster, &alice.key, "GET", "/v1/conversations/recent?pageSize=5", None).await?;
+    ensure!(
+        status == 200 && listed["conversations"][0]["unreadCount"] == 0,
+        "{status} {listed}"
+    );
+    let (status, _) = call_as(
+        &cluster,
+        &bob.key,
+        "POST",
+        &format!("/v1/images/{image_id}/read"),
+        Some(json!({})),
+    )
+    .await?;
+    ensure!(status == 404, "another member marks nothing of alice's: {status}");
 
     // Deleted on the laptop.
     let deleted = laptop.request("image_delete", json!({"imageId": image_id})).await?;

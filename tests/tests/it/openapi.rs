@@ -37,6 +37,8 @@ const ROUTES: &[&str] = &[
     "GET /v1/images/{id}/export",
     "GET /v1/containers/{id}/export",
     "POST /v1/containers/{id}/import",
+    "GET /v1/conversations/recent",
+    "POST /v1/images/{id}/read",
     "POST /v1/containers/{id}/groups",
     "GET /v1/containers/{id}/groups",
     "GET /v1/groups/unread",

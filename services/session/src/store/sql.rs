@@ -87,9 +87,11 @@ pub(super) const INSERT_IMAGE: &str = concat!(
      WHERE c.tenant_id = $2 AND c.container_id = $3 AND ",
     visible!("c", "$10")
 );
-/// `$5` is the seq of its newest message: 0, or an import's last.
+/// `$5` is the seq of its newest message (0, or an import's last) and `$6`
+/// the time of its last activity.
 pub(super) const INSERT_SESSION: &str = "\
-    INSERT INTO sessions (session_id, tenant_id, image_id, created_at_ms, last_seq) VALUES ($1, $2, $3, $4, $5)";
+    INSERT INTO sessions (session_id, tenant_id, image_id, created_at_ms, last_seq, last_active_at_ms) \
+    VALUES ($1, $2, $3, $4, $5, $6)";
 /// Locks a visible container for the rest of the transaction without
 /// changing it: imports into it run one after another.
 pub(super) const LOCK_CONTAINER: &str = concat!(
@@ -220,7 +222,8 @@ macro_rules! session_visible {
 }
 /// Locks the session row for the rest of the transaction and claims the next seq.
 pub(super) const BUMP_SEQ: &str = concat!(
-    "UPDATE sessions SET last_seq = last_seq + 1 \
+    "UPDATE sessions SET last_seq = last_seq + 1, \
+         last_active_at_ms = CASE WHEN $4 > last_active_at_ms THEN $4 ELSE last_active_at_ms END \
      WHERE tenant_id = $1 AND session_id = $2 AND ",
     session_visible!("$3"),
     " RETURNING last_seq"
@@ -239,6 +242,41 @@ pub(super) const SESSION_EXISTS: &str = concat!(
 pub(super) const LIST_MESSAGES: &str = "\
     SELECT message_id, session_id, seq, created_at_ms, body FROM messages \
     WHERE session_id = $1 ORDER BY seq";
+/// The conversations of the scope (`$2` the visibility), most recently active
+/// first, after the page ending at activity `$4` and session `$5` (NULL for
+/// the first page), at most `$6`; each with its last message and reader
+/// `$3`'s read marker. It walks `sessions_by_activity`.
+pub(super) const LIST_RECENT: &str = concat!(
+    "SELECT i.image_id, i.container_id, s.session_id, i.name, i.agent_state, i.agent_error, \
+            i.created_at_ms AS image_created_at_ms, s.last_seq, s.last_active_at_ms, \
+            COALESCE(r.read_seq, 0) AS read_seq, \
+            m.message_id, m.seq, m.created_at_ms, m.body \
+     FROM sessions s JOIN images i ON i.image_id = s.image_id \
+     JOIN containers c ON c.tenant_id = i.tenant_id AND c.container_id = i.container_id \
+     LEFT JOIN image_reads r ON r.image_id = i.image_id AND r.user_id = $3 \
+     LEFT JOIN messages m ON m.session_id = s.session_id AND m.seq = s.last_seq \
+     WHERE s.tenant_id = $1 AND ",
+    visible!("c", "$2"),
+    " AND ($4 IS NULL OR s.last_active_at_ms < $4 OR (s.last_active_at_ms = $4 AND s.session_id < $5)) \
+     ORDER BY s.last_active_at_ms DESC, s.session_id DESC LIMIT $6"
+);
+/// Moves reader `$3`'s marker of a visible image (`$2`; `$5` the visibility)
+/// to seq `$4` (NULL: its last message), never past its last message nor
+/// backwards; returns the marker.
+pub(super) const MARK_READ: &str = concat!(
+    "INSERT INTO image_reads (tenant_id, image_id, user_id, read_seq, updated_at_ms) \
+     SELECT i.tenant_id, i.image_id, $3, \
+            CASE WHEN $4 IS NULL OR $4 > s.last_seq THEN s.last_seq ELSE $4 END, $6 \
+     FROM images i JOIN sessions s ON s.image_id = i.image_id \
+     JOIN containers c ON c.tenant_id = i.tenant_id AND c.container_id = i.container_id \
+     WHERE i.tenant_id = $1 AND i.image_id = $2 AND ",
+    visible!("c", "$5"),
+    " ON CONFLICT (image_id, user_id) DO UPDATE SET \
+         read_seq = CASE WHEN excluded.read_seq > image_reads.read_seq THEN excluded.read_seq \
+                         ELSE image_reads.read_seq END, \
+         updated_at_ms = excluded.updated_at_ms \
+     RETURNING read_seq"
+);
 /// At most `$3` messages of a session after seq `$2`.
 pub(super) const LIST_MESSAGES_PAGE: &str = "\
     SELECT message_id, session_id, seq, created_at_ms, body FROM messages \
@@ -372,6 +410,35 @@ where
     })
 }
 
+/// Reads a row of `LIST_RECENT`.
+pub(super) fn recent_from_row<'r, R>(row: &'r R) -> Result<crate::recent::RecentRow, SessionError>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+    &'r str: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let count =
+        |name: &str, value: i64| u64::try_from(value).map_err(|_| SessionError::corrupt(format!("{name} is {value}")));
+    let agent_state: String = row.try_get("agent_state")?;
+    let agent_error: Option<String> = row.try_get("agent_error")?;
+    let message_id: Option<String> = row.try_get("message_id")?;
+    Ok(crate::recent::RecentRow {
+        image_id: row.try_get("image_id")?,
+        container_id: row.try_get("container_id")?,
+        session_id: row.try_get("session_id")?,
+        name: row.try_get("name")?,
+        agent_state: agent_state_of(&agent_state, agent_error.as_deref())?,
+        created_at_ms: row.try_get("image_created_at_ms")?,
+        last_seq: count("sessions.last_seq", row.try_get("last_seq")?)?,
+        last_active_at_ms: row.try_get("last_active_at_ms")?,
+        read_seq: count("image_reads.read_seq", row.try_get("read_seq")?)?,
+        last_message: message_id.map(|_| message_from_row(row)).transpose()?,
+    })
+}
+
 /// Reads a row of a store's `SEARCH` statement.
 pub(super) fn search_row_from_row<'r, R>(row: &'r R) -> Result<SearchRow, SessionError>
 where
@@ -449,6 +516,7 @@ macro_rules! impl_session_store {
             scope: &$crate::store::Scope<'_>,
             image: &$crate::record::ImageRecord,
             last_seq: i64,
+            last_active_at_ms: i64,
         ) -> Result<bool, $crate::error::SessionError> {
             use $crate::store::sql;
             let inserted = sqlx::query(sql::INSERT_IMAGE)
@@ -482,6 +550,7 @@ macro_rules! impl_session_store {
                 .bind(&image.image_id)
                 .bind(image.created_at_ms)
                 .bind(last_seq)
+                .bind(last_active_at_ms)
                 .execute(&mut **tx)
                 .await?;
             Ok(true)
@@ -712,7 +781,7 @@ macro_rules! impl_session_store {
                         return Err(failure);
                     }
                 }
-                if !insert_image_rows(&mut tx, scope, image, 0).await? {
+                if !insert_image_rows(&mut tx, scope, image, 0, image.created_at_ms).await? {
                     tx.rollback().await?;
                     return Err($crate::error::SessionError::ContainerNotFound(
                         image.container_id.clone(),
@@ -971,6 +1040,7 @@ macro_rules! impl_session_store {
                     .bind(scope.tenant_id)
                     .bind(session_id)
                     .bind(scope.user_id)
+                    .bind(message.created_at_ms)
                     .fetch_optional(&mut *tx)
                     .await?
                 else {
@@ -1061,6 +1131,49 @@ macro_rules! impl_session_store {
                     .collect()
             }
 
+            async fn list_recent(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                reader: &str,
+                after: Option<(i64, &str)>,
+                limit: u32,
+            ) -> Result<Vec<$crate::recent::RecentRow>, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let rows = sqlx::query(sql::LIST_RECENT)
+                    .bind(scope.tenant_id)
+                    .bind(scope.user_id)
+                    .bind(reader)
+                    .bind(after.map(|(at, _)| at))
+                    .bind(after.map(|(_, session)| session))
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter().map(|row| sql::recent_from_row(row)).collect()
+            }
+
+            async fn mark_read(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                image_id: &str,
+                reader: &str,
+                seq: Option<u64>,
+                now_ms: i64,
+            ) -> Result<u64, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let seq = seq.map(|seq| i64::try_from(seq).unwrap_or(i64::MAX));
+                let marker = sqlx::query_scalar::<$db, i64>(sql::MARK_READ)
+                    .bind(scope.tenant_id)
+                    .bind(image_id)
+                    .bind(reader)
+                    .bind(seq)
+                    .bind(scope.user_id)
+                    .bind(now_ms)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                let marker = marker.ok_or_else(|| $crate::error::SessionError::ImageNotFound(image_id.to_owned()))?;
+                u64::try_from(marker).map_err(|_| $crate::error::SessionError::corrupt(format!("read marker {marker}")))
+            }
+
             async fn list_messages_page(
                 &self,
                 session_id: &str,
@@ -1115,7 +1228,13 @@ macro_rules! impl_session_store {
                     }
                     let last_seq = item.messages.last().map_or(0, |(seq, _)| *seq);
                     let last_seq = i64::try_from(last_seq).unwrap_or(i64::MAX);
-                    if !insert_image_rows(&mut tx, scope, &item.image, last_seq).await? {
+                    let active = item
+                        .messages
+                        .iter()
+                        .map(|(_, message)| message.created_at_ms)
+                        .max();
+                    let active = active.unwrap_or(item.image.created_at_ms);
+                    if !insert_image_rows(&mut tx, scope, &item.image, last_seq, active).await? {
                         tx.rollback().await?;
                         return Err(not_found());
                     }

@@ -1,4 +1,4 @@
-//! Full-text search, against SQLite and Postgres: what it finds and in which
+//! Full-text search and the recent list, against SQLite and Postgres: what it finds and in which
 //! order, whose it finds, its filters and pages, its index kept on every
 //! write (and made by the migration for what was stored before it), and the
 //! queries it refuses.
@@ -20,6 +20,7 @@ conformance_suite!(
     search_filters_and_pages,
     search_follows_renames_and_deletions,
     search_refuses_bad_queries,
+    recent_lists_the_latest_first_with_unread_counts,
 );
 
 const A: &str = "tenant-a";
@@ -582,4 +583,105 @@ async fn migration_indexes_what_exists(db: TestDatabase) {
         .await
         .expect("append");
     assert_eq!(search(&service, &admin, query("osprey")).await.hits.len(), 3);
+}
+
+async fn recent_lists_the_latest_first_with_unread_counts(store: Arc<dyn SessionStore>) {
+    let service = SessionService::new(store);
+    let (alice, bob, admin) = (member(A, "alice"), member(A, "bob"), ctx(A));
+    let (first, first_session) = conversation(&service, &alice, "alice-box", "First").await;
+    let (second, second_session) = conversation(&service, &alice, "alice-box", "Second").await;
+    let (third, _) = conversation(&service, &alice, "alice-box", "Third, quiet").await;
+    // Messages written after the conversations were made (the runtime's times).
+    let t0 = avm_common::now_ms() + 10_000;
+    say(&service, A, &first_session, "f1", t0 + 1, said("hello")).await;
+    say(&service, A, &second_session, "s1", t0 + 2, said("hi")).await;
+    say(
+        &service,
+        A,
+        &second_session,
+        "s2",
+        t0 + 3,
+        assistant(&format!("a long answer {}", "word ".repeat(100))),
+    )
+    .await;
+    let ids = |page: &avm_session::RecentPage| {
+        page.conversations
+            .iter()
+            .map(|row| row.image_id.clone())
+            .collect::<Vec<_>>()
+    };
+
+    // By last activity: its last message, or when it was made.
+    let page = service.list_recent(&alice, 0, "").await.unwrap();
+    assert_eq!(ids(&page), [second.clone(), first.clone(), third.clone()]);
+    let row = &page.conversations[0];
+    assert_eq!(
+        (row.last_seq, row.read_seq, row.unread(), row.last_active_at_ms),
+        (2, 0, 2, t0 + 3)
+    );
+    let last = row.last_message.as_ref().unwrap();
+    assert_eq!((last.message_id.as_str(), last.body.kind()), ("s2", "assistant"));
+    let preview = avm_session::preview(last);
+    assert!(
+        preview.starts_with("a long answer word") && preview.ends_with('…'),
+        "{preview}"
+    );
+    assert_eq!(preview.chars().count(), avm_session::PREVIEW_CHARS + 1);
+    assert!(page.conversations[2].last_message.is_none());
+    assert_eq!(page.conversations[2].unread(), 0);
+
+    // Read markers: forward only, never past the last message, per user.
+    assert_eq!(service.mark_read(&alice, &second, Some(1)).await.unwrap(), 1);
+    assert_eq!(service.mark_read(&alice, &second, Some(99)).await.unwrap(), 2);
+    assert_eq!(service.mark_read(&alice, &second, Some(1)).await.unwrap(), 2);
+    assert_eq!(service.mark_read(&alice, &first, None).await.unwrap(), 1);
+    let page = service.list_recent(&alice, 0, "").await.unwrap();
+    assert!(page.conversations.iter().all(|row| row.unread() == 0), "{page:?}");
+    // The admin sees them all, unread by the admin.
+    let theirs = service.list_recent(&admin, 0, "").await.unwrap();
+    assert_eq!(ids(&theirs), [second.clone(), first.clone(), third.clone()]);
+    assert_eq!(theirs.conversations[0].unread(), 2);
+
+    // A new message brings its conversation to the top, unread.
+    say(&service, A, &first_session, "f2", t0 + 10, assistant("news")).await;
+    let page = service.list_recent(&alice, 0, "").await.unwrap();
+    assert_eq!(page.conversations[0].image_id, first);
+    assert_eq!(page.conversations[0].unread(), 1);
+
+    // Pages of one walk all three once.
+    let mut walked = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = service.list_recent(&alice, 1, &token).await.unwrap();
+        walked.extend(ids(&page));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(walked, [first.clone(), second.clone(), third.clone()]);
+
+    // Nobody else's: another member, another tenant; their ids are unknown.
+    assert!(service.list_recent(&bob, 0, "").await.unwrap().conversations.is_empty());
+    assert!(
+        service
+            .list_recent(&ctx(B), 0, "")
+            .await
+            .unwrap()
+            .conversations
+            .is_empty()
+    );
+    assert_eq!(reason(service.mark_read(&bob, &first, None).await), "IMAGE_NOT_FOUND");
+    assert_eq!(
+        reason(service.mark_read(&ctx(B), &first, None).await),
+        "IMAGE_NOT_FOUND"
+    );
+    assert_eq!(
+        reason(service.mark_read(&alice, &"x".repeat(20_000), None).await),
+        "IMAGE_NOT_FOUND"
+    );
+    assert_eq!(
+        reason(service.list_recent(&alice, 0, "garbage").await),
+        "INVALID_PAGE_TOKEN"
+    );
 }
