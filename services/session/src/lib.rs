@@ -14,6 +14,7 @@
 //! transfer.rs export and import documents
 //! ```
 
+mod checks;
 mod error;
 mod grpc;
 mod recent;
@@ -39,12 +40,12 @@ pub use search::{
     SearchHit, SearchPage, SearchRequest, SearchRow, Terms,
 };
 pub use service::{
-    DEFAULT_GROUP_MESSAGE_LIMIT, DEFAULT_GROUP_PAGE_SIZE, DEFAULT_IMAGE_NAME, MAX_DESCRIPTION_CHARS,
+    DEFAULT_GROUP_MESSAGE_LIMIT, DEFAULT_GROUP_PAGE_SIZE, DEFAULT_IMAGE_NAME, ExportStream, MAX_DESCRIPTION_CHARS,
     MAX_GROUP_MESSAGE_LIMIT, MAX_GROUP_PAGE_SIZE, MAX_ID_BYTES, MAX_INITIAL_MEMBERS, MAX_MCP_SERVERS_BYTES,
     MAX_MENTIONS, MAX_MESSAGE_BYTES, MAX_NAME_CHARS, MAX_SYSTEM_PROMPT_BYTES, SessionService,
 };
 pub use store::{GroupStore, PostgresSessionStore, Scope, SessionStore, SqliteSessionStore, open_store};
 pub use transfer::{
-    CONTAINER_FORMAT, CONVERSATION_FORMAT, DOCUMENT_VERSION, EXPORT_CHUNK_BYTES, ExportStream, Imported,
-    MAX_IMPORT_BYTES, MAX_IMPORT_CONVERSATIONS,
+    CONTAINER_FORMAT, CONVERSATION_FORMAT, DOCUMENT_VERSION, EXPORT_CHUNK_BYTES, Imported, MAX_IMPORT_BYTES,
+    MAX_IMPORT_CONVERSATIONS,
 };

@@ -54,7 +54,7 @@ pub fn read_token(token: &str) -> Result<Option<(i64, String)>, SessionError> {
     token
         .split_once(':')
         .and_then(|(at, session)| Some((at.parse::<i64>().ok()?, session)))
-        .filter(|(_, session)| !session.is_empty() && session.len() <= crate::service::MAX_ID_BYTES)
+        .filter(|(_, session)| !session.is_empty() && session.len() <= crate::checks::MAX_ID_BYTES)
         .map(|(at, session)| Some((at, session.to_owned())))
         .ok_or_else(|| SessionError::invalid("INVALID_PAGE_TOKEN", "pageToken is not one this list returned"))
 }

@@ -12,6 +12,8 @@ use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
 use tracing::instrument;
 
+pub use crate::checks::{MAX_ID_BYTES, MAX_MESSAGE_BYTES};
+use crate::checks::{is_valid_client_id, validate_message};
 use crate::error::SessionError;
 use crate::recent::{DEFAULT_RECENT_PAGE_SIZE, MAX_RECENT_PAGE_SIZE, RecentPage, read_token, token_after};
 use crate::record::{
@@ -24,7 +26,7 @@ use crate::search::{
     SearchRequest, Terms, page_offset,
 };
 use crate::store::{Scope, SessionStore};
-use crate::transfer::{ExportStream, ImportWrite, Imported, container_header, export_stream, read_import};
+use crate::transfer::{EXPORT_CHUNK_BYTES, ExportWriter, ImportWrite, Imported, container_header, read_import};
 
 mod groups;
 
@@ -35,8 +37,6 @@ pub use groups::{
 
 /// The name of an image created without one.
 pub const DEFAULT_IMAGE_NAME: &str = "New Conversation";
-/// Longest id a caller may choose (containers, messages), in bytes.
-pub const MAX_ID_BYTES: usize = 128;
 /// Open turns per `ListOpenTurns` page unless asked otherwise, and at most.
 const DEFAULT_OPEN_TURNS_PAGE: u32 = 500;
 const MAX_OPEN_TURNS_PAGE: u32 = 1000;
@@ -57,8 +57,6 @@ pub const MAX_AGENT_URI_BYTES: usize = 512;
 
 /// Largest JSON of prompt variables.
 pub const MAX_VARIABLES_BYTES: usize = 16 * 1024;
-/// Largest message, counted as the bytes of its text fields.
-pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 /// Longest error an agent in the `error` state keeps, in characters.
 pub const MAX_AGENT_ERROR_CHARS: usize = 2048;
 
@@ -1068,15 +1066,6 @@ fn validate_user_id(user_id: &str) -> Result<(), SessionError> {
     }
 }
 
-/// Checks an id a caller chose: 1 to 128 characters of `[A-Za-z0-9._:@-]`.
-pub(crate) fn is_valid_client_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= MAX_ID_BYTES
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'@' | b'-'))
-}
-
 fn validate_container_id(container_id: &str) -> Result<(), SessionError> {
     if is_valid_client_id(container_id) {
         Ok(())
@@ -1295,34 +1284,74 @@ pub(crate) fn check_user_message_id(message_id: &str) -> Result<(), SessionError
     Ok(())
 }
 
-pub(crate) fn validate_message(message: &NewMessage) -> Result<(), SessionError> {
-    if !is_valid_client_id(&message.message_id) {
-        return Err(SessionError::invalid(
-            "INVALID_MESSAGE_ID",
-            "message id must be 1 to 128 characters of letters, digits and . _ : @ -",
-        ));
-    }
-    if message.body.text_bytes() > MAX_MESSAGE_BYTES {
-        return Err(SessionError::invalid(
-            "MESSAGE_TOO_LARGE",
-            format!("message must be at most {} MiB", MAX_MESSAGE_BYTES / (1024 * 1024)),
-        ));
-    }
-    if let MessageBody::User { content_json } = &message.body {
-        // History is replayed into LLM requests: content that does not parse
-        // would break every later turn of the session.
-        if let Err(err) = serde_json::from_str::<serde::de::IgnoredAny>(content_json) {
-            return Err(SessionError::invalid(
-                "INVALID_MESSAGE_CONTENT",
-                format!("user message content is not valid json: {err}"),
-            ));
-        }
-    }
-    Ok(())
-}
-
 fn non_empty(value: Option<String>) -> Option<String> {
     value.filter(|v| !v.is_empty())
+}
+
+/// An export, a piece at a time.
+pub type ExportStream = BoxStream<'static, Result<Vec<u8>, SessionError>>;
+
+/// Messages read per page of an export.
+const EXPORT_PAGE: u32 = 64;
+
+/// Writes `opening` (a container's header line, or nothing), then each
+/// image's document (on a line of its own when there is an opening), reading
+/// its messages a page at a time, and hands the bytes on in pieces of at
+/// most [`EXPORT_CHUNK_BYTES`] (however large one message).
+fn export_stream(store: Arc<dyn SessionStore>, opening: Vec<u8>, images: Vec<ImageRecord>) -> ExportStream {
+    struct State {
+        store: Arc<dyn SessionStore>,
+        lines: bool,
+        images: std::collections::VecDeque<ImageRecord>,
+        current: Option<(ExportWriter, String, u64)>,
+        pending: bytes::BytesMut,
+    }
+    let state = State {
+        store,
+        lines: !opening.is_empty(),
+        images: images.into(),
+        current: None,
+        pending: bytes::BytesMut::from(&opening[..]),
+    };
+    futures::stream::try_unfold(state, |mut state| async move {
+        loop {
+            if state.pending.len() >= EXPORT_CHUNK_BYTES {
+                let piece = state.pending.split_to(EXPORT_CHUNK_BYTES);
+                return Ok(Some((piece.to_vec(), state)));
+            }
+            match state.current.take() {
+                None => {
+                    let Some(image) = state.images.pop_front() else {
+                        if state.pending.is_empty() {
+                            return Ok(None);
+                        }
+                        let rest = state.pending.split();
+                        return Ok(Some((rest.to_vec(), state)));
+                    };
+                    let (writer, bytes) = ExportWriter::begin(&image, &new_id("doc"), now_ms())?;
+                    state.pending.extend_from_slice(&bytes);
+                    state.current = Some((writer, image.session_id, 0));
+                }
+                Some((mut writer, session_id, after)) => {
+                    let page = state.store.list_messages_page(&session_id, after, EXPORT_PAGE).await?;
+                    let Some(last) = page.last().map(|message| message.seq) else {
+                        state.pending.extend_from_slice(&writer.end()?);
+                        if state.lines {
+                            state.pending.extend_from_slice(b"\n");
+                        }
+                        continue;
+                    };
+                    let mut out = Vec::new();
+                    for message in &page {
+                        writer.message(message, &mut out)?;
+                    }
+                    state.pending.extend_from_slice(&out);
+                    state.current = Some((writer, session_id, last));
+                }
+            }
+        }
+    })
+    .boxed()
 }
 
 #[cfg(test)]

@@ -8,19 +8,12 @@
 //! read and checked whole ([`read_import`]) before anything is written.
 
 use std::collections::{BTreeSet, HashSet};
-use std::sync::Arc;
-
-use avm_common::ids::new_id;
-use avm_common::now_ms;
-use futures::StreamExt;
-use futures::stream::BoxStream;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::error::SessionError;
 use crate::record::{ImageRecord, MessageBody, MessageRecord, NewMessage, Usage};
-use crate::store::SessionStore;
 
 /// The `format` of a conversation document.
 pub const CONVERSATION_FORMAT: &str = "agentvm.conversation";
@@ -515,7 +508,7 @@ fn read_conversation(text: &str, what: &str) -> Result<ImportedConversation, Ses
     check_header(text, CONVERSATION_FORMAT, what)?;
     let document: ConversationDocument =
         serde_json::from_str(text).map_err(|err| refused("INVALID_DOCUMENT", format!("{what}: {}", short(&err))))?;
-    if !crate::service::is_valid_client_id(&document.document_id) {
+    if !crate::checks::is_valid_client_id(&document.document_id) {
         return Err(refused(
             "INVALID_DOCUMENT",
             format!("{what}: documentId must be 1 to 128 characters of letters, digits and . _ : @ -"),
@@ -543,7 +536,7 @@ fn read_conversation(text: &str, what: &str) -> Result<ImportedConversation, Ses
             ));
         }
         let (seq, message) = message.into_message();
-        crate::service::validate_message(&message).map_err(|err| match err {
+        crate::checks::validate_message(&message).map_err(|err| match err {
             SessionError::Invalid { reason, message } => SessionError::Invalid {
                 reason,
                 message: format!("{}: {message}", at()),
@@ -576,70 +569,4 @@ pub struct ImportWrite {
     pub document_id: String,
     pub image: ImageRecord,
     pub messages: Vec<(u64, NewMessage)>,
-}
-
-/// An export, a piece at a time.
-pub type ExportStream = BoxStream<'static, Result<Vec<u8>, SessionError>>;
-
-/// Messages read per page of an export.
-const EXPORT_PAGE: u32 = 64;
-
-/// Writes `opening` (a container's header line, or nothing), then each
-/// image's document (on a line of its own when there is an opening), reading
-/// its messages a page at a time, and hands the bytes on in pieces of at
-/// most [`EXPORT_CHUNK_BYTES`] (however large one message).
-pub(crate) fn export_stream(store: Arc<dyn SessionStore>, opening: Vec<u8>, images: Vec<ImageRecord>) -> ExportStream {
-    struct State {
-        store: Arc<dyn SessionStore>,
-        lines: bool,
-        images: std::collections::VecDeque<ImageRecord>,
-        current: Option<(ExportWriter, String, u64)>,
-        pending: bytes::BytesMut,
-    }
-    let state = State {
-        store,
-        lines: !opening.is_empty(),
-        images: images.into(),
-        current: None,
-        pending: bytes::BytesMut::from(&opening[..]),
-    };
-    futures::stream::try_unfold(state, |mut state| async move {
-        loop {
-            if state.pending.len() >= EXPORT_CHUNK_BYTES {
-                let piece = state.pending.split_to(EXPORT_CHUNK_BYTES);
-                return Ok(Some((piece.to_vec(), state)));
-            }
-            match state.current.take() {
-                None => {
-                    let Some(image) = state.images.pop_front() else {
-                        if state.pending.is_empty() {
-                            return Ok(None);
-                        }
-                        let rest = state.pending.split();
-                        return Ok(Some((rest.to_vec(), state)));
-                    };
-                    let (writer, bytes) = ExportWriter::begin(&image, &new_id("doc"), now_ms())?;
-                    state.pending.extend_from_slice(&bytes);
-                    state.current = Some((writer, image.session_id, 0));
-                }
-                Some((mut writer, session_id, after)) => {
-                    let page = state.store.list_messages_page(&session_id, after, EXPORT_PAGE).await?;
-                    let Some(last) = page.last().map(|message| message.seq) else {
-                        state.pending.extend_from_slice(&writer.end()?);
-                        if state.lines {
-                            state.pending.extend_from_slice(b"\n");
-                        }
-                        continue;
-                    };
-                    let mut out = Vec::new();
-                    for message in &page {
-                        writer.message(message, &mut out)?;
-                    }
-                    state.pending.extend_from_slice(&out);
-                    state.current = Some((writer, session_id, last));
-                }
-            }
-        }
-    })
-    .boxed()
 }
