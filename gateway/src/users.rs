@@ -33,9 +33,15 @@ pub struct UserFeeds {
     feeds: Mutex<HashMap<(String, String), Weak<UserFeed>>>,
 }
 
+/// One frame of a user's feed, with the id of the request that made its change.
+pub struct FeedFrame {
+    pub origin: String,
+    pub frame: String,
+}
+
 /// One user's feed; the watch stops when the last holder drops it.
 pub struct UserFeed {
-    sender: broadcast::Sender<Arc<str>>,
+    sender: broadcast::Sender<Arc<FeedFrame>>,
     /// Whether the watch is live: every change from now on reaches the feed.
     live: tokio::sync::watch::Receiver<bool>,
     task: tokio::task::AbortHandle,
@@ -49,7 +55,7 @@ impl Drop for UserFeed {
 
 impl UserFeed {
     /// Returns a receiver of the feed's frames from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<str>> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<FeedFrame>> {
         self.sender.subscribe()
     }
 
@@ -97,7 +103,7 @@ impl UserFeeds {
 async fn follow(
     session: SessionServiceHandle,
     ctx: RequestContext,
-    sender: broadcast::Sender<Arc<str>>,
+    sender: broadcast::Sender<Arc<FeedFrame>>,
     live: tokio::sync::watch::Sender<bool>,
 ) {
     let mut retry = Duration::from_millis(100);
@@ -114,9 +120,14 @@ async fn follow(
                         retry = Duration::from_millis(100);
                         live.send_replace(true);
                     }
+                    let origin = item.origin_request_id.clone();
                     for frame in frames(item) {
+                        let frame = FeedFrame {
+                            origin: origin.clone(),
+                            frame,
+                        };
                         // None listening right now is fine: the feed ends with its last holder.
-                        let _ = sender.send(frame.into());
+                        let _ = sender.send(Arc::new(frame));
                     }
                 }
             }

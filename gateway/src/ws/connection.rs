@@ -33,7 +33,7 @@ use crate::api::images::{self, EventStream};
 use crate::auth::Caller;
 use crate::frames::{self, error_response_frame, event_frame, response_frame, system_error_frame};
 use crate::state::GatewayState;
-use crate::users::UserFeed;
+use crate::users::{FeedFrame, UserFeed};
 
 /// What a finished background request hands back to the connection loop.
 enum Completion {
@@ -141,6 +141,8 @@ pub(super) struct Connection {
     caller: Option<Caller>,
     ack: bool,
     next_msg: u64,
+    /// Requests made so far (their ids count them).
+    next_request: u64,
     unacked: HashSet<String>,
     /// `message_send_request`s not answered yet.
     pending: HashMap<String, PendingSend>,
@@ -166,6 +168,7 @@ impl Connection {
             id,
             ack,
             next_msg: 0,
+            next_request: 0,
             unacked: HashSet::new(),
             pending: HashMap::new(),
             seen: HashMap::new(),
@@ -200,7 +203,7 @@ impl Connection {
                 .then(|| Box::pin(tokio::time::sleep(self.state.config.auth_timeout)));
             // What changes in the caller's containers, once the caller is
             // known; followed again when another user authenticates.
-            let mut feed: Option<(Arc<UserFeed>, broadcast::Receiver<Arc<str>>)> = None;
+            let mut feed: Option<(Arc<UserFeed>, broadcast::Receiver<Arc<FeedFrame>>)> = None;
             let mut feed_of: Option<(String, String)> = None;
             tracing::debug!(conn_id = %self.id, "websocket connected");
             let exit = loop {
@@ -250,7 +253,9 @@ impl Connection {
                             None => std::future::pending().await,
                         }
                     } => match changed {
-                        Ok(frame) => self.send(&mut socket, frame.to_string()).await,
+                        // Not what this connection did: it has its answer.
+                        Ok(change) if change.origin.starts_with(&self.request_prefix()) => Ok(()),
+                        Ok(change) => self.send(&mut socket, change.frame.clone()).await,
                         // Changes are news, not history: one that fell behind skips on.
                         Err(broadcast::error::RecvError::Lagged(_)) => Ok(()),
                         Err(broadcast::error::RecvError::Closed) => {
@@ -556,11 +561,19 @@ impl Connection {
         Ok(())
     }
 
+    /// Returns what the ids of this connection's requests start with.
+    fn request_prefix(&self) -> String {
+        format!("req_{}_", self.id.trim_start_matches("conn_"))
+    }
+
     /// Returns the context of one request, re-authenticating the connection's
     /// credential (a cache hit, unless it expired or was revoked).
     async fn context(&mut self) -> Result<RequestContext, ApiError> {
         let caller = self.state.auth.authenticate(self.credential.as_deref()).await?;
-        let ctx = caller.context(avm_common::ids::new_id("req"));
+        // `req_<connection>_<n>`: a change this connection made comes back
+        // on its user's feed with this id, and is not sent to it again.
+        self.next_request += 1;
+        let ctx = caller.context(format!("{}{}", self.request_prefix(), self.next_request));
         self.caller = Some(caller);
         Ok(ctx)
     }

@@ -108,11 +108,11 @@ impl SessionApi for SessionGrpc {
         let ctx = caller(&request)?;
         let items = self.service.watch_user(&ctx).await?;
         let stream = futures::StreamExt::map(items, |item| {
-            let change = match item.map_err(Status::from)? {
+            let (change, origin) = match item.map_err(Status::from)? {
                 None => {
                     return Ok(pb::WatchUserEventsResponse {
                         live: true,
-                        change: None,
+                        ..Default::default()
                     });
                 }
                 Some(change) => change,
@@ -149,6 +149,7 @@ impl SessionApi for SessionGrpc {
             Ok(pb::WatchUserEventsResponse {
                 live: false,
                 change: Some(change),
+                origin_request_id: origin,
             })
         });
         Ok(Response::new(Box::pin(stream)))

@@ -340,6 +340,9 @@ pub enum SessionChange {
     Lifecycle {
         tenant_id: String,
         users: Vec<String>,
+        /// The request that made the change: the connection that sent it
+        /// has its answer and is not told again.
+        origin: String,
         what: Lifecycle,
     },
 }

@@ -73,6 +73,10 @@ pub struct SessionService {
     mcp_rules: Arc<McpServerRules>,
 }
 
+/// What a user's devices are told, each change with the id of the request
+/// that made it; `None` first, when the feed is live.
+pub type UserChanges = BoxStream<'static, Result<Option<(Lifecycle, String)>, SessionError>>;
+
 /// How long a watch waits for the change feed to be live.
 const FEED_READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -143,12 +147,10 @@ impl SessionService {
 
     /// Follows the changes the caller's devices are told of: containers
     /// made, conversations made, changed and deleted, by the caller or in a
-    /// container the caller owns. `None` first, when the feed is live.
+    /// container the caller owns, each with the id of the request that made
+    /// it. `None` first, when the feed is live.
     #[instrument(name = "session.watch_user_events", skip_all, fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id))]
-    pub async fn watch_user(
-        &self,
-        ctx: &RequestContext,
-    ) -> Result<BoxStream<'static, Result<Option<Lifecycle>, SessionError>>, SessionError> {
+    pub async fn watch_user(&self, ctx: &RequestContext) -> Result<UserChanges, SessionError> {
         allow(ctx, Scopes::READ)?;
         self.events
             .wait_live(FEED_READY_TIMEOUT)
@@ -157,11 +159,12 @@ impl SessionService {
         let (tenant, user) = (ctx.tenant_id.clone(), ctx.principal.user_id.clone());
         let changes = self.events.subscribe().filter_map(move |change| {
             std::future::ready(match change {
-                Ok(SessionChange::Lifecycle { tenant_id, users, what })
-                    if tenant_id == tenant && users.contains(&user) =>
-                {
-                    Some(Ok(Some(what)))
-                }
+                Ok(SessionChange::Lifecycle {
+                    tenant_id,
+                    users,
+                    origin,
+                    what,
+                }) if tenant_id == tenant && users.contains(&user) => Some(Ok(Some((what, origin)))),
                 Ok(_) => None,
                 Err(_) => Some(Err(SessionError::EventsUnavailable)),
             })
@@ -200,6 +203,7 @@ impl SessionService {
             .emit(SessionChange::Lifecycle {
                 tenant_id: ctx.tenant_id.clone(),
                 users,
+                origin: ctx.request_id.clone(),
                 what: change,
             })
             .await;

@@ -327,7 +327,7 @@ macro_rules! impl_group_store {
                 members: &[$crate::record::MemberRef],
             ) -> Result<(), $crate::error::SessionError> {
                 use $crate::store::groups as sql;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
                 let inserted = sqlx::query(sql::INSERT_GROUP)
                     .bind(&group.group_id)
                     .bind(scope.tenant_id)
@@ -411,7 +411,7 @@ macro_rules! impl_group_store {
                 now_ms: i64,
             ) -> Result<$crate::record::GroupRecord, $crate::error::SessionError> {
                 use $crate::store::groups as sql;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
                 let updated = sqlx::query(sql::UPDATE_GROUP)
                     .bind(scope.tenant_id)
                     .bind(group_id)
@@ -534,7 +534,7 @@ macro_rules! impl_group_store {
                 let mentions_json = serde_json::to_string(&message.mentions)
                     .map_err(|err| SessionError::corrupt(format!("cannot encode mentions: {err}")))?;
                 let from_user = message.sender.kind == $crate::record::MemberKind::User;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
                 // Claiming the seq locks the group, so the rest of the
                 // transaction sees every earlier post and membership change.
                 let Some(row) = sqlx::query(sql::BUMP_GROUP_SEQ)
@@ -695,7 +695,7 @@ macro_rules! impl_group_store {
                 seq: u64,
             ) -> Result<$crate::record::GroupMemberRecord, $crate::error::SessionError> {
                 use $crate::store::groups as sql;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
                 // The write first (see store/sql.rs); visibility is checked
                 // before commit, and the move undone when it fails.
                 sqlx::query(sql::ADVANCE_CURSOR)

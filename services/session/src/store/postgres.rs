@@ -27,6 +27,9 @@ impl PostgresSessionStore {
         Ok(Self { pool, events })
     }
 
+    /// How every transaction begins.
+    const BEGIN: &str = "BEGIN";
+
     /// Finds hits through the GIN indexes of `messages.search` and of the
     /// names' vectors, ranked by `ts_rank`, a page of them first, then the
     /// messages of that page alone.

@@ -5,9 +5,10 @@
 //! concrete pool type: code generic over `sqlx::Database` needs higher-ranked
 //! `Executor` bounds that the `Send` futures of `async_trait` do not satisfy.
 //!
-//! Every transaction starts with a write. SQLite then takes its write lock up
-//! front, where `busy_timeout` applies, instead of upgrading a read snapshot,
-//! which fails at once with `SQLITE_BUSY` when another writer got in between.
+//! Every transaction starts with a write, and on SQLite with `BEGIN
+//! IMMEDIATE` (each store's `BEGIN`): it takes its write lock up front, where
+//! `busy_timeout` applies, instead of upgrading a read snapshot, which fails
+//! at once with `SQLITE_BUSY` when another writer got in between.
 
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
@@ -566,7 +567,7 @@ macro_rules! impl_session_store {
                 now_ms: i64,
             ) -> Result<($crate::record::ContainerRecord, bool), $crate::error::SessionError> {
                 use $crate::store::sql;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
                 let inserted = sqlx::query(sql::INSERT_CONTAINER)
                     .bind(scope.tenant_id)
                     .bind(container_id)
@@ -627,7 +628,7 @@ macro_rules! impl_session_store {
                 container_id: &str,
             ) -> Result<Vec<String>, $crate::error::SessionError> {
                 use $crate::store::sql;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
                 // The images' ids are read first, by a write so the
                 // transaction starts with one; the cascade takes the images
                 // with their sessions and messages. Ownership is checked
@@ -759,7 +760,7 @@ macro_rules! impl_session_store {
                 image: &$crate::record::ImageRecord,
             ) -> Result<(), $crate::error::SessionError> {
                 use $crate::store::sql;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
                 if let Some(parent_id) = &image.parent_image_id {
                     // The service checked the parent; holding it until commit
                     // keeps it from being terminated or deleted meanwhile.
@@ -874,7 +875,7 @@ macro_rules! impl_session_store {
             ) -> Result<$crate::record::AgentStateChange, $crate::error::SessionError> {
                 use $crate::record::AgentState;
                 use $crate::store::sql;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
                 let Some((current, current_error)) = sqlx::query_as::<$db, (String, Option<String>)>(sql::LOCK_IMAGE)
                     .bind(scope.tenant_id)
                     .bind(image_id)
@@ -954,7 +955,7 @@ macro_rules! impl_session_store {
                 now_ms: i64,
             ) -> Result<$crate::record::ImageRecord, $crate::error::SessionError> {
                 use $crate::store::sql;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
                 let description = update.description.as_deref().filter(|d| !d.is_empty());
                 let tools_json = update
                     .tools
@@ -994,7 +995,7 @@ macro_rules! impl_session_store {
                 image_id: &str,
             ) -> Result<Vec<String>, $crate::error::SessionError> {
                 use $crate::store::sql;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
                 let locked = sqlx::query(sql::LOCK_IMAGE)
                     .bind(scope.tenant_id)
                     .bind(image_id)
@@ -1033,7 +1034,7 @@ macro_rules! impl_session_store {
             ) -> Result<$crate::record::MessageRecord, $crate::error::SessionError> {
                 use $crate::store::sql;
                 let (kind, body) = sql::encode_body(&message.body)?;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
                 // Claiming the seq locks the session, so the rest of the transaction
                 // sees every earlier append of it; each step is an index lookup.
                 let Some(seq) = sqlx::query_scalar::<$db, i64>(sql::BUMP_SEQ)
@@ -1199,7 +1200,7 @@ macro_rules! impl_session_store {
             ) -> Result<Vec<$crate::transfer::Imported>, $crate::error::SessionError> {
                 use $crate::store::sql;
                 let not_found = || $crate::error::SessionError::ContainerNotFound(container_id.to_owned());
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
                 let locked = sqlx::query(sql::LOCK_CONTAINER)
                     .bind(scope.tenant_id)
                     .bind(container_id)

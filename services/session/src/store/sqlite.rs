@@ -25,6 +25,12 @@ impl SqliteSessionStore {
         Ok(Self { pool })
     }
 
+    /// How every transaction begins: with the write lock, where
+    /// `busy_timeout` waits for it. A deferred transaction whose first write
+    /// reaches an FTS5 index (the search triggers) fails at once with
+    /// `SQLITE_BUSY` when another writer holds the lock.
+    const BEGIN: &str = "BEGIN IMMEDIATE";
+
     /// Finds hits through the FTS5 indexes of messages and names, ranked by
     /// BM25 (`bm25()` is lower for better hits, so its negation scores), a
     /// page of them first, then the messages of that page alone.

@@ -21,6 +21,7 @@ conformance_suite!(
     search_follows_renames_and_deletions,
     search_refuses_bad_queries,
     recent_lists_the_latest_first_with_unread_counts,
+    indexed_writes_at_once_all_land,
 );
 
 const A: &str = "tenant-a";
@@ -684,4 +685,33 @@ async fn recent_lists_the_latest_first_with_unread_counts(store: Arc<dyn Session
         reason(service.list_recent(&alice, 0, "garbage").await),
         "INVALID_PAGE_TOKEN"
     );
+}
+
+/// Writes that reach the search indexes, many at once: each waits its turn
+/// for the write lock (SQLite) rather than failing busy.
+async fn indexed_writes_at_once_all_land(store: Arc<dyn SessionStore>) {
+    let service = SessionService::new(store);
+    let admin = ctx(A);
+    service.create_container(&admin, "busy").await.unwrap();
+    let writes = (0..32).map(|n| {
+        let service = service.clone();
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let (_, session) = conversation(&service, &admin, "busy", &format!("wren {n}")).await;
+            say(&service, A, &session, "m1", 1 + n, said("a wren sang")).await;
+        })
+    });
+    for write in writes.collect::<Vec<_>>() {
+        write.await.expect("every write lands");
+    }
+    let page = search(
+        &service,
+        &admin,
+        SearchRequest {
+            page_size: 100,
+            ..query("wren")
+        },
+    )
+    .await;
+    assert_eq!(page.hits.len(), 64, "32 names and 32 messages");
 }
