@@ -50,7 +50,9 @@ impl TestDb {
     }
 
     async fn on(db: TestDatabase) -> TestDb {
-        let store = open_store(&db.url, Some(4)).await.expect("open session store");
+        // Two connections a store: the suite runs many Postgres tests at once, and
+        // the server takes at most 100 clients.
+        let store = open_store(&db.url, Some(2)).await.expect("open session store");
         TestDb { store, _db: db }
     }
 }
