@@ -127,6 +127,14 @@ enum Relay {
     AfterParked(u64, String),
 }
 
+/// Names a caller's user in a word: a connection follows that user's feed.
+fn user_key(principal: &avm_common::auth::Principal) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (&principal.tenant_id, &principal.user_id).hash(&mut hasher);
+    hasher.finish()
+}
+
 /// How long a newly authenticated connection waits for its user's change
 /// feed to be live before it reads on without it.
 const FEED_LIVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
@@ -204,27 +212,16 @@ impl Connection {
             // What changes in the caller's containers, once the caller is
             // known; followed again when another user authenticates.
             let mut feed: Option<(Arc<UserFeed>, broadcast::Receiver<Arc<FeedFrame>>)> = None;
-            let mut feed_of: Option<(String, String)> = None;
+            let mut feed_of: Option<u64> = None;
             tracing::debug!(conn_id = %self.id, "websocket connected");
             let exit = loop {
                 if self.caller.is_some() {
                     auth_deadline = None;
                 }
-                let caller = self
-                    .caller
-                    .as_ref()
-                    .map(|caller| (caller.principal.tenant_id.clone(), caller.principal.user_id.clone()));
+                let caller = self.caller.as_ref().map(|caller| user_key(&caller.principal));
                 if caller != feed_of {
-                    feed = match self.context().await {
-                        Ok(ctx) => {
-                            let joined = self.state.users.join(&self.state.peers.session, &ctx);
-                            let receiver = joined.subscribe();
-                            // Frames are read once the feed hears every later change.
-                            joined.wait_live(FEED_LIVE_WITHIN).await;
-                            Some((joined, receiver))
-                        }
-                        Err(_) => None,
-                    };
+                    // Boxed: rare, and its future would otherwise enlarge every idle connection.
+                    feed = Box::pin(self.join_feed()).await;
                     feed_of = caller;
                 }
                 let step = tokio::select! {
@@ -559,6 +556,16 @@ impl Connection {
             }
         }
         Ok(())
+    }
+
+    /// Returns the caller's change feed, once it is live (at most
+    /// [`FEED_LIVE_WITHIN`]): frames are read once it hears every later change.
+    async fn join_feed(&mut self) -> Option<(Arc<UserFeed>, broadcast::Receiver<Arc<FeedFrame>>)> {
+        let ctx = self.context().await.ok()?;
+        let joined = self.state.users.join(&self.state.peers.session, &ctx);
+        let receiver = joined.subscribe();
+        joined.wait_live(FEED_LIVE_WITHIN).await;
+        Some((joined, receiver))
     }
 
     /// Returns what the ids of this connection's requests start with.
