@@ -71,6 +71,8 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(transfer::import))
         .routes(routes!(recent::list_recent))
         .routes(routes!(recent::mark_read))
+        .routes(routes!(conv::rewind_image))
+        .routes(routes!(conv::clear_image))
         // Agents.
         .routes(routes!(conv::list_agents))
         .routes(routes!(conv::get_agent, conv::destroy_agent))

@@ -192,6 +192,25 @@ pub struct ImageStopped {
     pub stopped: bool,
 }
 
+/// Where to rewind a conversation to (the body of `POST /v1/images/{id}/rewind`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", expecting = "an object", deny_unknown_fields)]
+pub struct RewindPoint {
+    /// The last message to keep: a reply, an error or a tool result (a user
+    /// message or a tool call would leave a turn open).
+    pub after_message_id: String,
+}
+
+/// What rewinding or clearing a conversation removed.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rewound {
+    pub image_id: String,
+    pub session_id: String,
+    /// Messages deleted; the usage they cost stays recorded.
+    pub removed_messages: u64,
+}
+
 /// An image's history, in stored order.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -349,10 +368,34 @@ pub async fn stop(peers: &Peers, ctx: &RequestContext, image_id: String) -> Resu
     Ok(ImageStopped { image_id, stopped })
 }
 
+/// Deletes a conversation's messages after `after_message_id` (all of them
+/// when `None`: a clear) and rebuilds its agent's context; refused while a
+/// turn runs.
+pub async fn rewind(
+    peers: &Peers,
+    ctx: &RequestContext,
+    image_id: String,
+    after_message_id: Option<String>,
+) -> Result<Rewound, ApiError> {
+    let request = ctx.request(rt::RewindImageRequest {
+        image_id,
+        after_message_id,
+    });
+    let rewound = peers.runtime.rewind_image(request).await?.into_inner();
+    Ok(Rewound {
+        image_id: rewound.image_id,
+        session_id: rewound.session_id,
+        removed_messages: rewound.removed_messages,
+    })
+}
+
 /// Returns an image's messages, in stored order.
 pub async fn messages(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<MessageList, ApiError> {
     let session_id = session_of(peers, ctx, image_id.clone()).await?;
-    let request = ctx.request(ss::ListMessagesRequest { session_id });
+    let request = ctx.request(ss::ListMessagesRequest {
+        session_id,
+        context_only: false,
+    });
     let messages = peers.session.list_messages(request).await?.into_inner().messages;
     Ok(MessageList {
         image_id,

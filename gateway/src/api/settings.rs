@@ -179,10 +179,11 @@ pub async fn update(
     Ok(Config::new(updated.revision, &updated.entries))
 }
 
-/// Flattens nested objects into dotted keys with JSON text values.
+/// Flattens nested objects into dotted keys with JSON text values; a table
+/// key's object is its value.
 fn flatten(prefix: &str, value: &Value, out: &mut HashMap<String, String>) {
     match value {
-        Value::Object(map) => {
+        Value::Object(map) if !avm_common::settings::TABLE_KEYS.contains(&prefix) => {
             for (key, child) in map {
                 let path = if prefix.is_empty() {
                     key.clone()
@@ -213,6 +214,20 @@ mod tests {
             &mut nested,
         );
         assert_eq!(nested.get("llm.model").map(String::as_str), Some("\"m\""));
+        let mut tables = HashMap::new();
+        flatten(
+            "",
+            &json!({"llm": {"contextWindows": {"claude-": 8000}}, "billing.prices": {"m": {"input": 1}}}),
+            &mut tables,
+        );
+        assert_eq!(
+            tables.get("llm.contextWindows").map(String::as_str),
+            Some(r#"{"claude-":8000}"#)
+        );
+        assert_eq!(
+            tables.get("billing.prices").map(String::as_str),
+            Some(r#"{"m":{"input":1}}"#)
+        );
         assert_eq!(nested.get("llm.apiKey").map(String::as_str), Some("null"));
         assert_eq!(nested.get("defaults.maxTokens").map(String::as_str), Some("5"));
         assert_eq!(nested.len(), 3);

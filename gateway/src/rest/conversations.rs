@@ -20,7 +20,7 @@ use crate::api::containers::{
 };
 use crate::api::images::{
     self, AgentTarget, EventStream, ImageConfig, ImageDeleted, ImageList, ImageRecord, ImageRun, ImageStopped,
-    ImageUpdate, Interrupted, MessageAccepted, MessageList, NewMessage,
+    ImageUpdate, Interrupted, MessageAccepted, MessageList, NewMessage, RewindPoint, Rewound,
 };
 use crate::frames::{self, event_frame, system_error_frame};
 use crate::http::{Body, Ctx, Path, Query, error_response, ok, reply, with_request_id};
@@ -144,6 +144,33 @@ pub async fn run_image(State(state): St, Ctx(ctx): Ctx, Path(id): Path<String>) 
     responses((status = 200, description = "Whether an agent was stopped", body = ImageStopped)))]
 pub async fn stop_image(State(state): St, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
     ok(&ctx, images::stop(&state.peers, &ctx, id).await)
+}
+
+/// Rewinds a conversation: the messages after `afterMessageId` are
+/// deleted and the agent's context is rebuilt from the rest; subscribers get
+/// `conversation_rewound`. Refused (`TURN_RUNNING`) while a turn runs.
+#[utoipa::path(post, path = "/v1/images/{id}/rewind", tag = "images", params(("id" = String, Path)),
+    request_body = RewindPoint,
+    responses((status = 200, description = "What was removed", body = Rewound)))]
+pub async fn rewind_image(
+    State(state): St,
+    Ctx(ctx): Ctx,
+    Path(id): Path<String>,
+    Body(point): Body<RewindPoint>,
+) -> Response {
+    ok(
+        &ctx,
+        images::rewind(&state.peers, &ctx, id, Some(point.after_message_id)).await,
+    )
+}
+
+/// Clears a conversation: every message is deleted, its record (name,
+/// settings, metadata) stays; subscribers get `conversation_rewound`.
+/// Refused (`TURN_RUNNING`) while a turn runs.
+#[utoipa::path(post, path = "/v1/images/{id}/clear", tag = "images", params(("id" = String, Path)),
+    responses((status = 200, description = "What was removed", body = Rewound)))]
+pub async fn clear_image(State(state): St, Ctx(ctx): Ctx, Path(id): Path<String>) -> Response {
+    ok(&ctx, images::rewind(&state.peers, &ctx, id, None).await)
 }
 
 #[utoipa::path(post, path = "/v1/images/{id}/interrupt", tag = "images", params(("id" = String, Path)),

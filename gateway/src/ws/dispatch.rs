@@ -34,6 +34,14 @@ pub struct ImageRef {
     image_id: String,
 }
 
+/// Names an image and the last message to keep.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageRewind {
+    image_id: String,
+    after_message_id: String,
+}
+
 /// Names an image and how far it is read.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -314,6 +322,8 @@ requests! {
     "search" => Search(SearchQuery, decode),
     "conversation_recent" => ConversationRecent(RecentQuery, decode),
     "image_read" => ImageRead(ImageReadMark, decode),
+    "image_rewind" => ImageRewind(ImageRewind, decode),
+    "image_clear" => ImageClear(ImageRef, decode),
     "credential_set" => CredentialSet(CredentialSet, decode),
     "credential_list" => CredentialList,
     "credential_delete" => CredentialDelete(CredentialRef, decode),
@@ -556,6 +566,11 @@ pub async fn dispatch(peers: &Peers, ctx: &RequestContext, request: Request) -> 
         Request::ImageRead(ImageReadMark { image_id, seq }) => {
             answer(api::recent::mark_read(peers, ctx, image_id, api::recent::ReadMark { seq }).await?)
         }
+        Request::ImageRewind(ImageRewind {
+            image_id,
+            after_message_id,
+        }) => answer(images::rewind(peers, ctx, image_id, Some(after_message_id)).await?),
+        Request::ImageClear(ImageRef { image_id }) => answer(images::rewind(peers, ctx, image_id, None).await?),
         Request::CredentialSet(CredentialSet {
             server,
             scope,
@@ -810,6 +825,7 @@ mod tests {
             json!({"groupId": "g", "memberId": "u"}),
             json!({"groupId": "g", "content": "hello"}),
             json!({"q": "words"}),
+            json!({"imageId": "i", "afterMessageId": "m"}),
         ];
         for name in Request::NAMES {
             let decoded = examples

@@ -208,6 +208,29 @@ events! {
     }
     /// An agent stopped.
     AgentUnregistered = "agent_unregistered", "container", "lifecycle" { container_id: String, agent_id: String }
+    /// AVM: the conversation was rewound to after `afterMessageId`, or
+    /// cleared (no `afterMessageId`): `removedMessages` later messages are
+    /// deleted and the agent's context is rebuilt from what is kept.
+    ConversationRewound = "conversation_rewound", "session", "lifecycle" {
+        image_id: String,
+        session_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after_message_id: Option<String>,
+        removed_messages: u64,
+    }
+    /// AVM: the agent's context neared the model's window: the older
+    /// messages up to `throughMessageId` (`compactedMessages` of them) are
+    /// replaced in what the model reads by a summary (`method` `summarized`)
+    /// or left out (`dropped`). The stored history stays whole.
+    ContextCompacted = "context_compacted", "session", "lifecycle" {
+        image_id: String,
+        session_id: String,
+        through_message_id: String,
+        compacted_messages: u64,
+        method: String,
+        tokens_before: u64,
+        tokens_after: u64,
+    }
     /// The session is gone.
     SessionDestroyed = "session_destroyed", "session", "lifecycle" {}
     /// Something failed outside any turn.
@@ -397,6 +420,19 @@ mod tests {
             ),
             ("agent_unregistered", json!({"containerId": "c", "agentId": "a"})),
             ("session_destroyed", json!({})),
+            (
+                "conversation_rewound",
+                json!({"imageId": "i", "sessionId": "s", "afterMessageId": "msg_2", "removedMessages": 4}),
+            ),
+            (
+                "conversation_rewound",
+                json!({"imageId": "i", "sessionId": "s", "removedMessages": 6}),
+            ),
+            (
+                "context_compacted",
+                json!({"imageId": "i", "sessionId": "s", "throughMessageId": "msg_9", "compactedMessages": 9,
+                "method": "summarized", "tokensBefore": 9000, "tokensAfter": 900}),
+            ),
             (
                 "system_error",
                 json!({"message": "m", "code": "E", "requestId": "r", "severity": "error"}),

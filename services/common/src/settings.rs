@@ -12,6 +12,8 @@ pub const LLM_MODEL: &str = "llm.model";
 pub const LLM_API_KEY: &str = "llm.apiKey";
 pub const LLM_BASE_URL: &str = "llm.baseUrl";
 pub const LLM_IDLE_TIMEOUT: &str = "llm.idleTimeout";
+pub const LLM_CONTEXT_WINDOWS: &str = "llm.contextWindows";
+pub const LLM_COMPACTION: &str = "llm.compaction";
 pub const DEFAULTS_MAX_TOKENS: &str = "defaults.maxTokens";
 pub const DEFAULTS_TIMEOUT: &str = "defaults.timeout";
 pub const SYSTEM_DATA_DIR: &str = "system.dataDir";
@@ -23,6 +25,10 @@ pub const RUNTIME_SUBSCRIBER_QUEUE: &str = "runtime.subscriberQueue";
 pub const RUNTIME_SUBSCRIBER_STALL_TIMEOUT: &str = "runtime.subscriberStallTimeout";
 pub const BILLING_MARKUP: &str = "billing.markup";
 pub const BILLING_PRICES: &str = "billing.prices";
+
+/// The keys whose value is an object of its own (model name to a value):
+/// a nested body names them whole, not key by key below them.
+pub const TABLE_KEYS: [&str; 2] = [BILLING_PRICES, LLM_CONTEXT_WINDOWS];
 
 /// Returns the string at `key` of a flat tree, if it holds one.
 pub fn text<'a>(tree: &'a serde_json::Map<String, Value>, key: &str) -> Option<&'a str> {

@@ -25,6 +25,10 @@ pub enum ValueKind {
     /// Model name (or prefix) to its price in USD per million tokens:
     /// `{"input", "output", "cacheRead"?, "cacheWrite"?}`.
     PriceTable,
+    /// Model name (or prefix) to its context window, in tokens.
+    WindowTable,
+    /// One of these words.
+    Choice(&'static [&'static str]),
 }
 
 /// One key of the tree.
@@ -101,6 +105,20 @@ pub const KEYS: &[KeySpec] = &[
         false,
         true,
         "time allowed between two chunks of a streaming reply",
+    ),
+    key(
+        LLM_CONTEXT_WINDOWS,
+        ValueKind::WindowTable,
+        true,
+        true,
+        "context windows by model (or model prefix), in tokens; they add to and override the built-in ones",
+    ),
+    key(
+        LLM_COMPACTION,
+        ValueKind::Choice(&COMPACTION_POLICIES),
+        true,
+        true,
+        "what happens to older turns when a conversation nears the model's window: summarize, drop or off",
     ),
     key(
         DEFAULTS_MAX_TOKENS,
@@ -186,6 +204,9 @@ pub fn spec(key: &str) -> Option<&'static KeySpec> {
     KEYS.iter().find(|spec| spec.key == key)
 }
 
+/// What `llm.compaction` may be.
+pub const COMPACTION_POLICIES: [&str; 3] = ["summarize", "drop", "off"];
+
 /// The LLM providers a value may name.
 pub const PROVIDERS: [&str; 3] = ["anthropic", "openai", "offline"];
 
@@ -228,6 +249,10 @@ impl KeySpec {
             (ValueKind::Number(min, max), _) => Err(format!("must be a number from {min} to {max}")),
             (ValueKind::PriceTable, Value::Object(models)) => check_prices(models).map(|()| value.clone()),
             (ValueKind::PriceTable, _) => Err("must be an object of model name to price".to_owned()),
+            (ValueKind::WindowTable, Value::Object(models)) => check_windows(models).map(|()| value.clone()),
+            (ValueKind::WindowTable, _) => Err("must be an object of model name to tokens".to_owned()),
+            (ValueKind::Choice(words), Value::String(word)) if words.contains(&word.as_str()) => Ok(value.clone()),
+            (ValueKind::Choice(words), _) => Err(format!("must be one of {}", words.join(", "))),
         }
     }
 }
@@ -271,6 +296,25 @@ fn check_prices(models: &serde_json::Map<String, Value>) -> Result<(), String> {
     Ok(())
 }
 
+/// The bounds of a context window, in tokens.
+pub const WINDOW_TOKENS: (u64, u64) = (1_000, 10_000_000);
+
+fn check_windows(models: &serde_json::Map<String, Value>) -> Result<(), String> {
+    if models.len() > MAX_PRICED_MODELS {
+        return Err(format!("may name at most {MAX_PRICED_MODELS} models"));
+    }
+    let (min, max) = WINDOW_TOKENS;
+    for (model, tokens) in models {
+        if model.is_empty() || model.len() > 200 {
+            return Err("model names must be 1 to 200 bytes".to_owned());
+        }
+        if !tokens.as_u64().is_some_and(|n| (min..=max).contains(&n)) {
+            return Err(format!("{model}: must be a whole number of tokens from {min} to {max}"));
+        }
+    }
+    Ok(())
+}
+
 fn duration_bounds(min: u64, max: u64) -> String {
     format!(
         "must be a duration such as \"30s\" or \"5m\", from {} to {}",
@@ -293,6 +337,18 @@ mod tests {
         assert_eq!(check(LLM_PROVIDER, json!("openai")), Ok(json!("openai")));
         assert_eq!(check(LLM_PROVIDER, json!(null)), Ok(json!(null)));
         assert!(check(LLM_PROVIDER, json!("gemini")).is_err());
+        let windows = json!({"claude-": 200_000, "my-model": 8_000});
+        assert_eq!(check(LLM_CONTEXT_WINDOWS, windows.clone()), Ok(windows));
+        for bad in [
+            json!({"m": 999}),
+            json!({"m": "8k"}),
+            json!({"": 8_000}),
+            json!([8_000]),
+        ] {
+            assert!(check(LLM_CONTEXT_WINDOWS, bad.clone()).is_err(), "{bad}");
+        }
+        assert_eq!(check(LLM_COMPACTION, json!("drop")), Ok(json!("drop")));
+        assert!(check(LLM_COMPACTION, json!("shrink")).is_err());
         assert!(check(LLM_MODEL, json!(" ")).is_err());
         assert!(check(LLM_MODEL, json!(7)).is_err());
         assert_eq!(

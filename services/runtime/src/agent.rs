@@ -159,6 +159,12 @@ impl Agent {
         Arc::clone(&state.history)
     }
 
+    /// Replaces the conversation with a compacted one (during a turn, whose
+    /// slot keeps anyone else from appending meanwhile).
+    pub(crate) fn replace_history(&self, history: History) {
+        self.lock().history = history;
+    }
+
     /// Records the end of a turn and what it added to the conversation, and
     /// publishes the turn's last event (`conversation_end`, `error_occurred`).
     ///

@@ -185,7 +185,60 @@ pub struct LlmConfig {
     /// Time allowed between two chunks of a streaming reply.
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// Context windows by model name or prefix, in tokens, over the
+    /// built-in ones ([`DEFAULT_CONTEXT_WINDOWS`]).
+    pub context_windows: BTreeMap<String, u64>,
+    /// What happens to older turns when a conversation nears the window.
+    pub compaction: Compaction,
 }
+
+/// What happens to older turns when a conversation nears the model's window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compaction {
+    /// The model summarises them (a metered call); the summary stands for them.
+    #[default]
+    Summarize,
+    /// They are left out of what the model reads.
+    Drop,
+    /// Everything is sent; a conversation past the window fails its turns.
+    Off,
+}
+
+impl Compaction {
+    pub fn parse(word: &str) -> Option<Self> {
+        match word {
+            "summarize" => Some(Self::Summarize),
+            "drop" => Some(Self::Drop),
+            "off" => Some(Self::Off),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Summarize => "summarize",
+            Self::Drop => "drop",
+            Self::Off => "off",
+        }
+    }
+}
+
+/// The windows of the providers' models when this was written, by prefix;
+/// a model none of them (nor the configured ones) names gets
+/// [`FALLBACK_CONTEXT_WINDOW`].
+pub const DEFAULT_CONTEXT_WINDOWS: &[(&str, u64)] = &[
+    ("claude-", 200_000),
+    ("gpt-4o", 128_000),
+    ("gpt-4.1", 1_000_000),
+    ("gpt-5", 400_000),
+    ("o1", 200_000),
+    ("o3", 200_000),
+    ("o4", 200_000),
+];
+
+/// The window of a model nothing names.
+pub const FALLBACK_CONTEXT_WINDOW: u64 = 128_000;
 
 impl Default for LlmConfig {
     fn default() -> Self {
@@ -197,6 +250,8 @@ impl Default for LlmConfig {
             max_tokens: 4096,
             request_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(60),
+            context_windows: BTreeMap::new(),
+            compaction: Compaction::default(),
         }
     }
 }
@@ -211,6 +266,25 @@ impl LlmConfig {
             ProviderKind::Offline => OFFLINE_MODEL,
             _ => chosen.unwrap_or(&self.model),
         }
+    }
+
+    /// Returns the context window of `model` in tokens: the configured
+    /// entry of the model or of its longest prefix, else the built-in one.
+    pub fn context_window(&self, model: &str) -> u64 {
+        let longest = |entries: &mut dyn Iterator<Item = (&str, u64)>| {
+            entries
+                .filter(|(prefix, _)| model.starts_with(prefix))
+                .max_by_key(|(prefix, _)| prefix.len())
+                .map(|(_, tokens)| tokens)
+        };
+        longest(
+            &mut self
+                .context_windows
+                .iter()
+                .map(|(prefix, tokens)| (prefix.as_str(), *tokens)),
+        )
+        .or_else(|| longest(&mut DEFAULT_CONTEXT_WINDOWS.iter().copied()))
+        .unwrap_or(FALLBACK_CONTEXT_WINDOW)
     }
 
     pub fn provider_kind(&self) -> ProviderKind {
@@ -383,6 +457,16 @@ impl LlmConfig {
             settings::LLM_IDLE_TIMEOUT.into(),
             settings::duration_value(self.idle_timeout),
         );
+        tree.insert(
+            settings::LLM_CONTEXT_WINDOWS.into(),
+            Value::Object(
+                self.context_windows
+                    .iter()
+                    .map(|(model, tokens)| (model.clone(), Value::from(*tokens)))
+                    .collect(),
+            ),
+        );
+        tree.insert(settings::LLM_COMPACTION.into(), Value::from(self.compaction.as_str()));
         tree.insert(settings::DEFAULTS_MAX_TOKENS.into(), Value::from(self.max_tokens));
         tree.insert(
             settings::DEFAULTS_TIMEOUT.into(),
@@ -407,6 +491,16 @@ impl LlmConfig {
                 .unwrap_or(defaults.max_tokens),
             request_timeout: settings::duration(tree, settings::DEFAULTS_TIMEOUT).unwrap_or(defaults.request_timeout),
             idle_timeout: settings::duration(tree, settings::LLM_IDLE_TIMEOUT).unwrap_or(defaults.idle_timeout),
+            context_windows: match tree.get(settings::LLM_CONTEXT_WINDOWS) {
+                Some(Value::Object(models)) => models
+                    .iter()
+                    .filter_map(|(model, tokens)| Some((model.clone(), tokens.as_u64()?)))
+                    .collect(),
+                _ => defaults.context_windows,
+            },
+            compaction: settings::text(tree, settings::LLM_COMPACTION)
+                .and_then(Compaction::parse)
+                .unwrap_or(defaults.compaction),
         }
     }
 }
@@ -486,8 +580,19 @@ mod tests {
             max_tokens: 77,
             request_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(7),
+            context_windows: BTreeMap::from([("gpt-test".to_owned(), 8_000), ("gpt-".to_owned(), 64_000)]),
+            compaction: Compaction::Drop,
         };
         let back = LlmConfig::from_settings(&config.settings_tree());
+        assert_eq!(
+            (&back.context_windows, back.compaction),
+            (&config.context_windows, Compaction::Drop)
+        );
+        // The configured entry of the model or its longest prefix, else the built-in one.
+        assert_eq!(back.context_window("gpt-test-2"), 8_000);
+        assert_eq!(back.context_window("gpt-other"), 64_000);
+        assert_eq!(back.context_window("claude-sonnet-4"), 200_000);
+        assert_eq!(back.context_window("mystery"), FALLBACK_CONTEXT_WINDOW);
         assert_eq!(back.provider, config.provider);
         assert_eq!(back.api_key.expose(), Some("sk-test"));
         assert_eq!(

@@ -1,9 +1,10 @@
 //! The conversation an agent holds: its history as the LLM reads it, shared
 //! with each turn's request rather than copied into it.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::llm::{LlmContent, LlmMessage, LlmRole, ToolOutput};
+use crate::llm::{LlmContent, LlmMessage, LlmRequest, LlmRole, ToolOutput};
 use crate::message::{Message, MessageBody};
 
 /// The messages an LLM request carries; a turn holds the same allocation as
@@ -15,6 +16,9 @@ pub type History = Arc<Vec<LlmMessage>>;
 /// next request is valid (the providers refuse unpaired calls).
 pub const UNANSWERED: &str = "the tool call was not completed (interrupted or stopped)";
 
+/// What stands before a compacted conversation's summary.
+pub const SUMMARY_HEADER: &str = "Summary of the conversation before this point:";
+
 /// Turns stored history into alternating LLM messages.
 ///
 /// Error messages are not part of the conversation; empty assistant messages
@@ -24,16 +28,45 @@ pub const UNANSWERED: &str = "the tool call was not completed (interrupted or st
 /// assistant message and tool results the user message after it; a call
 /// found without its result (a runtime that stopped mid-call) gets an error
 /// result.
-pub fn history_to_llm(history: &[Message]) -> History {
-    let mut messages: Vec<LlmMessage> = Vec::with_capacity(history.len());
+///
+/// After a compaction, its summary (when it has one) is read first, as the
+/// user's, and `history` holds the messages it kept.
+pub fn context_to_llm(summary: Option<&str>, history: &[Message]) -> History {
+    let mut messages: Vec<LlmMessage> = Vec::with_capacity(history.len() + 1);
+    let history = match summary.filter(|summary| !summary.is_empty()) {
+        Some(summary) => {
+            messages.push(LlmMessage {
+                role: LlmRole::User,
+                content: vec![LlmContent::Text(format!("{SUMMARY_HEADER}\n\n{summary}"))],
+            });
+            history
+        }
+        // The model reads the user first: what is left of a turn whose
+        // start retention deleted is not sent.
+        None => {
+            let first_user = history
+                .iter()
+                .position(|message| matches!(message.body, MessageBody::User(_)))
+                .unwrap_or(history.len());
+            &history[first_user..]
+        }
+    };
+    // A result whose call is not in the history (retention deleted the
+    // older messages by age) is left out: providers refuse it.
+    let mut calls: HashSet<&str> = HashSet::new();
     for message in history {
         let (role, content) = match &message.body {
             MessageBody::User(content) => (LlmRole::User, content.to_llm()),
             MessageBody::Assistant(reply) if !reply.text.is_empty() => {
                 (LlmRole::Assistant, vec![LlmContent::Text(reply.text.clone())])
             }
-            MessageBody::ToolCall { call, .. } => (LlmRole::Assistant, vec![LlmContent::ToolUse(call.clone())]),
-            MessageBody::ToolResult { output, .. } => (LlmRole::User, vec![LlmContent::ToolResult(output.clone())]),
+            MessageBody::ToolCall { call, .. } => {
+                calls.insert(&call.id);
+                (LlmRole::Assistant, vec![LlmContent::ToolUse(call.clone())])
+            }
+            MessageBody::ToolResult { output, .. } if calls.contains(output.tool_call_id.as_str()) => {
+                (LlmRole::User, vec![LlmContent::ToolResult(output.clone())])
+            }
             _ => continue,
         };
         push_message(&mut messages, role, content);
@@ -127,6 +160,23 @@ fn push_into(message: &mut LlmMessage, results: Vec<LlmContent>) {
     message.content.splice(at..at, results);
 }
 
+/// Returns the UTF-8 bytes of text a request sends, for estimating its input.
+pub fn request_chars(request: &LlmRequest) -> usize {
+    let system = request.system.as_ref().map_or(0, String::len);
+    let messages: usize = request
+        .messages
+        .iter()
+        .flat_map(|message| message.content.iter())
+        .map(|part| match part {
+            LlmContent::Text(text) => text.len(),
+            LlmContent::ToolUse(call) => call.name.len() + call.input.to_string().len(),
+            LlmContent::ToolResult(output) => output.text.len(),
+            LlmContent::Image { .. } | LlmContent::File { .. } => 0,
+        })
+        .sum();
+    system + messages
+}
+
 /// Appends to a shared history: in place when no turn holds it any more.
 pub fn append(history: &mut History, role: LlmRole, content: Vec<LlmContent>) {
     push_message(Arc::make_mut(history), role, content);
@@ -167,7 +217,7 @@ mod tests {
             error_code: "X".into(),
         });
         let history = [user("a"), error, user("b"), assistant(""), assistant("c"), user("d")];
-        let messages = history_to_llm(&history);
+        let messages = context_to_llm(None, &history);
         let roles: Vec<_> = messages.iter().map(|m| m.role).collect();
         assert_eq!(roles, [LlmRole::User, LlmRole::Assistant, LlmRole::User]);
         assert_eq!(messages[0].content.len(), 2);
@@ -209,7 +259,7 @@ mod tests {
             result("t3"),
             assistant("done"),
         ];
-        let messages = history_to_llm(&history);
+        let messages = context_to_llm(None, &history);
         let roles: Vec<_> = messages.iter().map(|m| m.role).collect();
         assert_eq!(
             roles,
@@ -239,8 +289,34 @@ mod tests {
     }
 
     #[test]
+    fn a_result_whose_call_is_gone_is_left_out() {
+        use crate::llm::ToolOutput;
+        let orphan = message(MessageBody::ToolResult {
+            output: ToolOutput {
+                tool_call_id: "gone".into(),
+                text: "ok".into(),
+                is_error: false,
+            },
+            tool_name: "read_file".into(),
+        });
+        // Retention left the end of a turn: the model reads from the next user message.
+        let messages = context_to_llm(None, &[orphan.clone(), assistant("b"), user("c"), assistant("d")]);
+        let roles: Vec<_> = messages.iter().map(|m| m.role).collect();
+        assert_eq!(roles, [LlmRole::User, LlmRole::Assistant]);
+        // After a summary, a result whose call is gone is left out.
+        let messages = context_to_llm(Some("s"), &[user("a"), orphan, assistant("b")]);
+        assert_eq!(messages.len(), 2);
+        assert!(
+            messages
+                .iter()
+                .flat_map(|m| &m.content)
+                .all(|part| !matches!(part, LlmContent::ToolResult(_)))
+        );
+    }
+
+    #[test]
     fn appending_copies_only_while_a_turn_holds_the_history() {
-        let mut history = history_to_llm(&[user("a")]);
+        let mut history = context_to_llm(None, &[user("a")]);
         let before = Arc::as_ptr(&history);
         append(&mut history, LlmRole::Assistant, vec![LlmContent::Text("b".into())]);
         assert_eq!(Arc::as_ptr(&history), before, "nobody else held it: appended in place");

@@ -155,6 +155,23 @@ impl RuntimeService for RuntimeGrpc {
         }))
     }
 
+    async fn rewind_image(
+        &self,
+        request: Request<pb::RewindImageRequest>,
+    ) -> Result<Response<pb::RewindImageResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let rewound = self
+            .pool
+            .rewind(&ctx, &request.image_id, request.after_message_id.as_deref())
+            .await?;
+        Ok(Response::new(pb::RewindImageResponse {
+            image_id: rewound.image_id,
+            session_id: rewound.session_id,
+            removed_messages: rewound.removed_messages,
+        }))
+    }
+
     async fn resume_agent(
         &self,
         request: Request<pb::ResumeAgentRequest>,

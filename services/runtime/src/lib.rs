@@ -19,6 +19,7 @@
 //! ```
 
 mod agent;
+mod compaction;
 pub mod config;
 mod context;
 mod error;

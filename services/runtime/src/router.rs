@@ -172,6 +172,13 @@ where
         by_holder!(self, request, pause_agent, request.get_ref().image_id)
     }
 
+    async fn rewind_image(
+        &self,
+        request: Request<pb::RewindImageRequest>,
+    ) -> Result<Response<pb::RewindImageResponse>, Status> {
+        by_holder!(self, request, rewind_image, request.get_ref().image_id)
+    }
+
     async fn resume_agent(
         &self,
         request: Request<pb::ResumeAgentRequest>,

@@ -26,12 +26,11 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::Agent;
+use crate::compaction::Compactor;
 use crate::config::{LlmConfig, ProviderKind};
-use crate::context::History;
+use crate::context::{History, request_chars};
 use crate::error::RuntimeError;
-use crate::llm::{
-    LlmContent, LlmError, LlmErrorKind, LlmEvent, LlmProvider, LlmRequest, LlmRole, StopReason, ToolCall, ToolOutput,
-};
+use crate::llm::{LlmContent, LlmError, LlmErrorKind, LlmEvent, LlmRequest, LlmRole, StopReason, ToolCall, ToolOutput};
 use crate::message::{self, Message, MessageBody};
 use crate::metering::{Charge, Metering, Tokens, charge, estimate_tokens};
 use crate::outbox::Outbox;
@@ -161,6 +160,33 @@ impl Reply {
         }
     }
 
+    /// Takes what an event says of the call: its model and token counts.
+    fn count(&mut self, event: &LlmEvent) {
+        match event {
+            LlmEvent::Start { model, input_tokens } => {
+                if !model.is_empty() {
+                    self.model.clone_from(model);
+                }
+                self.input_tokens = input_tokens.or(self.input_tokens);
+            }
+            LlmEvent::Usage {
+                input_tokens,
+                output_tokens,
+            } => {
+                self.input_tokens = input_tokens.or(self.input_tokens);
+                self.output_tokens = output_tokens.or(self.output_tokens);
+            }
+            LlmEvent::CacheUsage {
+                read_tokens,
+                write_tokens,
+            } => {
+                self.cache_read_tokens = read_tokens.or(self.cache_read_tokens);
+                self.cache_write_tokens = write_tokens.or(self.cache_write_tokens);
+            }
+            _ => {}
+        }
+    }
+
     fn usage(&self) -> Option<message::Usage> {
         (self.input_tokens.is_some() || self.output_tokens.is_some()).then(|| message::Usage {
             input_tokens: self.input_tokens.unwrap_or(0),
@@ -216,42 +242,27 @@ pub(crate) async fn run(
     let mut steps = 0;
     loop {
         steps += 1;
+        let scope = CallScope {
+            ports: &ports,
+            ctx: &ctx,
+            agent: &agent,
+            llm: &llm,
+        };
+        // Near the model's window, older turns give way to a summary.
+        let compactor = Compactor {
+            sessions: &ports.sessions,
+            outbox: &ports.outbox,
+            identity: &ports.identity,
+            ctx: &ctx,
+            agent: &agent,
+            config: &llm.config,
+            cancel: &cancel,
+        };
+        if let Some(messages) = compactor.compact(&request, |ask| summarize(&scope, ask, &cancel)).await {
+            request.messages = messages;
+        }
         let mut reply = Reply::new(&request.model);
-        // Every LLM call is preceded by the budget check, which reserves its
-        // estimated price and tokens until its record settles them; a
-        // refused one is not made.
-        let request_chars = request_chars(&request);
-        let estimate = estimate(&llm, &request, request_chars);
-        let reserved = Estimate {
-            pico_usd: estimate.1.billed_pico_usd,
-            tokens: estimate.0.input.saturating_add(estimate.0.output),
-        };
-        let checked = ports.metering.check_budget(&ctx, &reply.message_id, reserved).await;
-        let outcome = match checked {
-            Err(refused) => Outcome::Failed(Failure::from(refused)),
-            Ok(()) => {
-                // Noted as it goes out, so a crash during it still bills it.
-                let open = call_record(&agent, &ctx, &llm, &reply, estimate);
-                ports.metering.open_call(UsageRecord {
-                    estimated: true,
-                    ..open
-                });
-                let outcome = stream_reply(
-                    &ports,
-                    &ctx,
-                    llm.provider.as_ref(),
-                    &agent,
-                    request,
-                    &cancel,
-                    &mut reply,
-                )
-                .await;
-                // One record per call: the ledger, from which the token quota is derived too.
-                let record = usage_record(&agent, &ctx, &llm, &reply, &outcome, request_chars);
-                ports.metering.record(&ctx, record).await;
-                outcome
-            }
-        };
+        let outcome = metered_call(&scope, request, &cancel, &mut reply, Shown::Events).await;
         // Nothing is reported done that history will not hold: a tool call
         // neither stored nor kept ends the turn before its tools run.
         let outcome = match outcome {
@@ -542,14 +553,15 @@ async fn store(ports: &TurnPorts, ctx: &RequestContext, agent: &Agent, body: Mes
 }
 
 async fn stream_reply(
-    ports: &TurnPorts,
-    ctx: &RequestContext,
-    provider: &dyn LlmProvider,
-    agent: &Agent,
+    scope: &CallScope<'_>,
     request: LlmRequest,
     cancel: &CancellationToken,
     reply: &mut Reply,
+    shown: Shown,
 ) -> Outcome {
+    let CallScope { ports, ctx, agent, llm } = *scope;
+    let provider = llm.provider.as_ref();
+    let shown = shown == Shown::Events;
     let mut stream = tokio::select! {
         biased;
         () = cancel.cancelled() => return Outcome::Interrupted,
@@ -559,13 +571,15 @@ async fn stream_reply(
         },
     };
     reply.accepted = true;
-    agent.emit(data::MessageStart {
-        message_id: reply.message_id.clone(),
-        model: reply.model.clone(),
-    });
-    agent.emit(data::ConversationStart {
-        message_id: reply.message_id.clone(),
-    });
+    if shown {
+        agent.emit(data::MessageStart {
+            message_id: reply.message_id.clone(),
+            model: reply.model.clone(),
+        });
+        agent.emit(data::ConversationStart {
+            message_id: reply.message_id.clone(),
+        });
+    }
     loop {
         // Dropping `stream` on return aborts the provider request.
         let item = tokio::select! {
@@ -582,29 +596,17 @@ async fn stream_reply(
                     reply.first_token_ms = Some(elapsed_ms(reply.started));
                 }
                 reply.text.push_str(&text);
-                agent.emit(data::TextDelta { text });
-                agent.emit(data::ConversationResponding {});
-            }
-            Some(Ok(LlmEvent::Start { model, input_tokens })) => {
-                if !model.is_empty() {
-                    reply.model = model;
+                if shown {
+                    agent.emit(data::TextDelta { text });
+                    agent.emit(data::ConversationResponding {});
                 }
-                reply.input_tokens = input_tokens.or(reply.input_tokens);
             }
-            Some(Ok(LlmEvent::Usage {
-                input_tokens,
-                output_tokens,
-            })) => {
-                reply.input_tokens = input_tokens.or(reply.input_tokens);
-                reply.output_tokens = output_tokens.or(reply.output_tokens);
+            Some(Ok(event @ (LlmEvent::Start { .. } | LlmEvent::Usage { .. } | LlmEvent::CacheUsage { .. }))) => {
+                reply.count(&event);
             }
-            Some(Ok(LlmEvent::CacheUsage {
-                read_tokens,
-                write_tokens,
-            })) => {
-                reply.cache_read_tokens = read_tokens.or(reply.cache_read_tokens);
-                reply.cache_write_tokens = write_tokens.or(reply.cache_write_tokens);
-            }
+            // A call not shown offers no tools: one the model makes anyway is not run.
+            Some(Ok(LlmEvent::ToolUseStart { .. } | LlmEvent::ToolInputDelta { .. } | LlmEvent::ToolUseStop(_)))
+                if !shown => {}
             Some(Ok(LlmEvent::ToolUseStart { id, name })) => {
                 if reply.first_token_ms.is_none() {
                     reply.first_token_ms = Some(elapsed_ms(reply.started));
@@ -656,6 +658,75 @@ async fn stream_reply(
     }
 }
 
+/// Whether a call's reply is streamed to the session as events.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    /// As the turn's reply: deltas, tool calls and their events.
+    Events,
+    /// Not at all (a summary the agent makes for itself).
+    Quiet,
+}
+
+/// Who an LLM call is made for and what it runs with.
+struct CallScope<'a> {
+    ports: &'a TurnPorts,
+    ctx: &'a RequestContext,
+    agent: &'a Agent,
+    llm: &'a TenantLlm,
+}
+
+/// Makes one LLM call, metered: the budget check first, which reserves its
+/// estimated price and tokens until its record settles them (a refused
+/// call is not made); its record opened as it goes out, so a crash during
+/// it still bills it; one record in the ledger when it ends, from which
+/// the token quota is derived too.
+async fn metered_call(
+    scope: &CallScope<'_>,
+    request: LlmRequest,
+    cancel: &CancellationToken,
+    reply: &mut Reply,
+    shown: Shown,
+) -> Outcome {
+    let CallScope { ports, ctx, agent, llm } = *scope;
+    let request_chars = request_chars(&request);
+    let estimate = estimate(llm, &request, request_chars);
+    let reserved = Estimate {
+        pico_usd: estimate.1.billed_pico_usd,
+        tokens: estimate.0.input.saturating_add(estimate.0.output),
+    };
+    if let Err(refused) = ports.metering.check_budget(ctx, &reply.message_id, reserved).await {
+        return Outcome::Failed(Failure::from(refused));
+    }
+    let open = call_record(agent, ctx, llm, reply, estimate);
+    ports.metering.open_call(UsageRecord {
+        estimated: true,
+        ..open
+    });
+    let outcome = stream_reply(scope, request, cancel, reply, shown).await;
+    let record = usage_record(agent, ctx, llm, reply, &outcome, request_chars);
+    ports.metering.record(ctx, record).await;
+    outcome
+}
+
+/// Asks the model for a summary (a compaction's), metered like any call and
+/// not shown to the session; `None` when it fails or is cut short.
+async fn summarize(scope: &CallScope<'_>, request: LlmRequest, cancel: &CancellationToken) -> Option<String> {
+    let image_id = &scope.agent.image.image_id;
+    let mut reply = Reply::new(&request.model);
+    match metered_call(scope, request, cancel, &mut reply, Shown::Quiet).await {
+        Outcome::Completed(_) if !reply.text.trim().is_empty() => Some(reply.text),
+        Outcome::Completed(_) => {
+            tracing::warn!(%image_id, "the model's summary was empty; older turns are dropped");
+            None
+        }
+        Outcome::Interrupted => None,
+        Outcome::Failed(failure) => {
+            tracing::warn!(%image_id, reason = %failure.reason, "the model could not summarise; older turns are dropped");
+            None
+        }
+    }
+}
+
 /// Returns `true` the first time this process meets `model` without a
 /// price: the warning is worth one line, not one per call (and each line
 /// is a row in the log store). Past 1,024 models (tenants may name
@@ -671,23 +742,6 @@ fn first_unpriced(model: &str) -> bool {
 /// Returns the milliseconds since `start`.
 fn elapsed_ms(start: Instant) -> i64 {
     i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX)
-}
-
-/// Returns the UTF-8 bytes of text a request sends, for estimating its input.
-fn request_chars(request: &LlmRequest) -> usize {
-    let system = request.system.as_ref().map_or(0, String::len);
-    let messages: usize = request
-        .messages
-        .iter()
-        .flat_map(|message| message.content.iter())
-        .map(|part| match part {
-            LlmContent::Text(text) => text.len(),
-            LlmContent::ToolUse(call) => call.name.len() + call.input.to_string().len(),
-            LlmContent::ToolResult(output) => output.text.len(),
-            LlmContent::Image { .. } | LlmContent::File { .. } => 0,
-        })
-        .sum();
-    system + messages
 }
 
 /// The most a call of `request` is expected to use and bill, which its

@@ -18,14 +18,20 @@ pub(crate) fn is_valid_client_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'@' | b'-'))
 }
 
+/// Checks a message id as [`is_valid_client_id`] does.
+pub(crate) fn validate_message_id(message_id: &str) -> Result<(), SessionError> {
+    if is_valid_client_id(message_id) {
+        return Ok(());
+    }
+    Err(SessionError::invalid(
+        "INVALID_MESSAGE_ID",
+        "message id must be 1 to 128 characters of letters, digits and . _ : @ -",
+    ))
+}
+
 /// Checks a message's id, size and (a user's) content.
 pub(crate) fn validate_message(message: &NewMessage) -> Result<(), SessionError> {
-    if !is_valid_client_id(&message.message_id) {
-        return Err(SessionError::invalid(
-            "INVALID_MESSAGE_ID",
-            "message id must be 1 to 128 characters of letters, digits and . _ : @ -",
-        ));
-    }
+    validate_message_id(&message.message_id)?;
     if message.body.text_bytes() > MAX_MESSAGE_BYTES {
         return Err(SessionError::invalid(
             "MESSAGE_TOO_LARGE",

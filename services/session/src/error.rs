@@ -34,6 +34,9 @@ pub enum SessionError {
     /// The session does not exist for the caller's tenant.
     #[error("session {0} not found")]
     SessionNotFound(String),
+    /// The message is not one of the session's.
+    #[error("message {0} not found in this conversation")]
+    MessageNotFound(String),
     /// The group does not exist for the caller's tenant.
     #[error("group {0} not found")]
     GroupNotFound(String),
@@ -98,6 +101,7 @@ impl From<SessionError> for ApiError {
             SessionError::ImageNotFound(_) => ApiError::not_found("IMAGE_NOT_FOUND", err.to_string()),
             SessionError::AgentTerminated(_) => ApiError::precondition("AGENT_TERMINATED", err.to_string()),
             SessionError::SessionNotFound(_) => ApiError::not_found("SESSION_NOT_FOUND", err.to_string()),
+            SessionError::MessageNotFound(_) => ApiError::not_found("MESSAGE_NOT_FOUND", err.to_string()),
             SessionError::GroupNotFound(_) => ApiError::not_found("GROUP_NOT_FOUND", err.to_string()),
             SessionError::GroupMemberNotFound { .. } => ApiError::not_found("GROUP_MEMBER_NOT_FOUND", err.to_string()),
             SessionError::GroupMemberExists { .. } => {

@@ -9,9 +9,9 @@ use tonic::{Request, Response, Status};
 use crate::error::SessionError;
 use crate::recent::preview;
 use crate::record::{
-    AgentState, ContainerRecord, GroupMemberRecord, GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord,
-    ImageSummary, ImageUpdate, Lifecycle, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup, NewGroupMessage,
-    NewImage, NewMessage, SessionChange, ShareRole, UnreadGroup, Usage, WakeMode, WatchItem,
+    AgentState, Compaction, ContainerRecord, GroupMemberRecord, GroupMessageRecord, GroupRecord, GroupUpdate,
+    ImageRecord, ImageSummary, ImageUpdate, Lifecycle, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup,
+    NewGroupMessage, NewImage, NewMessage, SessionChange, ShareRole, UnreadGroup, Usage, WakeMode, WatchItem,
 };
 use crate::search::SearchRequest;
 use crate::service::SessionService;
@@ -398,9 +398,63 @@ impl SessionApi for SessionGrpc {
         request: Request<pb::ListMessagesRequest>,
     ) -> Result<Response<pb::ListMessagesResponse>, Status> {
         let ctx = caller(&request)?;
-        let messages = self.service.list_messages(&ctx, &request.get_ref().session_id).await?;
+        let request = request.into_inner();
+        if request.context_only {
+            let (compaction, messages) = self.service.list_context(&ctx, &request.session_id).await?;
+            return Ok(Response::new(pb::ListMessagesResponse {
+                messages: messages.into_iter().map(message_pb).collect(),
+                compaction: compaction.map(compaction_pb),
+            }));
+        }
+        let messages = self.service.list_messages(&ctx, &request.session_id).await?;
         Ok(Response::new(pb::ListMessagesResponse {
             messages: messages.into_iter().map(message_pb).collect(),
+            compaction: None,
+        }))
+    }
+
+    async fn record_compaction(
+        &self,
+        request: Request<pb::RecordCompactionRequest>,
+    ) -> Result<Response<pb::RecordCompactionResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let compaction = request.compaction.unwrap_or_default();
+        let recorded = self
+            .service
+            .record_compaction(
+                &ctx,
+                &request.session_id,
+                Compaction {
+                    from_seq: 0,
+                    from_message_id: compaction.from_message_id,
+                    method: compaction.method,
+                    summary: compaction.summary,
+                    compacted_messages: compaction.compacted_messages,
+                    tokens_before: compaction.tokens_before,
+                    tokens_after: compaction.tokens_after,
+                    created_at_ms: 0,
+                },
+            )
+            .await?;
+        Ok(Response::new(pb::RecordCompactionResponse {
+            compaction: Some(compaction_pb(recorded)),
+        }))
+    }
+
+    async fn truncate_messages(
+        &self,
+        request: Request<pb::TruncateMessagesRequest>,
+    ) -> Result<Response<pb::TruncateMessagesResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let truncated = self
+            .service
+            .truncate_messages(&ctx, &request.session_id, request.after_message_id.as_deref())
+            .await?;
+        Ok(Response::new(pb::TruncateMessagesResponse {
+            removed_messages: truncated.removed_messages,
+            last_seq: truncated.last_seq,
         }))
     }
 
@@ -1084,6 +1138,20 @@ fn content_parts(content_json: &str) -> (Vec<pb::ContentPart>, bool) {
         }
         // What the store holds was checked on the way in; anything else is shown as text.
         _ => (vec![text(content_json.to_owned())], true),
+    }
+}
+
+/// Returns a compaction as the API carries it.
+fn compaction_pb(compaction: Compaction) -> pb::Compaction {
+    pb::Compaction {
+        from_message_id: compaction.from_message_id,
+        from_seq: compaction.from_seq,
+        method: compaction.method,
+        summary: compaction.summary,
+        compacted_messages: compaction.compacted_messages,
+        tokens_before: compaction.tokens_before,
+        tokens_after: compaction.tokens_after,
+        created_at_ms: compaction.created_at_ms,
     }
 }
 

@@ -29,10 +29,10 @@ pub use error::SessionError;
 pub use grpc::{SessionGrpc, grpc_server};
 pub use recent::{DEFAULT_RECENT_PAGE_SIZE, MAX_RECENT_PAGE_SIZE, PREVIEW_CHARS, RecentPage, RecentRow, preview};
 pub use record::{
-    AgentState, AgentStateChange, ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord, GroupPage,
-    GroupRecord, GroupUpdate, ImageRecord, ImageUpdate, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup,
-    NewGroupMessage, NewImage, NewMessage, OpenTurn, PostedGroupMessage, SessionChange, ShareRecord, ShareRole,
-    UnreadGroup, Usage, WakeMode, WatchItem,
+    AgentState, AgentStateChange, Compaction, ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord,
+    GroupPage, GroupRecord, GroupUpdate, ImageRecord, ImageUpdate, MemberKind, MemberRef, MessageBody, MessageRecord,
+    NewGroup, NewGroupMessage, NewImage, NewMessage, OpenTurn, PostedGroupMessage, SessionChange, ShareRecord,
+    ShareRole, Truncated, UnreadGroup, Usage, WakeMode, WatchItem,
 };
 pub use references::References;
 pub use search::{

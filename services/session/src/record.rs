@@ -204,6 +204,32 @@ pub struct OpenTurn {
     pub user_message_id: String,
 }
 
+/// Where the model's reading of a conversation starts, and what stands for
+/// the messages before it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compaction {
+    /// The seq of `from_message_id` (set by the store).
+    pub from_seq: u64,
+    /// The first message the model still reads: a user message.
+    pub from_message_id: String,
+    /// `summarized` or `dropped`.
+    pub method: String,
+    /// What the model reads in place of the earlier messages; empty when dropped.
+    pub summary: String,
+    pub compacted_messages: u64,
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    pub created_at_ms: i64,
+}
+
+/// What a truncation removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Truncated {
+    pub removed_messages: u64,
+    /// The seq of the last message kept; 0 when none is.
+    pub last_seq: u64,
+}
+
 /// One entry of a session's history as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MessageRecord {

@@ -13,12 +13,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::instrument;
 
 pub use crate::checks::{MAX_ID_BYTES, MAX_MESSAGE_BYTES};
-use crate::checks::{is_valid_client_id, validate_message};
+use crate::checks::{is_valid_client_id, validate_message, validate_message_id};
 use crate::error::SessionError;
 use crate::recent::{DEFAULT_RECENT_PAGE_SIZE, MAX_RECENT_PAGE_SIZE, RecentPage, read_token, token_after};
 use crate::record::{
-    AgentState, AgentStateChange, ContainerAccess, ContainerRecord, ImageRecord, ImageSummary, ImageUpdate, Lifecycle,
-    MessageBody, MessageRecord, NewImage, NewMessage, OpenTurn, SessionChange, ShareRecord, ShareRole, WatchItem,
+    AgentState, AgentStateChange, Compaction, ContainerAccess, ContainerRecord, ImageRecord, ImageSummary, ImageUpdate,
+    Lifecycle, MessageBody, MessageRecord, NewImage, NewMessage, OpenTurn, SessionChange, ShareRecord, ShareRole,
+    Truncated, WatchItem,
 };
 use crate::references::{RESOURCE_URI_PREFIX, References};
 use crate::search::{
@@ -46,6 +47,8 @@ pub const MAX_NAME_CHARS: usize = 256;
 pub const MAX_DESCRIPTION_CHARS: usize = 4096;
 /// Largest system prompt, in bytes.
 pub const MAX_SYSTEM_PROMPT_BYTES: usize = 256 * 1024;
+/// Largest summary a compaction records.
+pub const MAX_SUMMARY_BYTES: usize = 256 * 1024;
 /// Largest MCP server definition document, in bytes.
 pub const MAX_MCP_SERVERS_BYTES: usize = 64 * 1024;
 
@@ -783,6 +786,110 @@ impl SessionService {
     ) -> Result<Vec<MessageRecord>, SessionError> {
         allow(ctx, Scopes::READ)?;
         self.store.list_messages(&scope(ctx), session_id).await
+    }
+
+    /// Returns what the model reads of a session: its latest compaction and
+    /// the messages from it on (every message when it has none).
+    #[instrument(
+        name = "session.list_context",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn list_context(
+        &self,
+        ctx: &RequestContext,
+        session_id: &str,
+    ) -> Result<(Option<Compaction>, Vec<MessageRecord>), SessionError> {
+        allow(ctx, Scopes::READ)?;
+        self.store.list_context(&scope(ctx), session_id).await
+    }
+
+    /// Records a compaction of a session's context (the runtime only: a
+    /// summary is what the model believes was said).
+    #[instrument(
+        name = "session.record_compaction",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn record_compaction(
+        &self,
+        ctx: &RequestContext,
+        session_id: &str,
+        compaction: Compaction,
+    ) -> Result<Compaction, SessionError> {
+        allow(ctx, Scopes::WRITE)?;
+        if ctx.principal.role != Role::Service {
+            return Err(SessionError::Denied(ApiError::new(
+                Code::PermissionDenied,
+                "RUNTIME_ONLY",
+                "only the runtime records a compaction",
+            )));
+        }
+        validate_message_id(&compaction.from_message_id)?;
+        if !matches!(compaction.method.as_str(), "summarized" | "dropped") {
+            return Err(SessionError::invalid(
+                "INVALID_COMPACTION",
+                "method must be summarized or dropped",
+            ));
+        }
+        if compaction.summary.len() > MAX_SUMMARY_BYTES {
+            return Err(SessionError::invalid(
+                "INVALID_COMPACTION",
+                format!("summary must be at most {} KiB", MAX_SUMMARY_BYTES / 1024),
+            ));
+        }
+        let compaction = Compaction {
+            created_at_ms: now_ms(),
+            ..compaction
+        };
+        let from_seq = self
+            .store
+            .record_compaction(&scope(ctx), session_id, &compaction)
+            .await?;
+        tracing::info!(
+            session_id,
+            from_seq,
+            method = %compaction.method,
+            compacted = compaction.compacted_messages,
+            tokens_before = compaction.tokens_before,
+            tokens_after = compaction.tokens_after,
+            "context compacted"
+        );
+        Ok(Compaction { from_seq, ..compaction })
+    }
+
+    /// Deletes a session's messages after one of them (all when `None`):
+    /// the caller must be able to manage the conversation. The runtime calls
+    /// it holding the conversation's turn slot, so no turn writes meanwhile.
+    #[instrument(
+        name = "session.truncate_messages",
+        skip_all,
+        fields(tenant_id = %ctx.tenant_id, request_id = %ctx.request_id)
+    )]
+    pub async fn truncate_messages(
+        &self,
+        ctx: &RequestContext,
+        session_id: &str,
+        after_message_id: Option<&str>,
+    ) -> Result<Truncated, SessionError> {
+        allow(ctx, Scopes::WRITE)?;
+        if let Some(message_id) = after_message_id {
+            validate_message_id(message_id)?;
+        }
+        let image = self.store.get_session_image(&scope(ctx), session_id).await?;
+        self.require_role(ctx, &image.container_id, ShareRole::Manage).await?;
+        let truncated = self
+            .store
+            .truncate_messages(&scope(ctx), session_id, after_message_id)
+            .await?;
+        tracing::info!(
+            image_id = %image.image_id,
+            session_id,
+            removed = truncated.removed_messages,
+            last_seq = truncated.last_seq,
+            "conversation rewound"
+        );
+        Ok(truncated)
     }
 
     /// Finds the messages and conversation names of the caller's scope that

@@ -16,9 +16,9 @@ use avm_store::events::EventTransport;
 use crate::error::SessionError;
 use crate::recent::RecentRow;
 use crate::record::{
-    AgentState, AgentStateChange, ContainerAccess, ContainerRecord, GroupCursor, GroupMemberRecord, GroupMessageRecord,
-    GroupRecord, GroupUpdate, ImageRecord, ImageUpdate, MemberRef, MessageRecord, NewGroupMessage, NewMessage,
-    OpenTurn, ShareRecord, ShareRole, UnreadGroup,
+    AgentState, AgentStateChange, Compaction, ContainerAccess, ContainerRecord, GroupCursor, GroupMemberRecord,
+    GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord, ImageUpdate, MemberRef, MessageRecord, NewGroupMessage,
+    NewMessage, OpenTurn, ShareRecord, ShareRole, Truncated, UnreadGroup,
 };
 use crate::search::{SearchRequest, SearchRow, Terms};
 use crate::transfer::{ImportWrite, Imported};
@@ -157,6 +157,35 @@ pub trait SessionStore: GroupStore + Send + Sync + 'static {
 
     /// Returns a session's messages in `seq` order, or `SessionNotFound`.
     async fn list_messages(&self, scope: &Scope<'_>, session_id: &str) -> Result<Vec<MessageRecord>, SessionError>;
+
+    /// Returns what the model reads of a session: its latest compaction, if
+    /// any, and the messages from that compaction's first one on (all of
+    /// them without one), in stored order.
+    async fn list_context(
+        &self,
+        scope: &Scope<'_>,
+        session_id: &str,
+    ) -> Result<(Option<Compaction>, Vec<MessageRecord>), SessionError>;
+
+    /// Records a compaction starting at its `from_message_id`, replacing one
+    /// that starts there; returns that message's seq.
+    async fn record_compaction(
+        &self,
+        scope: &Scope<'_>,
+        session_id: &str,
+        compaction: &Compaction,
+    ) -> Result<u64, SessionError>;
+
+    /// Deletes a session's messages after `after_message_id` (all of them
+    /// when `None`), sets its seq back and moves read markers back with it.
+    /// `MessageNotFound` when the message is not the session's; refused
+    /// when it is a user message or a tool call (a turn would be left open).
+    async fn truncate_messages(
+        &self,
+        scope: &Scope<'_>,
+        session_id: &str,
+        after_message_id: Option<&str>,
+    ) -> Result<Truncated, SessionError>;
 
     /// Returns, across tenants, at most `limit` turns left open by sessions
     /// whose last message was stored before `before_ms`, by session id after

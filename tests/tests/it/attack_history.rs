@@ -82,6 +82,7 @@ async fn snapshot(
     let history = grpc
         .list_messages(ss::ListMessagesRequest {
             session_id: session_id.to_owned(),
+            context_only: false,
         })
         .await?
         .into_inner()
@@ -388,6 +389,7 @@ async fn forged_history(mode: Mode) -> anyhow::Result<()> {
     let history = grpc
         .list_messages(ss::ListMessagesRequest {
             session_id: chat.session_id.clone(),
+            context_only: false,
         })
         .await?
         .into_inner()

@@ -38,6 +38,7 @@ fn config_for(provider: ProviderKind, base_url: String) -> LlmConfig {
         max_tokens: 256,
         request_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(10),
+        ..LlmConfig::default()
     }
 }
 

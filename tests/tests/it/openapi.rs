@@ -39,6 +39,8 @@ const ROUTES: &[&str] = &[
     "POST /v1/containers/{id}/import",
     "GET /v1/conversations/recent",
     "POST /v1/images/{id}/read",
+    "POST /v1/images/{id}/rewind",
+    "POST /v1/images/{id}/clear",
     "POST /v1/containers/{id}/groups",
     "GET /v1/containers/{id}/groups",
     "GET /v1/groups/unread",

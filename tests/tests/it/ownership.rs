@@ -1219,7 +1219,10 @@ impl<'a> Attacker<'a> {
             unary "session.AppendMessage" =>
                 session.append_message(ss::AppendMessageRequest { session_id: session_id(), message: Some(message()) }),
             unary "session.ListMessages" =>
-                session.list_messages(ss::ListMessagesRequest { session_id: session_id() }),
+                session.list_messages(ss::ListMessagesRequest {
+                    session_id: session_id(),
+                    context_only: false,
+                }),
             unary "session.ListImages children" =>
                 session.list_images(ss::ListImagesRequest { container_id: None, parent_image_id: Some(image()) }),
             unary "session.CreateImage child" =>

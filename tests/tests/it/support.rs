@@ -314,3 +314,24 @@ pub async fn grpc_health(
         .into_inner();
     Ok(ServingStatus::try_from(answer.status).unwrap_or(ServingStatus::Unknown))
 }
+
+/// The text of an Anthropic request's messages, in order, one string each.
+pub fn request_texts(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .map(|messages| {
+            messages
+                .iter()
+                .map(|message| match &message["content"] {
+                    Value::String(text) => text.clone(),
+                    Value::Array(blocks) => blocks
+                        .iter()
+                        .filter_map(|block| block["text"].as_str())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    _ => String::new(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}

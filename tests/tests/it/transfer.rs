@@ -10,7 +10,7 @@ use avm_tests::ws_client::WsClient;
 use serde_json::{Value, json};
 
 use crate::both_modes;
-use crate::support::{call, conversation, send_and_finish};
+use crate::support::{call, conversation, request_texts, send_and_finish};
 
 /// `GET` with the admin key; returns the status, the content type and the body.
 async fn download(cluster: &Cluster, path: &str) -> anyhow::Result<(u16, String, Vec<u8>)> {
@@ -60,27 +60,6 @@ async fn announce(cluster: &Cluster, path: &str, length: usize) -> anyhow::Resul
         .await
         .context("no answer to Expect: 100-continue")??;
     Ok(String::from_utf8_lossy(&answer[..read]).into_owned())
-}
-
-/// The text of an Anthropic request's messages, in order, one string each.
-fn request_texts(body: &Value) -> Vec<String> {
-    body["messages"]
-        .as_array()
-        .map(|messages| {
-            messages
-                .iter()
-                .map(|message| match &message["content"] {
-                    Value::String(text) => text.clone(),
-                    Value::Array(blocks) => blocks
-                        .iter()
-                        .filter_map(|block| block["text"].as_str())
-                        .collect::<Vec<_>>()
-                        .join(" "),
-                    _ => String::new(),
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 both_modes!(

@@ -13,6 +13,6 @@ pub use config::{ConfigEntry, ConfigSource, ConfigUpdate, Configs, StoredCredent
 pub use groups::{AgentPost, Group, GroupMessage, Member, UnreadGroup};
 pub use resource::{Resolved, Resources};
 pub(crate) use session::content;
-pub use session::{Image, ImageChanges, Lifecycle, NewChild, OpenTurn, Role, SessionChange, Sessions};
+pub use session::{Compaction, Image, ImageChanges, Lifecycle, NewChild, OpenTurn, Role, SessionChange, Sessions};
 pub(crate) use session::{decode_message, encode_message};
 pub use usage::{BudgetAnswer, BudgetUpdate, CallStatus, Estimate, UsageRecord, Usages};

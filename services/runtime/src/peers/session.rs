@@ -12,7 +12,7 @@ use crate::message::{Content, Message, MessageBody, Part, Reply, Usage};
 
 /// The session service's image is the runtime's: it adds nothing to it.
 /// Its `agent_state` says whether its agent may run.
-pub use pb::{AgentState as Lifecycle, Image};
+pub use pb::{AgentState as Lifecycle, Compaction, Image};
 
 /// A turn a session's history leaves open: nobody stored its reply or error.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -154,9 +154,63 @@ impl Sessions {
     pub async fn list_messages(&self, ctx: &RequestContext, session_id: &str) -> Result<Vec<Message>, RuntimeError> {
         let request = ctx.request(pb::ListMessagesRequest {
             session_id: session_id.to_owned(),
+            context_only: false,
         });
         let messages = self.service.list_messages(request).await?.into_inner().messages;
         Ok(messages.into_iter().map(message_of).collect())
+    }
+
+    /// Returns what the model reads of a session: its latest compaction and
+    /// the messages from it on (all of them when it has none).
+    pub async fn list_context(
+        &self,
+        ctx: &RequestContext,
+        session_id: &str,
+    ) -> Result<(Option<Compaction>, Vec<Message>), RuntimeError> {
+        let request = ctx.request(pb::ListMessagesRequest {
+            session_id: session_id.to_owned(),
+            context_only: true,
+        });
+        let response = self.service.list_messages(request).await?.into_inner();
+        Ok((
+            response.compaction,
+            response.messages.into_iter().map(message_of).collect(),
+        ))
+    }
+
+    /// Records a compaction of a session's context (the runtime's own credential).
+    pub async fn record_compaction(
+        &self,
+        ctx: &RequestContext,
+        session_id: &str,
+        compaction: Compaction,
+    ) -> Result<(), RuntimeError> {
+        let request = ctx.request(pb::RecordCompactionRequest {
+            session_id: session_id.to_owned(),
+            compaction: Some(compaction),
+        });
+        self.service.record_compaction(request).await?;
+        Ok(())
+    }
+
+    /// Deletes a session's messages after `after_message_id` (all when
+    /// `None`); returns how many.
+    pub async fn truncate_messages(
+        &self,
+        ctx: &RequestContext,
+        session_id: &str,
+        after_message_id: Option<&str>,
+    ) -> Result<u64, RuntimeError> {
+        let request = ctx.request(pb::TruncateMessagesRequest {
+            session_id: session_id.to_owned(),
+            after_message_id: after_message_id.map(str::to_owned),
+        });
+        Ok(self
+            .service
+            .truncate_messages(request)
+            .await?
+            .into_inner()
+            .removed_messages)
     }
 
     /// Returns, across tenants, at most `page_size` turns left open by

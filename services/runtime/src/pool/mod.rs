@@ -44,6 +44,7 @@ mod lifecycle;
 mod placement;
 mod recovery;
 mod registry;
+mod rewind;
 mod session_changes;
 mod turns;
 mod wakes;

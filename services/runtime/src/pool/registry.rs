@@ -18,7 +18,7 @@ use super::lifecycle;
 use super::recovery::cut_turn;
 use super::{AgentKey, AgentPool, validate_id};
 use crate::agent::{Agent, AgentInfo};
-use crate::context::history_to_llm;
+use crate::context::context_to_llm;
 use crate::error::{AgentTarget, RuntimeError};
 use crate::peers::Role;
 use crate::tools::Toolbox;
@@ -207,7 +207,9 @@ impl AgentPool {
             .outbox
             .settle_before_loading(&ctx.tenant_id, &image.session_id)
             .await?;
-        let mut history = self.sessions().list_messages(ctx, &image.session_id).await?;
+        // What the model reads: from the latest compaction on, so a long
+        // conversation loads what fits its window, not its whole history.
+        let (compaction, mut history) = self.sessions().list_context(ctx, &image.session_id).await?;
         let lost = match cut_turn(&history) {
             Some(user_message_id) if settled => {
                 let user_message_id = user_message_id.to_owned();
@@ -239,7 +241,10 @@ impl AgentPool {
             plan,
             tools,
             hub,
-            history_to_llm(&history),
+            context_to_llm(
+                compaction.as_ref().map(|compaction| compaction.summary.as_str()),
+                &history,
+            ),
         ));
         self.inner.registry.name(agent_id.clone(), key);
         metrics::gauge!("avm_runtime_active_agents").increment(1.0);

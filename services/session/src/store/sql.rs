@@ -13,7 +13,9 @@
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::error::SessionError;
-use crate::record::{AgentState, ContainerRecord, ImageRecord, MessageBody, MessageRecord, ShareRecord, ShareRole};
+use crate::record::{
+    AgentState, Compaction, ContainerRecord, ImageRecord, MessageBody, MessageRecord, ShareRecord, ShareRole,
+};
 use crate::search::SearchRow;
 
 /// The condition that container `c` is visible to user `$u`: always when `$u`
@@ -243,6 +245,41 @@ pub(super) const SESSION_EXISTS: &str = concat!(
 pub(super) const LIST_MESSAGES: &str = "\
     SELECT message_id, session_id, seq, created_at_ms, body FROM messages \
     WHERE session_id = $1 ORDER BY seq";
+/// Locks a visible session for the rest of the transaction without changing
+/// it (a write, so the transaction starts with one); returns its image.
+pub(super) const LOCK_SESSION: &str = concat!(
+    "UPDATE sessions SET last_seq = last_seq WHERE tenant_id = $1 AND session_id = $2 AND ",
+    session_visible!("$3"),
+    " RETURNING image_id"
+);
+pub(super) const SELECT_MESSAGE_KIND: &str = "\
+    SELECT seq, kind FROM messages WHERE session_id = $1 AND message_id = $2";
+/// Deletes the messages after seq `$2`; the search index follows by trigger.
+pub(super) const DELETE_MESSAGES_AFTER: &str = "DELETE FROM messages WHERE session_id = $1 AND seq > $2";
+/// Sets the last seq back to `$2`, so the next message follows the kept ones.
+pub(super) const REWIND_SEQ: &str = "UPDATE sessions SET last_seq = $2 WHERE session_id = $1";
+/// Moves read markers past seq `$2` of image `$1` back to it: messages
+/// written after a rewind reuse those seqs and are unread.
+pub(super) const REWIND_READS: &str = "UPDATE image_reads SET read_seq = $2 WHERE image_id = $1 AND read_seq > $2";
+/// Forgets the compactions whose first message a truncation after seq `$2` deleted.
+pub(super) const DELETE_COMPACTIONS_AFTER: &str =
+    "DELETE FROM context_compactions WHERE session_id = $1 AND from_seq > $2";
+/// The latest compaction of a session.
+pub(super) const SELECT_COMPACTION: &str = "\
+    SELECT from_seq, from_message_id, method, summary, compacted_messages, tokens_before, tokens_after, created_at_ms \
+    FROM context_compactions WHERE session_id = $1 ORDER BY from_seq DESC LIMIT 1";
+/// Records a compaction; the same first message compacted again replaces it.
+pub(super) const UPSERT_COMPACTION: &str = "\
+    INSERT INTO context_compactions (session_id, from_seq, from_message_id, method, summary, compacted_messages, \
+        tokens_before, tokens_after, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+    ON CONFLICT (session_id, from_seq) DO UPDATE SET from_message_id = excluded.from_message_id, \
+        method = excluded.method, summary = excluded.summary, compacted_messages = excluded.compacted_messages, \
+        tokens_before = excluded.tokens_before, tokens_after = excluded.tokens_after, \
+        created_at_ms = excluded.created_at_ms";
+/// A session's messages from seq `$2` on.
+pub(super) const LIST_MESSAGES_FROM: &str = "\
+    SELECT message_id, session_id, seq, created_at_ms, body FROM messages \
+    WHERE session_id = $1 AND seq >= $2 ORDER BY seq";
 /// The conversations of the scope (`$2` the visibility), most recently active
 /// first, after the page ending at activity `$4` and session `$5` (NULL for
 /// the first page), at most `$6`; each with its last message and reader
@@ -294,6 +331,30 @@ pub(super) const LIST_OPEN_TURNS: &str = "\
     JOIN images i ON i.image_id = s.image_id \
     WHERE m.kind IN ('user', 'tool_call') AND m.created_at_ms < $1 AND s.session_id > $2 \
     ORDER BY s.session_id LIMIT $3";
+
+/// Reads a compaction row.
+pub(super) fn compaction_from_row<'r, R>(row: &'r R) -> Result<Compaction, SessionError>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let count = |name: &'r str| -> Result<u64, SessionError> {
+        let value: i64 = row.try_get(name)?;
+        u64::try_from(value).map_err(|_| SessionError::corrupt(format!("compaction {name} {value}")))
+    };
+    Ok(Compaction {
+        from_seq: count("from_seq")?,
+        from_message_id: row.try_get("from_message_id")?,
+        method: row.try_get("method")?,
+        summary: row.try_get("summary")?,
+        compacted_messages: count("compacted_messages")?,
+        tokens_before: count("tokens_before")?,
+        tokens_after: count("tokens_after")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+    })
+}
 
 /// Reads a container row.
 pub(super) fn container_from_row<'r, R>(row: &'r R) -> Result<ContainerRecord, SessionError>
@@ -1104,6 +1165,156 @@ macro_rules! impl_session_store {
                     .fetch_all(&self.pool)
                     .await?;
                 rows.iter().map(|row| sql::message_from_row(row)).collect()
+            }
+
+            async fn list_context(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                session_id: &str,
+            ) -> Result<(Option<$crate::record::Compaction>, Vec<$crate::record::MessageRecord>), $crate::error::SessionError> {
+                use $crate::store::sql;
+                let exists = sqlx::query(sql::SESSION_EXISTS)
+                    .bind(scope.tenant_id)
+                    .bind(session_id)
+                    .bind(scope.user_id)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                if exists.is_none() {
+                    return Err($crate::error::SessionError::SessionNotFound(session_id.to_owned()));
+                }
+                let compaction = sqlx::query(sql::SELECT_COMPACTION)
+                    .bind(session_id)
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .map(|row| sql::compaction_from_row(&row))
+                    .transpose()?;
+                let from = compaction.as_ref().map_or(0, |compaction| compaction.from_seq);
+                let rows = sqlx::query(sql::LIST_MESSAGES_FROM)
+                    .bind(session_id)
+                    .bind(i64::try_from(from).unwrap_or(i64::MAX))
+                    .fetch_all(&self.pool)
+                    .await?;
+                let messages = rows.iter().map(|row| sql::message_from_row(row)).collect::<Result<_, _>>()?;
+                Ok((compaction, messages))
+            }
+
+            async fn record_compaction(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                session_id: &str,
+                compaction: &$crate::record::Compaction,
+            ) -> Result<u64, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
+                let locked = sqlx::query_scalar::<$db, String>(sql::LOCK_SESSION)
+                    .bind(scope.tenant_id)
+                    .bind(session_id)
+                    .bind(scope.user_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if locked.is_none() {
+                    tx.rollback().await?;
+                    return Err($crate::error::SessionError::SessionNotFound(session_id.to_owned()));
+                }
+                let row = sqlx::query(sql::SELECT_MESSAGE_KIND)
+                    .bind(session_id)
+                    .bind(&compaction.from_message_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some(row) = row else {
+                    tx.rollback().await?;
+                    return Err($crate::error::SessionError::MessageNotFound(
+                        compaction.from_message_id.clone(),
+                    ));
+                };
+                let from_seq: i64 = sqlx::Row::try_get(&row, "seq")?;
+                let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                sqlx::query(sql::UPSERT_COMPACTION)
+                    .bind(session_id)
+                    .bind(from_seq)
+                    .bind(&compaction.from_message_id)
+                    .bind(&compaction.method)
+                    .bind(&compaction.summary)
+                    .bind(count(compaction.compacted_messages))
+                    .bind(count(compaction.tokens_before))
+                    .bind(count(compaction.tokens_after))
+                    .bind(compaction.created_at_ms)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(u64::try_from(from_seq).unwrap_or_default())
+            }
+
+            async fn truncate_messages(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                session_id: &str,
+                after_message_id: Option<&str>,
+            ) -> Result<$crate::record::Truncated, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
+                let locked = sqlx::query_scalar::<$db, String>(sql::LOCK_SESSION)
+                    .bind(scope.tenant_id)
+                    .bind(session_id)
+                    .bind(scope.user_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some(image_id) = locked else {
+                    tx.rollback().await?;
+                    return Err($crate::error::SessionError::SessionNotFound(session_id.to_owned()));
+                };
+                let keep = match after_message_id {
+                    None => 0,
+                    Some(message_id) => {
+                        let row = sqlx::query(sql::SELECT_MESSAGE_KIND)
+                            .bind(session_id)
+                            .bind(message_id)
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                        let Some(row) = row else {
+                            tx.rollback().await?;
+                            return Err($crate::error::SessionError::MessageNotFound(message_id.to_owned()));
+                        };
+                        let kind: String = sqlx::Row::try_get(&row, "kind")?;
+                        if matches!(kind.as_str(), "user" | "tool_call") {
+                            tx.rollback().await?;
+                            return Err($crate::error::SessionError::precondition(
+                                "REWIND_POINT_OPENS_TURN",
+                                format!(
+                                    "message {message_id} is a {kind} message: the conversation would end inside a turn; \
+                                     rewind after a reply, an error or a tool result"
+                                ),
+                            ));
+                        }
+                        sqlx::Row::try_get::<i64, _>(&row, "seq")?
+                    }
+                };
+                let removed = sqlx::query(sql::DELETE_MESSAGES_AFTER)
+                    .bind(session_id)
+                    .bind(keep)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                sqlx::query(sql::REWIND_SEQ)
+                    .bind(session_id)
+                    .bind(keep)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(sql::DELETE_COMPACTIONS_AFTER)
+                    .bind(session_id)
+                    .bind(keep)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(sql::REWIND_READS)
+                    .bind(&image_id)
+                    .bind(keep)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok($crate::record::Truncated {
+                    removed_messages: removed,
+                    last_seq: u64::try_from(keep).unwrap_or_default(),
+                })
             }
 
             async fn list_open_turns(

@@ -119,6 +119,7 @@ async fn grpc_round_trip_and_typed_errors() {
     let listed = client
         .list_messages(pb::ListMessagesRequest {
             session_id: image.session_id.clone(),
+            context_only: false,
         })
         .await
         .unwrap()

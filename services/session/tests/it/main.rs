@@ -12,6 +12,7 @@ mod agent_state;
 mod conformance;
 mod groups;
 mod grpc;
+mod history;
 mod persistence;
 mod search;
 mod transfer;

@@ -31,7 +31,7 @@ fn runtime(tenant_id: &str) -> avm_common::RequestContext {
     avm_common::testing::service_ctx(tenant_id)
 }
 
-fn query(text: &str) -> SearchRequest {
+pub(crate) fn query(text: &str) -> SearchRequest {
     SearchRequest {
         query: text.to_owned(),
         ..SearchRequest::default()
@@ -39,7 +39,7 @@ fn query(text: &str) -> SearchRequest {
 }
 
 /// Makes a conversation named `name` in `container_id` (made when missing).
-async fn conversation(
+pub(crate) async fn conversation(
     service: &SessionService,
     cx: &avm_common::RequestContext,
     container_id: &str,
@@ -64,7 +64,14 @@ async fn conversation(
 }
 
 /// Appends a message as the runtime does, at `at_ms`.
-async fn say(service: &SessionService, tenant_id: &str, session_id: &str, id: &str, at_ms: i64, body: MessageBody) {
+pub(crate) async fn say(
+    service: &SessionService,
+    tenant_id: &str,
+    session_id: &str,
+    id: &str,
+    at_ms: i64,
+    body: MessageBody,
+) {
     service
         .append_message(
             &runtime(tenant_id),
@@ -79,7 +86,7 @@ async fn say(service: &SessionService, tenant_id: &str, session_id: &str, id: &s
         .expect("append message");
 }
 
-fn assistant(text: &str) -> MessageBody {
+pub(crate) fn assistant(text: &str) -> MessageBody {
     MessageBody::Assistant {
         text: text.to_owned(),
         usage: None,
@@ -90,7 +97,7 @@ fn assistant(text: &str) -> MessageBody {
     }
 }
 
-fn said(text: &str) -> MessageBody {
+pub(crate) fn said(text: &str) -> MessageBody {
     MessageBody::User {
         content_json: serde_json::Value::String(text.to_owned()).to_string(),
     }
