@@ -13,5 +13,6 @@ mod conformance;
 mod groups;
 mod grpc;
 mod persistence;
+mod retention;
 mod search;
 mod transfer;
