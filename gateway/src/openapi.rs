@@ -29,6 +29,7 @@ use crate::http::ErrorDocument;
         (name = "images", description = "Conversations: their agents, messages and events"),
         (name = "groups", description = "Groups of agents and users in a container: members, messages, read cursors"),
         (name = "search", description = "Full-text search over the conversations the caller may read"),
+        (name = "retention", description = "How long the tenant's messages and conversations are kept (usage records always are)"),
         (name = "agents", description = "Running agents"),
         (name = "resources", description = "Versioned prompts, tools, sandboxes, agents and knowledge"),
         (name = "config", description = "The configuration center"),

@@ -19,8 +19,8 @@ use utoipa_axum::routes;
 
 use crate::http::{RequestId, request_id_from_headers};
 use crate::rest::{
-    self, auth, conversations as conv, credentials, groups, recent, resources, search, secrets, settings, transfer,
-    usage, workspace,
+    self, auth, conversations as conv, credentials, groups, recent, resources, retention, search, secrets, settings,
+    transfer, usage, workspace,
 };
 use crate::state::GatewayState;
 
@@ -73,6 +73,9 @@ pub fn routes() -> (Router<Arc<GatewayState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(recent::mark_read))
         .routes(routes!(conv::rewind_image))
         .routes(routes!(conv::clear_image))
+        // Retention: the tenant's policy and sweeps on demand.
+        .routes(routes!(retention::get_retention, retention::put_retention))
+        .routes(routes!(retention::sweep_retention))
         // Agents.
         .routes(routes!(conv::list_agents))
         .routes(routes!(conv::get_agent, conv::destroy_agent))

@@ -23,6 +23,7 @@ pub mod images;
 pub mod messages;
 pub mod recent;
 pub mod resources;
+pub mod retention;
 pub mod search;
 pub mod secrets;
 pub mod settings;

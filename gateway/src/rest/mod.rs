@@ -19,6 +19,7 @@ pub mod credentials;
 pub mod groups;
 pub mod recent;
 pub mod resources;
+pub mod retention;
 pub mod search;
 pub mod secrets;
 pub mod settings;

@@ -6,6 +6,7 @@ use avm_common::settings;
 use avm_config::{ConfigServiceConfig, Deployment};
 use avm_gateway::GatewayConfig;
 use avm_runtime::{BillingConfig, LlmConfig, RuntimeConfig};
+use avm_session::SessionConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -25,6 +26,7 @@ pub struct AvmConfig {
     pub llm: LlmConfig,
     pub billing: BillingConfig,
     pub config: ConfigServiceConfig,
+    pub session: SessionConfig,
 }
 
 impl AvmConfig {

@@ -286,6 +286,8 @@ async fn session_component(
         .await?
         .with_references(avm_session::References::new(resources));
     app.background(sessions.spawn_background(app.background_stop()));
+    // Retention applies each tenant's policy, a bounded sweep at a time.
+    app.background(sessions.spawn_retention(config.session.retention_interval, app.background_stop()));
     Ok(sessions)
 }
 

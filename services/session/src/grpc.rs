@@ -13,6 +13,7 @@ use crate::record::{
     ImageRecord, ImageSummary, ImageUpdate, Lifecycle, MemberKind, MemberRef, MessageBody, MessageRecord, NewGroup,
     NewGroupMessage, NewImage, NewMessage, SessionChange, ShareRole, UnreadGroup, Usage, WakeMode, WatchItem,
 };
+use crate::retention::{RetentionPolicy, StoredPolicy};
 use crate::search::SearchRequest;
 use crate::service::SessionService;
 
@@ -531,6 +532,49 @@ impl SessionApi for SessionGrpc {
                 })
                 .collect(),
             next_page_token: page.next_page_token,
+        }))
+    }
+
+    async fn get_retention_policy(
+        &self,
+        request: Request<pb::GetRetentionPolicyRequest>,
+    ) -> Result<Response<pb::GetRetentionPolicyResponse>, Status> {
+        let ctx = caller(&request)?;
+        let stored = self.service.get_retention_policy(&ctx).await?;
+        Ok(Response::new(pb::GetRetentionPolicyResponse {
+            policy: Some(policy_to_pb(stored)),
+        }))
+    }
+
+    async fn set_retention_policy(
+        &self,
+        request: Request<pb::SetRetentionPolicyRequest>,
+    ) -> Result<Response<pb::SetRetentionPolicyResponse>, Status> {
+        let ctx = caller(&request)?;
+        let request = request.into_inner();
+        let policy = RetentionPolicy {
+            message_days: request.message_days,
+            idle_conversation_days: request.idle_conversation_days,
+            max_conversations_per_container: request.max_conversations_per_container,
+        };
+        let stored = self.service.set_retention_policy(&ctx, policy).await?;
+        Ok(Response::new(pb::SetRetentionPolicyResponse {
+            policy: Some(policy_to_pb(stored)),
+        }))
+    }
+
+    async fn sweep_retention(
+        &self,
+        request: Request<pb::SweepRetentionRequest>,
+    ) -> Result<Response<pb::SweepRetentionResponse>, Status> {
+        let ctx = caller(&request)?;
+        let report = self.service.sweep_retention(&ctx, request.get_ref().dry_run).await?;
+        Ok(Response::new(pb::SweepRetentionResponse {
+            dry_run: report.dry_run,
+            deleted_messages: report.messages,
+            deleted_conversations: report.conversations,
+            image_ids: report.image_ids,
+            limit_reached: report.limit_reached,
         }))
     }
 
@@ -1152,6 +1196,15 @@ fn compaction_pb(compaction: Compaction) -> pb::Compaction {
         tokens_before: compaction.tokens_before,
         tokens_after: compaction.tokens_after,
         created_at_ms: compaction.created_at_ms,
+    }
+}
+
+fn policy_to_pb(stored: StoredPolicy) -> pb::RetentionPolicy {
+    pb::RetentionPolicy {
+        message_days: stored.policy.message_days,
+        idle_conversation_days: stored.policy.idle_conversation_days,
+        max_conversations_per_container: stored.policy.max_conversations_per_container,
+        updated_at_ms: stored.updated_at_ms,
     }
 }
 

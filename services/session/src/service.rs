@@ -30,6 +30,7 @@ use crate::store::{Scope, SessionStore};
 use crate::transfer::{EXPORT_CHUNK_BYTES, ExportWriter, ImportWrite, Imported, container_header, read_import};
 
 mod groups;
+mod retention;
 
 pub use groups::{
     DEFAULT_GROUP_MESSAGE_LIMIT, DEFAULT_GROUP_PAGE_SIZE, MAX_GROUP_MESSAGE_LIMIT, MAX_GROUP_PAGE_SIZE,
@@ -714,20 +715,39 @@ impl SessionService {
     pub async fn delete_image(&self, ctx: &RequestContext, image_id: &str) -> Result<(), SessionError> {
         allow(ctx, Scopes::WRITE)?;
         self.require_image_role(ctx, image_id, ShareRole::Manage).await?;
+        let image_ids = self.remove_image(ctx, image_id, None).await?;
+        tracing::info!(image_id, descendants = image_ids.len() - 1, "image deleted");
+        Ok(())
+    }
+
+    /// Deletes an image and its descendants with their sessions and
+    /// messages, and tells of it: the devices of the caller and of the
+    /// container's owner, and the runtimes. The one way a conversation is
+    /// deleted, whether a user asked or retention did (which passes the
+    /// last activity it saw in `unchanged`: see
+    /// [`SessionStore::delete_unchanged_image`]). Returns the deleted ids.
+    async fn remove_image(
+        &self,
+        ctx: &RequestContext,
+        image_id: &str,
+        unchanged: Option<i64>,
+    ) -> Result<Vec<String>, SessionError> {
         // What the deletion takes, with its sessions, for the devices to be told.
         let image = self.store.get_image(&scope(ctx), image_id).await?;
         let before = self.store.list_images(&scope(ctx), Some(&image.container_id)).await?;
-        let image_ids = self.store.delete_image(&scope(ctx), image_id).await?;
-        tracing::info!(image_id, descendants = image_ids.len() - 1, "image deleted");
+        let image_ids = match unchanged {
+            None => self.store.delete_image(&scope(ctx), image_id).await?,
+            Some(at) => self.store.delete_unchanged_image(&scope(ctx), image_id, at).await?,
+        };
         self.announce_deleted(ctx, &image.container_id, &before, &image_ids)
             .await;
         self.events
             .emit(SessionChange::Deleted {
                 tenant_id: ctx.tenant_id.clone(),
-                image_ids,
+                image_ids: image_ids.clone(),
             })
             .await;
-        Ok(())
+        Ok(image_ids)
     }
 
     /// Appends a message to a session of the caller's tenant and returns it as stored.

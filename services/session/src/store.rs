@@ -20,6 +20,7 @@ use crate::record::{
     GroupMessageRecord, GroupRecord, GroupUpdate, ImageRecord, ImageUpdate, MemberRef, MessageRecord, NewGroupMessage,
     NewMessage, OpenTurn, ShareRecord, ShareRole, Truncated, UnreadGroup,
 };
+use crate::retention::{RetentionCandidate, RetentionPolicy, StoredPolicy};
 use crate::search::{SearchRequest, SearchRow, Terms};
 use crate::transfer::{ImportWrite, Imported};
 
@@ -146,6 +147,62 @@ pub trait SessionStore: GroupStore + Send + Sync + 'static {
     /// returns the deleted image ids, the image first.
     async fn delete_image(&self, scope: &Scope<'_>, image_id: &str) -> Result<Vec<String>, SessionError>;
 
+    /// Deletes an image as [`Self::delete_image`] does, only while its
+    /// session's last activity is `last_active_at_ms` and it has no
+    /// children (what retention chose, unless it changed since);
+    /// `ImageNotFound` otherwise, with nothing deleted.
+    async fn delete_unchanged_image(
+        &self,
+        scope: &Scope<'_>,
+        image_id: &str,
+        last_active_at_ms: i64,
+    ) -> Result<Vec<String>, SessionError>;
+
+    /// Returns a tenant's retention policy, `None` when it never set one.
+    async fn get_retention_policy(&self, tenant_id: &str) -> Result<Option<StoredPolicy>, SessionError>;
+
+    /// Sets a tenant's retention policy, all of it (the caller checked it).
+    async fn set_retention_policy(
+        &self,
+        tenant_id: &str,
+        policy: &RetentionPolicy,
+        updated_by: &str,
+        now_ms: i64,
+    ) -> Result<(), SessionError>;
+
+    /// Returns up to `limit` policies that delete something, by tenant id
+    /// after `after_tenant_id`.
+    async fn list_retention_policies(
+        &self,
+        after_tenant_id: &str,
+        limit: u32,
+    ) -> Result<Vec<(String, RetentionPolicy)>, SessionError>;
+
+    /// Returns how many of a tenant's messages were written before
+    /// `before_ms`, counting at most `limit`.
+    async fn count_old_messages(&self, tenant_id: &str, before_ms: i64, limit: u32) -> Result<u64, SessionError>;
+
+    /// Deletes at most `limit` of a tenant's messages written before
+    /// `before_ms`, in one transaction; returns how many.
+    async fn delete_old_messages(&self, tenant_id: &str, before_ms: i64, limit: u32) -> Result<u64, SessionError>;
+
+    /// Returns at most `limit` conversations of a tenant, least recently
+    /// active first, that were last active before `idle_before_ms` or lie
+    /// beyond the `keep_per_container` most recently active of their
+    /// container; only images without children.
+    async fn list_retention_candidates(
+        &self,
+        tenant_id: &str,
+        idle_before_ms: Option<i64>,
+        keep_per_container: Option<u32>,
+        limit: u32,
+    ) -> Result<Vec<RetentionCandidate>, SessionError>;
+
+    /// Returns the right to sweep every tenant now, held until dropped, or
+    /// `None` when another replica holds it (Postgres); one process owns a
+    /// SQLite file, which always has it.
+    async fn lock_sweep(&self) -> Result<Option<SweepLock>, SessionError>;
+
     /// Appends a message with the next `seq` of its session, keeping `created_at_ms`
     /// as given. A message id already in the session returns the stored message unchanged.
     async fn append_message(
@@ -258,6 +315,11 @@ pub trait SessionStore: GroupStore + Send + Sync + 'static {
     /// Returns how change events travel between the replicas on this store.
     fn event_transport(&self) -> EventTransport;
 }
+
+/// The right to run the retention sweep, until dropped: on Postgres a
+/// connection holding an advisory lock, which closes with it (or when the
+/// process dies).
+pub struct SweepLock(#[allow(dead_code)] Box<dyn std::any::Any + Send>);
 
 /// Persists groups, their members and read cursors, and their messages.
 ///

@@ -57,6 +57,25 @@ impl PostgresSessionStore {
          ORDER BY h.score DESC, h.at_ms DESC, h.image_id, h.message_key"
     );
 
+    /// Takes the advisory lock of this schema's sweep on a connection of its
+    /// own, beside the pool (whose connections the sweep's deletions need),
+    /// held until it is dropped: closing the connection releases the lock,
+    /// whatever happened. Another replica's try fails at once.
+    async fn lock_sweep_impl(&self) -> Result<Option<super::SweepLock>, SessionError> {
+        use sqlx::Connection;
+        let mut connection = sqlx::PgConnection::connect_with(&self.pool.connect_options()).await?;
+        let locked = sqlx::query_scalar::<_, bool>(
+            "SELECT pg_try_advisory_lock(hashtext(COALESCE(current_schema(), '') || '.avm_session_retention'))",
+        )
+        .fetch_one(&mut connection)
+        .await?;
+        if !locked {
+            connection.close().await?;
+            return Ok(None);
+        }
+        Ok(Some(super::SweepLock(Box::new(connection))))
+    }
+
     /// Every replica on the same database hears every deletion.
     fn event_transport_impl(&self) -> EventTransport {
         self.events.clone()

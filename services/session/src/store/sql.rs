@@ -16,6 +16,7 @@ use crate::error::SessionError;
 use crate::record::{
     AgentState, Compaction, ContainerRecord, ImageRecord, MessageBody, MessageRecord, ShareRecord, ShareRole,
 };
+use crate::retention::{RetentionCandidate, RetentionPolicy, StoredPolicy};
 use crate::search::SearchRow;
 
 /// The condition that container `c` is visible to user `$u`: always when `$u`
@@ -209,6 +210,17 @@ pub(super) const LIST_DESCENDANTS: &str = concat!(
     descendants!(),
     "SELECT i.image_id FROM images i JOIN family f ON f.image_id = i.image_id ORDER BY i.depth, i.image_id"
 );
+/// Locks a visible image as [`LOCK_IMAGE`] does, only while its session's
+/// last activity is still `$4` and it has no children: what retention
+/// chose is deleted only if nothing happened to it since.
+pub(super) const LOCK_UNCHANGED_IMAGE: &str = concat!(
+    "UPDATE images SET agent_state = agent_state \
+     WHERE tenant_id = $1 AND image_id = $2 AND ",
+    image_visible!("$3"),
+    " AND EXISTS (SELECT 1 FROM sessions s WHERE s.image_id = images.image_id AND s.last_active_at_ms = $4) \
+      AND NOT EXISTS (SELECT 1 FROM images c WHERE c.parent_image_id = images.image_id) \
+     RETURNING agent_state, agent_error"
+);
 pub(super) const DELETE_IMAGE: &str = "DELETE FROM images WHERE tenant_id = $1 AND image_id = $2";
 
 /// The condition that the `sessions` row is visible to `$u`.
@@ -356,6 +368,64 @@ where
     })
 }
 
+/// A tenant's retention policy.
+pub(super) const SELECT_RETENTION: &str = "\
+    SELECT message_days, idle_conversation_days, max_conversations_per_container, updated_at_ms \
+    FROM retention_policies WHERE tenant_id = $1";
+/// Sets a tenant's retention policy, all of it.
+pub(super) const UPSERT_RETENTION: &str = "\
+    INSERT INTO retention_policies (tenant_id, message_days, idle_conversation_days, \
+                                    max_conversations_per_container, updated_at_ms, updated_by) \
+    VALUES ($1, $2, $3, $4, $5, $6) \
+    ON CONFLICT (tenant_id) DO UPDATE SET message_days = excluded.message_days, \
+        idle_conversation_days = excluded.idle_conversation_days, \
+        max_conversations_per_container = excluded.max_conversations_per_container, \
+        updated_at_ms = excluded.updated_at_ms, updated_by = excluded.updated_by";
+/// The policies that delete something, by tenant id after `$1`, at most `$2`.
+pub(super) const LIST_RETENTION: &str = "\
+    SELECT tenant_id, message_days, idle_conversation_days, max_conversations_per_container, updated_at_ms \
+    FROM retention_policies \
+    WHERE tenant_id > $1 AND (message_days IS NOT NULL OR idle_conversation_days IS NOT NULL \
+                              OR max_conversations_per_container IS NOT NULL) \
+    ORDER BY tenant_id LIMIT $2";
+
+/// At most `$3` messages of tenant `$1` written before `$2`: each of the
+/// tenant's sessions (`sessions_by_activity`), then its old messages alone
+/// (`messages_by_age`).
+macro_rules! old_messages {
+    () => {
+        "SELECT m.session_id, m.seq FROM sessions s JOIN messages m ON m.session_id = s.session_id \
+         WHERE s.tenant_id = $1 AND m.created_at_ms < $2 LIMIT $3"
+    };
+}
+pub(super) const COUNT_OLD_MESSAGES: &str = concat!("SELECT COUNT(*) FROM (", old_messages!(), ") old");
+pub(super) const DELETE_OLD_MESSAGES: &str = concat!(
+    "DELETE FROM messages WHERE (session_id, seq) IN (",
+    old_messages!(),
+    ")"
+);
+/// The conversations of tenant `$1` last active before `$2`, least recently
+/// active first, at most `$3`. Only images without children: deleting one
+/// never takes a child still in use with it (its parent's turn comes once
+/// the children are gone).
+pub(super) const LIST_IDLE_IMAGES: &str = "\
+    SELECT i.image_id, i.container_id, s.session_id, s.last_active_at_ms \
+    FROM sessions s JOIN images i ON i.image_id = s.image_id \
+    WHERE s.tenant_id = $1 AND s.last_active_at_ms < $2 \
+      AND NOT EXISTS (SELECT 1 FROM images c WHERE c.parent_image_id = i.image_id) \
+    ORDER BY s.last_active_at_ms, s.session_id LIMIT $3";
+/// The conversations of tenant `$1` beyond the `$2` most recently active of
+/// their container, least recently active first, at most `$3`; images
+/// without children only, as for idle ones.
+pub(super) const LIST_EXCESS_IMAGES: &str = "\
+    SELECT r.image_id, r.container_id, r.session_id, r.last_active_at_ms FROM ( \
+        SELECT i.image_id, i.container_id, s.session_id, s.last_active_at_ms, \
+               ROW_NUMBER() OVER (PARTITION BY i.container_id \
+                                  ORDER BY s.last_active_at_ms DESC, s.session_id DESC) AS place \
+        FROM sessions s JOIN images i ON i.image_id = s.image_id WHERE s.tenant_id = $1) r \
+    WHERE r.place > $2 AND NOT EXISTS (SELECT 1 FROM images c WHERE c.parent_image_id = r.image_id) \
+    ORDER BY r.last_active_at_ms, r.session_id LIMIT $3";
+
 /// Reads a container row.
 pub(super) fn container_from_row<'r, R>(row: &'r R) -> Result<ContainerRecord, SessionError>
 where
@@ -501,6 +571,46 @@ where
     })
 }
 
+/// Reads a row of `SELECT_RETENTION` or `LIST_RETENTION`.
+pub(super) fn policy_from_row<'r, R>(row: &'r R) -> Result<StoredPolicy, SessionError>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    Option<i64>: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let bound = |name: &'r str| -> Result<Option<u32>, SessionError> {
+        let value: Option<i64> = row.try_get(name)?;
+        value
+            .map(|value| u32::try_from(value).map_err(|_| SessionError::corrupt(format!("{name} is {value}"))))
+            .transpose()
+    };
+    Ok(StoredPolicy {
+        policy: RetentionPolicy {
+            message_days: bound("message_days")?,
+            idle_conversation_days: bound("idle_conversation_days")?,
+            max_conversations_per_container: bound("max_conversations_per_container")?,
+        },
+        updated_at_ms: row.try_get("updated_at_ms")?,
+    })
+}
+
+/// Reads a row of `LIST_IDLE_IMAGES` or `LIST_EXCESS_IMAGES`.
+pub(super) fn candidate_from_row<'r, R>(row: &'r R) -> Result<RetentionCandidate, SessionError>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(RetentionCandidate {
+        image_id: row.try_get("image_id")?,
+        container_id: row.try_get("container_id")?,
+        session_id: row.try_get("session_id")?,
+        last_active_at_ms: row.try_get("last_active_at_ms")?,
+    })
+}
+
 /// Reads a row of a store's `SEARCH` statement.
 pub(super) fn search_row_from_row<'r, R>(row: &'r R) -> Result<SearchRow, SessionError>
 where
@@ -616,6 +726,54 @@ macro_rules! impl_session_store {
                 .execute(&mut **tx)
                 .await?;
             Ok(true)
+        }
+
+        /// Deletes a visible image with its descendants, their sessions and
+        /// messages, in one transaction; with `unchanged`, only while its
+        /// session's last activity is that and it has no children. Returns
+        /// the deleted image ids, the image first; `ImageNotFound` when
+        /// nothing was deleted.
+        async fn delete_image_rows(
+            pool: &sqlx::Pool<$db>,
+            scope: &$crate::store::Scope<'_>,
+            image_id: &str,
+            unchanged: Option<i64>,
+        ) -> Result<Vec<String>, $crate::error::SessionError> {
+            use $crate::store::sql;
+            let mut tx = pool.begin_with(<$store>::BEGIN).await?;
+            let lock = match unchanged {
+                None => sqlx::query(sql::LOCK_IMAGE)
+                    .bind(scope.tenant_id)
+                    .bind(image_id)
+                    .bind(scope.user_id),
+                Some(last_active_at_ms) => sqlx::query(sql::LOCK_UNCHANGED_IMAGE)
+                    .bind(scope.tenant_id)
+                    .bind(image_id)
+                    .bind(scope.user_id)
+                    .bind(last_active_at_ms),
+            };
+            if lock.fetch_optional(&mut *tx).await?.is_none() {
+                tx.rollback().await?;
+                return Err($crate::error::SessionError::ImageNotFound(image_id.to_owned()));
+            }
+            // The cascade takes the descendants with the image, and the
+            // sessions and messages of all of them; their ids are read
+            // first so the runtimes hear of every agent that is gone.
+            let mut image_ids = vec![image_id.to_owned()];
+            image_ids.extend(
+                sqlx::query_scalar::<$db, String>(sql::LIST_DESCENDANTS)
+                    .bind(scope.tenant_id)
+                    .bind(image_id)
+                    .fetch_all(&mut *tx)
+                    .await?,
+            );
+            sqlx::query(sql::DELETE_IMAGE)
+                .bind(scope.tenant_id)
+                .bind(image_id)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(image_ids)
         }
 
         #[async_trait::async_trait]
@@ -1055,36 +1213,146 @@ macro_rules! impl_session_store {
                 scope: &$crate::store::Scope<'_>,
                 image_id: &str,
             ) -> Result<Vec<String>, $crate::error::SessionError> {
-                use $crate::store::sql;
-                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
-                let locked = sqlx::query(sql::LOCK_IMAGE)
-                    .bind(scope.tenant_id)
-                    .bind(image_id)
-                    .bind(scope.user_id)
-                    .fetch_optional(&mut *tx)
+                delete_image_rows(&self.pool, scope, image_id, None).await
+            }
+
+            async fn delete_unchanged_image(
+                &self,
+                scope: &$crate::store::Scope<'_>,
+                image_id: &str,
+                last_active_at_ms: i64,
+            ) -> Result<Vec<String>, $crate::error::SessionError> {
+                delete_image_rows(&self.pool, scope, image_id, Some(last_active_at_ms)).await
+            }
+
+            async fn get_retention_policy(
+                &self,
+                tenant_id: &str,
+            ) -> Result<Option<$crate::retention::StoredPolicy>, $crate::error::SessionError> {
+                let row = sqlx::query($crate::store::sql::SELECT_RETENTION)
+                    .bind(tenant_id)
+                    .fetch_optional(&self.pool)
                     .await?;
-                if locked.is_none() {
-                    tx.rollback().await?;
-                    return Err($crate::error::SessionError::ImageNotFound(image_id.to_owned()));
-                }
-                // The cascade takes the descendants with the image, and the
-                // sessions and messages of all of them; their ids are read
-                // first so the runtimes hear of every agent that is gone.
-                let mut image_ids = vec![image_id.to_owned()];
-                image_ids.extend(
-                    sqlx::query_scalar::<$db, String>(sql::LIST_DESCENDANTS)
-                        .bind(scope.tenant_id)
-                        .bind(image_id)
-                        .fetch_all(&mut *tx)
-                        .await?,
-                );
-                sqlx::query(sql::DELETE_IMAGE)
-                    .bind(scope.tenant_id)
-                    .bind(image_id)
+                row.map(|row| $crate::store::sql::policy_from_row(&row))
+                    .transpose()
+            }
+
+            async fn set_retention_policy(
+                &self,
+                tenant_id: &str,
+                policy: &$crate::retention::RetentionPolicy,
+                updated_by: &str,
+                now_ms: i64,
+            ) -> Result<(), $crate::error::SessionError> {
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
+                sqlx::query($crate::store::sql::UPSERT_RETENTION)
+                    .bind(tenant_id)
+                    .bind(policy.message_days.map(i64::from))
+                    .bind(policy.idle_conversation_days.map(i64::from))
+                    .bind(policy.max_conversations_per_container.map(i64::from))
+                    .bind(now_ms)
+                    .bind(updated_by)
                     .execute(&mut *tx)
                     .await?;
                 tx.commit().await?;
-                Ok(image_ids)
+                Ok(())
+            }
+
+            async fn list_retention_policies(
+                &self,
+                after_tenant_id: &str,
+                limit: u32,
+            ) -> Result<Vec<(String, $crate::retention::RetentionPolicy)>, $crate::error::SessionError> {
+                let rows = sqlx::query($crate::store::sql::LIST_RETENTION)
+                    .bind(after_tenant_id)
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter()
+                    .map(|row| {
+                        let tenant_id: String = sqlx::Row::try_get(row, "tenant_id")?;
+                        Ok((tenant_id, $crate::store::sql::policy_from_row(row)?.policy))
+                    })
+                    .collect()
+            }
+
+            async fn count_old_messages(
+                &self,
+                tenant_id: &str,
+                before_ms: i64,
+                limit: u32,
+            ) -> Result<u64, $crate::error::SessionError> {
+                let count = sqlx::query_scalar::<$db, i64>($crate::store::sql::COUNT_OLD_MESSAGES)
+                    .bind(tenant_id)
+                    .bind(before_ms)
+                    .bind(i64::from(limit))
+                    .fetch_one(&self.pool)
+                    .await?;
+                Ok(u64::try_from(count).unwrap_or_default())
+            }
+
+            async fn delete_old_messages(
+                &self,
+                tenant_id: &str,
+                before_ms: i64,
+                limit: u32,
+            ) -> Result<u64, $crate::error::SessionError> {
+                let mut tx = self.pool.begin_with(Self::BEGIN).await?;
+                let deleted = sqlx::query($crate::store::sql::DELETE_OLD_MESSAGES)
+                    .bind(tenant_id)
+                    .bind(before_ms)
+                    .bind(i64::from(limit))
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                tx.commit().await?;
+                Ok(deleted)
+            }
+
+            async fn list_retention_candidates(
+                &self,
+                tenant_id: &str,
+                idle_before_ms: Option<i64>,
+                keep_per_container: Option<u32>,
+                limit: u32,
+            ) -> Result<Vec<$crate::retention::RetentionCandidate>, $crate::error::SessionError> {
+                use $crate::store::sql;
+                let mut rows = Vec::new();
+                if let Some(before) = idle_before_ms {
+                    rows.extend(
+                        sqlx::query(sql::LIST_IDLE_IMAGES)
+                            .bind(tenant_id)
+                            .bind(before)
+                            .bind(i64::from(limit))
+                            .fetch_all(&self.pool)
+                            .await?,
+                    );
+                }
+                if let Some(keep) = keep_per_container {
+                    rows.extend(
+                        sqlx::query(sql::LIST_EXCESS_IMAGES)
+                            .bind(tenant_id)
+                            .bind(i64::from(keep))
+                            .bind(i64::from(limit))
+                            .fetch_all(&self.pool)
+                            .await?,
+                    );
+                }
+                let mut candidates = rows
+                    .iter()
+                    .map(|row| sql::candidate_from_row(row))
+                    .collect::<Result<Vec<_>, _>>()?;
+                // Each list holds its own least recently active; together,
+                // once sorted and rid of what both hold, so does their head.
+                candidates
+                    .sort_by(|a, b| (a.last_active_at_ms, &a.session_id).cmp(&(b.last_active_at_ms, &b.session_id)));
+                candidates.dedup_by(|a, b| a.image_id == b.image_id);
+                candidates.truncate(limit as usize);
+                Ok(candidates)
+            }
+
+            async fn lock_sweep(&self) -> Result<Option<$crate::store::SweepLock>, $crate::error::SessionError> {
+                self.lock_sweep_impl().await
             }
 
             async fn append_message(
@@ -1514,3 +1782,60 @@ macro_rules! impl_session_store {
 }
 
 pub(super) use impl_session_store;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Returns the tables a statement names after FROM, JOIN, INTO or UPDATE.
+    fn tables(statement: &str) -> Vec<String> {
+        let words: Vec<&str> = statement
+            .split(|c: char| c.is_whitespace() || c == '(' || c == ')' || c == ',')
+            .filter(|word| !word.is_empty())
+            .collect();
+        words
+            .windows(2)
+            .filter(|pair| ["FROM", "JOIN", "INTO", "UPDATE"].contains(&pair[0]))
+            .map(|pair| pair[1].to_owned())
+            .filter(|name| name.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+            .collect()
+    }
+
+    #[test]
+    fn retention_touches_only_the_session_tables() {
+        // Usage records (observability's ledger, auth's quota counters) live
+        // in other databases; a sweep's statements reach only these, and
+        // deleting an image cascades within them alone.
+        let allowed = [
+            "retention_policies",
+            "sessions",
+            "messages",
+            "images",
+            "containers",
+            "container_shares",
+        ];
+        let statements = [
+            SELECT_RETENTION,
+            UPSERT_RETENTION,
+            LIST_RETENTION,
+            COUNT_OLD_MESSAGES,
+            DELETE_OLD_MESSAGES,
+            LIST_IDLE_IMAGES,
+            LIST_EXCESS_IMAGES,
+            LOCK_UNCHANGED_IMAGE,
+            LIST_DESCENDANTS,
+            DELETE_IMAGE,
+        ];
+        for statement in statements {
+            assert!(!statement.to_lowercase().contains("usage"), "{statement}");
+            let named = tables(statement);
+            assert!(!named.is_empty(), "{statement}");
+            for table in named {
+                assert!(
+                    allowed.contains(&table.as_str()) || table == "family" || table == "old",
+                    "{table} in {statement}"
+                );
+            }
+        }
+    }
+}

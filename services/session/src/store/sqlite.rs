@@ -57,6 +57,11 @@ impl SqliteSessionStore {
          ORDER BY h.score DESC, h.at_ms DESC, h.image_id, h.message_key"
     );
 
+    /// One process owns a SQLite file: nobody else sweeps it.
+    async fn lock_sweep_impl(&self) -> Result<Option<super::SweepLock>, SessionError> {
+        Ok(Some(super::SweepLock(Box::new(()))))
+    }
+
     /// One process owns a SQLite file, so events stay in process.
     fn event_transport_impl(&self) -> EventTransport {
         EventTransport::InProcess

@@ -14,5 +14,6 @@ mod groups;
 mod grpc;
 mod history;
 mod persistence;
+mod retention;
 mod search;
 mod transfer;

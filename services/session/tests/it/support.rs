@@ -49,6 +49,12 @@ impl TestDb {
         Some(Self::on(TestDatabase::postgres("avm_session_test").await?).await)
     }
 
+    /// Returns the url of the database the store lives in, for tests that
+    /// write rows the service never would (a conversation idle for months).
+    pub fn url(&self) -> &str {
+        &self._db.url
+    }
+
     async fn on(db: TestDatabase) -> TestDb {
         // Two connections a store: the suite runs many Postgres tests at once, and
         // the server takes at most 100 clients.
