@@ -110,6 +110,28 @@ impl Api {
         Ok(())
     }
 
+    /// Gives the mock's model (`claude-…`) a context window of `tokens`;
+    /// `false` when the deployment has no such setting (an older build).
+    pub async fn set_context_window(&self, tokens: u64) -> anyhow::Result<bool> {
+        let response = self
+            .client
+            .put(format!("{}/v1/config", self.url))
+            .bearer_auth(&self.key)
+            .json(&json!({"llm.contextWindows": {"claude-": tokens}}))
+            .send()
+            .await?;
+        let status = response.status();
+        if status == reqwest::StatusCode::BAD_REQUEST {
+            return Ok(false);
+        }
+        ensure!(
+            status.is_success(),
+            "cannot set the context window: {status} {}",
+            response.text().await.unwrap_or_default()
+        );
+        Ok(true)
+    }
+
     /// Makes `count` conversations in the `bench` container.
     pub async fn images(&self, count: usize) -> anyhow::Result<Vec<String>> {
         let made = futures::stream::iter(0..count)

@@ -94,6 +94,7 @@ pub struct Plan {
     idle_http_body: usize,
     idle_agents: usize,
     history: usize,
+    context_window: u64,
     streams: Vec<usize>,
     rps_seconds: f64,
     tokens_per_month: u64,
@@ -114,6 +115,7 @@ impl From<&Args> for Plan {
             idle_http_body: args.idle_http_body,
             idle_agents: args.idle_agents,
             history: args.history.max(20),
+            context_window: args.context_window,
             streams: args.streams.clone(),
             rps_seconds: args.rps_seconds,
             tokens_per_month: args.tokens_per_month,
@@ -183,6 +185,9 @@ impl Bench {
         let conversations = api.images(2).await?;
         let (short, long) = (conversations[0].clone(), conversations[1].clone());
         if plan.wants(Figure::History) {
+            if plan.context_window > 0 && !api.set_context_window(plan.context_window).await? {
+                eprintln!("{name}: no llm.contextWindows here: its long conversation is sent whole");
+            }
             eprintln!("{name}: writing a conversation of {} messages", plan.history);
             grow(&api, &short, 10).await?;
             grow(&api, &long, plan.history).await?;

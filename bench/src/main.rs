@@ -91,6 +91,11 @@ struct Args {
     /// Messages of the long conversation of the history figures.
     #[arg(long, default_value_t = 10_000)]
     history: usize,
+    /// The context window, in tokens, the history figures' model is given
+    /// (`llm.contextWindows`), so the long conversation is compacted to it;
+    /// 0 leaves the built-in window (200,000 tokens for the mock's model).
+    #[arg(long, default_value_t = 16_000)]
+    context_window: u64,
     /// Concurrent 50 tokens/s streams tried, in order, until inter-token
     /// gaps exceed 10x (the run says so when every level held).
     #[arg(
