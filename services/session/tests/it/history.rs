@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use avm_session::{MessageBody, SessionService, SessionStore, ShareRole};
+use avm_common::testing::service_ctx;
+use avm_session::{Compaction, MessageBody, SessionService, SessionStore, ShareRole};
 
 use crate::search::{assistant, conversation, query, said, say};
 use crate::support::{ctx, member, reason};
@@ -13,6 +14,7 @@ conformance_suite!(
     a_rewind_keeps_what_came_before_and_a_clear_keeps_the_record,
     a_rewind_stops_only_where_a_turn_ended,
     only_who_manages_a_conversation_rewinds_it,
+    a_compaction_is_where_the_context_starts,
 );
 
 const A: &str = "tenant-a";
@@ -191,4 +193,97 @@ async fn only_who_manages_a_conversation_rewinds_it(store: Arc<dyn SessionStore>
             .removed_messages,
         2
     );
+}
+
+fn compaction(from: &str, summary: &str) -> Compaction {
+    Compaction {
+        from_seq: 0,
+        from_message_id: from.to_owned(),
+        method: "summarized".to_owned(),
+        summary: summary.to_owned(),
+        compacted_messages: 4,
+        tokens_before: 900,
+        tokens_after: 100,
+        created_at_ms: 0,
+    }
+}
+
+async fn a_compaction_is_where_the_context_starts(store: Arc<dyn SessionStore>) {
+    let service = SessionService::new(store);
+    let (admin, runtime) = (ctx(A), service_ctx(A));
+    let (_, session) = six_messages(&service, &admin).await;
+    let ids =
+        |messages: &[avm_session::MessageRecord]| messages.iter().map(|m| m.message_id.clone()).collect::<Vec<_>>();
+    // Without a compaction, the context is every message.
+    let (none, all) = service.list_context(&admin, &session).await.unwrap();
+    assert!(none.is_none());
+    assert_eq!(all.len(), 6);
+
+    let recorded = service
+        .record_compaction(&runtime, &session, compaction("u3", "herons and ospreys"))
+        .await
+        .unwrap();
+    assert_eq!(recorded.from_seq, 5);
+    let (found, kept) = service.list_context(&admin, &session).await.unwrap();
+    let found = found.unwrap();
+    assert_eq!(
+        (found.from_seq, found.summary.as_str(), found.method.as_str()),
+        (5, "herons and ospreys", "summarized")
+    );
+    assert_eq!(ids(&kept), ["u3", "a3"]);
+    // The same point compacted again replaces it; the history stays whole.
+    service
+        .record_compaction(&runtime, &session, compaction("u3", "birds"))
+        .await
+        .unwrap();
+    let (found, _) = service.list_context(&admin, &session).await.unwrap();
+    assert_eq!(found.unwrap().summary, "birds");
+    assert_eq!(service.list_messages(&admin, &session).await.unwrap().len(), 6);
+
+    // Only the runtime records one, at a message of the session, of a known method.
+    assert_eq!(
+        reason(
+            service
+                .record_compaction(&admin, &session, compaction("u3", "lies"))
+                .await
+        ),
+        "RUNTIME_ONLY"
+    );
+    assert_eq!(
+        reason(
+            service
+                .record_compaction(&runtime, &session, compaction("nope", "x"))
+                .await
+        ),
+        "MESSAGE_NOT_FOUND"
+    );
+    let shrunk = Compaction {
+        method: "shrunk".to_owned(),
+        ..compaction("u3", "x")
+    };
+    assert_eq!(
+        reason(service.record_compaction(&runtime, &session, shrunk).await),
+        "INVALID_COMPACTION"
+    );
+    let huge = compaction("u3", &"x".repeat(300 * 1024));
+    assert_eq!(
+        reason(service.record_compaction(&runtime, &session, huge).await),
+        "INVALID_COMPACTION"
+    );
+    assert_eq!(
+        reason(
+            service
+                .record_compaction(&service_ctx("tenant-b"), &session, compaction("u3", "x"))
+                .await
+        ),
+        "SESSION_NOT_FOUND"
+    );
+    let (found, _) = service.list_context(&admin, &session).await.unwrap();
+    assert_eq!(found.unwrap().summary, "birds", "nothing refused was written");
+
+    // A rewind to before the compaction's first message forgets it.
+    service.truncate_messages(&admin, &session, Some("a2")).await.unwrap();
+    let (none, all) = service.list_context(&admin, &session).await.unwrap();
+    assert!(none.is_none());
+    assert_eq!(ids(&all), ["u1", "a1", "u2", "a2"]);
 }
