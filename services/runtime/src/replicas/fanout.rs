@@ -224,7 +224,15 @@ impl Fanout {
             let period = u64::try_from(self.inner.retention_period.as_millis())
                 .unwrap_or(u64::MAX)
                 .max(1000);
+            // The replay window is bounded by time as well as by count: an
+            // active session's entries older than the period go (the ids
+            // are Redis's milliseconds), and an idle stream expires whole.
+            let oldest = u64::try_from(avm_common::now_ms())
+                .unwrap_or_default()
+                .saturating_sub(period);
             for stream in streams {
+                // Exact: an approximate trim keeps a small stream whole.
+                pipe.cmd("XTRIM").arg(&stream).arg("MINID").arg(oldest).ignore();
                 pipe.cmd("PEXPIRE").arg(stream).arg(period).ignore();
             }
             if let Err(err) = pipe.query_async::<()>(&mut conn).await {
@@ -359,6 +367,70 @@ fn decode(payload: &str) -> Option<(String, SessionEvent)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn event(session_id: &str) -> SessionEvent {
+        SessionEvent {
+            kind: EventKind::MessageAccepted,
+            cursor: 1,
+            timestamp_ms: 7,
+            context: Arc::new(EventContext {
+                container_id: "c".into(),
+                image_id: "img".into(),
+                agent_id: "agent".into(),
+                session_id: session_id.into(),
+            }),
+            data_json: "{}".into(),
+            detail: None,
+        }
+    }
+
+    /// Entries older than the retention period leave a session's stream on
+    /// its next write, however few it holds.
+    #[tokio::test]
+    async fn the_replay_window_is_bounded_by_time() {
+        let Some(url) = avm_common::testing::external_service(avm_common::testing::REDIS_URL_VAR) else {
+            return;
+        };
+        let client = redis::Client::open(url).expect("a redis url");
+        let mut conn = ConnectionManager::new(client).await.expect("redis");
+        let prefix = format!("avm-test-{}:", avm_common::ids::new_id("t"));
+        let fanout = Fanout::new("rt_1", &prefix, conn.clone(), 100, Duration::from_secs(60));
+        let (outbox, _) = fanout.inner.receivers.lock().unwrap().take().expect("receivers");
+        tokio::spawn(fanout.clone().write(outbox));
+        let stream = fanout.stream("sess_1");
+        // An entry from long ago (ids are milliseconds), then a write now.
+        let _: String = redis::cmd("XADD")
+            .arg(&stream)
+            .arg("1-1")
+            .arg("e")
+            .arg("old")
+            .query_async(&mut conn)
+            .await
+            .expect("xadd");
+        fanout.publish(&Arc::new(event("sess_1")));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let ids = loop {
+            let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+                .arg(&stream)
+                .arg("-")
+                .arg("+")
+                .query_async(&mut conn)
+                .await
+                .expect("xrange");
+            let ids: Vec<String> = entries.into_iter().map(|(id, _)| id).collect();
+            if ids.len() == 1 && ids[0] != "1-1" {
+                break ids;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the old entry stayed: {ids:?}");
+            tokio::task::yield_now().await;
+        };
+        assert_eq!(ids.len(), 1);
+        let _: () = redis::cmd("DEL")
+            .arg(&stream)
+            .query_async(&mut conn)
+            .await
+            .expect("del");
+    }
 
     #[test]
     fn events_travel_whole() {
