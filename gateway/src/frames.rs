@@ -84,6 +84,22 @@ pub fn event_frame(event: &rt::Event) -> String {
     )
 }
 
+/// Renders an event the gateway makes (a user feed's, a subscription's
+/// history): the protocol's envelope, without a cursor (it belongs to no
+/// session's stream).
+pub fn notification_frame(event: &avm_common::event::Event, context: serde_json::Value) -> String {
+    let kind = event.kind();
+    format!(
+        r#"{{"type":"{}","timestamp":{},"data":{},"source":"{}","category":"{}","intent":"notification","context":{}}}"#,
+        kind.name(),
+        avm_common::now_ms(),
+        event.data_json(),
+        kind.source(),
+        kind.category(),
+        context,
+    )
+}
+
 /// Renders a successful `<x>_response`.
 pub fn response_frame(kind: &str, request_id: &Value, mut data: Value) -> String {
     if let Value::Object(map) = &mut data {

@@ -22,6 +22,8 @@ use futures::StreamExt;
 use serde_json::json;
 use tokio::sync::broadcast;
 
+use crate::frames::notification_frame;
+
 /// Frames one user's feed holds for a connection that falls behind.
 const FEED_QUEUE: usize = 32;
 /// The longest wait before the watch is opened again.
@@ -172,15 +174,15 @@ fn frames(item: pb::WatchUserEventsResponse) -> Vec<String> {
                 container_id: container.container_id,
                 created_at: container.created_at_ms,
             });
-            vec![frame(&event, context)]
+            vec![notification_frame(&event, context)]
         }
         Some(Change::ImageCreated(image)) => {
             let event = Event::from(data::ImageCreated { record: record(&image) });
-            vec![frame(&event, of_image(&image))]
+            vec![notification_frame(&event, of_image(&image))]
         }
         Some(Change::ImageUpdated(image)) => {
             let event = Event::from(data::ImageUpdated { record: record(&image) });
-            vec![frame(&event, of_image(&image))]
+            vec![notification_frame(&event, of_image(&image))]
         }
         Some(Change::ImageDeleted(image)) => {
             let context =
@@ -191,22 +193,10 @@ fn frames(item: pb::WatchUserEventsResponse) -> Vec<String> {
                 session_id: image.session_id,
             });
             let destroyed = Event::from(data::SessionDestroyed {});
-            vec![frame(&deleted, context.clone()), frame(&destroyed, context)]
+            vec![
+                notification_frame(&deleted, context.clone()),
+                notification_frame(&destroyed, context),
+            ]
         }
     }
-}
-
-/// Renders a user feed's event: the protocol's envelope, without a cursor
-/// (it belongs to no session's stream).
-fn frame(event: &Event, context: serde_json::Value) -> String {
-    let kind = event.kind();
-    format!(
-        r#"{{"type":"{}","timestamp":{},"data":{},"source":"{}","category":"{}","intent":"notification","context":{}}}"#,
-        kind.name(),
-        avm_common::now_ms(),
-        event.data_json(),
-        kind.source(),
-        kind.category(),
-        context,
-    )
 }

@@ -389,6 +389,27 @@ pub async fn rewind(
     })
 }
 
+/// Returns a session's messages, in stored order, as the events carry them.
+pub async fn session_history(
+    peers: &Peers,
+    ctx: &RequestContext,
+    session_id: &str,
+) -> Result<Vec<avm_common::event::MessageObject>, ApiError> {
+    let request = ctx.request(ss::ListMessagesRequest {
+        session_id: session_id.to_owned(),
+        context_only: false,
+    });
+    let messages = peers.session.list_messages(request).await?.into_inner().messages;
+    Ok(messages
+        .into_iter()
+        .filter_map(MessageObject::new)
+        .filter_map(|message| match serde_json::to_value(message) {
+            Ok(Value::Object(object)) => Some(object),
+            _ => None,
+        })
+        .collect())
+}
+
 /// Returns an image's messages, in stored order.
 pub async fn messages(peers: &Peers, ctx: &RequestContext, image_id: String) -> Result<MessageList, ApiError> {
     let session_id = session_of(peers, ctx, image_id.clone()).await?;

@@ -125,6 +125,26 @@ enum Relay {
     Accepted(rt::Event),
     /// Relay this frame after the answers parked until this cursor.
     AfterParked(u64, String),
+    /// A message the subscription's history already showed: not relayed.
+    Shown,
+}
+
+/// How many of a history's last message ids a subscription checks its live
+/// message events against: those stored while the history was read.
+const HISTORY_OVERLAP: usize = 64;
+
+/// The message events a history may already hold.
+fn is_message_event(kind: Option<EventKind>) -> bool {
+    matches!(
+        kind,
+        Some(
+            EventKind::UserMessage
+                | EventKind::AssistantMessage
+                | EventKind::ToolCallMessage
+                | EventKind::ToolResultMessage
+                | EventKind::ErrorMessage
+        )
+    )
 }
 
 /// Names a caller's user in a word: a connection follows that user's feed.
@@ -156,6 +176,9 @@ pub(super) struct Connection {
     pending: HashMap<String, PendingSend>,
     /// Highest cursor received per subscribed session.
     seen: HashMap<String, u64>,
+    /// Per session subscribed `withHistory`, the last message ids its
+    /// history showed, until a live message event is not one of them.
+    shown: Vec<(String, HashSet<String>)>,
     window_start: Instant,
     window_frames: u32,
     last_seen: Instant,
@@ -180,6 +203,7 @@ impl Connection {
             unacked: HashSet::new(),
             pending: HashMap::new(),
             seen: HashMap::new(),
+            shown: Vec::new(),
             window_start: Instant::now(),
             window_frames: 0,
             last_seen: Instant::now(),
@@ -476,6 +500,17 @@ impl Connection {
                 return self.send(socket, system_error_frame(&err, None)).await;
             }
         };
+        let with_history = match value.get("withHistory") {
+            None | Some(Value::Null | Value::Bool(false)) => false,
+            Some(Value::Bool(true)) if group_id.is_none() && after.is_none() => true,
+            Some(_) => {
+                let err = ApiError::invalid(
+                    "INVALID_FIELD",
+                    "withHistory must be a boolean, for a session subscribed without afterCursor",
+                );
+                return self.send(socket, system_error_frame(&err, None)).await;
+            }
+        };
         // Boxed so the idle connection's state machine does not reserve room
         // for a gRPC call future it rarely runs.
         let ctx = match self.context().await {
@@ -495,10 +530,45 @@ impl Connection {
         match subscribed.await {
             Ok(stream) => {
                 subscriptions.insert(session_id.to_owned(), stream);
+                if with_history {
+                    return Box::pin(self.send_history(socket, &ctx, session_id)).await;
+                }
                 Ok(())
             }
             Err(err) => self.send(socket, system_error_frame(&err, None)).await,
         }
+    }
+
+    /// Sends a session's stored messages (`conversation_history`) to a
+    /// subscription just opened, before any of its live events: those are
+    /// relayed once the frame goes out, and a message stored while the
+    /// history was read, which both show, is relayed once.
+    async fn send_history(
+        &mut self,
+        socket: &mut WebSocket,
+        ctx: &RequestContext,
+        session_id: &str,
+    ) -> Result<(), Exit> {
+        let messages = match images::session_history(&self.state.peers, ctx, session_id).await {
+            Ok(messages) => messages,
+            Err(err) => return self.send(socket, system_error_frame(&err, None)).await,
+        };
+        let last: HashSet<String> = messages
+            .iter()
+            .rev()
+            .take(HISTORY_OVERLAP)
+            .filter_map(|message| message.get("id").and_then(Value::as_str).map(str::to_owned))
+            .collect();
+        self.shown.retain(|(id, _)| id != session_id);
+        if !last.is_empty() {
+            self.shown.push((session_id.to_owned(), last));
+        }
+        let event = avm_common::event::Event::from(avm_common::event::data::ConversationHistory {
+            session_id: session_id.to_owned(),
+            messages,
+        });
+        let frame = crate::frames::notification_frame(&event, json!({"sessionId": session_id}));
+        self.send(socket, frame).await
     }
 
     /// Handles an `auth` frame: `{"type":"auth","headers":{"Authorization":"Bearer …"}}`
@@ -779,6 +849,9 @@ impl Connection {
         if frames::kind(&event) == Some(EventKind::MessageAccepted) {
             return Ok(Relay::Accepted(event));
         }
+        if self.already_shown(session_id, &event) {
+            return Ok(Relay::Shown);
+        }
         // A stream that began after the acceptance never shows it: an answer
         // waiting for it goes out before the first event that follows it.
         if self
@@ -789,6 +862,26 @@ impl Connection {
             return Ok(Relay::AfterParked(cursor, event_frame(&event)));
         }
         Ok(Relay::Frame(event_frame(&event)))
+    }
+
+    /// Whether a live message event repeats one the session's history
+    /// showed; the first that does not ends the check (what follows it is
+    /// newer than the history).
+    fn already_shown(&mut self, session_id: &str, event: &rt::Event) -> bool {
+        let Some(at) = self.shown.iter().position(|(id, _)| id == session_id) else {
+            return false;
+        };
+        if !is_message_event(frames::kind(event)) {
+            return false;
+        }
+        let id = serde_json::from_str::<Value>(&event.data_json)
+            .ok()
+            .and_then(|data| data.get("id").and_then(Value::as_str).map(str::to_owned));
+        if id.is_some_and(|id| self.shown[at].1.contains(&id)) {
+            return true;
+        }
+        self.shown.swap_remove(at);
+        false
     }
 
     /// Handles an event that needs more than a relay.
@@ -806,6 +899,7 @@ impl Connection {
                 self.release_parked(socket, session_id, cursor).await?;
                 self.send(socket, frame).await
             }
+            Relay::Shown => Ok(()),
         }
     }
 }

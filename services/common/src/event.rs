@@ -208,6 +208,12 @@ events! {
     }
     /// An agent stopped.
     AgentUnregistered = "agent_unregistered", "container", "lifecycle" { container_id: String, agent_id: String }
+    /// AVM: a session's stored messages (message objects, oldest first),
+    /// sent once to a `subscribe` with `withHistory`, before its live events.
+    ConversationHistory = "conversation_history", "session", "persist" {
+        session_id: String,
+        messages: Vec<MessageObject>,
+    }
     /// AVM: the conversation was rewound to after `afterMessageId`, or
     /// cleared (no `afterMessageId`): `removedMessages` later messages are
     /// deleted and the agent's context is rebuilt from what is kept.
@@ -420,6 +426,11 @@ mod tests {
             ),
             ("agent_unregistered", json!({"containerId": "c", "agentId": "a"})),
             ("session_destroyed", json!({})),
+            (
+                "conversation_history",
+                json!({"sessionId": "s", "messages": [{"id": "msg_0", "role": "user", "subtype": "user",
+                "content": "hi", "timestamp": 5}]}),
+            ),
             (
                 "conversation_rewound",
                 json!({"imageId": "i", "sessionId": "s", "afterMessageId": "msg_2", "removedMessages": 4}),

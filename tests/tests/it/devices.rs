@@ -200,3 +200,121 @@ async fn second_device(mode: Mode) -> anyhow::Result<()> {
     }
     cluster.stop().await
 }
+
+both_modes!(
+    a_device_subscribing_mid_turn_gets_the_history_then_the_rest_once,
+    history_then_live
+);
+
+/// The ids of the message objects a frame carries: a history's, or a live
+/// message event's.
+fn message_ids(frame: &Value) -> Vec<String> {
+    let id = |message: &Value| message["id"].as_str().map(str::to_owned);
+    match frame["type"].as_str() {
+        Some("conversation_history") => frame["data"]["messages"]
+            .as_array()
+            .map(|messages| messages.iter().filter_map(id).collect())
+            .unwrap_or_default(),
+        Some("user_message" | "assistant_message" | "tool_call_message" | "tool_result_message" | "error_message") => {
+            id(&frame["data"]).into_iter().collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Phones subscribe with `withHistory` while the laptop's turn runs, each at
+/// another moment of it: before the reply starts, while it streams, and
+/// once it is stored. Each gets the history first, then live events, and
+/// between them every stored message exactly once.
+async fn history_then_live(mode: Mode) -> anyhow::Result<()> {
+    use avm_tests::cluster::{Cluster, Llm, Options};
+    use avm_tests::mock_llm::{MockBehavior, MockLlm};
+    use std::time::Duration;
+
+    let mock = MockLlm::start(MockBehavior::default()).await?;
+    let options = Options::with_llm(Llm::Anthropic {
+        base_url: mock.anthropic_base_url(),
+    });
+    let cluster = Cluster::start(mode, options).await?;
+    let mut laptop = WsClient::connect(&cluster.ws_url()).await?;
+    let chat = crate::support::conversation(&mut laptop, "history", json!({})).await?;
+    for text in ["one", "two"] {
+        crate::support::send_and_finish(&mut laptop, &chat.image_id, json!(text)).await?;
+    }
+    mock.set_behavior(MockBehavior {
+        tokens: 60,
+        token_interval: Duration::from_millis(20),
+        ..MockBehavior::default()
+    });
+    let subscribe = json!({"type": "subscribe", "sessionId": chat.session_id, "withHistory": true});
+    laptop
+        .send_request("message_send", json!({"imageId": chat.image_id, "content": "three"}))
+        .await?;
+    let mut phones = Vec::new();
+    for moment in ["message_persisted", "text_delta", "assistant_message"] {
+        laptop.frames_until(moment).await?;
+        let mut phone = WsClient::connect(&cluster.ws_url()).await?;
+        phone.send_json(&subscribe).await?;
+        phones.push((moment, phone));
+    }
+    laptop.turn().await?;
+    let (_, stored) =
+        crate::support::call(&cluster, "GET", &format!("/v1/images/{}/messages", chat.image_id), None).await?;
+    let stored: Vec<String> = stored["messages"]
+        .as_array()
+        .context("messages")?
+        .iter()
+        .filter_map(|message| message["id"].as_str().map(str::to_owned))
+        .collect();
+    ensure!(stored.len() == 6, "three turns stored: {stored:?}");
+
+    for (moment, mut phone) in phones {
+        // Every stored message shown, then whatever else is queued: the
+        // turn ended before the history was listed, so a request's answer
+        // comes after every event of it.
+        let mut frames = Vec::new();
+        while frames.iter().flat_map(message_ids).count() < stored.len() {
+            frames.push(
+                phone
+                    .next_frame()
+                    .await
+                    .with_context(|| format!("subscribed at {moment}, after {:?}", types(&frames)))?,
+            );
+        }
+        let request_id = phone.send_request("conversation_recent", json!({})).await?;
+        loop {
+            let frame = phone.next_frame().await?;
+            if frame["category"] == "response" && frame["data"]["requestId"] == request_id.as_str() {
+                break;
+            }
+            frames.push(frame);
+        }
+        ensure!(
+            frames[0]["type"] == "conversation_history",
+            "subscribed at {moment}: the history comes first: {:?}",
+            types(&frames)
+        );
+        crate::support::assert_typed_events(&frames);
+        let seen: Vec<String> = frames.iter().flat_map(message_ids).collect();
+        ensure!(
+            seen == stored,
+            "subscribed at {moment}: every message once, in order:\n{seen:?}\n{stored:?}"
+        );
+    }
+
+    // A history is for a session followed from now: not with a cursor, not
+    // of a group, and only a boolean.
+    let mut phone = WsClient::connect(&cluster.ws_url()).await?;
+    for bad in [
+        json!({"type": "subscribe", "sessionId": chat.session_id, "withHistory": true, "afterCursor": "1"}),
+        json!({"type": "subscribe", "sessionId": chat.session_id, "withHistory": "yes"}),
+    ] {
+        phone.send_json(&bad).await?;
+        let refused = phone.next_frame().await?;
+        ensure!(
+            refused["type"] == "system_error" && refused["data"]["code"] == "INVALID_FIELD",
+            "{bad}: {refused}"
+        );
+    }
+    Ok(())
+}

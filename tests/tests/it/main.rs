@@ -37,6 +37,7 @@ mod replicas;
 mod resources;
 mod rest;
 mod resume;
+mod retention;
 mod rewind;
 mod rules;
 mod sandbox_tier;
