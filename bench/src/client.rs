@@ -167,8 +167,13 @@ impl Api {
 
     /// Runs one turn over REST + SSE, to its `conversation_end`.
     pub async fn turn(&self, image: &str) -> anyhow::Result<Streamed> {
+        self.turn_saying(image, "hello").await
+    }
+
+    /// [`Api::turn`] with `text` as the message.
+    pub async fn turn_saying(&self, image: &str, text: &str) -> anyhow::Result<Streamed> {
         let started = Instant::now();
-        let response = self.send(image, "hello").await?;
+        let response = self.send(image, text).await?;
         stream(response, started, b"event: text_delta", b"event: conversation_end").await
     }
 

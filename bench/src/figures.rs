@@ -29,6 +29,11 @@ const STREAM_DELTAS: usize = 50;
 const IDLE_AFTER: Duration = Duration::from_secs(2);
 /// Conversations stopped and woken per wake-from-zero measurement.
 const WAKES: usize = 10;
+/// The history figures' conversations say what a chat says: a user's
+/// message of about this many bytes and a reply of about `REPLY_BYTES`, so
+/// the window holds as many of them as it would of a real conversation's.
+const MESSAGE_BYTES: usize = 400;
+const REPLY_BYTES: usize = 1_200;
 /// Conversations per tool-call measurement (each makes two calls).
 const TOOL_CONVERSATIONS: usize = 5;
 
@@ -189,8 +194,8 @@ impl Bench {
                 eprintln!("{name}: no llm.contextWindows here: its long conversation is sent whole");
             }
             eprintln!("{name}: writing a conversation of {} messages", plan.history);
-            grow(&api, &short, 10).await?;
-            grow(&api, &long, plan.history).await?;
+            grow(&api, mock, &short, 10).await?;
+            grow(&api, mock, &long, plan.history).await?;
         }
         Ok(Self {
             deployment,
@@ -213,12 +218,26 @@ impl Bench {
     }
 }
 
-/// Runs turns in `image` until it holds `messages` messages (two per turn).
-async fn grow(api: &Api, image: &str, messages: usize) -> anyhow::Result<()> {
+/// Runs turns in `image` until it holds `messages` messages (two per turn)
+/// of a chat's sizes.
+async fn grow(api: &Api, mock: &MockLlm, image: &str, messages: usize) -> anyhow::Result<()> {
+    mock.set_behavior(MockBehavior {
+        reply: Some(prose(REPLY_BYTES, 100)),
+        ..behavior(1, 0)
+    });
+    let message = prose(MESSAGE_BYTES, 6);
     for _ in 0..messages.div_ceil(2) {
-        api.turn(image).await?;
+        api.turn_saying(image, &message).await?;
     }
+    mock.set_behavior(behavior(1, 0));
     Ok(())
+}
+
+/// Text of about `bytes` bytes in words of `word` bytes, each with its
+/// trailing space (the mock streams a word per delta).
+fn prose(bytes: usize, word: usize) -> String {
+    let word = format!("{} ", "x".repeat(word.saturating_sub(1).max(1)));
+    word.repeat(bytes.div_ceil(word.len()))
 }
 
 /// One round of every figure, every target in turn.
@@ -272,7 +291,7 @@ pub async fn round(
                 // Measured on the fresh deployment (`memory`).
                 Figure::IdleSockets | Figure::IdleHttp => {}
                 Figure::Wake => wake_from_zero(bench, results).await?,
-                Figure::History => history(bench, plan, results).await?,
+                Figure::History => history(bench, mock, plan, results).await?,
                 Figure::IdleAgents => idle(&bench.deployment, &bench.name, bench.images.len() + 2, results).await?,
                 Figure::Streams => streams_per_core(bench, mock, plan, results).await?,
                 Figure::Tools => tool_calls(bench, results).await?,
@@ -636,12 +655,25 @@ async fn wake_from_zero(bench: &mut Bench, results: &mut Results) -> anyhow::Res
 }
 
 /// Appending a message (time to first token, agent hydrated) and loading
-/// the context (agent dropped first) in a short and a long conversation.
-async fn history(bench: &Bench, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
+/// the context (agent dropped first) in a short and a long conversation,
+/// with the messages and bytes the model was sent.
+async fn history(bench: &Bench, mock: &MockLlm, plan: &Plan, results: &mut Results) -> anyhow::Result<()> {
+    mock.set_behavior(behavior(1, 0));
     for (image, messages) in [(&bench.short, 10), (&bench.long, plan.history)] {
         let append = bench.api.turn(image).await?.first;
         bench.api.stop(image).await?;
         let load = bench.api.turn(image).await?.first;
+        let sent = mock.stats();
+        results.add(
+            format!("history_sent_messages{{messages={messages}}}"),
+            &bench.name,
+            sent.last_messages as f64,
+        );
+        results.add(
+            format!("history_sent_kb{{messages={messages}}}"),
+            &bench.name,
+            sent.last_body_bytes as f64 / 1024.0,
+        );
         results.add(
             format!("history_append_ms{{messages={messages}}}"),
             &bench.name,

@@ -213,6 +213,9 @@ pub struct MockStats {
     pub streams_open: usize,
     /// The most streams ever sent at once.
     pub most_streams_open: usize,
+    /// The messages and the body's bytes of the latest request.
+    pub last_messages: usize,
+    pub last_body_bytes: usize,
 }
 
 /// A running mock LLM; dropping it stops it.
@@ -410,7 +413,16 @@ async fn answer(shared: Arc<Shared>, api: MockApi, headers: &HeaderMap, body: &[
                 anthropic_version: header_text("anthropic-version"),
             });
     }
-    shared.update(|stats| stats.requests += 1);
+    let messages = json
+        .as_ref()
+        .and_then(|body| body.get("messages"))
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    shared.update(|stats| {
+        stats.requests += 1;
+        stats.last_messages = messages;
+        stats.last_body_bytes = body.len();
+    });
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
 
     let mut behavior = shared.behavior.lock().unwrap_or_else(PoisonError::into_inner).clone();

@@ -18,11 +18,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::Agent;
 use crate::config::{Compaction, LlmConfig};
-use crate::context::{History, context_to_llm, request_chars};
+use crate::context::{History, MESSAGE_TOKENS, context_to_llm, json_len, request_tokens};
 use crate::error::RuntimeError;
 use crate::llm::{LlmContent, LlmMessage, LlmRequest, LlmRole};
 use crate::message::{Message, MessageBody};
-use crate::metering::estimate_tokens;
 use crate::outbox::Outbox;
 use crate::peers::{Compaction as Record, Sessions};
 
@@ -33,6 +32,8 @@ const THRESHOLD: f64 = 0.8;
 const KEEP: f64 = 0.4;
 /// Bytes of text per token, as the estimates count them.
 const BYTES_PER_TOKEN: f64 = 4.0;
+/// A message's framing ([`MESSAGE_TOKENS`]) as bytes of text.
+const FRAMING_BYTES: usize = MESSAGE_TOKENS as usize * 4;
 /// A tool's output is cut to this many bytes in what is summarised.
 const TOOL_OUTPUT_BYTES: usize = 2_000;
 
@@ -55,12 +56,18 @@ pub(crate) struct Compactor<'a> {
 }
 
 impl Compactor<'_> {
-    /// Compacts the agent's context when `request` nears the model's window,
-    /// asking `summarize` for the summary (a metered call, the caller's);
-    /// returns the conversation to send instead, or `None` to send it as it
-    /// is. One that cannot be made (nothing older than the current turn, the
-    /// session service away) leaves the conversation alone.
-    pub(crate) async fn compact<F, S>(&self, request: &LlmRequest, summarize: S) -> Option<History>
+    /// Compacts the agent's context when `request` (`tokens_before` by
+    /// [`request_tokens`]) nears the model's window, asking `summarize` for
+    /// the summary (a metered call, the caller's); returns the conversation
+    /// to send instead with its tokens, or `None` to send it as it is. One
+    /// that cannot be made (nothing older than the current turn, the session
+    /// service away) leaves the conversation alone.
+    pub(crate) async fn compact<F, S>(
+        &self,
+        request: &LlmRequest,
+        tokens_before: u64,
+        summarize: S,
+    ) -> Option<(History, u64)>
     where
         S: FnOnce(LlmRequest) -> F,
         F: Future<Output = Option<String>>,
@@ -71,7 +78,6 @@ impl Compactor<'_> {
         }
         let window = self.config.context_window(&request.model);
         let room = window.saturating_sub(u64::from(request.max_tokens)).max(1) as f64;
-        let tokens_before = estimate_tokens(request_chars(request));
         if (tokens_before as f64) <= room * THRESHOLD {
             return None;
         }
@@ -101,13 +107,13 @@ impl Compactor<'_> {
         };
         let kept = &messages[cut..];
         let history = context_to_llm(Some(&summary), kept);
-        let tokens_after = estimate_tokens(request_chars(&LlmRequest {
+        let tokens_after = request_tokens(&LlmRequest {
             messages: Arc::clone(&history),
             model: String::new(),
             system: request.system.clone(),
             max_tokens: 0,
             tools: Arc::default(),
-        }));
+        });
         let record = Record {
             from_message_id: kept[0].message_id.clone(),
             from_seq: 0,
@@ -142,7 +148,7 @@ impl Compactor<'_> {
             tokens_before,
             tokens_after,
         });
-        Some(history)
+        Some((history, tokens_after))
     }
 
     /// Reads what the model reads of the session, with the runtime's own
@@ -177,9 +183,9 @@ fn cut(messages: &[Message], keep_bytes: usize) -> Option<usize> {
     cut.filter(|&index| index > 0)
 }
 
-/// The bytes of text a message sends.
+/// The bytes a message sends, its framing counted as text.
 fn bytes(message: &Message) -> usize {
-    match &message.body {
+    let text = match &message.body {
         MessageBody::User(content) => content
             .to_llm()
             .iter()
@@ -189,10 +195,11 @@ fn bytes(message: &Message) -> usize {
             })
             .sum(),
         MessageBody::Assistant(reply) => reply.text.len(),
-        MessageBody::ToolCall { call, .. } => call.name.len() + call.input.to_string().len(),
+        MessageBody::ToolCall { call, .. } => call.name.len() + json_len(&call.input),
         MessageBody::ToolResult { output, .. } => output.text.len(),
         _ => 0,
-    }
+    };
+    text + FRAMING_BYTES
 }
 
 /// The messages to summarise as plain text, after the previous summary, at
@@ -340,15 +347,16 @@ mod tests {
             user("u3", &ten),
             assistant("a3", &ten),
         ];
-        // u3 a3 is 20 bytes; u2's turn takes it past 40.
-        assert_eq!(cut(&history, 40), Some(6));
+        // u3 a3 is 52 bytes with their framing; u2's turn takes it past 60.
+        assert_eq!(cut(&history, 60), Some(6));
         assert_eq!(cut(&history, 1_000), None, "everything fits: nothing to compact");
         // Even the last turn is larger than what may be kept: it is kept whole.
         assert_eq!(cut(&history, 5), Some(6));
         // A conversation of one turn has nothing older to compact.
         assert_eq!(cut(&history[..2], 5), None);
         // What is kept never starts inside a turn: its tool calls keep their results.
-        let kept = &history[cut(&history, 60).unwrap()..];
+        assert_eq!(cut(&history, 200), Some(2));
+        let kept = &history[cut(&history, 200).unwrap()..];
         assert!(matches!(kept[0].body, MessageBody::User(_)), "{kept:?}");
         let llm = context_to_llm(Some("earlier"), kept);
         assert_eq!(llm[0].role, LlmRole::User);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::llm::{LlmContent, LlmMessage, LlmRequest, LlmRole, ToolOutput};
 use crate::message::{Message, MessageBody};
+use crate::metering::estimate_tokens;
 
 /// The messages an LLM request carries; a turn holds the same allocation as
 /// its agent, and the agent copies it only to append while a turn still
@@ -160,8 +161,21 @@ fn push_into(message: &mut LlmMessage, results: Vec<LlmContent>) {
     message.content.splice(at..at, results);
 }
 
-/// Returns the UTF-8 bytes of text a request sends, for estimating its input.
-pub fn request_chars(request: &LlmRequest) -> usize {
+/// Tokens a message costs beyond its text (its role and the framing of its
+/// parts), as providers count them: a conversation of short messages is
+/// not a few bytes.
+pub const MESSAGE_TOKENS: u64 = 4;
+
+/// Returns the input tokens a request is expected to cost: a token per 4
+/// bytes of its text, plus each message's framing. What a turn checks
+/// against the model's window and reserves against budgets.
+pub fn request_tokens(request: &LlmRequest) -> u64 {
+    let messages = u64::try_from(request.messages.len()).unwrap_or(u64::MAX);
+    estimate_tokens(request_chars(request)).saturating_add(messages.saturating_mul(MESSAGE_TOKENS))
+}
+
+/// Returns the UTF-8 bytes of text a request sends.
+fn request_chars(request: &LlmRequest) -> usize {
     let system = request.system.as_ref().map_or(0, String::len);
     let messages: usize = request
         .messages
@@ -169,12 +183,30 @@ pub fn request_chars(request: &LlmRequest) -> usize {
         .flat_map(|message| message.content.iter())
         .map(|part| match part {
             LlmContent::Text(text) => text.len(),
-            LlmContent::ToolUse(call) => call.name.len() + call.input.to_string().len(),
+            LlmContent::ToolUse(call) => call.name.len() + json_len(&call.input),
             LlmContent::ToolResult(output) => output.text.len(),
             LlmContent::Image { .. } | LlmContent::File { .. } => 0,
         })
         .sum();
     system + messages
+}
+
+/// The bytes of `value` as JSON, counted without writing them anywhere.
+pub fn json_len(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a `Value` to a sink that takes everything cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 /// Appends to a shared history: in place when no turn holds it any more.
@@ -186,6 +218,32 @@ pub fn append(history: &mut History, role: LlmRole, content: Vec<LlmContent>) {
 mod tests {
     use super::*;
     use crate::message::{Content, Part, Reply};
+
+    #[test]
+    fn a_request_costs_its_text_and_each_message_s_framing() {
+        let input = serde_json::json!({"path": "a.txt", "lines": [1, 2], "note": "é\"\n"});
+        assert_eq!(json_len(&input), input.to_string().len());
+        let text = |text: &str| LlmMessage {
+            role: LlmRole::User,
+            content: vec![LlmContent::Text(text.into())],
+        };
+        let request = LlmRequest {
+            model: "m".into(),
+            system: Some("sys".into()),
+            messages: Arc::new(vec![text("hello"), text("there"), text("")]),
+            max_tokens: 10,
+            tools: Arc::default(),
+        };
+        // 13 bytes of text (a token per 4, rounded up) and 3 messages' framing.
+        assert_eq!(request_tokens(&request), 4 + 3 * MESSAGE_TOKENS);
+        // A conversation of short messages is not a few bytes: 1,000
+        // two-byte ones cost some 5,000 tokens, not 500.
+        let many = LlmRequest {
+            messages: Arc::new(vec![text("hi"); 1_000]),
+            ..request
+        };
+        assert!(request_tokens(&many) >= 4_000, "{}", request_tokens(&many));
+    }
 
     fn message(body: MessageBody) -> Message {
         Message {

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::Agent;
 use crate::compaction::Compactor;
 use crate::config::{LlmConfig, ProviderKind};
-use crate::context::{History, request_chars};
+use crate::context::{History, request_tokens};
 use crate::error::RuntimeError;
 use crate::llm::{LlmContent, LlmError, LlmErrorKind, LlmEvent, LlmRequest, LlmRole, StopReason, ToolCall, ToolOutput};
 use crate::message::{self, Message, MessageBody};
@@ -258,11 +258,16 @@ pub(crate) async fn run(
             config: &llm.config,
             cancel: &cancel,
         };
-        if let Some(messages) = compactor.compact(&request, |ask| summarize(&scope, ask, &cancel)).await {
+        let mut input = request_tokens(&request);
+        if let Some((messages, tokens)) = compactor
+            .compact(&request, input, |ask| summarize(&scope, ask, &cancel))
+            .await
+        {
             request.messages = messages;
+            input = tokens;
         }
         let mut reply = Reply::new(&request.model);
-        let outcome = metered_call(&scope, request, &cancel, &mut reply, Shown::Events).await;
+        let outcome = metered_call(&scope, request, input, &cancel, &mut reply, Shown::Events).await;
         // Nothing is reported done that history will not hold: a tool call
         // neither stored nor kept ends the turn before its tools run.
         let outcome = match outcome {
@@ -683,13 +688,13 @@ struct CallScope<'a> {
 async fn metered_call(
     scope: &CallScope<'_>,
     request: LlmRequest,
+    input_tokens: u64,
     cancel: &CancellationToken,
     reply: &mut Reply,
     shown: Shown,
 ) -> Outcome {
     let CallScope { ports, ctx, agent, llm } = *scope;
-    let request_chars = request_chars(&request);
-    let estimate = estimate(llm, &request, request_chars);
+    let estimate = estimate(llm, &request, input_tokens);
     let reserved = Estimate {
         pico_usd: estimate.1.billed_pico_usd,
         tokens: estimate.0.input.saturating_add(estimate.0.output),
@@ -703,7 +708,7 @@ async fn metered_call(
         ..open
     });
     let outcome = stream_reply(scope, request, cancel, reply, shown).await;
-    let record = usage_record(agent, ctx, llm, reply, &outcome, request_chars);
+    let record = usage_record(agent, ctx, llm, reply, &outcome, input_tokens);
     ports.metering.record(ctx, record).await;
     outcome
 }
@@ -713,7 +718,8 @@ async fn metered_call(
 async fn summarize(scope: &CallScope<'_>, request: LlmRequest, cancel: &CancellationToken) -> Option<String> {
     let image_id = &scope.agent.image.image_id;
     let mut reply = Reply::new(&request.model);
-    match metered_call(scope, request, cancel, &mut reply, Shown::Quiet).await {
+    let input = request_tokens(&request);
+    match metered_call(scope, request, input, cancel, &mut reply, Shown::Quiet).await {
         Outcome::Completed(_) if !reply.text.trim().is_empty() => Some(reply.text),
         Outcome::Completed(_) => {
             tracing::warn!(%image_id, "the model's summary was empty; older turns are dropped");
@@ -746,11 +752,11 @@ fn elapsed_ms(start: Instant) -> i64 {
 
 /// The most a call of `request` is expected to use and bill, which its
 /// budget check reserves and which is billed if the call is cut by a crash:
-/// its input at a token per 4 bytes plus `max_tokens` of output, at the
-/// model's price and markup.
-fn estimate(llm: &TenantLlm, request: &LlmRequest, request_chars: usize) -> (Tokens, Charge) {
+/// its `input` tokens ([`request_tokens`]) plus `max_tokens` of output, at
+/// the model's price and markup.
+fn estimate(llm: &TenantLlm, request: &LlmRequest, input: u64) -> (Tokens, Charge) {
     let tokens = Tokens {
-        input: estimate_tokens(request_chars),
+        input,
         output: u64::from(request.max_tokens),
         cache_read: 0,
         cache_write: 0,
@@ -768,32 +774,32 @@ fn estimate(llm: &TenantLlm, request: &LlmRequest, request_chars: usize) -> (Tok
 /// Returns the ledger record of the turn's LLM call.
 ///
 /// The counts are the provider's own. Where a cut stream left one unknown it
-/// is estimated (a quarter of the text's UTF-8 bytes) and the record says so: the
-/// input of a call the provider accepted but never counted, the output of a
-/// reply it streamed without a final count. A call the provider refused
-/// outright counts nothing.
+/// is estimated and the record says so: the input of a call the provider
+/// accepted but never counted (`input_tokens`, [`request_tokens`]), the
+/// output of a reply it streamed without a final count (a quarter of its
+/// text's UTF-8 bytes). A call the provider refused outright counts nothing.
 fn usage_record(
     agent: &Agent,
     ctx: &RequestContext,
     llm: &TenantLlm,
     reply: &Reply,
     outcome: &Outcome,
-    request_chars: usize,
+    input_tokens: u64,
 ) -> UsageRecord {
     let mut estimated = false;
-    let mut known_or_estimate = |known: Option<u64>, chars: usize| {
+    let mut known_or_estimate = |known: Option<u64>, estimate: u64| {
         known.unwrap_or_else(|| {
-            if reply.accepted && chars > 0 {
+            if reply.accepted && estimate > 0 {
                 estimated = true;
-                estimate_tokens(chars)
+                estimate
             } else {
                 0
             }
         })
     };
     let tokens = Tokens {
-        input: known_or_estimate(reply.input_tokens, request_chars),
-        output: known_or_estimate(reply.output_tokens, reply.text.len()),
+        input: known_or_estimate(reply.input_tokens, input_tokens),
+        output: known_or_estimate(reply.output_tokens, estimate_tokens(reply.text.len())),
         cache_read: reply.cache_read_tokens.unwrap_or(0),
         cache_write: reply.cache_write_tokens.unwrap_or(0),
     };
