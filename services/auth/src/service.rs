@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use avm_common::auth::{AuthConfig, Claims, Limits, Principal, Role, SERVICE_USER, Scopes, TokenVerifier};
+use avm_common::auth::{AuthConfig, Claims, Limits, Principal, Role, Scopes, TokenVerifier};
 use avm_common::calendar::month_of;
 use avm_common::ids::new_id;
 use avm_common::{ApiError, RequestContext, now_ms};
@@ -554,17 +554,7 @@ impl AuthService {
         if let Some(expected) = &self.inner.service_key_hash
             && bool::from(sha256(presented).ct_eq(expected))
         {
-            let principal = Principal {
-                tenant_id: SERVICE_TENANT.to_owned(),
-                user_id: SERVICE_USER.to_owned(),
-                role: Role::Service,
-                operator: false,
-                key_id: None,
-                scopes: Scopes::ALL,
-                tenant_limits: Limits::default(),
-                key_limits: Limits::default(),
-            };
-            return self.mint(principal, None).await;
+            return self.mint(Principal::service(SERVICE_TENANT), None).await;
         }
         let Some(parsed) = api_key::parse(presented) else {
             tracing::debug!("api key refused: malformed");

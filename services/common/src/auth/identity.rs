@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use avm_proto::auth::v1 as pb;
 use avm_proto::auth::v1::AuthServiceHandle;
 
-use super::{Limits, Principal, Role, SERVICE_USER, Scopes};
+use super::Principal;
 use crate::context::RequestContext;
 use crate::{ApiError, Code};
 
@@ -117,14 +117,9 @@ impl ServiceIdentity {
             return Err(ApiError::internal("the service key does not name a service principal"));
         }
         let principal = Principal {
-            tenant_id: caller.tenant_id,
-            user_id: SERVICE_USER.to_owned(),
-            role: Role::Service,
             operator: caller.operator,
             key_id: caller.key_id,
-            scopes: Scopes::ALL,
-            tenant_limits: Limits::default(),
-            key_limits: Limits::default(),
+            ..Principal::service(caller.tenant_id)
         };
         let token: Arc<str> = Arc::from(response.access_token);
         *cached = Some(Cached {

@@ -173,6 +173,21 @@ pub struct Principal {
 }
 
 impl Principal {
+    /// A service acting in `tenant_id`: every scope, no limits, not an
+    /// operator, from no API key.
+    pub fn service(tenant_id: impl Into<String>) -> Self {
+        Self {
+            tenant_id: tenant_id.into(),
+            user_id: SERVICE_USER.to_owned(),
+            role: Role::Service,
+            operator: false,
+            key_id: None,
+            scopes: Scopes::ALL,
+            tenant_limits: Limits::default(),
+            key_limits: Limits::default(),
+        }
+    }
+
     /// Returns the user whose containers bound the caller's view: `None` when
     /// the caller sees the whole tenant (admins and services).
     pub fn container_owner_filter(&self) -> Option<&str> {

@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use avm_common::auth::{Limits, Principal, Role, SERVICE_USER, Scopes};
+use avm_common::auth::{Principal, Scopes};
 use avm_common::ids::new_id;
 use avm_common::{RequestContext, now_ms};
 use tokio_util::sync::CancellationToken;
@@ -247,15 +247,5 @@ impl SessionService {
 /// service principal's, under a request id of its own (the origin its
 /// deletions are told with).
 fn sweeper(tenant_id: &str) -> RequestContext {
-    let principal = Principal {
-        tenant_id: tenant_id.to_owned(),
-        user_id: SERVICE_USER.to_owned(),
-        role: Role::Service,
-        operator: false,
-        key_id: None,
-        scopes: Scopes::ALL,
-        tenant_limits: Limits::default(),
-        key_limits: Limits::default(),
-    };
-    RequestContext::new(principal, None, new_id("req"))
+    RequestContext::new(Principal::service(tenant_id), None, new_id("req"))
 }
